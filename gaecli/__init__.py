@@ -1,0 +1,39 @@
+"""gaecli: recompute PPO advantages (GAE) from rollout dumps with the masked semantics.
+
+The public API is imported lazily so that ``gae --help`` starts without loading torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from gaecli._version import __version__
+from gaecli.errors import GAEError, GAEInputError, KernelUnavailableError
+
+_LAZY = {
+    "masked_gae": "gaecli.semantics",
+    "masked_gae_packed": "gaecli.semantics",
+    "unmasked_gae": "gaecli.semantics",
+    "baseline_gae": "gaecli.semantics",
+    "baseline_gae_packed": "gaecli.semantics",
+    "whiten": "gaecli.semantics",
+    "BASELINES": "gaecli.semantics",
+    "available_kernels": "gaecli.kernels",
+    "resolve_kernel": "gaecli.kernels",
+}
+
+__all__ = ["__version__", "GAEError", "GAEInputError", "KernelUnavailableError", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gaecli' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

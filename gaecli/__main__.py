@@ -1,0 +1,5 @@
+"""Entry point for ``python -m gaecli``."""
+
+from gaecli.cli import main
+
+main()
