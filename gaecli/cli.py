@@ -104,6 +104,150 @@ def kernels(
         typer.echo("(* = what --kernel auto uses)")
 
 
+# ----------------------------------------------------------------------------- shared
+
+
+ValuesColOption = Annotated[str, typer.Option("--values-col", help="Column of per-token critic values; 'none' takes them as 0.", rich_help_panel="Columns")]
+RewardsColOption = Annotated[str, typer.Option("--rewards-col", help="Column of per-token rewards (KL shaping); 'none' takes them as 0.", rich_help_panel="Columns")]
+MaskColOption = Annotated[str, typer.Option("--mask-col", help="Column of the 0/1 loss mask.", rich_help_panel="Columns")]
+TerminalColOption = Annotated[str, typer.Option("--terminal-col", help="Column of the scalar terminal reward.", rich_help_panel="Columns")]
+DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.", hidden=False)]
+
+
+def make_columns(values_col: str, rewards_col: str, mask_col: str, terminal_col: str, **outputs):
+    from gaecli.io.format import Columns
+
+    none = lambda name: None if name.lower() == "none" else name  # noqa: E731
+    return Columns(values=none(values_col), rewards=none(rewards_col), loss_mask=mask_col, terminal_reward=terminal_col, **outputs)
+
+
+class _RichProgress:
+    """A rich progress bar on stderr with rows and tokens per second (the library's
+    Progress protocol)."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("rows · {task.fields[rate]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=_stderr(),
+            transient=True,
+        )
+        self._task = None
+        self._tokens = 0
+
+    def start(self, phase: str, total_rows: int) -> None:
+        import time
+
+        self._bar.start()
+        self._tokens = 0
+        self._started = time.perf_counter()
+        self._task = self._bar.add_task(phase, total=total_rows, rate="")
+
+    def advance(self, rows: int, tokens: int) -> None:
+        import time
+
+        self._tokens += tokens
+        elapsed = max(time.perf_counter() - self._started, 1e-9)
+        done = self._bar.tasks[-1].completed + rows
+        rate = f"{done / elapsed:,.0f} rows/s · {self._tokens / elapsed / 1e6:,.1f} M tokens/s"
+        self._bar.update(self._task, advance=rows, rate=rate)
+
+    def finish(self) -> None:
+        self._bar.stop()
+
+
+def make_progress(quiet: bool):
+    """A progress bar when stderr is a terminal and not ``quiet``, else nothing."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    return _RichProgress()
+
+
+class errors_to_exit:
+    """Map library errors to one line on stderr and the documented exit code."""
+
+    def __init__(self, debug: bool = False) -> None:
+        self.debug = debug
+
+    def __enter__(self) -> None:
+        import signal
+
+        def terminate(signum, frame):  # a kill cleans up like Ctrl-C
+            raise KeyboardInterrupt
+
+        self._previous = signal.signal(signal.SIGTERM, terminate)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        import signal
+
+        signal.signal(signal.SIGTERM, self._previous)
+        if exc_type is None or issubclass(exc_type, typer.Exit) or self.debug and not issubclass(exc_type, KeyboardInterrupt):
+            return False
+        from gaecli.errors import GAEInputError, GAEUsageError, KernelUnavailableError
+
+        if issubclass(exc_type, KeyboardInterrupt):
+            fail("interrupted; no output was written", 130)
+        if issubclass(exc_type, (GAEUsageError, KernelUnavailableError)):
+            fail(str(exc), EXIT_USAGE)
+        if issubclass(exc_type, GAEInputError):
+            fail(str(exc), EXIT_INVALID_DATA)
+        return False
+
+
+# ----------------------------------------------------------------------------- recompute
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def recompute(
+    inputs: Annotated[list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Output file (one input file) or directory.")],
+    gamma: Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
+    lambd: Annotated[float, typer.Option(min=0.0, max=1.0, help="GAE λ in [0, 1].")],
+    kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",
+    device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
+    batch_rows: Annotated[int, typer.Option(min=1, help="Rows per streamed batch.")] = 1024,
+    normalize: Annotated[bool, typer.Option("--normalize", help="Whiten advantages over all trainable tokens of all inputs.")] = False,
+    normalize_by: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")] = None,
+    values_col: ValuesColOption = "values",
+    rewards_col: RewardsColOption = "rewards",
+    mask_col: MaskColOption = "loss_mask",
+    terminal_col: TerminalColOption = "terminal_reward",
+    advantages_col: Annotated[str, typer.Option(help="Name of the advantages column written.", rich_help_panel="Columns")] = "advantages",
+    returns_col: Annotated[str, typer.Option(help="Name of the returns column written.", rich_help_panel="Columns")] = "returns",
+    replace: Annotated[bool, typer.Option("--replace", help="Replace output columns that exist already.")] = False,
+    keep_baseline: Annotated[bool, typer.Option("--keep-baseline", help="Also write advantages_unmasked and returns_unmasked.")] = False,
+    on_invalid: Annotated[str, typer.Option(help="stop: the first invalid row stops the run (exit 1); skip: invalid rows go to OUTPUT.rejected.parquet.")] = "stop",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing output files.")] = False,
+    tol: Annotated[float, typer.Option(min=0.0, help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
+    json_path: JsonOption = None,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Recompute advantages and returns with masked GAE; write the files back with them added."""
+    if on_invalid not in ("stop", "skip"):
+        fail(f"--on-invalid must be 'stop' or 'skip', got {on_invalid!r}", EXIT_USAGE)
+    with errors_to_exit(debug):
+        from gaecli.recompute import RecomputeOptions, recompute_files
+        from gaecli.render import render_recompute
+
+        options = RecomputeOptions(
+            gamma=gamma, lambd=lambd, kernel=kernel, device=device, batch_rows=batch_rows,
+            columns=make_columns(values_col, rewards_col, mask_col, terminal_col, advantages=advantages_col, returns=returns_col),
+            normalize=normalize, normalize_by=normalize_by, replace=replace, keep_baseline=keep_baseline,
+            on_invalid=on_invalid, overwrite=overwrite, tolerance=tol,
+        )
+        report = recompute_files(inputs, output, options, make_progress(quiet)).to_dict()
+    write_json(report, json_path)
+    if not quiet:
+        render_recompute(report, _stderr())
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

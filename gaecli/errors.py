@@ -16,3 +16,20 @@ class GAEInputError(GAEError, ValueError):
 
 class KernelUnavailableError(GAEError, ValueError):
     """A kernel was asked for by name that does not exist or cannot run on the device."""
+
+
+class GAEUsageError(GAEError):
+    """A refused operation or an unusable path: existing output without overwrite, output
+    equal to an input, missing optional extra (exit code 2 in the CLI)."""
+
+
+class UnreadableFileError(GAEUsageError):
+    """A file that cannot be read as Parquet (not Parquet, truncated, unreadable)."""
+
+
+class InvalidDataError(GAEInputError):
+    """Rows that break the rollout format; carries the finding that stopped the run."""
+
+    def __init__(self, finding) -> None:
+        super().__init__(finding.line())
+        self.finding = finding

@@ -1,0 +1,1 @@
+"""Reading and writing rollout Parquet files: the column format, streaming reads, atomic writes."""

@@ -1,0 +1,85 @@
+"""The rollout file format: which columns hold what, and their Arrow types.
+
+One row per sample. List columns may be ``list`` or ``large_list``:
+``values`` list<float32|float64>, ``rewards`` list<float32|float64>, ``loss_mask``
+list<bool|int|float> of 0/1, ``terminal_reward`` float or int, and optionally
+``response_length`` (int, checked against the lists). Every other column passes through.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Names of the columns gaecli reads and writes. ``values`` or ``rewards`` set to None
+    means "take them as zero" (``--values-col none``)."""
+
+    values: Optional[str] = "values"
+    rewards: Optional[str] = "rewards"
+    loss_mask: str = "loss_mask"
+    terminal_reward: str = "terminal_reward"
+    response_length: str = "response_length"
+    advantages: str = "advantages"
+    returns: str = "returns"
+
+    def token_columns(self) -> list[tuple[str, str]]:
+        """(role, column name) of the per-token list columns that are read."""
+        roles = [("values", self.values), ("rewards", self.rewards), ("loss_mask", self.loss_mask)]
+        return [(role, name) for role, name in roles if name is not None]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def is_list_type(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
+
+
+def is_real_type(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_floating(arrow_type) and not pa.types.is_float16(arrow_type)
+
+
+def is_mask_element_type(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_boolean(arrow_type) or pa.types.is_integer(arrow_type) or is_real_type(arrow_type)
+
+
+def is_scalar_number_type(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_integer(arrow_type) or is_real_type(arrow_type)
+
+
+def list_parts(array: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Zero-based int64 offsets ``[B + 1]`` and the flat child values of a (possibly sliced)
+    list or large_list array. Null rows may own a span of values; callers check nulls."""
+    offsets = array.offsets.to_numpy().astype(np.int64, copy=False)
+    start, end = int(offsets[0]), int(offsets[-1])
+    flat = array.values.slice(start, end - start)
+    return offsets - start if start else offsets, flat
+
+
+def numeric_numpy(flat: pa.Array) -> np.ndarray:
+    """A numpy view (copy only for booleans) of a flat numeric array without nulls."""
+    return flat.to_numpy(zero_copy_only=False)
+
+
+def output_float_type(schema: pa.Schema, columns: Columns) -> pa.DataType:
+    """The float type of the advantages and returns: the values' type, else the rewards',
+    else float32."""
+    for name in (columns.values, columns.rewards):
+        if name is not None and name in schema.names and is_list_type(schema.field(name).type):
+            value_type = schema.field(name).type.value_type
+            if is_real_type(value_type):
+                return value_type
+    return pa.float32()
+
+
+def list_type_like(schema: pa.Schema, columns: Columns, value_type: pa.DataType) -> pa.DataType:
+    """``list`` or ``large_list`` of ``value_type``, following the mask column's list type."""
+    mask_type = schema.field(columns.loss_mask).type
+    return pa.large_list(value_type) if pa.types.is_large_list(mask_type) else pa.list_(value_type)

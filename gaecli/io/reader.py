@@ -1,0 +1,57 @@
+"""Streaming Parquet reads: a file's schema and row count up front, then record batches of
+bounded size, with every read fault turned into :class:`UnreadableFileError`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gaecli.errors import UnreadableFileError
+
+DEFAULT_BATCH_ROWS = 1024
+
+
+@contextmanager
+def read_errors(path: Path | str):
+    """Turn Arrow and OS read faults into :class:`UnreadableFileError` naming the file."""
+    try:
+        yield
+    except (pa.ArrowException, OSError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UnreadableFileError(f"{path}: cannot read as Parquet ({reason})") from error
+
+
+class RolloutFile:
+    """An open rollout Parquet file: schema, row count, codec, and batch iteration."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        with read_errors(self.path):
+            if not self.path.is_file():
+                raise UnreadableFileError(f"{self.path}: no such file")
+            self.parquet = pq.ParquetFile(self.path, memory_map=False)
+            self.schema: pa.Schema = self.parquet.schema_arrow
+            self.num_rows: int = self.parquet.metadata.num_rows
+
+    @property
+    def compression(self) -> str:
+        """The codec of the first column chunk (what the output is written with)."""
+        metadata = self.parquet.metadata
+        if metadata.num_row_groups == 0 or metadata.num_columns == 0:
+            return "zstd"
+        codec = metadata.row_group(0).column(0).compression
+        return "none" if codec == "UNCOMPRESSED" else codec.lower()
+
+    def iter_batches(self, batch_rows: int = DEFAULT_BATCH_ROWS, columns: Optional[list[str]] = None) -> Iterator[pa.RecordBatch]:
+        """Record batches of at most ``batch_rows`` rows, in file order."""
+        with read_errors(self.path):
+            for batch in self.parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True):
+                yield batch
+
+    def close(self) -> None:
+        self.parquet.close()

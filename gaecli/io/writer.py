@@ -1,0 +1,85 @@
+"""Atomic Parquet writes: rows go to a hidden temp file beside the target, renamed over
+the target only when the whole run succeeded; anything else removes the temp file."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gaecli.errors import GAEUsageError
+
+
+class AtomicParquetWriter:
+    """Write record batches to ``target`` atomically.
+
+    The temp file is ``.<name>.gaecli-<random>.tmp`` in the target's directory (created if
+    needed), so the final rename never crosses file systems. :meth:`commit` renames it into
+    place; :meth:`abort` (also on any exception in a ``with`` block) deletes it.
+    """
+
+    def __init__(self, target: Path, schema: pa.Schema, *, compression: str = "zstd") -> None:
+        self.target = Path(target)
+        self.schema = schema
+        self.compression = compression
+        self.rows = 0
+        try:
+            self.target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise GAEUsageError(f"{self.target.parent}: cannot create the output directory ({error.strerror})") from error
+        self.temp = self.target.parent / f".{self.target.name}.gaecli-{uuid.uuid4().hex[:8]}.tmp"
+        self._writer: Optional[pq.ParquetWriter] = None
+        try:
+            self._writer = pq.ParquetWriter(self.temp, schema, compression=compression, write_statistics=False)
+        except (pa.ArrowException, OSError) as error:
+            self._remove_temp()
+            raise GAEUsageError(f"{self.target}: cannot write ({error})") from error
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        try:
+            self._writer.write_batch(batch)
+        except OSError as error:
+            raise GAEUsageError(f"{self.target}: cannot write ({error})") from error
+        self.rows += batch.num_rows
+
+    def close(self) -> None:
+        """Finish the temp file (footer written); it is still not in place."""
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            finally:
+                self._writer = None
+
+    def commit(self) -> None:
+        """Close and rename the temp file over the target."""
+        self.close()
+        try:
+            os.replace(self.temp, self.target)
+        except OSError as error:
+            self._remove_temp()
+            raise GAEUsageError(f"{self.target}: cannot move the finished output into place ({error.strerror})") from error
+
+    def abort(self) -> None:
+        """Drop everything written so far."""
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the temp file goes anyway
+            pass
+        self._remove_temp()
+
+    def _remove_temp(self) -> None:
+        try:
+            self.temp.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "AtomicParquetWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
