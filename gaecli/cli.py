@@ -46,7 +46,9 @@ def _stderr():
 
 def fail(message: str, code: int) -> NoReturn:
     """Print one line to stderr and exit with ``code``."""
-    _stderr().print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    from rich.markup import escape
+
+    _stderr().print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
