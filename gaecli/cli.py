@@ -213,7 +213,7 @@ def recompute(
     lambd: Annotated[float, typer.Option(min=0.0, max=1.0, help="GAE λ in [0, 1].")],
     kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",
     device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
-    batch_rows: Annotated[int, typer.Option(min=1, help="Rows per streamed batch.")] = 1024,
+    batch_rows: Annotated[int, typer.Option(min=1, help="Rows per streamed batch.")] = 256,
     normalize: Annotated[bool, typer.Option("--normalize", help="Whiten advantages over all trainable tokens of all inputs.")] = False,
     normalize_by: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")] = None,
     values_col: ValuesColOption = "values",

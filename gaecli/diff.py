@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gaecli.checks import masked_tail_lengths, trainable_counts
-from gaecli.stats import ExactSum, row_max
+from gaecli.stats import ExactSum, compare_rows
 
 
 def terminal_credit(baseline: str, gamma: float, lambd: float, tail_lengths: np.ndarray) -> np.ndarray:
@@ -56,12 +56,10 @@ class DiffAccumulator:
         int64 ``offsets`` ``[B + 1]``."""
         lengths = np.diff(offsets)
         trainable_per_row = trainable_counts(trainable, offsets)
-        abs_delta = np.where(trainable, np.abs(new.astype(np.float64) - old.astype(np.float64)), 0.0)
-        relative = abs_delta / (1.0 + np.abs(new.astype(np.float64)))
-        self.changed_samples += int((row_max(relative, offsets) > self.tolerance).sum())
-        row_delta_max = row_max(abs_delta, offsets)
-        self.max_abs_delta = max(self.max_abs_delta, float(row_delta_max.max(initial=0.0)))
-        self._abs_delta_sum.add(abs_delta[trainable])
+        max_abs, max_relative, sum_abs = compare_rows(new, old, trainable, offsets)
+        self.changed_samples += int((max_relative > self.tolerance).sum())
+        self.max_abs_delta = max(self.max_abs_delta, float(max_abs.max(initial=0.0)))
+        self._abs_delta_sum.add(sum_abs)
         self.samples += lengths.size
         self.tokens += int(lengths.sum())
         self.trainable_tokens += int(trainable_per_row.sum())

@@ -1,5 +1,5 @@
 """Order-independent statistics for streaming work: exact sums (so that results do not
-depend on batch size, partitioning or engine), per-row moments, per-row maxima and the
+depend on batch size, partitioning or engine), per-row moments and comparisons, and the
 whitening statistics of ``--normalize``."""
 
 from __future__ import annotations
@@ -80,17 +80,25 @@ def row_moments(advantages, trainable, offsets):
 
 
 @numba.njit(cache=True, nogil=True)
-def row_max(numbers, offsets):
-    """Per-row maximum of non-negative numbers (0 for an empty row)."""
+def compare_rows(new, old, trainable, offsets):
+    """Per row, over trainable tokens: max |new − old|, max |new − old| / (1 + |new|), and
+    the sum of |new − old| (float64, serial in token order)."""
     rows = offsets.shape[0] - 1
-    out = np.zeros(rows, dtype=np.float64)
+    max_abs = np.zeros(rows, dtype=np.float64)
+    max_relative = np.zeros(rows, dtype=np.float64)
+    sum_abs = np.zeros(rows, dtype=np.float64)
     for row in range(rows):
-        best = 0.0
         for t in range(offsets[row], offsets[row + 1]):
-            if numbers[t] > best:
-                best = numbers[t]
-        out[row] = best
-    return out
+            if trainable[t]:
+                a = np.float64(new[t])
+                delta = abs(a - np.float64(old[t]))
+                sum_abs[row] += delta
+                if delta > max_abs[row]:
+                    max_abs[row] = delta
+                relative = delta / (1.0 + abs(a))
+                if relative > max_relative[row]:
+                    max_relative[row] = relative
+    return max_abs, max_relative, sum_abs
 
 
 @dataclass

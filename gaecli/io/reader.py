@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from gaecli.errors import UnreadableFileError
 
-DEFAULT_BATCH_ROWS = 1024
+DEFAULT_BATCH_ROWS = 256
 
 
 @contextmanager
@@ -34,7 +34,9 @@ class RolloutFile:
         with read_errors(self.path):
             if not self.path.is_file():
                 raise UnreadableFileError(f"{self.path}: no such file")
-            self.parquet = pq.ParquetFile(self.path, memory_map=False)
+            # pre_buffer would cache every row group's bytes until the file is closed:
+            # streaming reads keep memory bounded only without it.
+            self.parquet = pq.ParquetFile(self.path, memory_map=False, pre_buffer=False, buffer_size=1 << 20)
             self.schema: pa.Schema = self.parquet.schema_arrow
             self.num_rows: int = self.parquet.metadata.num_rows
 

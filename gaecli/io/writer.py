@@ -40,8 +40,9 @@ class AtomicParquetWriter:
             raise GAEUsageError(f"{self.target}: cannot write ({error})") from error
 
     def write(self, batch: pa.RecordBatch) -> None:
+        """Write ``batch`` as its own row group (flushed now, so memory stays bounded)."""
         try:
-            self._writer.write_batch(batch)
+            self._writer.write_table(pa.Table.from_batches([batch]), row_group_size=max(batch.num_rows, 1))
         except OSError as error:
             raise GAEUsageError(f"{self.target}: cannot write ({error})") from error
         self.rows += batch.num_rows
