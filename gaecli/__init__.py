@@ -19,6 +19,12 @@ _LAZY = {
     "baseline_gae_packed": "gaecli.semantics",
     "whiten": "gaecli.semantics",
     "BASELINES": "gaecli.semantics",
+    "recompute_file": "gaecli.recompute",
+    "recompute_files": "gaecli.recompute",
+    "RecomputeOptions": "gaecli.recompute",
+    "validate_file": "gaecli.validate",
+    "validate_files": "gaecli.validate",
+    "Columns": "gaecli.io.format",
     "available_kernels": "gaecli.kernels",
     "resolve_kernel": "gaecli.kernels",
 }

@@ -5,7 +5,7 @@ column, a stable rule code and a message."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -116,14 +116,20 @@ def check_schema(schema: pa.Schema, columns: Columns, file: str) -> list[Finding
 
 @dataclass
 class BatchCheck:
-    """Row findings of one batch and which rows are invalid (an error finding)."""
+    """Row findings of one batch and which rows are invalid (an error finding).
+
+    ``counts`` holds every finding per rule code, listed in ``findings`` or not (a
+    ``max_findings`` cap lists fewer); ``invalid`` is bool ``[B]``."""
 
     findings: list[Finding] = field(default_factory=list)
     invalid: Optional[np.ndarray] = None
+    counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return not self.findings or not any(f.severity == ERROR for f in self.findings)
+        if self.invalid is not None:
+            return not self.invalid.any()
+        return not any(f.severity == ERROR for f in self.findings)
 
 
 def _rows_of_flat_positions(offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -131,9 +137,54 @@ def _rows_of_flat_positions(offsets: np.ndarray, positions: np.ndarray) -> np.nd
 
 
 def trainable_counts(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    cumulative = np.zeros(mask.size + 1, dtype=np.int64)
-    np.cumsum(mask, out=cumulative[1:])
-    return cumulative[offsets[1:]] - cumulative[offsets[:-1]]
+    """Trainable (nonzero) tokens per row of a flat ``mask`` ``[N]``. int64 ``[B]``."""
+    return np.diff(np.searchsorted(np.flatnonzero(mask), offsets))
+
+
+def masked_tail_lengths(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Masked tokens after each row's last trainable token (its whole length when fully
+    masked, 0 when empty). int64 ``[B]``."""
+    starts, ends = offsets[:-1], offsets[1:]
+    positions = np.flatnonzero(trainable)
+    if positions.size == 0:
+        return ends - starts
+    before = np.searchsorted(positions, offsets)  # trainable tokens before each row boundary
+    has_trainable = before[1:] > before[:-1]
+    last = np.where(has_trainable, positions[np.maximum(before[1:] - 1, 0)], starts - 1)
+    return ends - 1 - last
+
+
+def _tails_of_rows_ending_masked(trainable: np.ndarray, offsets: np.ndarray, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each row has a trainable token (bool ``[B]``), and the masked-tail length of
+    each ``selected`` row that has one (int64 ``[B]``, 0 elsewhere). Vectorised but for the
+    rows that end in a masked token (the faulty ones), which are searched one by one from
+    their end."""
+    starts, ends = offsets[:-1], offsets[1:]
+    nonempty = ends > starts
+    any_trainable = np.zeros(starts.size, dtype=bool)
+    last_trainable = np.zeros(starts.size, dtype=bool)
+    if nonempty.any():
+        any_trainable[nonempty] = np.logical_or.reduceat(trainable, starts[nonempty])
+        last_trainable[nonempty] = trainable[ends[nonempty] - 1]
+    tails = np.zeros(starts.size, dtype=np.int64)
+    for row in np.flatnonzero(any_trainable & ~last_trainable & selected).tolist():
+        tails[row] = int(np.argmax(trainable[starts[row]:ends[row]][::-1]))
+    return any_trainable, tails
+
+
+def _first_per_row(offsets: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows holding sorted flat ``positions`` and, per row, its first such position."""
+    rows, first = np.unique(_rows_of_flat_positions(offsets, positions), return_index=True)
+    return rows, positions[first]
+
+
+def _all_finite(numbers: np.ndarray) -> bool:
+    """Whether a float array holds no NaN or ±Inf; one reduction when it does not (an
+    overflowing sum only sends it to the exact check)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(numbers.sum()):
+            return True
+    return bool(np.isfinite(numbers).all())
 
 
 def check_batch(
@@ -143,35 +194,48 @@ def check_batch(
     first_row: int,
     *,
     warnings: bool = False,
-    ids: Optional[list] = None,
+    ids: Optional[Sequence] = None,
+    max_findings: Optional[int] = None,
 ) -> BatchCheck:
     """Check every row of ``batch`` (rows numbered from ``first_row`` in the file).
 
     Errors: null, length-mismatch, response-length-mismatch, mask-value, non-finite.
-    With ``warnings``: fully-masked, masked-tail, empty-response too. ``ids`` (one per row)
-    labels the findings. The schema must have passed :func:`check_schema`.
-    The common case, a clean batch, costs a few vectorised passes over the flat buffers.
+    With ``warnings``: fully-masked, masked-tail, empty-response too (only on rows without
+    an error). A row with a null list is not compared for lengths; a null response_length
+    is not compared. ``ids[row]`` (row in the batch) labels the findings; it is only looked
+    up for rows with a finding. ``max_findings`` lists at most that many findings (the
+    lowest rows first); ``counts`` and ``invalid`` stay exact.
+    The schema must have passed :func:`check_schema`. The common case, a clean batch, costs
+    a few vectorised passes over the flat buffers; messages are built only for the findings
+    listed.
     """
     rows = batch.num_rows
     invalid = np.zeros(rows, dtype=bool)
-    found: list[tuple[int, str, str, str]] = []  # (row in batch, column, code, message)
+    counts: dict[str, int] = {}
+    flagged: list[tuple[np.ndarray, str, str, object]] = []  # (rows in batch, column, code, message)
 
     def flag(bad_rows: np.ndarray, column: str, code: str, message) -> None:
-        for row in np.flatnonzero(bad_rows) if bad_rows.dtype == bool else np.unique(bad_rows):
-            found.append((int(row), column, code, message(int(row)) if callable(message) else message))
-            if RULES[code].severity == ERROR:
-                invalid[row] = True
+        bad = np.flatnonzero(bad_rows) if bad_rows.dtype == bool else np.unique(bad_rows)
+        if bad.size == 0:
+            return
+        flagged.append((bad, column, code, message))
+        counts[code] = counts.get(code, 0) + int(bad.size)
+        if RULES[code].severity == ERROR:
+            invalid[bad] = True
 
     lists: dict[str, tuple[pa.Array, np.ndarray, pa.Array]] = {}
+    null_rows = np.zeros(rows, dtype=bool)
     for role, name in columns.token_columns():
         array = batch.column(name)
         offsets, flat = list_parts(array)
         lists[role] = (array, offsets, flat)
         if array.null_count:
-            flag(np.asarray(array.is_null()), name, "null", "the list is null")
+            is_null = np.asarray(array.is_null())
+            null_rows |= is_null
+            flag(is_null, name, "null", "the list is null")
         if flat.null_count:
-            null_rows = _rows_of_flat_positions(offsets, np.flatnonzero(np.asarray(flat.is_null())))
-            flag(null_rows, name, "null", "the list holds a null")
+            null_positions = np.flatnonzero(np.asarray(flat.is_null()))
+            flag(_rows_of_flat_positions(offsets, null_positions), name, "null", "the list holds a null")
     terminal = batch.column(columns.terminal_reward)
     if terminal.null_count:
         flag(np.asarray(terminal.is_null()), columns.terminal_reward, "null", "the terminal reward is null")
@@ -181,74 +245,74 @@ def check_batch(
     mask_lengths = lengths["loss_mask"]
     for role, name in columns.token_columns():
         if role != "loss_mask":
-            differ = lengths[role] != mask_lengths
+            differ = (lengths[role] != mask_lengths) & ~null_rows
             flag(differ, name, "length-mismatch",
                  lambda row, role=role, name=name: f"{name!r} has {lengths[role][row]} tokens, {mask_name!r} has {mask_lengths[row]}")
     if columns.response_length in batch.schema.names:
         declared = batch.column(columns.response_length)
-        declared_values = np.asarray(declared.fill_null(-1))
-        differ = declared_values != mask_lengths
+        declared_values = np.asarray(declared.fill_null(-1)) if declared.null_count else np.asarray(declared)
+        differ = (declared_values != mask_lengths) & ~null_rows
+        if declared.null_count:
+            differ &= np.asarray(declared.is_valid())
         flag(differ, columns.response_length, "response-length-mismatch",
              lambda row: f"response_length is {declared_values[row]} but {mask_name!r} has {mask_lengths[row]} tokens")
 
     _, mask_offsets, mask_flat = lists["loss_mask"]
-    mask = numeric_numpy(mask_flat.fill_null(0) if mask_flat.null_count else mask_flat)
-    if mask.dtype != np.bool_:
-        bad_positions = np.flatnonzero((mask != 0) & (mask != 1))
-        if bad_positions.size:
-            first_bad = {}
-            for position, row in zip(bad_positions, _rows_of_flat_positions(mask_offsets, bad_positions)):
-                first_bad.setdefault(int(row), int(position))
-            flag(np.array(sorted(first_bad), dtype=np.int64), mask_name, "mask-value",
-                 lambda row: f"loss_mask value {mask[first_bad[row]]!r} at token {first_bad[row] - mask_offsets[row]} is not 0 or 1")
+    mask_fill = False if pa.types.is_boolean(mask_flat.type) else 0  # a bool array takes no int 0
+    mask = numeric_numpy(mask_flat.fill_null(mask_fill) if mask_flat.null_count else mask_flat)
+    if mask.dtype != np.bool_ and mask.size:
+        in_range = mask.dtype.kind in "iu" and mask.min() >= 0 and mask.max() <= 1
+        if not in_range:
+            bad_positions = np.flatnonzero((mask != 0) & (mask != 1))
+            if bad_positions.size:
+                mask_rows, mask_first = _first_per_row(mask_offsets, bad_positions)
+
+                def bad_mask_message(row: int) -> str:
+                    position = mask_first[np.searchsorted(mask_rows, row)]
+                    return f"loss_mask value {mask[position].item()!r} at token {position - mask_offsets[row]} is not 0 or 1"
+
+                flag(mask_rows, mask_name, "mask-value", bad_mask_message)
     for role, name in columns.token_columns():
         if role == "loss_mask":
             continue
         _, offsets, flat = lists[role]
         numbers = numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat)
-        if not np.isfinite(numbers).all():
-            bad_positions = np.flatnonzero(~np.isfinite(numbers))
-            first_bad = {}
-            for position, row in zip(bad_positions, _rows_of_flat_positions(offsets, bad_positions)):
-                first_bad.setdefault(int(row), int(position))
-            flag(np.array(sorted(first_bad), dtype=np.int64), name, "non-finite",
-                 lambda row, numbers=numbers, offsets=offsets, first_bad=first_bad:
-                 f"{numbers[first_bad[row]]} at token {first_bad[row] - offsets[row]}")
+        if not _all_finite(numbers):
+            bad_rows, bad_first = _first_per_row(offsets, np.flatnonzero(~np.isfinite(numbers)))
+
+            def non_finite_message(row: int, name=name, numbers=numbers, offsets=offsets, bad_rows=bad_rows, bad_first=bad_first) -> str:
+                position = bad_first[np.searchsorted(bad_rows, row)]
+                return f"{name!r} is {numbers[position].item()} at token {position - offsets[row]}"
+
+            flag(bad_rows, name, "non-finite", non_finite_message)
     terminal_numbers = np.asarray(terminal.fill_null(0)) if terminal.null_count else np.asarray(terminal)
-    if terminal_numbers.dtype.kind == "f":
+    if terminal_numbers.dtype.kind == "f" and not _all_finite(terminal_numbers):
         flag(~np.isfinite(terminal_numbers), columns.terminal_reward, "non-finite",
-             lambda row: f"terminal reward is {terminal_numbers[row]}")
+             lambda row: f"terminal reward is {terminal_numbers[row].item()}")
 
     if warnings:
-        trainable_mask = mask != 0
-        trainable = trainable_counts(trainable_mask, mask_offsets)
+        trainable = mask if mask.dtype == np.bool_ else mask != 0
+        any_trainable, tails = _tails_of_rows_ending_masked(trainable, mask_offsets, ~invalid)
         flag((mask_lengths == 0) & ~invalid, mask_name, "empty-response", "the response has no token")
-        flag((mask_lengths > 0) & (trainable == 0) & ~invalid, mask_name, "fully-masked",
+        flag((mask_lengths > 0) & ~any_trainable & ~invalid, mask_name, "fully-masked",
              "every token is masked: the sample trains nothing and its terminal reward is dropped")
-        tails = masked_tail_lengths(trainable_mask, mask_offsets)
-        flag((tails > 0) & (trainable > 0) & ~invalid, mask_name, "masked-tail",
+        flag(tails > 0, mask_name, "masked-tail",
              lambda row: f"the response ends in {tails[row]} masked token{'s' if tails[row] != 1 else ''}: "
              f"the old GAE decayed the terminal reward over them")
 
-    findings = [
-        Finding(file, first_row + row, column, code, message, None if ids is None else ids[row])
-        for row, column, code, message in sorted(found, key=lambda item: item[0])
-    ]
-    return BatchCheck(findings, invalid)
-
-
-def masked_tail_lengths(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Masked tokens after each row's last trainable token (its whole length when fully
-    masked, 0 when empty). int64 ``[B]``."""
-    positions = np.where(trainable, np.arange(trainable.size), -1)
-    ends = offsets[1:]
-    nonempty = ends > offsets[:-1]
-    last = np.full(ends.size, -1, dtype=np.int64)
-    if nonempty.any():
-        last[nonempty] = np.maximum.reduceat(positions, offsets[:-1][nonempty])
-    starts_minus_one = offsets[:-1] - 1
-    last = np.where(last >= 0, last, starts_minus_one)
-    return np.where(nonempty, ends - 1 - last, 0)
+    findings: list[Finding] = []
+    if flagged:
+        flagged_rows = np.concatenate([bad for bad, _, _, _ in flagged])
+        which = np.repeat(np.arange(len(flagged)), [bad.size for bad, _, _, _ in flagged])
+        order = np.lexsort((which, flagged_rows))
+        if max_findings is not None:
+            order = order[: max(max_findings, 0)]
+        for index in order.tolist():
+            row = int(flagged_rows[index])
+            _, column, code, message = flagged[which[index]]
+            text = message(row) if callable(message) else message
+            findings.append(Finding(file, first_row + row, column, code, text, None if ids is None else ids[row]))
+    return BatchCheck(findings, invalid, counts)
 
 
 def first_error(findings: list[Finding]) -> Optional[Finding]:

@@ -250,6 +250,50 @@ def recompute(
         render_recompute(report, _stderr())
 
 
+# ----------------------------------------------------------------------------- validate
+
+
+@app.command(epilog="Exit codes: 0 no errors (warnings allowed unless --strict) · 1 errors (or warnings under --strict) · "
+             "2 a file could not be read or the command was misused (wins over 1; the readable files are still checked).")
+def validate(
+    inputs: Annotated[Optional[list[str]], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.", show_default=False)] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Fail (exit 1) on warnings too.")] = False,
+    max_findings: Annotated[int, typer.Option("--max-findings", min=0, metavar="N", help="List at most N findings; the counts stay exact.")] = 1000,
+    id_col: Annotated[Optional[str], typer.Option("--id-col", metavar="COL[,COL]", help="Column(s) that identify a sample: label findings, warn on duplicates within a file.")] = None,
+    list_rules: Annotated[bool, typer.Option("--list-rules", help="Print every rule (code, severity, what it finds, fix) and exit.")] = False,
+    batch_rows: Annotated[int, typer.Option(min=1, help="Rows per streamed batch.")] = 1024,
+    values_col: ValuesColOption = "values",
+    rewards_col: RewardsColOption = "rewards",
+    mask_col: MaskColOption = "loss_mask",
+    terminal_col: TerminalColOption = "terminal_reward",
+    json_path: JsonOption = None,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Check rollout files for the faults that make GAE silently wrong; findings grouped by rule on stderr."""
+    from gaecli.render_validate import render_rules, render_validate
+    from gaecli.validate import rules_document, validate_files
+
+    if list_rules:
+        write_json(rules_document(), json_path)
+        if not quiet and json_path != "-":
+            from rich.console import Console
+
+            render_rules(Console(highlight=False))
+        return
+    if not inputs:
+        fail("give at least one INPUT (or --list-rules)", EXIT_USAGE)
+    with errors_to_exit(debug):
+        id_columns = [name.strip() for name in id_col.split(",")] if id_col is not None else None
+        report = validate_files(inputs, make_columns(values_col, rewards_col, mask_col, terminal_col), id_columns=id_columns,
+                                max_findings=max_findings, batch_rows=batch_rows, progress=make_progress(quiet))
+    document = report.to_dict()
+    write_json(document, json_path)
+    if not quiet:
+        render_validate(document, _stderr(), strict=strict)
+    raise typer.Exit(report.exit_code(strict))
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -1,0 +1,385 @@
+"""``gae validate`` as a library: stream rollout files through the shared checks
+(:mod:`gaecli.checks`) and collect every finding — file, row, id, column, rule, severity,
+message — with exact counts per rule, plus duplicate ids within each file.
+
+Memory stays bounded by the batch size, except for two things that grow with the data: the
+findings listed (capped by ``max_findings``) and, with ``id_columns``, the id values of the
+file being checked (duplicates are found once the file has been read).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gaecli._version import __version__
+from gaecli.checks import ERROR, RULES, WARNING, Finding, check_batch, check_schema
+from gaecli.errors import GAEUsageError, UnreadableFileError
+from gaecli.io.format import Columns, list_parts
+from gaecli.io.paths import discover_inputs
+from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
+from gaecli.progress import NoProgress, Progress
+
+DEFAULT_MAX_FINDINGS = 1000
+
+OK = "ok"
+INVALID = "invalid"
+UNREADABLE = "unreadable"
+
+
+@dataclass
+class FileResult:
+    """What validation found in one input file.
+
+    ``status``: ``ok`` (no error; warnings allowed), ``invalid`` (at least one error) or
+    ``unreadable`` (``message`` says why). ``rows`` is the file's row count (None when it
+    could not be opened); ``rows_checked`` the rows that went through the row rules (0 when
+    the schema failed).
+    """
+
+    file: str
+    rows: Optional[int] = None
+    rows_checked: int = 0
+    errors: int = 0
+    warnings: int = 0
+    message: Optional[str] = None
+
+    @property
+    def status(self) -> str:
+        if self.message is not None:
+            return UNREADABLE
+        return INVALID if self.errors else OK
+
+    def to_dict(self) -> dict:
+        return {
+            "file": self.file,
+            "status": self.status,
+            "rows": self.rows,
+            "rows_checked": self.rows_checked,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "message": self.message,
+        }
+
+
+@dataclass
+class ValidationReport:
+    """The result of validating some files.
+
+    ``findings`` lists at most ``max_findings`` findings, in the order they were found;
+    ``counts`` holds every finding per rule code (all codes present, 0 when none).
+    """
+
+    files: list[FileResult] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: {code: 0 for code in RULES})
+    max_findings: Optional[int] = DEFAULT_MAX_FINDINGS
+
+    @property
+    def errors(self) -> int:
+        return sum(n for code, n in self.counts.items() if RULES[code].severity == ERROR)
+
+    @property
+    def warnings(self) -> int:
+        return sum(n for code, n in self.counts.items() if RULES[code].severity == WARNING)
+
+    @property
+    def unreadable(self) -> list[FileResult]:
+        return [f for f in self.files if f.status == UNREADABLE]
+
+    @property
+    def truncated(self) -> bool:
+        """Whether some findings are counted but not listed."""
+        return len(self.findings) < self.errors + self.warnings
+
+    def exit_code(self, strict: bool = False) -> int:
+        """2 when a file could not be read (whatever else was found), 1 on errors (or on
+        warnings when ``strict``), else 0."""
+        if self.unreadable:
+            return 2
+        if self.errors or strict and self.warnings:
+            return 1
+        return 0
+
+    def to_dict(self) -> dict:
+        """The JSON document of ``gae validate --json`` (described in docs/validate.md)."""
+        return {
+            "version": __version__,
+            "files": [f.to_dict() for f in self.files],
+            "findings": [_finding_document(f) for f in self.findings],
+            "counts": dict(self.counts),
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "unreadable": [{"file": f.file, "message": f.message} for f in self.unreadable],
+            "max_findings": self.max_findings,
+            "truncated": self.truncated,
+        }
+
+    def _add(self, result: FileResult, findings: list[Finding], counts: dict[str, int]) -> None:
+        for code, count in counts.items():
+            self.counts[code] += count
+            if RULES[code].severity == ERROR:
+                result.errors += count
+            else:
+                result.warnings += count
+        self.findings.extend(findings[: self.room()])
+
+    def room(self) -> Optional[int]:
+        """How many more findings may be listed (None: no limit)."""
+        return None if self.max_findings is None else max(self.max_findings - len(self.findings), 0)
+
+
+def _finding_document(finding: Finding) -> dict:
+    document = finding.to_dict()
+    document["id"] = _json_value(document["id"])
+    return document
+
+
+def _json_value(value):
+    """An id as JSON can hold it: numbers and strings as they are, the rest as text."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {key: _json_value(item) for key, item in value.items()}
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace")
+    return str(value)
+
+
+def rules_document() -> dict:
+    """Every rule as JSON: ``{"rules": [{"code", "severity", "summary", "hint"}]}``."""
+    return {"rules": [{"code": r.code, "severity": r.severity, "summary": r.summary, "hint": r.hint} for r in RULES.values()]}
+
+
+# ----------------------------------------------------------------------------- ids
+
+
+def _comparable_id_type(arrow_type: pa.DataType) -> bool:
+    if pa.types.is_dictionary(arrow_type):
+        return _comparable_id_type(arrow_type.value_type)
+    return any(
+        test(arrow_type)
+        for test in (
+            pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
+            pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary,
+            pa.types.is_fixed_size_binary, pa.types.is_temporal, pa.types.is_decimal,
+        )
+    )
+
+
+def check_id_columns(schema: pa.Schema, id_columns: Sequence[str], file: str) -> list[Finding]:
+    """File-level findings for id columns that are missing or hold values that cannot be
+    compared (lists, structs)."""
+    findings = []
+    for name in id_columns:
+        if name not in schema.names:
+            findings.append(Finding(file, None, name, "missing-column",
+                                    f"id column {name!r} is missing (have: {', '.join(schema.names)})"))
+        elif not _comparable_id_type(schema.field(name).type):
+            findings.append(Finding(file, None, name, "wrong-type",
+                                    f"id column {name!r} is {schema.field(name).type}, expected numbers, strings or dates"))
+    return findings
+
+
+class _RowIds:
+    """The id of a row of a batch or table, looked up only when a finding needs it: the
+    value of the one id column, or ``{column: value}`` for several."""
+
+    def __init__(self, table: pa.RecordBatch | pa.Table, id_columns: Sequence[str]) -> None:
+        self.arrays = [(name, table.column(name)) for name in id_columns]
+
+    def __getitem__(self, row: int):
+        values = {name: _json_value(array[row].as_py()) for name, array in self.arrays}
+        return next(iter(values.values())) if len(values) == 1 else values
+
+
+def _describe_id(id_value) -> str:
+    if isinstance(id_value, dict):
+        return "(" + ", ".join(f"{key}={value!r}" for key, value in id_value.items()) + ")"
+    return repr(id_value)
+
+
+def duplicate_id_findings(ids: pa.Table, file: str, limit: Optional[int] = None) -> tuple[int, list[Finding]]:
+    """Rows of ``ids`` (one row per file row, one column per id column) whose id appeared at
+    an earlier row: how many, and findings for the first ``limit`` of them in row order.
+
+    Vectorised: a stable sort by id, then equal neighbours. Rows with a null (or NaN) in
+    any id column are not compared.
+    """
+    rows = ids.num_rows
+    if rows < 2:
+        return 0, []
+    names = ids.column_names
+    order = pc.sort_indices(ids, sort_keys=[(name, "ascending") for name in names])
+    ordered = ids.take(order).combine_chunks()
+    same_as_previous = np.ones(rows - 1, dtype=bool)
+    for name in names:
+        column = ordered.column(name)
+        equal = pc.equal(column.slice(1), column.slice(0, rows - 1)).fill_null(False)
+        same_as_previous &= np.asarray(equal.combine_chunks() if isinstance(equal, pa.ChunkedArray) else equal, dtype=bool)
+    if not same_as_previous.any():
+        return 0, []
+    order_rows = np.asarray(order)
+    positions = np.arange(rows)
+    run_starts = np.maximum.accumulate(np.where(np.concatenate([[True], ~same_as_previous]), positions, 0))
+    duplicate_positions = np.flatnonzero(same_as_previous) + 1
+    duplicate_rows = order_rows[duplicate_positions]
+    first_rows = order_rows[run_starts[duplicate_positions]]
+    by_row = np.argsort(duplicate_rows, kind="stable")
+    if limit is not None:
+        by_row = by_row[:limit]
+    column = ",".join(names)
+    row_ids = _RowIds(ids.combine_chunks(), names)
+    findings = []
+    for index in by_row.tolist():
+        row, first = int(duplicate_rows[index]), int(first_rows[index])
+        id_value = row_ids[row]
+        findings.append(Finding(file, row, column, "duplicate-id", f"id {_describe_id(id_value)} appears already at row {first}", id_value))
+    return int(duplicate_rows.size), findings
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _discover(inputs: Sequence[str | Path]) -> list[FileResult]:
+    """One result per input file, in order, each file once; an input that names nothing is
+    an unreadable entry; every file's row count read from its footer."""
+    results: list[FileResult] = []
+    seen: set[Path] = set()
+    for item in inputs:
+        try:
+            found, _ = discover_inputs([str(item)])
+        except GAEUsageError as error:
+            results.append(FileResult(str(item), message=str(error)))
+            continue
+        for path, _root in found:
+            key = path.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            result = FileResult(str(path))
+            try:
+                rollout = RolloutFile(path)
+            except UnreadableFileError as error:
+                result.message = str(error)
+            else:
+                result.rows = rollout.num_rows
+                rollout.close()
+            results.append(result)
+    return results
+
+
+def _validate_file(
+    rollout: RolloutFile,
+    result: FileResult,
+    report: ValidationReport,
+    columns: Columns,
+    id_columns: Sequence[str],
+    batch_rows: int,
+    progress: Progress,
+) -> None:
+    file = result.file
+    schema_findings = check_schema(rollout.schema, columns, file)
+    id_findings = check_id_columns(rollout.schema, id_columns, file)
+    file_findings = schema_findings + id_findings
+    counts: dict[str, int] = {}
+    for finding in file_findings:
+        counts[finding.code] = counts.get(finding.code, 0) + 1
+    report._add(result, file_findings, counts)
+    if any(f.severity == ERROR for f in schema_findings):
+        progress.advance(rollout.num_rows, 0)
+        return  # the row rules need the documented columns and types
+
+    usable_ids = [name for name in id_columns if not any(f.column == name for f in id_findings)]
+    wanted = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length, *usable_ids}
+    read = [name for name in rollout.schema.names if name in wanted]
+    id_batches: list[pa.RecordBatch] = []
+    first_row = 0
+    try:
+        for batch in rollout.iter_batches(batch_rows, read):
+            ids = _RowIds(batch, usable_ids) if usable_ids else None
+            check = check_batch(batch, columns, file, first_row, warnings=True, ids=ids, max_findings=report.room())
+            report._add(result, check.findings, check.counts)
+            if usable_ids:
+                id_batches.append(pa.RecordBatch.from_arrays([_decoded(batch.column(n)) for n in usable_ids], usable_ids))
+            first_row += batch.num_rows
+            result.rows_checked = first_row
+            mask_offsets, _ = list_parts(batch.column(columns.loss_mask))
+            progress.advance(batch.num_rows, int(mask_offsets[-1]))
+    except UnreadableFileError as error:
+        result.message = str(error)
+        progress.advance(rollout.num_rows - first_row, 0)
+    if id_batches:
+        duplicates, findings = duplicate_id_findings(pa.Table.from_batches(id_batches), file, report.room())
+        if duplicates:
+            report._add(result, findings, {"duplicate-id": duplicates})
+
+
+def _decoded(array: pa.Array) -> pa.Array:
+    return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
+
+
+def validate_files(
+    inputs: Sequence[str | Path],
+    columns: Optional[Columns] = None,
+    *,
+    id_columns: Optional[Sequence[str]] = None,
+    max_findings: Optional[int] = DEFAULT_MAX_FINDINGS,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    progress: Optional[Progress] = None,
+) -> ValidationReport:
+    """Check rollout files against every rule in :data:`gaecli.checks.RULES`.
+
+    ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs; a
+    file named twice is checked once. An input that names nothing, or a file that cannot
+    be read as Parquet, becomes an ``unreadable`` entry of ``files``; the other files are
+    still checked. A file whose schema fails (a required column missing or of the wrong
+    type) gets file-level findings (``row`` None) and its rows are not checked.
+
+    ``id_columns``: one or more columns that together identify a sample; findings carry the
+    id, and rows repeating an earlier row's id within a file get a ``duplicate-id`` warning.
+    A missing id column is a ``missing-column`` error (the rows are still checked, without
+    ids). ``max_findings``: list at most this many findings (None: all; counts stay exact).
+    Files are streamed ``batch_rows`` rows at a time, reading only the columns the rules
+    need. Raises :class:`GAEUsageError` for unusable arguments; never for bad data.
+    """
+    columns = columns or Columns()
+    id_columns = list(dict.fromkeys(id_columns or ()))
+    if batch_rows < 1:
+        raise GAEUsageError(f"batch_rows must be at least 1, got {batch_rows}")
+    if max_findings is not None and max_findings < 0:
+        raise GAEUsageError(f"max_findings must be 0 or more, got {max_findings}")
+    if any(not name for name in id_columns):
+        raise GAEUsageError("an id column name is empty")
+    progress = progress or NoProgress()
+    report = ValidationReport(files=_discover(inputs), max_findings=max_findings)
+    readable = [result for result in report.files if result.status != UNREADABLE]
+    progress.start("validate", sum(result.rows for result in readable))
+    try:
+        for result in readable:
+            try:
+                rollout = RolloutFile(result.file)
+            except UnreadableFileError as error:  # gone or changed since it was opened
+                result.message = str(error)
+                progress.advance(result.rows, 0)
+                continue
+            try:
+                _validate_file(rollout, result, report, columns, id_columns, batch_rows, progress)
+            finally:
+                rollout.close()
+    finally:
+        progress.finish()
+    return report
+
+
+def validate_file(input: str | Path, columns: Optional[Columns] = None, **options) -> ValidationReport:
+    """:func:`validate_files` for one file."""
+    return validate_files([input], columns, **options)
