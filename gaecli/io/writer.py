@@ -27,6 +27,8 @@ class AtomicParquetWriter:
         self.schema = schema
         self.compression = compression
         self.rows = 0
+        # the directories this writer creates, deepest first: abort removes them when empty
+        self._created_dirs = [d for d in (self.target.parent, *self.target.parent.parents) if not d.exists()]
         try:
             self.target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -65,12 +67,18 @@ class AtomicParquetWriter:
             raise GAEUsageError(f"{self.target}: cannot move the finished output into place ({error.strerror})") from error
 
     def abort(self) -> None:
-        """Drop everything written so far."""
+        """Drop everything written so far, and the directories this writer created if they
+        are empty (abort writers in reverse order of creation so that nested ones go too)."""
         try:
             self.close()
         except Exception:  # noqa: BLE001 - the temp file goes anyway
             pass
         self._remove_temp()
+        for directory in self._created_dirs:
+            try:
+                directory.rmdir()
+            except OSError:
+                break
 
     def _remove_temp(self) -> None:
         try:
