@@ -25,6 +25,8 @@ _LAZY = {
     "validate_file": "gaecli.validate",
     "validate_files": "gaecli.validate",
     "Columns": "gaecli.io.format",
+    "import_miles": "gaecli.importers.miles",
+    "kl_rewards": "gaecli.kl",
     "available_kernels": "gaecli.kernels",
     "resolve_kernel": "gaecli.kernels",
 }

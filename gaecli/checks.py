@@ -38,18 +38,19 @@ RULES: dict[str, Rule] = {
     rule.code: rule
     for rule in (
         Rule("missing-column", ERROR, "a required column is absent",
-             "rename it with --values-col/--rewards-col/--mask-col/--terminal-col, or pass 'none' for values or rewards"),
+             "rename it with --values-col/--rewards-col/--mask-col/--terminal-col (--logprobs-col/--ref-logprobs-col with --kl-coef), "
+             "or pass 'none' for values or rewards"),
         Rule("wrong-type", ERROR, "a column has a type other than the documented one",
-             "cast it: lists of float32/float64 for values and rewards, lists of bool/int/float for the mask, a number for the terminal reward"),
+             "cast it: lists of float32/float64 for values, rewards and log-probs, lists of bool/int/float for the mask, a number for the terminal reward"),
         Rule("null", ERROR, "a null list, a null inside a list, or a null terminal reward",
              "drop the row or fill the nulls before training on it"),
-        Rule("length-mismatch", ERROR, "values, rewards and loss_mask lists of a row differ in length",
+        Rule("length-mismatch", ERROR, "values, rewards, log-probs and loss_mask lists of a row differ in length",
              "the mask was cut or padded apart from the response: rebuild it to the response length"),
         Rule("response-length-mismatch", ERROR, "response_length disagrees with the list lengths",
              "trainers cut a longer mask and drop trailing tokens of a shorter one: align the lists with the response"),
         Rule("mask-value", ERROR, "a loss_mask value other than 0 or 1",
              "masks must be 0/1 (bool, int or float); threshold or rebuild the mask"),
-        Rule("non-finite", ERROR, "NaN or ±Inf in values, rewards or the terminal reward",
+        Rule("non-finite", ERROR, "NaN or ±Inf in values, rewards, log-probs or the terminal reward",
              "find the step that produced it (critic divergence, log-prob of an impossible token) and drop the row"),
         Rule("fully-masked", WARNING, "every response token is masked",
              "the sample trains nothing and its terminal reward is dropped; check the mask builder"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional
+from typing import Annotated, Any, Literal, NoReturn, Optional
 
 import typer
 
@@ -110,17 +110,49 @@ def kernels(
 
 
 ValuesColOption = Annotated[str, typer.Option("--values-col", help="Column of per-token critic values; 'none' takes them as 0.", rich_help_panel="Columns")]
-RewardsColOption = Annotated[str, typer.Option("--rewards-col", help="Column of per-token rewards (KL shaping); 'none' takes them as 0.", rich_help_panel="Columns")]
+RewardsColOption = Annotated[Optional[str], typer.Option(
+    "--rewards-col", show_default=False, rich_help_panel="Columns",
+    help="Column of per-token rewards; 'none' takes them as 0. Default: rewards, or none with --kl-coef (a column named here is added to the KL rewards).",
+)]
 MaskColOption = Annotated[str, typer.Option("--mask-col", help="Column of the 0/1 loss mask.", rich_help_panel="Columns")]
 TerminalColOption = Annotated[str, typer.Option("--terminal-col", help="Column of the scalar terminal reward.", rich_help_panel="Columns")]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.", hidden=False)]
 
 
-def make_columns(values_col: str, rewards_col: str, mask_col: str, terminal_col: str, **outputs):
+KLCoefOption = Annotated[Optional[float], typer.Option(
+    "--kl-coef", metavar="C", show_default=False, rich_help_panel="KL rewards",
+    help="Per-token rewards = −C · KL(log_probs ‖ ref_log_probs), added to --rewards-col if one is named (the default rewards column is then not read).",
+)]
+KLEstimatorOption = Annotated[Literal["k1", "k2", "k3", "low_var_kl"], typer.Option(
+    "--kl-estimator", rich_help_panel="KL rewards",
+    help="KL estimator of log-ratio x = log_probs − ref_log_probs: k1 = x, k2 = x²/2, k3 = exp(−x) − 1 + x, low_var_kl = k3 clamped (see docs/format.md).",
+)]
+LogprobsColOption = Annotated[str, typer.Option("--logprobs-col", help="Column of the policy's per-token log-probs (read with --kl-coef).", rich_help_panel="KL rewards")]
+RefLogprobsColOption = Annotated[str, typer.Option("--ref-logprobs-col", help="Column of the reference model's per-token log-probs (read with --kl-coef).", rich_help_panel="KL rewards")]
+
+
+def make_columns(
+    values_col: str,
+    rewards_col: Optional[str],
+    mask_col: str,
+    terminal_col: str,
+    *,
+    kl_coef: Optional[float] = None,
+    kl_estimator: str = "k1",
+    logprobs_col: str = "log_probs",
+    ref_logprobs_col: str = "ref_log_probs",
+    **outputs,
+):
+    """The Columns of the shared column and KL options. ``rewards_col`` None: ``rewards``,
+    or no rewards column when ``kl_coef`` is given; 'none': no rewards column."""
     from gaecli.io.format import Columns
 
     none = lambda name: None if name.lower() == "none" else name  # noqa: E731
-    return Columns(values=none(values_col), rewards=none(rewards_col), loss_mask=mask_col, terminal_reward=terminal_col, **outputs)
+    rewards = ("rewards" if kl_coef is None else None) if rewards_col is None else none(rewards_col)
+    return Columns(
+        values=none(values_col), rewards=rewards, loss_mask=mask_col, terminal_reward=terminal_col,
+        log_probs=logprobs_col, ref_log_probs=ref_logprobs_col, kl_coef=kl_coef, kl_estimator=kl_estimator, **outputs,
+    )
 
 
 class _RichProgress:
@@ -217,9 +249,13 @@ def recompute(
     normalize: Annotated[bool, typer.Option("--normalize", help="Whiten advantages over all trainable tokens of all inputs.")] = False,
     normalize_by: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")] = None,
     values_col: ValuesColOption = "values",
-    rewards_col: RewardsColOption = "rewards",
+    rewards_col: RewardsColOption = None,
     mask_col: MaskColOption = "loss_mask",
     terminal_col: TerminalColOption = "terminal_reward",
+    kl_coef: KLCoefOption = None,
+    kl_estimator: KLEstimatorOption = "k1",
+    logprobs_col: LogprobsColOption = "log_probs",
+    ref_logprobs_col: RefLogprobsColOption = "ref_log_probs",
     advantages_col: Annotated[str, typer.Option(help="Name of the advantages column written.", rich_help_panel="Columns")] = "advantages",
     returns_col: Annotated[str, typer.Option(help="Name of the returns column written.", rich_help_panel="Columns")] = "returns",
     replace: Annotated[bool, typer.Option("--replace", help="Replace output columns that exist already.")] = False,
@@ -240,7 +276,8 @@ def recompute(
 
         options = RecomputeOptions(
             gamma=gamma, lambd=lambd, kernel=kernel, device=device, batch_rows=batch_rows,
-            columns=make_columns(values_col, rewards_col, mask_col, terminal_col, advantages=advantages_col, returns=returns_col),
+            columns=make_columns(values_col, rewards_col, mask_col, terminal_col, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                                 logprobs_col=logprobs_col, ref_logprobs_col=ref_logprobs_col, advantages=advantages_col, returns=returns_col),
             normalize=normalize, normalize_by=normalize_by, replace=replace, keep_baseline=keep_baseline,
             on_invalid=on_invalid, overwrite=overwrite, tolerance=tol,
         )
@@ -263,9 +300,13 @@ def validate(
     list_rules: Annotated[bool, typer.Option("--list-rules", help="Print every rule (code, severity, what it finds, fix) and exit.")] = False,
     batch_rows: Annotated[int, typer.Option(min=1, help="Rows per streamed batch.")] = 1024,
     values_col: ValuesColOption = "values",
-    rewards_col: RewardsColOption = "rewards",
+    rewards_col: RewardsColOption = None,
     mask_col: MaskColOption = "loss_mask",
     terminal_col: TerminalColOption = "terminal_reward",
+    kl_coef: KLCoefOption = None,
+    kl_estimator: KLEstimatorOption = "k1",
+    logprobs_col: LogprobsColOption = "log_probs",
+    ref_logprobs_col: RefLogprobsColOption = "ref_log_probs",
     json_path: JsonOption = None,
     quiet: QuietOption = False,
     debug: DebugOption = False,
@@ -285,13 +326,120 @@ def validate(
         fail("give at least one INPUT (or --list-rules)", EXIT_USAGE)
     with errors_to_exit(debug):
         id_columns = [name.strip() for name in id_col.split(",")] if id_col is not None else None
-        report = validate_files(inputs, make_columns(values_col, rewards_col, mask_col, terminal_col), id_columns=id_columns,
+        columns = make_columns(values_col, rewards_col, mask_col, terminal_col, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                               logprobs_col=logprobs_col, ref_logprobs_col=ref_logprobs_col)
+        report = validate_files(inputs, columns, id_columns=id_columns,
                                 max_findings=max_findings, batch_rows=batch_rows, progress=make_progress(quiet))
     document = report.to_dict()
     write_json(document, json_path)
     if not quiet:
         render_validate(document, _stderr(), strict=strict)
     raise typer.Exit(report.exit_code(strict))
+
+
+# ----------------------------------------------------------------------------- import
+
+import_app = typer.Typer(
+    help="Import trainers' dumps into the rollout Parquet format.",
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+)
+app.add_typer(import_app, name="import", help="Import trainers' dumps (miles / slime --save-debug-train-data) into the rollout Parquet format.")
+
+
+@import_app.command("miles", epilog=EXIT_CODES_HELP)
+def import_miles_command(
+    inputs: Annotated[list[str], typer.Argument(metavar="DUMP...", help="torch.save dumps, directories (recursive: *.pt, *.pth) or globs.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="The Parquet file to write.")],
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing output file.")] = False,
+    json_path: JsonOption = None,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Import miles / slime --save-debug-train-data dumps (one per rank and rollout) into one rollout file; loaded with weights_only, never unpickled blindly."""
+    with errors_to_exit(debug):
+        from gaecli.importers import import_miles
+
+        report = import_miles(inputs, output, overwrite=overwrite, progress=make_progress(quiet))
+    write_json(report.to_dict(), json_path)
+    if not quiet:
+        from rich.markup import escape
+
+        console = _stderr()
+        for line in report.summary_lines():
+            console.print(escape(line), soft_wrap=True)
+
+
+# ----------------------------------------------------------------------------- diff
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def diff(
+    inputs: Annotated[list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")],
+    gamma: Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
+    lambd: Annotated[float, typer.Option(min=0.0, max=1.0, help="GAE λ in [0, 1].")],
+    baseline: Annotated[Optional[str], typer.Option(metavar="NAME", show_default=False, help="Old advantages recomputed with: unmasked (default), skip-masked (verl / AReaL) or zero-masked (OpenRLHF).")] = None,
+    against: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Compare with advantages stored in COLUMN (e.g. what the trainer used) instead of a baseline.")] = None,
+    against_returns: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="With --against: the stored returns to compare.")] = None,
+    normalize: Annotated[bool, typer.Option("--normalize", help="Whiten new and old advantages over all trainable tokens, each with its own statistics.")] = False,
+    normalize_by: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")] = None,
+    group_by: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Add the main figures per value of COLUMN (e.g. rollout_id: which steps were hit hardest).")] = None,
+    id_col: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Column that identifies a sample (shown for the top samples, written with --per-sample).")] = None,
+    top: Annotated[int, typer.Option(min=0, metavar="K", help="List the K samples with the largest max |Δ advantage|.")] = 10,
+    tol: Annotated[float, typer.Option(min=0.0, help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
+    kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",
+    device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
+    batch_rows: Annotated[int, typer.Option(min=1, help="Rows per streamed batch.")] = 256,
+    values_col: ValuesColOption = "values",
+    rewards_col: RewardsColOption = None,
+    mask_col: MaskColOption = "loss_mask",
+    terminal_col: TerminalColOption = "terminal_reward",
+    kl_coef: KLCoefOption = None,
+    kl_estimator: KLEstimatorOption = "k1",
+    logprobs_col: LogprobsColOption = "log_probs",
+    ref_logprobs_col: RefLogprobsColOption = "ref_log_probs",
+    json_path: JsonOption = None,
+    markdown: Annotated[Optional[str], typer.Option("--markdown", metavar="PATH", help="Write the report as Markdown tables to PATH ('-' for stdout).")] = None,
+    html: Annotated[Optional[str], typer.Option("--html", metavar="PATH", help="Write one self-contained HTML file with plots to PATH (needs the plot extra).")] = None,
+    per_sample: Annotated[Optional[str], typer.Option("--per-sample", metavar="PATH", help="Write one Parquet row per sample with its figures to PATH.")] = None,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """How far were the old advantages off? Masked GAE against a baseline or stored advantages, over trainable tokens."""
+    if against is not None and baseline is not None:
+        fail("--against compares with stored advantages and --baseline with recomputed ones: give one of them", EXIT_USAGE)
+    if json_path == "-" and markdown == "-":
+        fail("--json and --markdown cannot both write to stdout ('-')", EXIT_USAGE)
+    with errors_to_exit(debug):
+        from gaecli.diff import DiffOptions, diff_files
+        from gaecli.report import write_text
+        from gaecli.report.markdown import render_markdown
+        from gaecli.report.terminal import render_diff
+
+        if html is not None:
+            from gaecli.report.html import require_matplotlib
+
+            require_matplotlib()
+        options = DiffOptions(
+            gamma=gamma, lambd=lambd, baseline=baseline, against=against, against_returns=against_returns,
+            normalize=normalize, normalize_by=normalize_by, group_by=group_by, id_col=id_col, top=top, tolerance=tol,
+            kernel=kernel, device=device, batch_rows=batch_rows,
+            columns=make_columns(values_col, rewards_col, mask_col, terminal_col, kl_coef=kl_coef, kl_estimator=kl_estimator,
+                                 logprobs_col=logprobs_col, ref_logprobs_col=ref_logprobs_col),
+            per_sample=per_sample, report_paths=tuple(p for p in (json_path, markdown, html) if p is not None),
+        )
+        report = diff_files(inputs, options, make_progress(quiet))
+        document = report.to_dict()
+        write_json(document, json_path)
+        if markdown is not None:
+            write_text(markdown, render_markdown(document))
+        if html is not None:
+            from gaecli.report.html import render_html
+
+            write_text(html, render_html(report))
+    if not quiet:
+        render_diff(document, _stderr())
 
 
 def main() -> None:

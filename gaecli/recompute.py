@@ -20,6 +20,7 @@ from gaecli.io.format import Columns, list_parts, list_type_like, numeric_numpy,
 from gaecli.io.paths import FileJob, plan_outputs, with_suffix
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
 from gaecli.io.writer import AtomicParquetWriter
+from gaecli.kl import check_kl_options, kl_rewards
 from gaecli.progress import NoProgress, Progress
 from gaecli.semantics import WHITEN_EPSILON, baseline_gae_packed, check_discount
 from gaecli.stats import GroupedMoments, row_moments
@@ -133,18 +134,30 @@ class PackedBatch:
 
 def pack_batch(batch: pa.RecordBatch, columns: Columns, dtype: np.dtype) -> PackedBatch:
     """Flat buffers of a checked batch (zero-copy where Arrow allows); an absent values or
-    rewards column (``None``) is taken as zeros."""
+    rewards column (``None``) is taken as zeros. With ``columns.kl_coef`` the rewards are
+    the rewards column (if any) plus ``−kl_coef · KL`` of the log-prob columns, summed in
+    float64 and then cast to ``dtype``."""
     offsets, mask_flat = list_parts(batch.column(columns.loss_mask))
     mask = numeric_numpy(mask_flat)
     trainable = mask if mask.dtype == np.bool_ else mask != 0
 
+    def stored(name: str) -> np.ndarray:
+        return numeric_numpy(list_parts(batch.column(name))[1])
+
     def floats(name: Optional[str]) -> np.ndarray:
         if name is None:
             return np.zeros(offsets[-1], dtype=dtype)
-        return numeric_numpy(list_parts(batch.column(name))[1]).astype(dtype, copy=False)
+        return stored(name).astype(dtype, copy=False)
 
+    if columns.kl_coef is None:
+        rewards = floats(columns.rewards)
+    else:
+        rewards = kl_rewards(stored(columns.log_probs), stored(columns.ref_log_probs), columns.kl_coef, columns.kl_estimator)
+        if columns.rewards is not None:
+            rewards += stored(columns.rewards)
+        rewards = rewards.astype(dtype, copy=False)
     terminal = np.asarray(batch.column(columns.terminal_reward)).astype(dtype, copy=False)
-    return PackedBatch(floats(columns.values), floats(columns.rewards), trainable, offsets, terminal)
+    return PackedBatch(floats(columns.values), rewards, trainable, offsets, terminal)
 
 
 def compute_packed(packed: PackedBatch, gamma: float, lambd: float, kernel: str, device: str, semantics: str) -> tuple[np.ndarray, np.ndarray]:
@@ -208,6 +221,11 @@ class _Run:
             raise InvalidDataError(error)
         if options.normalize_by is not None and options.normalize_by not in rollout.schema.names:
             raise GAEUsageError(f"{job.source}: --normalize-by column {options.normalize_by!r} is missing")
+        if options.normalize_by is not None and pa.types.is_nested(rollout.schema.field(options.normalize_by).type):
+            raise GAEUsageError(
+                f"{job.source}: --normalize-by column {options.normalize_by!r} is "
+                f"{rollout.schema.field(options.normalize_by).type}; group by a column of scalars (ids, strings, numbers)"
+            )
         new_names = self._new_column_names()
         clash = [name for name in new_names if name in rollout.schema.names]
         if clash and not options.replace:
@@ -283,7 +301,7 @@ class _Run:
             for writer in writers:
                 writer.commit()
         except BaseException:
-            for writer in writers:
+            for writer in reversed(writers):
                 writer.abort()
             raise
         finally:
@@ -360,6 +378,21 @@ class _Run:
             self.progress.advance(batch.num_rows, packed.tokens)
 
 
+def _check_device(device: str) -> None:
+    """Refuse (:class:`GAEUsageError`) a device that is not cpu or cuda, or CUDA where
+    torch cannot use it."""
+    import torch
+
+    try:
+        device_type = torch.device(device).type
+    except (RuntimeError, TypeError) as error:
+        raise GAEUsageError(f"unknown device {device!r}; use cpu or cuda") from error
+    if device_type not in ("cpu", "cuda"):
+        raise GAEUsageError(f"device {device!r} is not supported; use cpu or cuda")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise GAEUsageError(f"device {device!r}: CUDA is not available to torch here; use --device cpu")
+
+
 def recompute_files(
     inputs: list[str | Path],
     output: str | Path,
@@ -382,6 +415,9 @@ def recompute_files(
         raise GAEInputError(f"on_invalid must be 'stop' or 'skip', got {options.on_invalid!r}")
     if options.batch_rows < 1:
         raise GAEInputError(f"batch_rows must be at least 1, got {options.batch_rows}")
+    _check_device(options.device)
+    if options.columns.kl_coef is not None:
+        check_kl_options(options.columns.kl_coef, options.columns.kl_estimator)
     if options.normalize_by is not None and not options.normalize:
         options = replace(options, normalize=True)
     suffixes = (REJECTS_SUFFIX,) if options.on_invalid == "skip" else ()

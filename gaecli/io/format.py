@@ -3,7 +3,9 @@
 One row per sample. List columns may be ``list`` or ``large_list``:
 ``values`` list<float32|float64>, ``rewards`` list<float32|float64>, ``loss_mask``
 list<bool|int|float> of 0/1, ``terminal_reward`` float or int, and optionally
-``response_length`` (int, checked against the lists). Every other column passes through.
+``response_length`` (int, checked against the lists). With a KL coefficient
+(``--kl-coef``) also ``log_probs`` and ``ref_log_probs`` list<float32|float64>. Every other
+column passes through.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ import pyarrow as pa
 @dataclass(frozen=True)
 class Columns:
     """Names of the columns gaecli reads and writes. ``values`` or ``rewards`` set to None
-    means "take them as zero" (``--values-col none``)."""
+    means "take them as zero" (``--values-col none``).
+
+    ``kl_coef`` set: per-token rewards are ``rewards − kl_coef · KL`` with KL estimated by
+    ``kl_estimator`` (see :mod:`gaecli.kl`) from the ``log_probs`` and ``ref_log_probs``
+    list columns, which are then read and checked like the other token columns."""
 
     values: Optional[str] = "values"
     rewards: Optional[str] = "rewards"
@@ -28,10 +34,16 @@ class Columns:
     response_length: str = "response_length"
     advantages: str = "advantages"
     returns: str = "returns"
+    log_probs: str = "log_probs"
+    ref_log_probs: str = "ref_log_probs"
+    kl_coef: Optional[float] = None
+    kl_estimator: str = "k1"
 
     def token_columns(self) -> list[tuple[str, str]]:
         """(role, column name) of the per-token list columns that are read."""
         roles = [("values", self.values), ("rewards", self.rewards), ("loss_mask", self.loss_mask)]
+        if self.kl_coef is not None:
+            roles += [("log_probs", self.log_probs), ("ref_log_probs", self.ref_log_probs)]
         return [(role, name) for role, name in roles if name is not None]
 
     def to_json(self) -> str:
@@ -70,8 +82,8 @@ def numeric_numpy(flat: pa.Array) -> np.ndarray:
 
 def output_float_type(schema: pa.Schema, columns: Columns) -> pa.DataType:
     """The float type of the advantages and returns: the values' type, else the rewards',
-    else float32."""
-    for name in (columns.values, columns.rewards):
+    else the log-probs' (with a KL coefficient), else float32."""
+    for name in (columns.values, columns.rewards, columns.log_probs if columns.kl_coef is not None else None):
         if name is not None and name in schema.names and is_list_type(schema.field(name).type):
             value_type = schema.field(name).type.value_type
             if is_real_type(value_type):

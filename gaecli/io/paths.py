@@ -31,9 +31,10 @@ def _glob_root(pattern: str) -> Path:
     return Path(*fixed) if fixed else Path(".")
 
 
-def discover_inputs(inputs: list[str]) -> tuple[list[tuple[Path, Path]], bool]:
-    """Expand paths, directories (recursively, ``*.parquet``) and globs into (file, root)
-    pairs in a stable order. The flag says whether the inputs name one plain file."""
+def discover_inputs(inputs: list[str], patterns: tuple[str, ...] = ("*.parquet",)) -> tuple[list[tuple[Path, Path]], bool]:
+    """Expand paths, directories (recursively, files matching ``patterns``) and globs into
+    (file, root) pairs in a stable order. The flag says whether the inputs name one plain
+    file."""
     found: list[tuple[Path, Path]] = []
     for item in inputs:
         path = Path(item)
@@ -44,9 +45,9 @@ def discover_inputs(inputs: list[str]) -> tuple[list[tuple[Path, Path]], bool]:
             root = _glob_root(item)
             found.extend((match, root) for match in matches)
         elif path.is_dir():
-            matches = sorted(p for p in path.rglob("*.parquet") if p.is_file())
+            matches = sorted({p for pattern in patterns for p in path.rglob(pattern) if p.is_file()})
             if not matches:
-                raise GAEUsageError(f"{item}: directory holds no *.parquet file")
+                raise GAEUsageError(f"{item}: directory holds no {' or '.join(patterns)} file")
             found.extend((match, path) for match in matches)
         elif path.is_file():
             found.append((path, path.parent))
