@@ -1,13 +1,16 @@
 """FLA-style chunked scan over the padded ``[B, T]`` compressed sequences: inside a chunk
-the discounted suffix sums are one matrix product with the decay matrix, and a serial carry
-runs between chunks.
+the discounted suffix sums are the product with the decay matrix, and a serial carry runs
+between chunks.
 
-Batch invariance: chunk boundaries sit at fixed columns and padding contributes exact
-zeros, so a sample's result depends on the rest of the batch only through the GEMM that
-applies the decay matrix. Each output element is a dot product over one chunk; the CPU BLAS
-used by torch keeps that reduction order whatever the number of rows, which the test grid
-pins bitwise. A BLAS that changed its blocking with the row count would break this, which
-is why ``auto`` never picks this kernel.
+The decay matrix ``M[i, j] = (γλ)^(j-i)`` (``j >= i``) of one chunk factors into
+``log2(C)`` sparse stages ``(I + (γλ)^s S^s)``, s = 1, 2, 4, ... (``S`` shifts by one
+column inside the chunk), so the intra-chunk product is applied as that many elementwise
+passes rather than one GEMM.
+
+Batch invariance: chunk boundaries sit at fixed columns, padding contributes exact zeros,
+and every operation is elementwise on one row, so a sample's result is bitwise the same
+whatever else is in the batch. (A BLAS GEMM does not give that: MKL's ``sgemm`` rounds a
+row differently depending on how many rows it is called with.)
 """
 
 from __future__ import annotations
@@ -17,14 +20,6 @@ import torch
 from gaecli.kernels.layout import compress, pad_compressed, scatter_compressed
 
 DEFAULT_CHUNK_SIZE = 64
-
-
-def decay_matrix(chunk_size: int, decay: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``M[i, j] = decay ** (j - i)`` for ``j >= i``, else 0 (``0 ** 0 == 1``). ``[C, C]``."""
-    index = torch.arange(chunk_size, device=device)
-    exponent = (index[None, :] - index[:, None]).to(torch.float64)
-    powers = torch.pow(torch.tensor(decay, dtype=torch.float64, device=device), exponent.clamp(min=0))
-    return torch.where(exponent >= 0, powers, 0.0).to(dtype)
 
 
 def chunked_scan(
@@ -45,10 +40,13 @@ def chunked_scan(
     next_values[:, : width - 1] = padded_values[:, 1:]
     deltas = torch.zeros_like(next_values)
     deltas[:, :width] = padded_rewards + gamma * next_values[:, :width] - padded_values
-    deltas = deltas.view(batch, chunks, chunk_size)
-    matrix = decay_matrix(chunk_size, decay, padded_values.dtype, padded_values.device)
-    # local[b, k, i] = sum_j M[i, j] * delta[b, k, j]: discounted suffix sum inside the chunk.
-    local = deltas @ matrix.T
+    # local[b, k, i] = sum_j M[i, j] * delta[b, k, j]: discounted suffix sum inside the chunk,
+    # by the log2(C) factors of M (after the pass of shift s, local[i] sums 2s terms).
+    local = deltas.view(batch, chunks, chunk_size)
+    shift = 1
+    while shift < chunk_size:
+        local[:, :, :-shift] += (decay**shift) * local[:, :, shift:]
+        shift *= 2
     # Carry into chunk k = advantage at the first column of chunk k + 1.
     chunk_decay = decay**chunk_size if chunk_size > 0 else 1.0
     carry_in = torch.zeros(batch, chunks, dtype=local.dtype, device=local.device)

@@ -1,0 +1,285 @@
+"""Test helpers: the one tolerance check, independent pure-Python GAE oracles, and random
+ragged batches (a seeded builder plus a hypothesis strategy).
+
+The oracles here share no code with gaecli: plain contiguous GAE, the masked contract
+(compress, plain GAE, scatter) and the trainers' baselines written as the trainers' own
+loops, all on Python floats (float64).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+import gaecli
+
+# |got - ref| <= TOLERANCE[dtype] * (1 + max |ref|), the max taken per sample.
+TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-12}
+KERNEL_NAMES: list[str] = gaecli.available_kernels("cpu")
+FAST_KERNEL_NAMES: list[str] = [name for name in KERNEL_NAMES if name != "reference"]
+
+
+# ----------------------------------------------------------------------------- tolerance
+
+
+def _as_samples(tensors) -> list[torch.Tensor]:
+    if isinstance(tensors, torch.Tensor):
+        return [tensors]
+    return list(tensors)
+
+
+def assert_close(name: str, ref, got, tolerance: float | None = None) -> float:
+    """Assert ``got`` matches ``ref`` within ``tolerance * (1 + max|ref|)`` per sample.
+
+    ``ref`` and ``got`` are both tensors (one sample) or both lists of tensors (one per
+    sample; each scaled by its own ``max|ref|``). ``tolerance`` defaults to
+    ``TOLERANCE[got.dtype]``. Checks shapes, NaN/inf in either side, prints one readable
+    line (shown by pytest on failure) and returns the worst error ratio (error / allowed).
+    """
+    ref_samples, got_samples = _as_samples(ref), _as_samples(got)
+    assert len(ref_samples) == len(got_samples), f"{name}: {len(got_samples)} samples, expected {len(ref_samples)}"
+    worst_ratio, worst_error, worst_sample = 0.0, 0.0, None
+    for index, (expected, actual) in enumerate(zip(ref_samples, got_samples)):
+        assert expected.shape == actual.shape, f"{name}: sample {index} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+        assert torch.isfinite(expected).all(), f"{name}: sample {index}: the reference is not finite"
+        assert torch.isfinite(actual).all(), f"{name}: sample {index}: NaN or inf in the result"
+        allowed_tolerance = tolerance if tolerance is not None else TOLERANCE[actual.dtype]
+        if expected.numel() == 0:
+            continue
+        expected64, actual64 = expected.detach().double().cpu(), actual.detach().double().cpu()
+        error = float((actual64 - expected64).abs().max())
+        allowed = allowed_tolerance * (1.0 + float(expected64.abs().max()))
+        if error / allowed >= worst_ratio:
+            worst_ratio, worst_error, worst_sample = error / allowed, error, index
+    line = f"{name}: max abs error {worst_error:.3e} (sample {worst_sample}) = {worst_ratio:.3f} of the allowed error"
+    print(line)
+    assert worst_ratio <= 1.0, line
+    return worst_ratio
+
+
+def assert_bitwise(name: str, expected: torch.Tensor, got: torch.Tensor) -> None:
+    """Assert two tensors are identical (``torch.equal``), naming the first difference."""
+    assert expected.dtype == got.dtype, f"{name}: dtype {got.dtype}, expected {expected.dtype}"
+    assert expected.shape == got.shape, f"{name}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    if not torch.equal(expected, got):
+        differ = (expected != got).nonzero()
+        first = int(differ[0, 0]) if differ.numel() else -1
+        raise AssertionError(
+            f"{name}: not bitwise equal; {differ.shape[0]} positions differ, first at {first}: "
+            f"{expected[first].item()!r} vs {got[first].item()!r}"
+        )
+
+
+# ----------------------------------------------------------------------------- oracles
+
+
+def plain_gae(values: Sequence[float], rewards: Sequence[float], gamma: float, lambd: float) -> list[float]:
+    """Textbook GAE over a contiguous sequence, zero bootstrap after the last token."""
+    advantages = [0.0] * len(values)
+    carry, next_value = 0.0, 0.0
+    for t in reversed(range(len(values))):
+        delta = rewards[t] + gamma * next_value - values[t]
+        carry = delta + gamma * lambd * carry
+        advantages[t] = carry
+        next_value = values[t]
+    return advantages
+
+
+def masked_gae_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
+    """The contract for one sample: plain GAE on the trainable subsequence, the terminal
+    reward on the last trainable token, scattered back with zeros at masked positions."""
+    values, rewards, mask = _floats(values), _floats(rewards), [float(m) != 0.0 for m in _floats(mask)]
+    trainable = [t for t, keep in enumerate(mask) if keep]
+    sub_values = [values[t] for t in trainable]
+    sub_rewards = [rewards[t] for t in trainable]
+    if sub_rewards:
+        sub_rewards[-1] += float(terminal)
+    sub_advantages = plain_gae(sub_values, sub_rewards, gamma, lambd)
+    advantages, returns = [0.0] * len(values), [0.0] * len(values)
+    for t, advantage in zip(trainable, sub_advantages):
+        advantages[t] = advantage
+        returns[t] = advantage + values[t]
+    return advantages, returns
+
+
+def unmasked_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
+    """Pre-fix miles / slime: every token a transition, terminal reward on token R-1."""
+    values, rewards = _floats(values), _floats(rewards)
+    if rewards:
+        rewards[-1] += float(terminal)
+    advantages = plain_gae(values, rewards, gamma, lambd)
+    return advantages, [a + v for a, v in zip(advantages, values)]
+
+
+def skip_masked_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
+    """verl's ``compute_gae_advantage_return`` loop with ``response_mask``, terminal reward on
+    token R-1: a masked step's output is its own ``delta + γλ·lastgaelam`` while the next
+    value and the carry pass through it unchanged."""
+    values, rewards, mask = _floats(values), _floats(rewards), _floats(mask)
+    if rewards:
+        rewards[-1] += float(terminal)
+    advantages = [0.0] * len(values)
+    next_value, last_gae = 0.0, 0.0
+    for t in reversed(range(len(values))):
+        delta = rewards[t] + gamma * next_value - values[t]
+        step_gae = delta + gamma * lambd * last_gae
+        next_value = values[t] * mask[t] + (1 - mask[t]) * next_value
+        last_gae = step_gae * mask[t] + (1 - mask[t]) * last_gae
+        advantages[t] = step_gae
+    return advantages, [a + v for a, v in zip(advantages, values)]
+
+
+def zero_masked_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
+    """OpenRLHF: values and rewards times the mask, terminal reward on the last trainable
+    token, every token a transition; returns = advantages + zeroed values."""
+    mask = [float(m) for m in _floats(mask)]
+    values = [v * m for v, m in zip(_floats(values), mask)]
+    rewards = [r * m for r, m in zip(_floats(rewards), mask)]
+    trainable = [t for t, m in enumerate(mask) if m]
+    if trainable:
+        rewards[trainable[-1]] += float(terminal)
+    advantages = plain_gae(values, rewards, gamma, lambd)
+    return advantages, [a + v for a, v in zip(advantages, values)]
+
+
+ORACLES = {
+    "masked": masked_gae_oracle,
+    "unmasked": unmasked_oracle,
+    "skip-masked": skip_masked_oracle,
+    "zero-masked": zero_masked_oracle,
+}
+
+
+def _floats(xs) -> list[float]:
+    if isinstance(xs, torch.Tensor):
+        return [float(x) for x in xs.detach().double().cpu().tolist()]
+    return [float(x) for x in xs]
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+@dataclass
+class Batch:
+    """A ragged batch in list form (one 1-D tensor per sample) plus its discount."""
+
+    values: list[torch.Tensor]
+    rewards: list[torch.Tensor]
+    masks: list[torch.Tensor]
+    terminals: list[float]
+    gamma: float
+    lambd: float
+    dtype: torch.dtype = torch.float32
+    kinds: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def args(self) -> tuple:
+        return self.values, self.rewards, self.masks, self.terminals
+
+    def subset(self, indices: Sequence[int]) -> "Batch":
+        pick = lambda xs: [xs[i] for i in indices]  # noqa: E731
+        return Batch(pick(self.values), pick(self.rewards), pick(self.masks), pick(self.terminals), self.gamma, self.lambd, self.dtype)
+
+    def as_float64(self) -> "Batch":
+        to64 = lambda xs: [x.double() for x in xs]  # noqa: E731
+        return Batch(to64(self.values), to64(self.rewards), self.masks, self.terminals, self.gamma, self.lambd, torch.float64)
+
+    def packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(values, rewards, loss_mask, offsets, terminal_rewards)`` flat."""
+        offsets = torch.tensor([0, *itertools.accumulate(v.numel() for v in self.values)], dtype=torch.int64)
+        cat = lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype)  # noqa: E731
+        return (
+            cat(self.values, self.dtype),
+            cat(self.rewards, self.dtype),
+            cat(self.masks, torch.bool),
+            offsets,
+            torch.tensor(self.terminals, dtype=torch.float64),
+        )
+
+
+MASK_KINDS = ("random", "blocks", "zeros", "ones", "masked-tail", "masked-head")
+
+
+def make_mask(kind: str, length: int, rng: np.random.Generator) -> torch.Tensor:
+    """A bool mask of ``length`` of the given kind (random tokens, alternating blocks, all
+    zeros, all ones, trainable then a masked tail, a masked head then trainable)."""
+    if kind == "random":
+        mask = rng.random(length) < rng.uniform(0.2, 0.9)
+    elif kind == "blocks":
+        mask = np.zeros(length, dtype=bool)
+        position, on = 0, bool(rng.integers(2))
+        while position < length:
+            block = int(rng.integers(1, 9))
+            mask[position : position + block] = on
+            position, on = position + block, not on
+    elif kind == "zeros":
+        mask = np.zeros(length, dtype=bool)
+    elif kind == "ones":
+        mask = np.ones(length, dtype=bool)
+    elif kind == "masked-tail":
+        mask = np.arange(length) < int(rng.integers(0, length + 1))
+    elif kind == "masked-head":
+        mask = np.arange(length) >= int(rng.integers(0, length + 1))
+    else:
+        raise ValueError(kind)
+    return torch.from_numpy(mask.copy())
+
+
+def make_batch(
+    seed: int,
+    lengths: Sequence[int],
+    kinds: Sequence[str] | None = None,
+    *,
+    gamma: float = 0.99,
+    lambd: float = 0.95,
+    dtype: torch.dtype = torch.float32,
+) -> Batch:
+    """A seeded random ragged batch: values ~ N(0, s), rewards ~ N(0, s/4) with a random
+    scale s per sample, terminal rewards in [-2, 2]."""
+    rng = np.random.default_rng(seed)
+    kinds = list(kinds) if kinds is not None else [MASK_KINDS[int(rng.integers(len(MASK_KINDS)))] for _ in lengths]
+    values, rewards, masks, terminals = [], [], [], []
+    for length, kind in zip(lengths, kinds):
+        scale = float(rng.choice([0.01, 1.0, 10.0]))
+        values.append(torch.from_numpy(rng.normal(0.0, scale, length)).to(dtype))
+        rewards.append(torch.from_numpy(rng.normal(0.0, scale / 4, length)).to(dtype))
+        masks.append(make_mask(kind, length, rng))
+        terminals.append(float(np.float32(rng.uniform(-2.0, 2.0))))
+    return Batch(values, rewards, masks, terminals, gamma, lambd, dtype, list(kinds))
+
+
+def discounts() -> st.SearchStrategy[float]:
+    """γ or λ: exactly 0 or 1 often, else anywhere in [0, 1]."""
+    return st.one_of(st.sampled_from([0.0, 1.0, 0.5, 0.95, 0.99]), st.floats(0.0, 1.0))
+
+
+@st.composite
+def ragged_batches(draw, max_samples: int = 6, max_length: int = 60, dtype: torch.dtype | None = None) -> Batch:
+    """Random ragged batches: 0..max_samples samples of length 0..max_length, every mask
+    kind (all-zero and all-one included), γ and λ including exactly 0 and 1, float32 and
+    float64 (unless ``dtype`` is given). The numbers come from a drawn seed (fast); the
+    structure is drawn directly."""
+    count = draw(st.integers(0, max_samples))
+    lengths = draw(st.lists(st.one_of(st.integers(0, max_length), st.sampled_from([0, 1, 2])), min_size=count, max_size=count))
+    kinds = draw(st.lists(st.sampled_from(MASK_KINDS), min_size=count, max_size=count))
+    seed = draw(st.integers(0, 2**32 - 1))
+    if dtype is None:
+        dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    return make_batch(seed, lengths, kinds, gamma=draw(discounts()), lambd=draw(discounts()), dtype=dtype)
+
+
+def oracle_batch(semantics: str, batch: Batch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The pure-Python oracle of ``semantics`` over every sample, as float64 tensors."""
+    advantages, returns = [], []
+    for values, rewards, mask, terminal in zip(*batch.args()):
+        sample_advantages, sample_returns = ORACLES[semantics](values, rewards, mask, terminal, batch.gamma, batch.lambd)
+        advantages.append(torch.tensor(sample_advantages, dtype=torch.float64))
+        returns.append(torch.tensor(sample_returns, dtype=torch.float64))
+    return advantages, returns
