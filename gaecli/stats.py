@@ -160,4 +160,194 @@ class GroupedMoments:
 def _encode(keys: pa.Array) -> tuple[np.ndarray, list]:
     """Row codes into the list of distinct keys (nulls are a key of their own, None)."""
     encoded = pc.dictionary_encode(keys, null_encoding="encode")
-    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), encoded.dictionary.to_pylist()
+    # NaN != NaN: one shared NaN object, so that a NaN key finds its group in a dict
+    uniques = [math.nan if isinstance(key, float) and key != key else key for key in encoded.dictionary.to_pylist()]
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), uniques
+
+
+# ----------------------------------------------------------------------------- gae diff
+
+
+class SignedLogHistogram:
+    """A fixed-bin histogram of signed numbers on a logarithmic scale, for quantiles in
+    bounded memory with a stated error (the ``gae diff`` quantiles).
+
+    |x| ≤ ``zero`` counts as 0. Otherwise |x| falls in the bin ``(b^(k-1), b^k]`` with
+    ``b = (1 + α) / (1 − α)``; the bin's representative ``2 b^k / (b + 1)`` is within
+    relative error α of every number in it. Magnitudes above ``largest`` share the last
+    bin. Counts are exact integers, so a histogram does not depend on batch order or size.
+
+    ``counts`` is ascending in value: negative bins (largest magnitude first), the zero
+    bin at index ``bins``, then positive bins.
+    """
+
+    def __init__(self, relative_error: float = 0.005, zero: float = 1e-12, largest: float = 1e15) -> None:
+        self.relative_error = relative_error
+        self.zero = zero
+        self.base = (1.0 + relative_error) / (1.0 - relative_error)
+        self.inverse_log_base = 1.0 / math.log(self.base)
+        self.first_exponent = math.ceil(math.log(zero) * self.inverse_log_base)
+        self.bins = math.ceil(math.log(largest) * self.inverse_log_base) - self.first_exponent + 1
+        self.counts = np.zeros(2 * self.bins + 1, dtype=np.int64)
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def representatives(self) -> np.ndarray:
+        """The representative magnitude of each bin ``[bins]`` (ascending)."""
+        exponents = np.arange(self.bins) + self.first_exponent
+        return 2.0 * np.power(self.base, exponents) / (self.base + 1.0)
+
+    def magnitude_counts(self) -> tuple[int, np.ndarray]:
+        """Counts of |x|: the zero bin, and per magnitude bin ``[bins]``."""
+        center = self.bins
+        return int(self.counts[center]), self.counts[center + 1:] + self.counts[:center][::-1]
+
+    def abs_quantile(self, q: float, maximum: float) -> float | None:
+        """The nearest-rank q-quantile of |x| (the ⌈q·n⌉-th smallest, at least the 1st):
+        exact in rank, within relative error α in value (0 for the zero bin), and never above
+        ``maximum`` (the exact largest |x|). None when empty."""
+        zeros, counts = self.magnitude_counts()
+        total = zeros + int(counts.sum())
+        if total == 0:
+            return None
+        rank = max(math.ceil(q * total), 1)
+        if rank <= zeros:
+            return 0.0
+        index = int(np.searchsorted(np.cumsum(counts), rank - zeros))
+        return min(float(self.representatives()[index]), maximum)
+
+    def signed_bins(self) -> tuple[np.ndarray, np.ndarray]:
+        """Nonzero bins as (signed representative, count), ascending; the zero bin left out."""
+        reps = self.representatives()
+        center = self.bins
+        values = np.concatenate([-reps[::-1], reps])
+        counts = np.concatenate([self.counts[:center], self.counts[center + 1:]])
+        kept = counts > 0
+        return values[kept], counts[kept]
+
+
+@numba.njit(cache=True, nogil=True)
+def _log_bin(delta, histogram, zero, inverse_log_base, first_exponent, bins):
+    magnitude = abs(delta)
+    if magnitude <= zero:
+        histogram[bins] += 1
+        return
+    k = np.int64(math.ceil(math.log(magnitude) * inverse_log_base)) - first_exponent
+    if k < 0:
+        k = 0
+    elif k >= bins:
+        k = bins - 1
+    if delta > 0.0:
+        histogram[bins + 1 + k] += 1
+    else:
+        histogram[bins - 1 - k] += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def diff_rows(new, old, new_returns, old_returns, with_returns, trainable, offsets, tolerance,
+              with_histograms, histogram, return_histogram, zero, inverse_log_base, first_exponent, bins):
+    """Per row, over trainable tokens only (float64, serial in token order, so a row's
+    figures depend on the row alone), the figures of ``gae diff``:
+
+    ``[B, 13]`` float64 columns: 0 max |Δ|, 1 max |Δ| / (1 + |new|), 2 Σ|Δ|, 3 sign flips
+    (new · old < 0), 4 max |Δ return|, 5 Σ|Δ return|, 6 Σ new, 7 Σ old, 8 Σ new², 9 Σ old²,
+    10 Σ new · old, 11 trainable tokens, 12 tokens with |Δ| / (1 + |new|) > ``tolerance``;
+    Δ = new − old. Return columns are 0 unless
+    ``with_returns``. With ``with_histograms``, each trainable token's Δ (and Δ return)
+    is counted into the signed log histograms (layout of :class:`SignedLogHistogram`), in
+    place.
+    """
+    rows = offsets.shape[0] - 1
+    figures = np.zeros((rows, 13), dtype=np.float64)
+    for row in range(rows):
+        max_abs = 0.0
+        max_relative = 0.0
+        sum_abs = 0.0
+        flips = 0.0
+        max_abs_return = 0.0
+        sum_abs_return = 0.0
+        sum_new = 0.0
+        sum_old = 0.0
+        sum_new_sq = 0.0
+        sum_old_sq = 0.0
+        sum_cross = 0.0
+        count = 0.0
+        changed = 0.0
+        for t in range(offsets[row], offsets[row + 1]):
+            if not trainable[t]:
+                continue
+            a = np.float64(new[t])
+            b = np.float64(old[t])
+            delta = a - b
+            magnitude = abs(delta)
+            sum_abs += magnitude
+            if magnitude > max_abs:
+                max_abs = magnitude
+            relative = magnitude / (1.0 + abs(a))
+            if relative > max_relative:
+                max_relative = relative
+            if relative > tolerance:
+                changed += 1.0
+            if a * b < 0.0:
+                flips += 1.0
+            sum_new += a
+            sum_old += b
+            sum_new_sq += a * a
+            sum_old_sq += b * b
+            sum_cross += a * b
+            count += 1.0
+            if with_histograms:
+                _log_bin(delta, histogram, zero, inverse_log_base, first_exponent, bins)
+            if with_returns:
+                return_delta = np.float64(new_returns[t]) - np.float64(old_returns[t])
+                return_magnitude = abs(return_delta)
+                sum_abs_return += return_magnitude
+                if return_magnitude > max_abs_return:
+                    max_abs_return = return_magnitude
+                if with_histograms:
+                    _log_bin(return_delta, return_histogram, zero, inverse_log_base, first_exponent, bins)
+        figures[row, 0] = max_abs
+        figures[row, 1] = max_relative
+        figures[row, 2] = sum_abs
+        figures[row, 3] = flips
+        figures[row, 4] = max_abs_return
+        figures[row, 5] = sum_abs_return
+        figures[row, 6] = sum_new
+        figures[row, 7] = sum_old
+        figures[row, 8] = sum_new_sq
+        figures[row, 9] = sum_old_sq
+        figures[row, 10] = sum_cross
+        figures[row, 11] = count
+        figures[row, 12] = changed
+    return figures
+
+
+@numba.njit(cache=True, nogil=True)
+def _splitmix64(x):
+    z = x + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@numba.njit(cache=True, nogil=True)
+def keyed_sample(trainable, first_key, threshold):
+    """Positions and keys of the trainable tokens whose key is below ``threshold``: token
+    ``t`` of the batch has key ``splitmix64(first_key + t)`` (uint64), so with
+    ``first_key`` = a stream's salt plus the batch's first position in it, every token's
+    key is fixed whatever the batching. Keeping the k smallest keys seen is a uniform
+    sample of k tokens without replacement (bottom-k sampling)."""
+    count = 0
+    positions = np.empty(trainable.shape[0], dtype=np.int64)
+    keys = np.empty(trainable.shape[0], dtype=np.uint64)
+    base = np.uint64(first_key)
+    for t in range(trainable.shape[0]):
+        if trainable[t]:
+            key = _splitmix64(base + np.uint64(t))
+            if key < threshold:
+                positions[count] = t
+                keys[count] = key
+                count += 1
+    return positions[:count], keys[:count]

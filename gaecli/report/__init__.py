@@ -1,0 +1,152 @@
+"""Renderers of ``gae diff`` reports — terminal (rich), Markdown, self-contained HTML —
+and what they share: the rows of the summary, top-samples and groups tables as text, so
+that every output shows the same figures. Nothing here computes statistics."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+from gaecli.errors import GAEUsageError
+
+TERMINAL_GROUPS = 20
+
+
+def number(value) -> str:
+    """A figure for a person: integers with separators, floats with 4 significant digits,
+    None as an em dash."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if value == 0:
+        return "0"
+    return f"{value:.4g}"
+
+
+def percent(value: Optional[float]) -> str:
+    return "—" if value is None else f"{100.0 * value:.1f} %"
+
+
+def share(part: Optional[int], whole: int) -> str:
+    if part is None:
+        return "—"
+    return f"{part:,} ({100.0 * part / whole:.1f} %)" if whole else f"{part:,}"
+
+
+def old_label(document: dict) -> str:
+    """What the old advantages are, in words."""
+    old = document["old"]
+    if old["source"] == "stored":
+        returns = f", returns {old['returns_column']!r}" if old["returns_column"] else ""
+        return f"stored column {old['advantages_column']!r}{returns}"
+    return f"the {old['baseline']} baseline"
+
+
+def headline(document: dict) -> str:
+    summary, files = document["summary"], document["files"]
+    return (
+        f"masked GAE against {old_label(document)} · γ = {document['gamma']:g}, λ = {document['lambd']:g} · "
+        f"normalize {document['normalize']} · {summary['samples']:,} samples in {len(files)} "
+        f"file{'s' if len(files) != 1 else ''}"
+    )
+
+
+def _four(summary: dict, quantity: str, suffix: str = "") -> str:
+    values = [summary[f"{stat}_abs_delta_{quantity}{suffix}"] for stat in ("mean", "median", "p99", "max")]
+    return " / ".join(number(value) for value in values)
+
+
+def summary_rows(document: dict) -> list[tuple[str, str]]:
+    """(figure, value) rows of the summary table."""
+    s = document["summary"]
+    samples, trainable = s["samples"], s["trainable_tokens"]
+    sigma = number(s["new_advantage_std"])
+    rows = [
+        ("samples", f"{samples:,}"),
+        ("tokens (trainable)", f"{s['tokens']:,} ({trainable:,}, {percent(s['trainable_share'])})"),
+        (f"samples changed (tol {s['tolerance']:g})", share(s["changed_samples"], samples)),
+        ("trainable tokens changed", share(s["changed_tokens"], trainable)),
+        ("|Δ advantage| mean / median / p99 / max", _four(s, "advantage")),
+        (f"  ÷ σ of the new advantages (σ = {sigma})", _four(s, "advantage", "_over_std")),
+    ]
+    if s["max_abs_delta_return"] is None:
+        rows.append(("|Δ return|", "— (no old returns)"))
+    else:
+        rows.append(("|Δ return| mean / median / p99 / max", _four(s, "return")))
+        rows.append((f"  ÷ σ of the new advantages (σ = {sigma})", _four(s, "return", "_over_std")))
+    rows += [
+        ("tokens whose advantage changed sign", share(s["sign_flip_tokens"], trainable)),
+        ("correlation old vs new", number(s["correlation"])),
+        ("samples with a masked tail", share(s["masked_tail_samples"], samples)),
+    ]
+    if s["masked_tail_samples"]:
+        tail = " / ".join(number(s[k]) for k in ("mean_masked_tail_length", "median_masked_tail_length",
+                                                 "p99_masked_tail_length", "longest_masked_tail"))
+        rows.append(("  tail length mean / median / p99 / max", tail))
+        if s["mean_terminal_credit"] is None:
+            rows.append(("  terminal credit of the old advantages", "— (not defined for stored advantages)"))
+        else:
+            rows.append(("  terminal credit of the old advantages (mean / min)",
+                         f"{number(s['mean_terminal_credit'])} / {number(s['min_terminal_credit'])}"))
+            rows.append(("  samples whose terminal reward was lost", share(s["zero_credit_samples"], s["masked_tail_samples"])))
+    rows += [
+        ("fully masked samples", share(s["fully_masked_samples"], samples)),
+        ("empty samples", share(s["empty_samples"], samples)),
+    ]
+    return rows
+
+
+def top_table(document: dict) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the top-samples table."""
+    grouped = document["group_by"] is not None
+    headers = ["#", "file", "row", "id", *(["group"] if grouped else []), "length", "masked", "tail",
+               "max |Δ adv|", "mean |Δ adv|", "sign flips", "credit"]
+    rows = []
+    for rank, entry in enumerate(document["top_samples"], start=1):
+        rows.append([
+            str(rank), entry["file"], str(entry["row"]), "—" if entry["id"] is None else str(entry["id"]),
+            *([str(entry["group"])] if grouped else []), f"{entry['length']:,}", percent(entry["masked_share"]),
+            f"{entry['masked_tail']:,}", number(entry["max_abs_delta_advantage"]), number(entry["mean_abs_delta_advantage"]),
+            f"{entry['sign_flips']:,}", number(entry["terminal_credit"]),
+        ])
+    return headers, rows
+
+
+def group_table(document: dict) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the per-group table (empty without --group-by)."""
+    headers = [document["group_by"] or "group", "samples", "changed", "masked tail", "credit", "mean |Δ adv|",
+               "max |Δ adv|", "mean |Δ ret|", "sign flips", "correlation"]
+    rows = []
+    for group in document["groups"] or []:
+        rows.append([
+            str(group["key"]), f"{group['samples']:,}", percent(group["changed_share"]), f"{group['masked_tail_samples']:,}",
+            number(group["mean_terminal_credit"]), number(group["mean_abs_delta_advantage"]),
+            number(group["max_abs_delta_advantage"]), number(group["mean_abs_delta_return"]),
+            percent(group["sign_flip_share"]), number(group["correlation"]),
+        ])
+    return headers, rows
+
+
+def quantile_note(document: dict) -> str:
+    method = document["quantiles"]
+    return (
+        f"Medians and p99 come from a fixed-bin log histogram: exact in rank, within "
+        f"{100 * method['relative_error']:g} % in value; |Δ| ≤ {method['zero_below']:g} counts as 0. "
+        f"Means, maxima, counts and the correlation are exact."
+    )
+
+
+def write_text(path: str, text: str) -> None:
+    """Write a report to ``path`` ('-' = stdout); an unwritable path is a GAEUsageError."""
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise GAEUsageError(f"cannot write {path}: {error.strerror or error}") from error

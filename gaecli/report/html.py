@@ -1,0 +1,198 @@
+"""``gae diff --html``: one self-contained HTML file — the tables, and plots drawn with
+matplotlib (the optional ``plot`` extra, Agg canvas, no pyplot state) embedded as base64
+PNG: the Δ advantage histogram, old vs new advantages on a token sample, the figures per
+group, and the per-token traces of the top samples with their masked spans shaded.
+Nothing in the file points outside it."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gaecli.errors import GAEUsageError
+from gaecli.report import group_table, headline, quantile_note, summary_rows, top_table
+
+if TYPE_CHECKING:
+    from gaecli.diff import DiffReport
+
+INSTALL_HINT = "pip install 'gaecli[plot]'"
+SCATTER_POINTS = 5_000
+TRACES = 10
+GROUP_BARS = 100
+DPI = 100
+NEW_COLOR, OLD_COLOR, MASK_COLOR = "#1f77b4", "#d62728", "#bbbbbb"
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1100px;
+       color: #222; line-height: 1.4; padding: 0 1rem; }
+h1 { font-size: 1.6rem; } h2 { font-size: 1.25rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.5rem 0; font-size: 0.9rem; }
+th, td { border: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
+th { background: #f4f4f4; } td.text, th.text { text-align: left; }
+img { max-width: 100%; display: block; margin: 0.5rem 0; }
+.note { color: #666; font-size: 0.85rem; }
+"""
+
+
+def require_matplotlib() -> None:
+    """Raise :class:`GAEUsageError` (exit 2) saying how to install matplotlib when it is
+    missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise GAEUsageError(f"--html draws its plots with matplotlib, which is not installed: {INSTALL_HINT}") from error
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def _png(figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _img(figure, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{_png(figure)}">'
+
+
+def histogram_plot(report: "DiffReport") -> str:
+    """|Δ advantage| on a log axis, tokens where new > old and where new < old apart."""
+    values, counts = report.histogram.signed_bins()
+    zeros = int(report.histogram.counts[report.histogram.bins])
+    figure = _figure(9, 3.6)
+    axes = figure.add_subplot()
+    if values.size == 0:
+        axes.text(0.5, 0.5, "no trainable token differs", ha="center", va="center", transform=axes.transAxes)
+        axes.set_axis_off()
+    else:
+        magnitudes = np.abs(values)
+        low, high = magnitudes.min() / 1.01, magnitudes.max() * 1.01
+        edges = np.geomspace(low, high, 61) if high > low * 1.05 else np.geomspace(low / 2, high * 2, 11)
+        for sign, color, label in ((1, NEW_COLOR, "new > old"), (-1, OLD_COLOR, "new < old")):
+            kept = np.sign(values) == sign
+            if kept.any():
+                axes.hist(magnitudes[kept], bins=edges, weights=counts[kept], histtype="step", linewidth=1.6,
+                          color=color, label=f"{label} ({int(counts[kept].sum()):,} tokens)")
+        axes.set_xscale("log")
+        axes.set_xlabel("|Δ advantage| = |new − old|")
+        axes.set_ylabel("trainable tokens")
+        axes.legend(loc="upper left", frameon=False)
+    axes.set_title(f"Δ advantage over trainable tokens ({zeros:,} tokens with |Δ| ≤ {report.histogram.zero:g} not shown)",
+                   fontsize=10)
+    return _img(figure, "histogram of the advantage differences")
+
+
+def scatter_plot(report: "DiffReport") -> str:
+    """Old against new advantages on the uniform token sample (at most SCATTER_POINTS)."""
+    new, old = report.scatter
+    new, old = new[:SCATTER_POINTS], old[:SCATTER_POINTS]
+    figure = _figure(5.5, 5.2)
+    axes = figure.add_subplot()
+    if new.size == 0:
+        axes.text(0.5, 0.5, "no trainable token", ha="center", va="center", transform=axes.transAxes)
+        axes.set_axis_off()
+    else:
+        axes.scatter(old, new, s=4, alpha=0.35, color=NEW_COLOR, linewidths=0)
+        low, high = float(min(old.min(), new.min())), float(max(old.max(), new.max()))
+        axes.plot([low, high], [low, high], linestyle="--", color="#555", linewidth=1, label="new = old")
+        axes.set_xlabel("old advantage")
+        axes.set_ylabel("new advantage (masked GAE)")
+        axes.legend(loc="upper left", frameon=False)
+    axes.set_title(f"old vs new, {new.size:,} trainable tokens sampled uniformly", fontsize=10)
+    return _img(figure, "scatter of old against new advantages")
+
+
+def group_plot(document: dict) -> str:
+    """Mean |Δ advantage| and the share of changed samples per group, in key order (bars;
+    a line beyond GROUP_BARS groups)."""
+    groups = document["groups"]
+    keys = [str(group["key"]) for group in groups]
+    mean_delta = [group["mean_abs_delta_advantage"] for group in groups]
+    changed = [100.0 * (group["changed_share"] or 0.0) for group in groups]
+    figure = _figure(10, 4.2)
+    top, bottom = figure.subplots(2, 1, sharex=True)
+    positions = np.arange(len(groups))
+    if len(groups) <= GROUP_BARS:
+        top.bar(positions, mean_delta, color=NEW_COLOR)
+        bottom.bar(positions, changed, color=OLD_COLOR)
+        bottom.set_xticks(positions, keys, rotation=90 if len(groups) > 12 else 0, fontsize=8)
+    else:
+        top.plot(positions, mean_delta, color=NEW_COLOR)
+        bottom.plot(positions, changed, color=OLD_COLOR)
+        bottom.set_xlabel(f"{len(groups):,} groups in key order")
+    top.set_ylabel("mean |Δ advantage|")
+    bottom.set_ylabel("samples changed (%)")
+    top.set_title(f"by {document['group_by']}", fontsize=10)
+    return _img(figure, f"figures per {document['group_by']}")
+
+
+def trace_plot(report: "DiffReport") -> str:
+    """Per-token old and new advantages of the first TRACES top samples at their trainable
+    tokens (what was trained on); masked spans grey."""
+    entries = report.top[:TRACES]
+    figure = _figure(10, 2.3 * len(entries) + 0.4)
+    for axes, entry in zip(np.atleast_1d(figure.subplots(len(entries), 1)), entries):
+        positions = np.arange(entry.new.size)
+        axes.fill_between(positions, 0, 1, where=~entry.trainable, step="mid", color=MASK_COLOR, alpha=0.5,
+                          transform=axes.get_xaxis_transform(), linewidth=0, label="masked")
+        axes.plot(positions, np.where(entry.trainable, entry.old, np.nan), color=OLD_COLOR, linewidth=1, label="old")
+        axes.plot(positions, np.where(entry.trainable, entry.new, np.nan), color=NEW_COLOR, linewidth=1, label="new (masked GAE)")
+        label = f"{entry.file} row {entry.row}" + (f" · id {entry.id}" if entry.id is not None else "")
+        axes.set_title(f"{label} · max |Δ| {entry.max_abs_delta_advantage:.4g}", fontsize=9, loc="left")
+        axes.set_xlim(-0.5, max(entry.new.size - 0.5, 0.5))
+        axes.set_ylabel("advantage", fontsize=8)
+    figure.axes[0].legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False, ncols=3)
+    figure.axes[-1].set_xlabel("response token")
+    return _img(figure, "per-token advantages of the top samples")
+
+
+def _table(headers: list[str], rows: list[list[str]], text_columns: set[int]) -> str:
+    text_class = ' class="text"'
+
+    def cells(values, tag):
+        return "".join(
+            f"<{tag}{text_class if i in text_columns else ''}>{html.escape(str(value))}</{tag}>"
+            for i, value in enumerate(values)
+        )
+
+    body = "".join(f"<tr>{cells(row, 'td')}</tr>" for row in rows)
+    return f"<table><thead><tr>{cells(headers, 'th')}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_html(report: "DiffReport") -> str:
+    """The whole report as one HTML document (str)."""
+    require_matplotlib()
+    document = report.to_dict()
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>gae diff</title>", f"<style>{STYLE}</style>", "</head>", "<body>",
+        "<h1>gae diff</h1>", f"<p>{html.escape(headline(document))}</p>",
+        "<h2>Summary (trainable tokens only)</h2>",
+        _table(["figure", "value"], [list(row) for row in summary_rows(document)], {0}),
+        histogram_plot(report),
+        scatter_plot(report),
+    ]
+    if document["groups"] is not None:
+        headers, rows = group_table(document)
+        parts += [f"<h2>By {html.escape(document['group_by'])}</h2>", group_plot(document), _table(headers, rows, {0})]
+    headers, rows = top_table(document)
+    parts.append("<h2>Top samples by max |Δ advantage|</h2>")
+    if rows:
+        parts += [_table(headers, rows, {1, 3, 4} if document["group_by"] else {1, 3}), trace_plot(report)]
+        if len(report.top) > TRACES:
+            parts.append(f'<p class="note">Traces of the first {TRACES} samples.</p>')
+    else:
+        parts.append("<p>No sample differs.</p>")
+    files = ", ".join(html.escape(f["file"]) for f in document["files"])
+    parts += [f'<p class="note">Files: {files}. {html.escape(quantile_note(document))} gaecli {html.escape(document["version"])}.</p>',
+              "</body>", "</html>", ""]
+    return "\n".join(parts)
