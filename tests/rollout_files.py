@@ -242,3 +242,17 @@ def assert_rows_close(name: str, expected: Sequence[np.ndarray], got: Sequence, 
             error = float(np.abs(have - want).max())
             allowed = tolerance * (1.0 + float(np.abs(want).max()))
             assert error <= allowed, f"{name}: row {row}: max abs error {error:.3e} > {allowed:.3e}"
+
+
+def gae(*args):
+    """Run the ``gae`` CLI in-process; an exception escaping it (a traceback for the user)
+    fails the test."""
+    from typer.testing import CliRunner
+
+    from gaecli.cli import app
+
+    result = CliRunner().invoke(app, [str(arg) for arg in args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert "Traceback" not in result.output
+    return result

@@ -17,28 +17,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
-from gaecli.cli import app
 from gaecli.diff import TokenSample
 from gaecli.stats import SignedLogHistogram
 from helpers import ORACLES
-from rollout_files import Rollouts, random_rollouts, rollout_table, write_table
+from rollout_files import gae, Rollouts, random_rollouts, rollout_table, write_table
 
-runner = CliRunner()
 QUANTILE_ERROR = 0.005
 BASELINES = ["unmasked", "skip-masked", "zero-masked"]
 # γ = 0, γλ < 1 and γ = λ = 1
 DISCOUNTS = [(0.0, 0.9), (0.9, 0.8), (1.0, 1.0)]
 
 
-def gae(*args):
-    """Run the CLI in-process; an exception escaping it (a traceback for the user) fails."""
-    result = runner.invoke(app, [str(arg) for arg in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert "Traceback" not in result.output
-    return result
 
 
 def diff_json(*args, gamma, lambd) -> dict:

@@ -20,19 +20,12 @@ from typer.testing import CliRunner
 from gaecli.cli import app
 from gaecli.errors import GAEInputError
 from gaecli.importers import ImportReport, import_miles
-from rollout_files import Rollouts, assert_rows_close, files_under, masked_advantages, reference_outputs, unmasked_advantages
+from rollout_files import gae, Rollouts, assert_rows_close, files_under, masked_advantages, reference_outputs, unmasked_advantages
 
 runner = CliRunner()
 MARKER_NAME = "unpickled.marker"
 
 
-def gae(*args):
-    """Run the CLI in-process; an exception escaping it (a traceback for the user) fails."""
-    result = runner.invoke(app, [str(arg) for arg in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert "Traceback" not in result.output
-    return result
 
 
 def import_dumps(*inputs, output, options=()):

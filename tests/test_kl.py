@@ -11,15 +11,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
-from gaecli.cli import app
 from gaecli.errors import GAEInputError
 from gaecli.io.format import Columns
 from gaecli.kl import KL_ESTIMATORS, k1, k2, k3, kl_estimate, kl_rewards, low_var_kl
-from rollout_files import Rollouts, assert_rows_close, random_rollouts, reference_outputs, rollout_table, write_table
+from rollout_files import gae, Rollouts, assert_rows_close, random_rollouts, reference_outputs, rollout_table, write_table
 
-runner = CliRunner()
 GAMMA, LAMBD = 0.9, 0.8
 
 # log_probs, ref_log_probs -> log-ratio x = [0, 0.5, -1, 2]
@@ -87,12 +84,6 @@ def test_bad_options():
 # ----------------------------------------------------------------------------- recompute
 
 
-def gae(*args):
-    result = runner.invoke(app, [str(arg) for arg in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert "Traceback" not in result.output
-    return result
 
 
 def kl_table(rows: int = 12, seed: int = 3, **overrides) -> tuple[pa.Table, Rollouts, list[list[float]], list[list[float]]]:
