@@ -1,0 +1,211 @@
+"""Benchmark of the masked-GAE kernels on the synthetic workloads: best-of-N wall time,
+tokens per second and the speed-up over the padded ``chunked`` kernel, one table per
+workload, all measured in one run; then the fastest kernel's throughput as a fraction of
+this machine's memory-copy bandwidth.
+
+    python scripts/bench_kernels.py                 # every workload
+    python scripts/bench_kernels.py --repeat 20 --workload agentic
+
+Every kernel is called through its public signature, so ``chunked`` and ``vanilla`` include
+their compression, padding and scattering. Each kernel is called once before timing (numba
+compilation and first-touch effects excluded), then at least ``--repeat`` times and until
+``--min-time`` seconds have passed (at most 1,000 calls); the best call counts, which keeps
+a busy shared machine from inflating the numbers. ``reference`` (a Python loop) is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gaecli.kernels import KERNELS, available_kernels  # noqa: E402
+from scripts.workloads import GAMMA, LAMBD, WORKLOADS, Workload, make_workload  # noqa: E402
+
+BASELINE = "chunked"
+SKIPPED = {"reference"}
+# Speed-up of the fastest kernel over ``chunked`` that this project asks for, per workload.
+FLOORS = {"agentic": 10.0, "single-turn": 3.0, "long": 3.0}
+MAX_CALLS = 1000
+
+
+@dataclass(frozen=True)
+class Timing:
+    best: float  # seconds
+    median: float  # seconds
+    calls: int
+
+
+def best_of(call: Callable[[], object], repeat: int, min_time: float) -> Timing:
+    """Wall time of ``call`` after one warm-up call: at least ``repeat`` calls, more until
+    ``min_time`` seconds have passed (at most MAX_CALLS)."""
+    call()
+    times: list[float] = []
+    began = time.perf_counter()
+    while len(times) < repeat or (time.perf_counter() - began < min_time and len(times) < MAX_CALLS):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return Timing(min(times), statistics.median(times), len(times))
+
+
+def traffic_bytes(workload: Workload) -> tuple[int, int]:
+    """(bytes read, bytes written) by a kernel that touches each input and output once:
+    values, rewards, loss_mask, offsets, terminal rewards in; advantages, returns out."""
+    read = sum(
+        array.nbytes
+        for array in (workload.values, workload.rewards, workload.loss_mask, workload.offsets, workload.terminal_rewards)
+    )
+    written = 2 * workload.values.nbytes
+    return read, written
+
+
+def copy_time(num_bytes: int, repeat: int, min_time: float) -> tuple[float, str]:
+    """Best time of a plain copy of a ``num_bytes`` buffer into a preallocated one: the
+    faster of ``numpy.copyto`` (one thread) and ``torch.Tensor.copy_`` (torch's threads)."""
+    source = np.random.default_rng(0).integers(0, 256, size=num_bytes, dtype=np.uint8)
+    target = np.empty_like(source)
+    numpy_best = best_of(lambda: np.copyto(target, source), repeat, min_time).best
+    source_tensor, target_tensor = torch.from_numpy(source), torch.from_numpy(target)
+    torch_best = best_of(lambda: target_tensor.copy_(source_tensor), repeat, min_time).best
+    if torch_best < numpy_best:
+        return torch_best, "torch copy_"
+    return numpy_best, "numpy.copyto"
+
+
+def machine_header() -> str:
+    import numba
+
+    try:
+        usable_cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        usable_cores = os.cpu_count()
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return "\n".join(
+        [
+            f"machine: {cpu}, {os.cpu_count()} logical cores ({usable_cores} usable), {platform.system()} {platform.release()}",
+            f"python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+            f"numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads, "
+            f"layer {numba.config.THREADING_LAYER}), numpy {np.__version__}",
+            f"gamma = {GAMMA}, lambda = {LAMBD}; float32 inputs; best call after one warm-up call",
+            load_line(),
+        ]
+    )
+
+
+def load_line(before_run: bool = True) -> str:
+    """The 1-minute load average; before the run, a warning when other work competes for
+    the cores (after it, the number includes this benchmark)."""
+    try:
+        one_minute = os.getloadavg()[0]
+    except OSError:  # pragma: no cover - not available
+        return "load average: unknown"
+    cores = os.cpu_count() or 1
+    busy = before_run and one_minute > 0.5 * cores
+    warning = " (busy machine: timings, above all the torch kernels', are inflated)" if busy else ""
+    return f"load average (1 min): {one_minute:.2f} on {cores} cores{warning}"
+
+
+def render_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def bench_workload(name: str, repeat: int, min_time: float) -> str:
+    workload = make_workload(name)
+    inputs = workload.as_tensors()
+    kernels = [kernel for kernel in available_kernels("cpu") if kernel not in SKIPPED]
+    timings: dict[str, Timing] = {}
+    for kernel in kernels:
+        function = KERNELS[kernel].function
+        timings[kernel] = best_of(lambda: function(**inputs, gamma=GAMMA, lambd=LAMBD), repeat, min_time)
+
+    tokens = workload.num_tokens
+    baseline = timings[BASELINE].best if BASELINE in timings else None
+    ranked = sorted(kernels, key=lambda k: timings[k].best)
+    rows = []
+    for kernel in ranked:
+        timing = timings[kernel]
+        speedup = f"{baseline / timing.best:.1f}x" if baseline else "-"
+        rows.append(
+            [
+                kernel,
+                f"{timing.best * 1e3:.2f}",
+                f"{timing.median * 1e3:.2f}",
+                str(timing.calls),
+                f"{tokens / timing.best / 1e6:.1f}",
+                speedup,
+            ]
+        )
+    lengths = workload.lengths
+    lines = [
+        f"workload {name}: {workload.num_samples} samples, {tokens:,} tokens "
+        f"({workload.loss_mask.mean():.0%} trainable), lengths {int(lengths.min()):,}..{int(lengths.max()):,} "
+        f"(median {int(np.median(lengths)):,})",
+        render_table(["kernel", "best ms", "median ms", "calls", "Mtok/s", f"vs {BASELINE}"], rows),
+    ]
+
+    fastest = ranked[0]
+    if baseline and name in FLOORS:
+        speedup = baseline / timings[fastest].best
+        verdict = "meets" if speedup >= FLOORS[name] else "MISSES"
+        lines.append(f"floor: {fastest} is {speedup:.1f}x {BASELINE}; {verdict} the {FLOORS[name]:g}x floor")
+
+    read, written = traffic_bytes(workload)
+    moved = read + written
+    kernel_time = timings[fastest].best
+    copied, copier = copy_time(moved, repeat, min_time)
+    # Bandwidth counts bytes read plus bytes written, for the kernel and the copy alike
+    # (a copy of an S-byte buffer moves 2S bytes).
+    kernel_bandwidth = moved / kernel_time
+    copy_bandwidth = 2 * moved / copied
+    lines.append(
+        f"memory: {fastest} moves {moved / 1e6:.1f} MB (read {read / 1e6:.1f} + write {written / 1e6:.1f}) "
+        f"in {kernel_time * 1e3:.2f} ms = {kernel_bandwidth / 1e9:.1f} GB/s; "
+        f"{copier} of a {moved / 1e6:.1f} MB buffer: {copied * 1e3:.2f} ms = {copy_bandwidth / 1e9:.1f} GB/s "
+        f"read+write; {fastest} runs at {kernel_bandwidth / copy_bandwidth:.0%} of copy bandwidth"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5, help="least number of timed calls per kernel (the best counts); default 5")
+    parser.add_argument(
+        "--min-time", type=float, default=0.5, help="keep calling a kernel until this many seconds have passed; default 0.5"
+    )
+    parser.add_argument("--workload", choices=list(WORKLOADS), action="append", help="workload to run (repeatable); default all")
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    print(machine_header())
+    for name in args.workload or list(WORKLOADS):
+        print()
+        print(bench_workload(name, args.repeat, args.min_time), flush=True)
+    print()
+    print(f"after the run, {load_line(before_run=False)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
