@@ -35,6 +35,11 @@ from scripts.workloads import GAMMA, LAMBD, WORKLOADS, Workload, make_workload  
 
 BASELINE = "chunked"
 SKIPPED = {"reference"}
+# The trainers' own chunked scan applies the intra-chunk decay matrix with one GEMM. The
+# project's ``chunked`` kernel uses elementwise doubling passes instead (a GEMM is not batch
+# invariant under MKL); this row measures the GEMM form too, so the speed-ups can be read
+# against both.
+GEMM_BASELINE = "chunked-gemm"
 # Speed-up of the fastest kernel over ``chunked`` that this project asks for, per workload.
 FLOORS = {"agentic": 10.0, "single-turn": 3.0, "long": 3.0}
 MAX_CALLS = 1000
@@ -131,6 +136,34 @@ def render_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def chunked_gemm_gae(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma, lambd, chunk_size=64):
+    """The trainers' chunked scan: compress, pad, intra-chunk GEMM with the decay matrix,
+    serial carry between chunks, scatter. Same results as ``chunked`` up to rounding."""
+    from gaecli.kernels.layout import compress, pad_compressed, scatter_compressed
+
+    layout = compress(loss_mask, offsets)
+    padded_values, padded_rewards = pad_compressed(values, rewards, terminal_rewards, layout, layout.width)
+    batch, width = padded_values.shape
+    decay = gamma * lambd
+    chunks = max(-(-width // chunk_size), 1)
+    next_values = padded_values.new_zeros(batch, chunks * chunk_size)
+    next_values[:, : max(width - 1, 0)] = padded_values[:, 1:]
+    deltas = padded_values.new_zeros(batch, chunks * chunk_size)
+    deltas[:, :width] = padded_rewards + gamma * next_values[:, :width] - padded_values
+    index = torch.arange(chunk_size, dtype=torch.float64)
+    exponent = index[None, :] - index[:, None]
+    matrix = torch.where(exponent >= 0, decay ** exponent.clamp(min=0), 0.0).to(values.dtype)
+    local = deltas.view(batch, chunks, chunk_size) @ matrix.T
+    carry_in = local.new_zeros(batch, chunks)
+    carry = local.new_zeros(batch)
+    for k in range(chunks - 1, -1, -1):
+        carry_in[:, k] = carry
+        carry = local[:, k, 0] + decay**chunk_size * carry
+    tail = (decay ** torch.arange(chunk_size, 0, -1, dtype=torch.float64)).to(values.dtype)
+    advantages = (local + carry_in.unsqueeze(-1) * tail).view(batch, -1)[:, :width]
+    return scatter_compressed(advantages, values, layout)
+
+
 def bench_workload(name: str, repeat: int, min_time: float) -> str:
     workload = make_workload(name)
     inputs = workload.as_tensors()
@@ -139,6 +172,9 @@ def bench_workload(name: str, repeat: int, min_time: float) -> str:
     for kernel in kernels:
         function = KERNELS[kernel].function
         timings[kernel] = best_of(lambda: function(**inputs, gamma=GAMMA, lambd=LAMBD), repeat, min_time)
+    timings[GEMM_BASELINE] = best_of(lambda: chunked_gemm_gae(**inputs, gamma=GAMMA, lambd=LAMBD), repeat, min_time)
+    kernels.append(GEMM_BASELINE)
+    gemm_baseline = timings[GEMM_BASELINE].best
 
     tokens = workload.num_tokens
     baseline = timings[BASELINE].best if BASELINE in timings else None
@@ -155,6 +191,7 @@ def bench_workload(name: str, repeat: int, min_time: float) -> str:
                 str(timing.calls),
                 f"{tokens / timing.best / 1e6:.1f}",
                 speedup,
+                f"{gemm_baseline / timing.best:.1f}x",
             ]
         )
     lengths = workload.lengths
@@ -162,14 +199,14 @@ def bench_workload(name: str, repeat: int, min_time: float) -> str:
         f"workload {name}: {workload.num_samples} samples, {tokens:,} tokens "
         f"({workload.loss_mask.mean():.0%} trainable), lengths {int(lengths.min()):,}..{int(lengths.max()):,} "
         f"(median {int(np.median(lengths)):,})",
-        render_table(["kernel", "best ms", "median ms", "calls", "Mtok/s", f"vs {BASELINE}"], rows),
+        render_table(["kernel", "best ms", "median ms", "calls", "Mtok/s", f"vs {BASELINE}", f"vs {GEMM_BASELINE}"], rows),
     ]
 
     fastest = ranked[0]
     if baseline and name in FLOORS:
-        speedup = baseline / timings[fastest].best
+        speedup = min(baseline, gemm_baseline) / timings[fastest].best
         verdict = "meets" if speedup >= FLOORS[name] else "MISSES"
-        lines.append(f"floor: {fastest} is {speedup:.1f}x {BASELINE}; {verdict} the {FLOORS[name]:g}x floor")
+        lines.append(f"floor: {fastest} is {speedup:.1f}x the faster chunked form; {verdict} the {FLOORS[name]:g}x floor")
 
     read, written = traffic_bytes(workload)
     moved = read + written
