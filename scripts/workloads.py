@@ -156,24 +156,34 @@ def _terminal_rewards(batch: int, rng: np.random.Generator) -> np.ndarray:
     return np.where(rng.random(batch) < 0.5, outcome, score).astype(np.float32)
 
 
-def agentic(num_samples: int = 256, seed: int = 0) -> Workload:
-    """Multi-turn agentic rollouts (see the module docstring).
+def agentic(
+    num_samples: int = 256,
+    seed: int = 0,
+    *,
+    median_length: float = 3000.0,
+    max_length: int = 32_768,
+    turn: tuple[int, int] = (50, 800),
+    observation: tuple[int, int] = (20, 1_500),
+    masked_tail_share: float = 0.10,
+    fully_masked_share: float = 0.02,
+) -> Workload:
+    """Multi-turn agentic rollouts (see the module docstring; the keyword arguments change
+    its figures, e.g. for small sample files).
 
-    Each sample alternates trainable turns (50–800 tokens) and masked observations
-    (20–1,500), starting with a turn. A target length is drawn from the lognormal and the
+    Each sample alternates trainable turns (``turn``: 50–800 tokens) and masked observations
+    (``observation``: 20–1,500), starting with a turn. A target length is drawn from the lognormal and the
     sample is cut at the block boundary nearest to it: the end of a turn for most samples,
     the end of an observation for the 10 % that end in a masked tail. 2 % of the samples
     (disjoint from those) are then masked entirely.
     """
-    max_length = 32_768
     rng = np.random.default_rng(seed)
-    raw = rng.lognormal(mean=np.log(3000.0), sigma=0.9, size=num_samples)
+    raw = rng.lognormal(mean=np.log(median_length), sigma=0.9, size=num_samples)
     target = np.clip(np.rint(raw), 16, max_length).astype(np.int64)
-    blocks = alternating_blocks(num_samples, max_length, (50, 800), (20, 1_500), rng)
+    blocks = alternating_blocks(num_samples, max_length, turn, observation, rng)
 
     order = rng.permutation(num_samples)
-    n_tail = int(round(0.10 * num_samples))
-    n_masked = int(round(0.02 * num_samples))
+    n_tail = int(round(masked_tail_share * num_samples))
+    n_masked = int(round(fully_masked_share * num_samples))
     ends_masked = np.zeros(num_samples, dtype=bool)
     ends_masked[order[:n_tail]] = True
     fully_masked = order[n_tail : n_tail + n_masked]
