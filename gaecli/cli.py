@@ -117,6 +117,25 @@ RewardsColOption = Annotated[Optional[str], typer.Option(
 MaskColOption = Annotated[str, typer.Option("--mask-col", help="Column of the 0/1 loss mask.", rich_help_panel="Columns")]
 TerminalColOption = Annotated[str, typer.Option("--terminal-col", help="Column of the scalar terminal reward.", rich_help_panel="Columns")]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.", hidden=False)]
+EngineOption = Annotated[Literal["local", "ray"], typer.Option(
+    "--engine", rich_help_panel="Scale out",
+    help="local: files in parallel worker processes on this machine; ray: Ray tasks (needs gaecli[ray]). Results are bitwise the same.",
+)]
+WorkersOption = Annotated[Optional[int], typer.Option(
+    "--workers", min=1, metavar="N", show_default=False, rich_help_panel="Scale out",
+    help="Files processed at once: worker processes (local) or CPUs of the Ray started here. Default: the number of cores.",
+)]
+RayAddressOption = Annotated[Optional[str], typer.Option(
+    "--ray-address", metavar="ADDRESS", show_default=False, rich_help_panel="Scale out",
+    help="With --engine ray: the Ray cluster to join (e.g. auto or ray://head:10001); default: start Ray on this machine.",
+)]
+
+
+def make_engine(engine: str, workers: Optional[int], ray_address: Optional[str]):
+    """The EngineOptions of the shared engine options."""
+    from gaecli.engines import EngineOptions
+
+    return EngineOptions(engine=engine, workers=workers, ray_address=ray_address)
 
 
 KLCoefOption = Annotated[Optional[float], typer.Option(
@@ -226,7 +245,7 @@ class errors_to_exit:
         from gaecli.errors import GAEInputError, GAEUsageError, KernelUnavailableError
 
         if issubclass(exc_type, KeyboardInterrupt):
-            fail("interrupted; no output was written", 130)
+            fail("interrupted; no partial output was left (outputs finished before are whole)", 130)
         if issubclass(exc_type, (GAEUsageError, KernelUnavailableError)):
             fail(str(exc), EXIT_USAGE)
         if issubclass(exc_type, GAEInputError):
@@ -262,12 +281,18 @@ def recompute(
     keep_baseline: Annotated[bool, typer.Option("--keep-baseline", help="Also write advantages_unmasked and returns_unmasked.")] = False,
     on_invalid: Annotated[str, typer.Option(help="stop: the first invalid row stops the run (exit 1); skip: invalid rows go to OUTPUT.rejected.parquet.")] = "stop",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing output files.")] = False,
+    skip_existing: Annotated[bool, typer.Option("--skip-existing", help="Leave outputs that exist and are whole alone (resume a run).")] = False,
     tol: Annotated[float, typer.Option(min=0.0, help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
+    engine: EngineOption = "local",
+    workers: WorkersOption = None,
+    ray_address: RayAddressOption = None,
     json_path: JsonOption = None,
     quiet: QuietOption = False,
     debug: DebugOption = False,
 ) -> None:
     """Recompute advantages and returns with masked GAE; write the files back with them added."""
+    if skip_existing and overwrite:
+        fail("--skip-existing keeps existing outputs and --overwrite replaces them: give one of them", EXIT_USAGE)
     if on_invalid not in ("stop", "skip"):
         fail(f"--on-invalid must be 'stop' or 'skip', got {on_invalid!r}", EXIT_USAGE)
     with errors_to_exit(debug):
@@ -279,9 +304,9 @@ def recompute(
             columns=make_columns(values_col, rewards_col, mask_col, terminal_col, kl_coef=kl_coef, kl_estimator=kl_estimator,
                                  logprobs_col=logprobs_col, ref_logprobs_col=ref_logprobs_col, advantages=advantages_col, returns=returns_col),
             normalize=normalize, normalize_by=normalize_by, replace=replace, keep_baseline=keep_baseline,
-            on_invalid=on_invalid, overwrite=overwrite, tolerance=tol,
+            on_invalid=on_invalid, overwrite=overwrite, tolerance=tol, skip_existing=skip_existing,
         )
-        report = recompute_files(inputs, output, options, make_progress(quiet)).to_dict()
+        report = recompute_files(inputs, output, options, make_progress(quiet), make_engine(engine, workers, ray_address)).to_dict()
     write_json(report, json_path)
     if not quiet:
         render_recompute(report, _stderr())
@@ -307,6 +332,9 @@ def validate(
     kl_estimator: KLEstimatorOption = "k1",
     logprobs_col: LogprobsColOption = "log_probs",
     ref_logprobs_col: RefLogprobsColOption = "ref_log_probs",
+    engine: EngineOption = "local",
+    workers: WorkersOption = None,
+    ray_address: RayAddressOption = None,
     json_path: JsonOption = None,
     quiet: QuietOption = False,
     debug: DebugOption = False,
@@ -329,7 +357,8 @@ def validate(
         columns = make_columns(values_col, rewards_col, mask_col, terminal_col, kl_coef=kl_coef, kl_estimator=kl_estimator,
                                logprobs_col=logprobs_col, ref_logprobs_col=ref_logprobs_col)
         report = validate_files(inputs, columns, id_columns=id_columns,
-                                max_findings=max_findings, batch_rows=batch_rows, progress=make_progress(quiet))
+                                max_findings=max_findings, batch_rows=batch_rows, progress=make_progress(quiet),
+                                engine=make_engine(engine, workers, ray_address))
     document = report.to_dict()
     write_json(document, json_path)
     if not quiet:

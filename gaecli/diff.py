@@ -15,27 +15,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from gaecli._version import __version__
-from gaecli.checks import Finding, check_batch, check_schema, first_error, masked_tail_lengths
-from gaecli.errors import GAEInputError, GAEUsageError, InvalidDataError
-from gaecli.io.format import Columns, is_list_type, is_real_type, list_parts, numeric_numpy, output_float_type
+from gaecli.checks import masked_tail_lengths
+from gaecli.errors import GAEUsageError
+from gaecli.io.format import Columns
 from gaecli.io.paths import discover_inputs
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
+from gaecli.pipeline import (
+    Computation, ComputedBatch, check_device, check_file, check_scalar_column, computed_batches, file_moments,
+    merge_moments, whiten_rows,
+)
 from gaecli.progress import NoProgress, Progress
-from gaecli.stats import ExactSum, GroupedMoments, SignedLogHistogram, diff_rows, keyed_sample, row_moments
+from gaecli.stats import ExactSum, GroupedMoments, SignedLogHistogram, diff_rows, encode_keys, keyed_sample
 
 QUANTILE_RELATIVE_ERROR = 0.005
 QUANTILE_ZERO = 1e-12
 SCATTER_SAMPLE = 20_000
 DEFAULT_TOP = 10
 NO_THRESHOLD = np.uint64(2**64 - 1)
-WHITEN_EPSILON = 1e-8  # as gaecli.semantics.WHITEN_EPSILON (not imported: it loads torch)
 QUANTILE_METHOD = {
     "name": "log-histogram",
     "relative_error": QUANTILE_RELATIVE_ERROR,
@@ -269,6 +271,31 @@ class DiffAccumulator:
             self.zero_credit_samples += int((credits == 0.0).sum())
         return rows
 
+    def merge(self, other: "DiffAccumulator") -> None:
+        """Add the figures of another partition (another file, another worker): counts add,
+        exact sums merge exactly, maxima and minima combine, histograms add — so merging
+        partitions in any grouping gives the figures of one pass over all the rows."""
+        for name in ("samples", "tokens", "trainable_tokens", "changed_samples", "changed_tokens", "fully_masked_samples",
+                     "empty_samples", "masked_tail_samples", "masked_tail_tokens", "zero_credit_samples", "sign_flips"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.longest_masked_tail = max(self.longest_masked_tail, other.longest_masked_tail)
+        self.max_abs_delta = max(self.max_abs_delta, other.max_abs_delta)
+        self.min_terminal_credit = min(self.min_terminal_credit, other.min_terminal_credit)
+        self.returns_compared = self.returns_compared or other.returns_compared
+        self.max_abs_delta_return = max(self.max_abs_delta_return, other.max_abs_delta_return)
+        self._abs_delta_sum.merge(other._abs_delta_sum)
+        self._abs_delta_return_sum.merge(other._abs_delta_return_sum)
+        self._credit_sum.merge(other._credit_sum)
+        for mine, theirs in zip(self._sums, other._sums):
+            mine.merge(theirs)
+        size = max(self._tail_counts.size, other._tail_counts.size)
+        tail_counts = np.zeros(size, dtype=np.int64)
+        tail_counts[: self._tail_counts.size] += self._tail_counts
+        tail_counts[: other._tail_counts.size] += other._tail_counts
+        self._tail_counts = tail_counts
+        self.histogram.counts += other.histogram.counts
+        self.return_histogram.counts += other.return_histogram.counts
+
     def result(self) -> dict:
         """The summary of ``gae recompute`` (its keys are documented in docs/recompute.md): a
         subset of :meth:`figures`, in that document's order."""
@@ -349,15 +376,6 @@ GROUP_SUMS = (
 )
 
 
-def _encode(keys: pa.Array) -> tuple[np.ndarray, list]:
-    """Row codes into the list of distinct keys of a batch (nulls a key of their own)."""
-    if pa.types.is_dictionary(keys.type):
-        keys = keys.dictionary_decode()
-    encoded = pc.dictionary_encode(keys, null_encoding="encode")
-    uniques = [math.nan if isinstance(key, float) and key != key else key for key in encoded.dictionary.to_pylist()]
-    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), uniques
-
-
 class GroupedFigures:
     """The main figures per value of the ``--group-by`` column. Sums are added row by row
     in file order (``np.add.at``), so they do not depend on the batch size."""
@@ -372,7 +390,7 @@ class GroupedFigures:
 
     def update(self, keys: pa.Array, rows: RowFigures) -> np.ndarray:
         """Add one batch's rows under their group keys; returns each row's group code."""
-        local, uniques = _encode(keys)
+        local, uniques = encode_keys(keys)
         mapping = np.empty(len(uniques), dtype=np.int64)
         for index, key in enumerate(uniques):
             code = self.codes.get(key)
@@ -720,53 +738,6 @@ class _PerSampleWriter:
 # ----------------------------------------------------------------------------- the run
 
 
-def _check_device(device: str) -> None:
-    import torch
-
-    try:
-        device_type = torch.device(device).type
-    except (RuntimeError, TypeError) as error:
-        raise GAEUsageError(f"unknown device {device!r}; use cpu or cuda") from error
-    if device_type not in ("cpu", "cuda"):
-        raise GAEUsageError(f"device {device!r} is not supported; use cpu or cuda")
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise GAEUsageError(f"device {device!r}: CUDA is not available to torch here; use --device cpu")
-
-
-def _whiten(advantages: np.ndarray, offsets: np.ndarray, moments: GroupedMoments, keys: Optional[pa.Array]) -> np.ndarray:
-    """``(A − mean) / sqrt(var + 1e-8)`` with each row's group statistics (float64)."""
-    means, stds = moments.row_stats(keys, offsets.size - 1, WHITEN_EPSILON)
-    lengths = np.diff(offsets)
-    return (advantages.astype(np.float64) - np.repeat(means, lengths)) / np.repeat(stds, lengths)
-
-
-def _stored_column(batch: pa.RecordBatch, name: str, mask_offsets: np.ndarray, mask_name: str, file: str, first_row: int) -> np.ndarray:
-    """The flat numbers of a stored per-token column, checked like the data columns: no
-    null, the mask's length on every row, finite."""
-    array = batch.column(name)
-
-    def stop(rows: np.ndarray, code: str, message) -> None:
-        row = int(rows[0])
-        raise InvalidDataError(Finding(file, first_row + row, name, code, message(row)))
-
-    if array.null_count:
-        stop(np.flatnonzero(np.asarray(array.is_null())), "null", lambda row: "the list is null")
-    offsets, flat = list_parts(array)
-    lengths, mask_lengths = np.diff(offsets), np.diff(mask_offsets)
-    if (lengths != mask_lengths).any():
-        stop(np.flatnonzero(lengths != mask_lengths), "length-mismatch",
-             lambda row: f"{name!r} has {lengths[row]} tokens, {mask_name!r} has {mask_lengths[row]}")
-    if flat.null_count:
-        positions = np.flatnonzero(np.asarray(flat.is_null()))
-        stop(np.searchsorted(offsets, positions, side="right") - 1, "null", lambda row: "the list holds a null")
-    numbers = numeric_numpy(flat)
-    if not np.isfinite(numbers).all():
-        position = int(np.flatnonzero(~np.isfinite(numbers))[0])
-        stop(np.searchsorted(offsets, [position], side="right") - 1, "non-finite",
-             lambda row: f"{name!r} is {numbers[position].item()} at token {position - offsets[row]}")
-    return numbers
-
-
 class _DiffRun:
     """One diff over a list of files (private: :func:`diff_files` is the API)."""
 
@@ -777,6 +748,11 @@ class _DiffRun:
         self.options = options
         self.progress = progress
         self.kernel = resolve_kernel(options.kernel, options.device)
+        self.computation = Computation(
+            gamma=options.gamma, lambd=options.lambd, kernel=self.kernel, device=options.device,
+            batch_rows=options.batch_rows, columns=options.columns, old_semantics=options.old_semantics,
+            against=options.against, against_returns=options.against_returns, normalize_by=options.normalize_by,
+        )
         self.files = [RolloutFile(path) for path in paths]
         for path, rollout in zip(paths, self.files):
             self._check_file(str(path), rollout.schema)
@@ -784,26 +760,9 @@ class _DiffRun:
         self.old_moments = GroupedMoments()
 
     def _check_file(self, file: str, schema: pa.Schema) -> None:
-        options = self.options
-        error = first_error(check_schema(schema, options.columns, file))
-        if error is not None:
-            raise InvalidDataError(error)
-        for flag, name in (("--against", options.against), ("--against-returns", options.against_returns)):
-            if name is None:
-                continue
-            if name not in schema.names:
-                raise GAEUsageError(f"{file}: {flag} column {name!r} is missing (have: {', '.join(schema.names)})")
-            arrow_type = schema.field(name).type
-            if not (is_list_type(arrow_type) and is_real_type(arrow_type.value_type)):
-                raise GAEUsageError(f"{file}: {flag} column {name!r} is {arrow_type}, expected a list of float32 or float64")
-        for flag, name in (("--normalize-by", options.normalize_by), ("--group-by", options.group_by), ("--id-col", options.id_col)):
-            if name is None:
-                continue
-            if name not in schema.names:
-                raise GAEUsageError(f"{file}: {flag} column {name!r} is missing (have: {', '.join(schema.names)})")
-            if pa.types.is_nested(schema.field(name).type):
-                raise GAEUsageError(f"{file}: {flag} column {name!r} is {schema.field(name).type}; "
-                                    f"use a column of scalars (ids, strings, numbers)")
+        check_file(schema, file, self.computation)
+        for flag, name in (("--group-by", self.options.group_by), ("--id-col", self.options.id_col)):
+            check_scalar_column(schema, file, flag, name)
 
     def _read_columns(self, schema: pa.Schema) -> list[str]:
         options, columns = self.options, self.options.columns
@@ -812,54 +771,22 @@ class _DiffRun:
                                      options.group_by, options.id_col) if name is not None}
         return [name for name in schema.names if name in wanted]
 
-    def _batches(self, index: int):
-        """(batch, packed, new, old, new returns, old returns, first row, first token) of
-        every batch of file ``index``, old and new computed (not whitened)."""
-        from gaecli.recompute import compute_packed, pack_batch
-
-        options, columns = self.options, self.options.columns
-        rollout, file = self.files[index], str(self.paths[index])
-        dtype = output_float_type(rollout.schema, columns).to_pandas_dtype()
-        first_row = first_token = 0
-        for batch in rollout.iter_batches(options.batch_rows, self._read_columns(rollout.schema)):
-            check = check_batch(batch, columns, file, first_row)
-            if not check.ok:
-                raise InvalidDataError(first_error(check.findings))
-            packed = pack_batch(batch, columns, dtype)
-            new, new_returns = compute_packed(packed, options.gamma, options.lambd, self.kernel, options.device, "masked")
-            if options.against is None:
-                old, old_returns = compute_packed(packed, options.gamma, options.lambd, self.kernel, options.device,
-                                                  options.old_semantics)
-            else:
-                old = _stored_column(batch, options.against, packed.offsets, columns.loss_mask, file, first_row)
-                old_returns = None
-                if options.against_returns is not None:
-                    old_returns = _stored_column(batch, options.against_returns, packed.offsets, columns.loss_mask, file, first_row)
-            yield batch, packed, new, old, new_returns, old_returns, first_row, first_token
-            first_row += batch.num_rows
-            first_token += packed.tokens
+    def _batches(self, index: int) -> Iterator[ComputedBatch]:
+        """Every batch of file ``index``, checked, with old and new computed (not whitened)."""
+        return computed_batches(self.files[index], self.computation, self._read_columns(self.files[index].schema))
 
     def _keys(self, batch: pa.RecordBatch, name: Optional[str]) -> Optional[pa.Array]:
         return batch.column(name) if name is not None else None
 
     def collect_statistics(self) -> None:
-        """First pass of ``--normalize``: exact per-group moments of new and old advantages."""
-        options = self.options
+        """First pass of ``--normalize``: exact per-group moments of new and old advantages,
+        one file at a time, merged in input order."""
         self.progress.start("statistics", sum(f.num_rows for f in self.files))
         try:
-            for index in range(len(self.files)):
-                for batch, packed, new, old, _, _, _, _ in self._batches(index):
-                    keys = self._keys(batch, options.normalize_by)
-                    self.new_moments.add(keys, *row_moments(new, packed.trainable, packed.offsets))
-                    self.old_moments.add(keys, *row_moments(old, packed.trainable, packed.offsets))
-                    self.progress.advance(batch.num_rows, packed.tokens)
+            parts = [file_moments(str(path), self.computation, self.progress) for path in self.paths]
         finally:
             self.progress.finish()
-        for moments in (self.new_moments, self.old_moments):
-            for key, group in moments.groups.items():
-                if group.count == 0:
-                    where = "the input" if key is None else f"group {options.normalize_by}={key!r}"
-                    raise GAEInputError(f"cannot normalize: {where} has no trainable token")
+        self.new_moments, self.old_moments = merge_moments(parts, self.options.normalize_by)
 
     def run(self) -> DiffReport:
         options = self.options
@@ -874,11 +801,14 @@ class _DiffRun:
             for index, path in enumerate(self.paths):
                 file = str(path)
                 rows_read = tokens_read = 0
-                for batch, packed, new, old, new_returns, old_returns, first_row, first_token in self._batches(index):
+                for computed in self._batches(index):
+                    batch, packed, new, old = computed.batch, computed.packed, computed.new, computed.old
+                    new_returns, old_returns = computed.new_returns, computed.old_returns
+                    first_row, first_token = computed.first_row, computed.first_token
                     if options.whitening:
                         keys = self._keys(batch, options.normalize_by)
-                        new = np.where(packed.trainable, _whiten(new, packed.offsets, self.new_moments, keys), 0.0)
-                        old = _whiten(old, packed.offsets, self.old_moments, keys)
+                        new = np.where(packed.trainable, whiten_rows(new, packed.offsets, self.new_moments, keys), 0.0)
+                        old = whiten_rows(old, packed.offsets, self.old_moments, keys)
                     rows = accumulator.update(new, old, packed.trainable, packed.offsets,
                                               new_returns=new_returns, old_returns=old_returns)
                     group_keys = self._keys(batch, options.group_by)
@@ -1004,7 +934,7 @@ def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optiona
         raise GAEUsageError(f"top must be 0 or more, got {options.top}")
     if not options.tolerance >= 0:
         raise GAEUsageError(f"tolerance must be 0 or more, got {options.tolerance}")
-    _check_device(options.device)
+    check_device(options.device)
     if options.columns.kl_coef is not None:
         from gaecli.kl import check_kl_options
 

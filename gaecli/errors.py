@@ -33,3 +33,21 @@ class InvalidDataError(GAEInputError):
     def __init__(self, finding) -> None:
         super().__init__(finding.line())
         self.finding = finding
+
+
+class FilesFailedError(GAEError):
+    """Some files of a multi-file run failed while others were written. ``written`` and
+    ``not_written`` list the output paths; the message says which failed and why."""
+
+    def __init__(self, message: str, written: list[str], not_written: list[str]) -> None:
+        super().__init__(message)
+        self.written = written
+        self.not_written = not_written
+
+
+class InvalidFilesError(FilesFailedError, GAEInputError):
+    """Files failed, all of them for invalid data (exit code 1)."""
+
+
+class UnusableFilesError(FilesFailedError, GAEUsageError):
+    """Files failed, at least one unreadable, unwritable or refused (exit code 2 wins)."""

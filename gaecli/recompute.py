@@ -4,26 +4,31 @@ compare against a baseline on the way."""
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gaecli._version import __version__
-from gaecli.checks import BatchCheck, check_batch, check_schema, first_error, row_reasons
+from gaecli.checks import row_reasons
 from gaecli.diff import DiffAccumulator
-from gaecli.errors import GAEInputError, GAEUsageError, InvalidDataError
-from gaecli.io.format import Columns, list_parts, list_type_like, numeric_numpy, output_float_type
+from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, TaskFailure, map_units
+from gaecli.errors import FilesFailedError, GAEInputError, GAEUsageError, InvalidFilesError, UnusableFilesError
+from gaecli.io.format import Columns, list_type_like, output_float_type
 from gaecli.io.paths import FileJob, plan_outputs, with_suffix
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
 from gaecli.io.writer import AtomicParquetWriter
-from gaecli.kl import check_kl_options, kl_rewards
+from gaecli.kl import check_kl_options
+from gaecli.pipeline import (  # noqa: F401 - PackedBatch, pack_batch, compute_packed: re-exported
+    Computation, PackedBatch, check_device, check_file, compute_packed, computed_batches, file_moments, merge_moments,
+    pack_batch, whiten_rows,
+)
 from gaecli.progress import NoProgress, Progress
-from gaecli.semantics import WHITEN_EPSILON, baseline_gae_packed, check_discount
-from gaecli.stats import GroupedMoments, row_moments
+from gaecli.semantics import check_discount
+from gaecli.stats import GroupedMoments
 
 REJECTS_SUFFIX = ".rejected"
 REASON_COLUMN = "reason"
@@ -54,6 +59,7 @@ class RecomputeOptions:
     on_invalid: str = "stop"
     overwrite: bool = False
     tolerance: float = 1e-6
+    skip_existing: bool = False
 
     @property
     def whitening(self) -> bool:
@@ -75,6 +81,7 @@ class FileOutcome:
     tokens: int = 0
     rejected_rows: int = 0
     rejects_file: Optional[str] = None
+    skipped: bool = False
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -113,240 +120,117 @@ def normalize_label(options: RecomputeOptions) -> str:
     return "all" if options.normalize else "none"
 
 
-# ----------------------------------------------------------------------------- batches
+# ----------------------------------------------------------------------------- one file
 
 
 @dataclass
-class PackedBatch:
-    """One batch as flat numpy buffers: values, rewards (float), trainable (bool),
-    zero-based offsets ``[B + 1]``, terminal rewards ``[B]``."""
+class FileResult:
+    """What the work unit of one file sends back: its outcome and its part of the summary
+    (merged in input order by the parent)."""
 
-    values: np.ndarray
-    rewards: np.ndarray
-    trainable: np.ndarray
-    offsets: np.ndarray
-    terminal_rewards: np.ndarray
+    outcome: FileOutcome
+    diff: DiffAccumulator
+
+    @property
+    def rows(self) -> int:
+        return self.outcome.rows
 
     @property
     def tokens(self) -> int:
-        return int(self.offsets[-1])
+        return self.outcome.tokens
 
 
-def pack_batch(batch: pa.RecordBatch, columns: Columns, dtype: np.dtype) -> PackedBatch:
-    """Flat buffers of a checked batch (zero-copy where Arrow allows); an absent values or
-    rewards column (``None``) is taken as zeros. With ``columns.kl_coef`` the rewards are
-    the rewards column (if any) plus ``−kl_coef · KL`` of the log-prob columns, summed in
-    float64 and then cast to ``dtype``."""
-    offsets, mask_flat = list_parts(batch.column(columns.loss_mask))
-    mask = numeric_numpy(mask_flat)
-    trainable = mask if mask.dtype == np.bool_ else mask != 0
-
-    def stored(name: str) -> np.ndarray:
-        return numeric_numpy(list_parts(batch.column(name))[1])
-
-    def floats(name: Optional[str]) -> np.ndarray:
-        if name is None:
-            return np.zeros(offsets[-1], dtype=dtype)
-        return stored(name).astype(dtype, copy=False)
-
-    if columns.kl_coef is None:
-        rewards = floats(columns.rewards)
-    else:
-        rewards = kl_rewards(stored(columns.log_probs), stored(columns.ref_log_probs), columns.kl_coef, columns.kl_estimator)
-        if columns.rewards is not None:
-            rewards += stored(columns.rewards)
-        rewards = rewards.astype(dtype, copy=False)
-    terminal = np.asarray(batch.column(columns.terminal_reward)).astype(dtype, copy=False)
-    return PackedBatch(floats(columns.values), rewards, trainable, offsets, terminal)
+def new_column_names(options: RecomputeOptions) -> list[str]:
+    names = [options.columns.advantages, options.columns.returns]
+    if options.keep_baseline:
+        names.extend(options.baseline_columns)
+    return names
 
 
-def compute_packed(packed: PackedBatch, gamma: float, lambd: float, kernel: str, device: str, semantics: str) -> tuple[np.ndarray, np.ndarray]:
-    """Advantages and returns (flat numpy, the values' dtype) of a packed batch under
-    ``semantics`` ("masked" or a baseline)."""
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        tensors = [torch.from_numpy(a) for a in (packed.values, packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards)]
-    if device != "cpu":
-        tensors = [t.to(device) for t in tensors]
-    advantages, returns = baseline_gae_packed(
-        *tensors, gamma=gamma, lambd=lambd, semantics=semantics, kernel=kernel, validate=False
+def computation_of(options: RecomputeOptions, kernel: str) -> Computation:
+    """The pipeline settings of a recompute run (``kernel`` resolved)."""
+    return Computation(
+        gamma=options.gamma, lambd=options.lambd, kernel=kernel, device=options.device, batch_rows=options.batch_rows,
+        columns=options.columns, old_semantics=options.baseline, on_invalid=options.on_invalid,
+        normalize_by=options.normalize_by,
     )
-    return advantages.cpu().numpy(), returns.cpu().numpy()
 
 
-def _group_keys(batch: pa.RecordBatch, options: RecomputeOptions) -> Optional[pa.Array]:
-    return batch.column(options.normalize_by) if options.normalize_by is not None else None
+def _check_job(rollout: RolloutFile, job: FileJob, options: RecomputeOptions, computation: Computation) -> None:
+    check_file(rollout.schema, str(job.source), computation)
+    new_names = new_column_names(options)
+    clash = [name for name in new_names if name in rollout.schema.names]
+    if clash and not options.replace:
+        raise GAEUsageError(
+            f"{job.source}: column {clash[0]!r} exists already; pick another name "
+            f"(--advantages-col/--returns-col) or give --replace"
+        )
+    read = {name for _, name in options.columns.token_columns()} | {options.columns.terminal_reward}
+    overlap = read & set(new_names)
+    if overlap:
+        raise GAEUsageError(f"output column {sorted(overlap)[0]!r} is also an input column; choose another name")
 
 
-def _whiten(advantages: np.ndarray, packed: PackedBatch, moments: GroupedMoments, keys, everywhere: bool) -> np.ndarray:
-    """Whiten with each row's group statistics; masked positions stay 0 unless
-    ``everywhere`` (the baselines, whose trainers whiten every position)."""
-    means, stds = moments.row_stats(keys, packed.offsets.size - 1, WHITEN_EPSILON)
-    lengths = np.diff(packed.offsets)
-    token_means = np.repeat(means, lengths)
-    token_stds = np.repeat(stds, lengths)
-    whitened = (advantages.astype(np.float64) - token_means) / token_stds
-    if not everywhere:
-        whitened = np.where(packed.trainable, whitened, 0.0)
-    return whitened.astype(advantages.dtype)
+def _output_schema(rollout: RolloutFile, job: FileJob, options: RecomputeOptions, kernel: str) -> tuple[pa.Schema, pa.DataType]:
+    columns = options.columns
+    float_type = output_float_type(rollout.schema, columns)
+    list_type = list_type_like(rollout.schema, columns, float_type)
+    schema = rollout.schema
+    for name in new_column_names(options):
+        new_field = pa.field(name, list_type)
+        if name in schema.names:
+            schema = schema.set(schema.get_field_index(name), new_field)
+        else:
+            schema = schema.append(new_field)
+    metadata = dict(rollout.schema.metadata or {})
+    metadata.update({
+        f"{METADATA_PREFIX}version".encode(): __version__.encode(),
+        f"{METADATA_PREFIX}gamma".encode(): repr(float(options.gamma)).encode(),
+        f"{METADATA_PREFIX}lambd".encode(): repr(float(options.lambd)).encode(),
+        f"{METADATA_PREFIX}kernel".encode(): kernel.encode(),
+        f"{METADATA_PREFIX}normalize".encode(): normalize_label(options).encode(),
+        f"{METADATA_PREFIX}columns".encode(): columns.to_json().encode(),
+        f"{METADATA_PREFIX}source".encode(): job.source.name.encode(),
+    })
+    return schema.with_metadata(metadata), list_type
 
 
-# ----------------------------------------------------------------------------- the run
+def recompute_job(
+    job: FileJob,
+    options: RecomputeOptions,
+    kernel: str,
+    moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
+    progress: Optional[Progress] = None,
+) -> FileResult:
+    """Recompute one input file into its output (the work unit of every engine).
 
-
-class _Run:
-    """One recompute run over planned jobs (kept private: :func:`recompute_files` is the API)."""
-
-    def __init__(self, jobs: list[FileJob], options: RecomputeOptions, progress: Progress) -> None:
-        from gaecli.kernels import resolve_kernel
-
-        self.jobs = jobs
-        self.options = options
-        self.progress = progress
-        self.kernel = resolve_kernel(options.kernel, options.device)
-        self.files = [RolloutFile(job.source) for job in jobs]
-        self.new_moments = GroupedMoments()
-        self.old_moments = GroupedMoments()
-        self.diff = DiffAccumulator(options.gamma, options.lambd, options.baseline, options.tolerance)
-        for job, rollout in zip(jobs, self.files):
-            self._check_file(job, rollout)
-
-    def _check_file(self, job: FileJob, rollout: RolloutFile) -> None:
-        options, columns = self.options, self.options.columns
-        findings = check_schema(rollout.schema, columns, str(job.source))
-        error = first_error(findings)
-        if error is not None:
-            raise InvalidDataError(error)
-        if options.normalize_by is not None and options.normalize_by not in rollout.schema.names:
-            raise GAEUsageError(f"{job.source}: --normalize-by column {options.normalize_by!r} is missing")
-        if options.normalize_by is not None and pa.types.is_nested(rollout.schema.field(options.normalize_by).type):
-            raise GAEUsageError(
-                f"{job.source}: --normalize-by column {options.normalize_by!r} is "
-                f"{rollout.schema.field(options.normalize_by).type}; group by a column of scalars (ids, strings, numbers)"
-            )
-        new_names = self._new_column_names()
-        clash = [name for name in new_names if name in rollout.schema.names]
-        if clash and not options.replace:
-            raise GAEUsageError(
-                f"{job.source}: column {clash[0]!r} exists already; pick another name "
-                f"(--advantages-col/--returns-col) or give --replace"
-            )
-        read = {name for _, name in columns.token_columns()} | {columns.terminal_reward}
-        overlap = read & set(new_names)
-        if overlap:
-            raise GAEUsageError(f"output column {sorted(overlap)[0]!r} is also an input column; choose another name")
-
-    def _new_column_names(self) -> list[str]:
-        names = [self.options.columns.advantages, self.options.columns.returns]
-        if self.options.keep_baseline:
-            names.extend(self.options.baseline_columns)
-        return names
-
-    def _checked(self, batch: pa.RecordBatch, job: FileJob, first_row: int) -> tuple[pa.RecordBatch, BatchCheck]:
-        """The valid rows of ``batch`` (all of them, or an error in stop mode)."""
-        check = check_batch(batch, self.options.columns, str(job.source), first_row)
-        if check.ok:
-            return batch, check
-        if self.options.on_invalid == "stop":
-            raise InvalidDataError(first_error(check.findings))
-        return batch.filter(pa.array(~check.invalid)), check
-
-    def _batches(self, index: int, columns: Optional[list[str]] = None):
-        job, rollout = self.jobs[index], self.files[index]
-        first_row = 0
-        for batch in rollout.iter_batches(self.options.batch_rows, columns):
-            valid, check = self._checked(batch, job, first_row)
-            yield batch, valid, check, first_row
-            first_row += batch.num_rows
-
-    def collect_statistics(self) -> None:
-        """First pass of ``--normalize``: exact per-group moments of new and old advantages."""
-        options, columns = self.options, self.options.columns
-        needed = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
-        if options.normalize_by is not None:
-            needed.add(options.normalize_by)
-        self.progress.start("statistics", sum(f.num_rows for f in self.files))
-        for index, rollout in enumerate(self.files):
-            present = [name for name in rollout.schema.names if name in needed]
-            dtype = output_float_type(rollout.schema, columns).to_pandas_dtype()
-            for batch, valid, _, _ in self._batches(index, present):
-                packed = pack_batch(valid, columns, dtype)
-                keys = _group_keys(valid, options)
-                for semantics, moments in (("masked", self.new_moments), (options.baseline, self.old_moments)):
-                    advantages, _ = compute_packed(packed, options.gamma, options.lambd, self.kernel, options.device, semantics)
-                    moments.add(keys, *row_moments(advantages, packed.trainable, packed.offsets))
-                self.progress.advance(batch.num_rows, packed.tokens)
-        self.progress.finish()
-        for key, group in self.new_moments.groups.items():
-            if group.count == 0:
-                where = "the input" if key is None else f"group {options.normalize_by}={key!r}"
-                raise GAEInputError(f"cannot normalize: {where} has no trainable token")
-
-    def write(self) -> list[FileOutcome]:
-        """Second (or only) pass: compute, write every output to its temp file, then move all
-        of them into place together. Any failure removes every temp file."""
-        options = self.options
-        writers: list[AtomicParquetWriter] = []
-        outcomes: list[FileOutcome] = []
-        self.progress.start("recompute", sum(f.num_rows for f in self.files))
-        try:
-            for index, (job, rollout) in enumerate(zip(self.jobs, self.files)):
-                outcome = FileOutcome(str(job.source), str(job.target))
-                self._write_file(index, outcome, writers)
-                outcomes.append(outcome)
-            for writer in writers:
-                writer.close()
-            for writer in writers:
-                writer.commit()
-        except BaseException:
-            for writer in reversed(writers):
-                writer.abort()
-            raise
-        finally:
-            self.progress.finish()
-        return outcomes
-
-    def _output_schema(self, rollout: RolloutFile, job: FileJob) -> tuple[pa.Schema, pa.DataType]:
-        options, columns = self.options, self.options.columns
-        float_type = output_float_type(rollout.schema, columns)
-        list_type = list_type_like(rollout.schema, columns, float_type)
-        schema = rollout.schema
-        for name in self._new_column_names():
-            new_field = pa.field(name, list_type)
-            if name in schema.names:
-                schema = schema.set(schema.get_field_index(name), new_field)
-            else:
-                schema = schema.append(new_field)
-        metadata = dict(rollout.schema.metadata or {})
-        metadata.update({
-            f"{METADATA_PREFIX}version".encode(): __version__.encode(),
-            f"{METADATA_PREFIX}gamma".encode(): repr(float(options.gamma)).encode(),
-            f"{METADATA_PREFIX}lambd".encode(): repr(float(options.lambd)).encode(),
-            f"{METADATA_PREFIX}kernel".encode(): self.kernel.encode(),
-            f"{METADATA_PREFIX}normalize".encode(): normalize_label(options).encode(),
-            f"{METADATA_PREFIX}columns".encode(): columns.to_json().encode(),
-            f"{METADATA_PREFIX}source".encode(): job.source.name.encode(),
-        })
-        return schema.with_metadata(metadata), list_type
-
-    def _write_file(self, index: int, outcome: FileOutcome, writers: list[AtomicParquetWriter]) -> None:
-        options, columns = self.options, self.options.columns
-        job, rollout = self.jobs[index], self.files[index]
-        schema, list_type = self._output_schema(rollout, job)
-        dtype = list_type.value_type.to_pandas_dtype()
+    ``kernel``: the resolved kernel name; ``moments``: the merged ``--normalize``
+    statistics (new, old) when whitening. The output (and its rejects file, written first)
+    goes to a temp file renamed into place once it is whole; any failure removes it.
+    ``progress`` (optional) is advanced per batch. Raises the errors of
+    :func:`recompute_files` for this one file.
+    """
+    columns = options.columns
+    computation = computation_of(options, kernel)
+    outcome = FileOutcome(str(job.source), str(job.target))
+    diff = DiffAccumulator(options.gamma, options.lambd, options.baseline, options.tolerance)
+    rollout = RolloutFile(job.source)
+    writers: list[AtomicParquetWriter] = []
+    try:
+        _check_job(rollout, job, options, computation)
+        schema, list_type = _output_schema(rollout, job, options, kernel)
         offsets_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
         list_class = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
         writer = AtomicParquetWriter(job.target, schema, compression=rollout.compression)
         writers.append(writer)
         rejects: Optional[AtomicParquetWriter] = None
-        for batch, valid, check, first_row in self._batches(index):
+        for computed in computed_batches(rollout, computation):
+            batch, valid, check, first_row, packed = computed.batch, computed.valid, computed.check, computed.first_row, computed.packed
             if valid.num_rows != batch.num_rows:
                 if rejects is None:
                     rejects_schema = batch.schema.append(pa.field(REASON_COLUMN, pa.string())).with_metadata(rollout.schema.metadata)
                     rejects = AtomicParquetWriter(with_suffix(job.target, REJECTS_SUFFIX), rejects_schema, compression=rollout.compression)
-                    writers.append(rejects)
+                    writers.insert(0, rejects)
                     outcome.rejects_file = str(rejects.target)
                 reasons = row_reasons(check)
                 invalid_rows = np.flatnonzero(check.invalid)
@@ -354,19 +238,15 @@ class _Run:
                 reason_array = pa.array([reasons[first_row + int(row)] for row in invalid_rows], pa.string())
                 rejects.write(pa.RecordBatch.from_arrays([*rejected.columns, reason_array], schema=rejects.schema))
                 outcome.rejected_rows += rejected.num_rows
-            packed = pack_batch(valid, columns, dtype)
-            keys = _group_keys(valid, options)
-            advantages, returns = compute_packed(packed, options.gamma, options.lambd, self.kernel, options.device, "masked")
-            old_advantages, old_returns = compute_packed(packed, options.gamma, options.lambd, self.kernel, options.device, options.baseline)
-            if options.whitening:
-                advantages = _whiten(advantages, packed, self.new_moments, keys, everywhere=False)
-                old_advantages = _whiten(old_advantages, packed, self.old_moments, keys, everywhere=True)
-            self.diff.update(advantages, old_advantages, packed.trainable, packed.offsets)
+            advantages, returns, old_advantages, old_returns = computed.new, computed.new_returns, computed.old, computed.old_returns
+            if moments is not None:
+                keys = computed.keys(options.normalize_by)
+                whitened = whiten_rows(advantages, packed.offsets, moments[0], keys)
+                advantages = np.where(packed.trainable, whitened, 0.0).astype(advantages.dtype)
+                old_advantages = whiten_rows(old_advantages, packed.offsets, moments[1], keys).astype(old_advantages.dtype)
+            diff.update(advantages, old_advantages, packed.trainable, packed.offsets)
             offsets_array = pa.array(packed.offsets, offsets_type)
-            new_columns = {
-                columns.advantages: advantages,
-                columns.returns: returns,
-            }
+            new_columns = {columns.advantages: advantages, columns.returns: returns}
             if options.keep_baseline:
                 new_columns.update(zip(options.baseline_columns, (old_advantages, old_returns)))
             arrays = {name: valid.column(name) for name in valid.schema.names}
@@ -375,22 +255,105 @@ class _Run:
             writer.write(pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema))
             outcome.rows += valid.num_rows
             outcome.tokens += packed.tokens
-            self.progress.advance(batch.num_rows, packed.tokens)
+            if progress is not None:
+                progress.advance(batch.num_rows, packed.tokens)
+        for each in writers:
+            each.close()
+        for each in writers:  # the rejects file first: an output in place means its rejects are too
+            each.commit()
+    except BaseException:
+        for each in reversed(writers):
+            each.abort()
+        raise
+    finally:
+        rollout.close()
+    return FileResult(outcome, diff)
 
 
-def _check_device(device: str) -> None:
-    """Refuse (:class:`GAEUsageError`) a device that is not cpu or cuda, or CUDA where
-    torch cannot use it."""
-    import torch
+# ----------------------------------------------------------------------------- resuming
 
+
+def _existing_output(job: FileJob, options: RecomputeOptions) -> bool:
+    """Under ``--skip-existing``: True when the job's output is in place and whole (a
+    readable Parquet footer with gaecli metadata written with the same γ, λ and
+    normalization; its rejects file, if any, readable too); False when it is absent.
+    Anything else is refused (:class:`GAEUsageError`): the file is not ours to replace."""
+    if not job.target.exists():
+        return False
+    rejects = with_suffix(job.target, REJECTS_SUFFIX)
     try:
-        device_type = torch.device(device).type
-    except (RuntimeError, TypeError) as error:
-        raise GAEUsageError(f"unknown device {device!r}; use cpu or cuda") from error
-    if device_type not in ("cpu", "cuda"):
-        raise GAEUsageError(f"device {device!r} is not supported; use cpu or cuda")
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise GAEUsageError(f"device {device!r}: CUDA is not available to torch here; use --device cpu")
+        metadata = pq.read_schema(job.target).metadata or {}
+        if options.on_invalid == "skip" and rejects.exists():
+            pq.read_schema(rejects)
+    except (pa.ArrowException, OSError) as error:
+        raise GAEUsageError(f"{job.target} exists but is not a whole Parquet file ({error}); "
+                            f"remove it or give --overwrite instead of --skip-existing") from error
+    if f"{METADATA_PREFIX}version".encode() not in metadata:
+        raise GAEUsageError(f"{job.target} exists but was not written by gaecli; remove it or give --overwrite")
+    wanted = {
+        "gamma": repr(float(options.gamma)), "lambd": repr(float(options.lambd)), "normalize": normalize_label(options),
+    }
+    for key, value in wanted.items():
+        have = metadata.get(f"{METADATA_PREFIX}{key}".encode(), b"").decode()
+        if have != value:
+            raise GAEUsageError(f"{job.target} exists but was written with {key} {have}, not {value}; "
+                                f"give --overwrite to replace it")
+    return True
+
+
+def _total_rows(paths: list[Path]) -> int:
+    """Rows of the readable files (for progress; unreadable ones count 0 and fail later)."""
+    total = 0
+    for path in paths:
+        try:
+            total += pq.read_metadata(path).num_rows
+        except (pa.ArrowException, OSError):
+            pass
+    return total
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Temp files a killed worker left beside ``target`` (ours by their name)."""
+    for suffix in ("", REJECTS_SUFFIX):
+        candidate = with_suffix(target, suffix) if suffix else target
+        for temp in candidate.parent.glob(f".{candidate.name}.gaecli-*.tmp"):
+            try:
+                temp.unlink()
+            except OSError:
+                pass
+
+
+SKIPPED = object()  # a job left alone under --skip-existing
+
+
+def _failed_run(jobs: list[FileJob], results: list, stopped: bool) -> FilesFailedError:
+    """The error of a multi-file run where some files failed: which outputs were written
+    (or skipped, being whole already) and which were not, and why."""
+    written, not_written, lines, worst = [], [], [], EXIT_INVALID_DATA
+    for job, result in zip(jobs, results):
+        if result is SKIPPED:
+            written.append(str(job.target))
+            lines.append(f"  skipped (whole already): {job.target}")
+            continue
+        if isinstance(result, FileResult):
+            written.append(str(job.target))
+            lines.append(f"  written: {job.target}")
+            continue
+        not_written.append(str(job.target))
+        if isinstance(result, TaskFailure):
+            worst = max(worst, result.code)
+            lines.append(f"  not written: {job.target} ({result.message})")
+        else:
+            lines.append(f"  not written: {job.target} (not started: the run stopped at the first failure)")
+    failed = sum(isinstance(result, TaskFailure) for result in results)
+    message = (f"{failed} of {len(jobs)} files failed; {len(written)} written, {len(not_written)} not written"
+               + (" (--on-invalid stop: files not started were cancelled)" if stopped and failed < len(not_written) else "")
+               + ":\n" + "\n".join(lines))
+    error_class = UnusableFilesError if worst == EXIT_UNUSABLE else InvalidFilesError
+    return error_class(message, written, not_written)
+
+
+# ----------------------------------------------------------------------------- the run
 
 
 def recompute_files(
@@ -398,35 +361,92 @@ def recompute_files(
     output: str | Path,
     options: RecomputeOptions,
     progress: Optional[Progress] = None,
+    engine: Optional[EngineOptions] = None,
 ) -> RecomputeReport:
     """Recompute advantages and returns for rollout files and write them with the columns
     added.
 
     ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs. One
     plain file → ``output`` is a file; otherwise a directory mirroring each input's path
-    relative to its root. All outputs appear together at the end or not at all.
+    relative to its root. Files are processed by ``engine`` (default: local, one worker
+    process per core; in this process for one file or one worker); each output appears
+    whole once its file is done, or not at all. With ``options.skip_existing`` outputs in
+    place and whole are left alone (``skipped`` in the report).
 
     Raises :class:`gaecli.errors.InvalidDataError` (a :class:`GAEInputError`) for rows that
     break the format (stop mode), :class:`GAEInputError` for bad options, and
-    :class:`gaecli.errors.GAEUsageError` for refused operations and unreadable files.
+    :class:`gaecli.errors.GAEUsageError` for refused operations and unreadable files — as
+    they are for a run over one file. When files of a multi-file run fail,
+    :class:`gaecli.errors.InvalidFilesError` (all failed for invalid data) or
+    :class:`gaecli.errors.UnusableFilesError`, listing the outputs written and not written.
+    The ``--normalize`` statistics pass runs over every input first; a failure there
+    writes nothing.
     """
+    from gaecli.kernels import resolve_kernel
+
     check_discount(options.gamma, options.lambd)
     if options.on_invalid not in ("stop", "skip"):
         raise GAEInputError(f"on_invalid must be 'stop' or 'skip', got {options.on_invalid!r}")
     if options.batch_rows < 1:
         raise GAEInputError(f"batch_rows must be at least 1, got {options.batch_rows}")
-    _check_device(options.device)
+    if options.skip_existing and options.overwrite:
+        raise GAEUsageError("--skip-existing keeps existing outputs and --overwrite replaces them: give one of them")
+    engine = engine or EngineOptions()
+    engine.check()
+    check_device(options.device)
     if options.columns.kl_coef is not None:
         check_kl_options(options.columns.kl_coef, options.columns.kl_estimator)
     if options.normalize_by is not None and not options.normalize:
         options = replace(options, normalize=True)
+    kernel = resolve_kernel(options.kernel, options.device)
     suffixes = (REJECTS_SUFFIX,) if options.on_invalid == "skip" else ()
-    jobs = plan_outputs([str(i) for i in inputs], str(output), overwrite=options.overwrite, suffixes=suffixes)
-    run = _Run(jobs, options, progress or NoProgress())
+    jobs = plan_outputs([str(i) for i in inputs], str(output), overwrite=options.overwrite or options.skip_existing, suffixes=suffixes)
+    skipped = [options.skip_existing and _existing_output(job, options) for job in jobs]
+    progress = progress or NoProgress()
+    labels = [str(job.source) for job in jobs]
+
+    moments = None
     if options.whitening:
-        run.collect_statistics()
-    outcomes = run.write()
-    return RecomputeReport(outcomes, run.kernel, options, run.diff.result())
+        computation = computation_of(options, kernel)
+        progress.start("statistics", _total_rows([job.source for job in jobs]))
+        try:
+            parts = map_units(file_moments, [(str(job.source), computation) for job in jobs], labels, engine,
+                              stop_on_failure=True, progress=progress)
+        finally:
+            progress.finish()
+        for part in parts:
+            if isinstance(part, TaskFailure):
+                part.raise_error()
+        moments = merge_moments(parts, options.normalize_by)
+
+    todo = [job for job, skip in zip(jobs, skipped) if not skip]
+    progress.start("recompute", _total_rows([job.source for job in todo]))
+    try:
+        results = map_units(recompute_job, [(job, options, kernel, moments) for job in todo],
+                            [str(job.source) for job in todo], engine,
+                            stop_on_failure=options.on_invalid == "stop", progress=progress)
+    finally:
+        progress.finish()
+    done = iter(results)
+    per_job = [SKIPPED if skip else next(done) for skip in skipped]
+    failures = [result for result in results if not isinstance(result, FileResult)]
+    if failures:
+        for job, result in zip(jobs, per_job):
+            if result is not SKIPPED and not isinstance(result, FileResult):
+                _remove_leftovers(job.target)
+        if len(jobs) == 1:
+            failures[0].raise_error()
+        raise _failed_run(jobs, per_job, options.on_invalid == "stop")
+
+    diff = DiffAccumulator(options.gamma, options.lambd, options.baseline, options.tolerance)
+    outcomes: list[FileOutcome] = []
+    for job, result in zip(jobs, per_job):
+        if result is SKIPPED:
+            outcomes.append(FileOutcome(str(job.source), str(job.target), skipped=True))
+            continue
+        diff.merge(result.diff)
+        outcomes.append(result.outcome)
+    return RecomputeReport(outcomes, kernel, options, diff.result())
 
 
 def recompute_file(

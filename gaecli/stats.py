@@ -54,6 +54,12 @@ class ExactSum:
     def value(self) -> float:
         return math.fsum(self._partials[: self._count])
 
+    def merge(self, other: "ExactSum") -> None:
+        """Add ``other``'s exact sum: its partials are added as numbers, so the result is
+        the exact sum of both (merging partial sums in any order gives the same value)."""
+        if other._count:
+            self._count = _grow_partials(self._partials, self._count, other._partials[: other._count].copy())
+
 
 @numba.njit(cache=True, nogil=True)
 def row_moments(advantages, trainable, offsets):
@@ -121,6 +127,12 @@ class Moments:
             variance = 0.0
         return mean, math.sqrt(variance + epsilon)
 
+    def merge(self, other: "Moments") -> None:
+        """Add another partition's moments (exact: counts add, sums merge exactly)."""
+        self.count += other.count
+        self.total.merge(other.total)
+        self.squares.merge(other.squares)
+
 
 class GroupedMoments:
     """Moments per group key (one key, ``None``, for whole-input whitening)."""
@@ -133,7 +145,7 @@ class GroupedMoments:
         if keys is None:
             self._add_group(None, counts, sums, squares)
             return
-        codes, uniques = _encode(keys)
+        codes, uniques = encode_keys(keys)
         for code, key in enumerate(uniques):
             rows = codes == code
             self._add_group(key, counts[rows], sums[rows], squares[rows])
@@ -144,12 +156,17 @@ class GroupedMoments:
         moments.total.add(sums)
         moments.squares.add(squares)
 
+    def merge(self, other: "GroupedMoments") -> None:
+        """Add another partition's groups (exact; new groups keep ``other``'s order after ours)."""
+        for key, moments in other.groups.items():
+            self.groups.setdefault(key, Moments()).merge(moments)
+
     def row_stats(self, keys: pa.Array | None, rows: int, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
         """Per-row mean and std of the row's group."""
         if keys is None:
             mean, std = self.groups[None].mean_std(epsilon)
             return np.full(rows, mean), np.full(rows, std)
-        codes, uniques = _encode(keys)
+        codes, uniques = encode_keys(keys)
         means = np.empty(len(uniques))
         stds = np.empty(len(uniques))
         for code, key in enumerate(uniques):
@@ -157,8 +174,11 @@ class GroupedMoments:
         return means[codes], stds[codes]
 
 
-def _encode(keys: pa.Array) -> tuple[np.ndarray, list]:
-    """Row codes into the list of distinct keys (nulls are a key of their own, None)."""
+def encode_keys(keys: pa.Array) -> tuple[np.ndarray, list]:
+    """Row codes into the list of distinct keys of a batch, in first-seen order (nulls are a
+    key of their own, None; dictionary arrays are decoded first)."""
+    if pa.types.is_dictionary(keys.type):
+        keys = keys.dictionary_decode()
     encoded = pc.dictionary_encode(keys, null_encoding="encode")
     # NaN != NaN: one shared NaN object, so that a NaN key finds its group in a dict
     uniques = [math.nan if isinstance(key, float) and key != key else key for key in encoded.dictionary.to_pylist()]

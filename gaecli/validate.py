@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from gaecli._version import __version__
 from gaecli.checks import ERROR, RULES, WARNING, Finding, check_batch, check_schema
+from gaecli.engines import EngineOptions, TaskFailure, map_units
 from gaecli.errors import GAEUsageError, UnreadableFileError
 from gaecli.io.format import Columns, list_parts
 from gaecli.io.paths import discover_inputs
@@ -335,6 +336,7 @@ def validate_files(
     max_findings: Optional[int] = DEFAULT_MAX_FINDINGS,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     progress: Optional[Progress] = None,
+    engine: Optional[EngineOptions] = None,
 ) -> ValidationReport:
     """Check rollout files against every rule in :data:`gaecli.checks.RULES`.
 
@@ -349,7 +351,9 @@ def validate_files(
     A missing id column is a ``missing-column`` error (the rows are still checked, without
     ids). ``max_findings``: list at most this many findings (None: all; counts stay exact).
     Files are streamed ``batch_rows`` rows at a time, reading only the columns the rules
-    need. Raises :class:`GAEUsageError` for unusable arguments; never for bad data.
+    need. Files are checked by ``engine`` (default: local, in parallel processes); the
+    findings are concatenated in input order, so the report is the same for any engine and
+    worker count. Raises :class:`GAEUsageError` for unusable arguments; never for bad data.
     """
     columns = columns or Columns()
     id_columns = list(dict.fromkeys(id_columns or ()))
@@ -364,20 +368,57 @@ def validate_files(
     readable = [result for result in report.files if result.status != UNREADABLE]
     progress.start("validate", sum(result.rows for result in readable))
     try:
-        for result in readable:
-            try:
-                rollout = RolloutFile(result.file)
-            except UnreadableFileError as error:  # gone or changed since it was opened
-                result.message = str(error)
-                progress.advance(result.rows, 0)
-                continue
-            try:
-                _validate_file(rollout, result, report, columns, id_columns, batch_rows, progress)
-            finally:
-                rollout.close()
+        parts = map_units(_validate_unit, [(result, columns, id_columns, max_findings, batch_rows) for result in readable],
+                          [result.file for result in readable], engine or EngineOptions(), progress=progress)
     finally:
         progress.finish()
+    merged = {id(result): part for result, part in zip(readable, parts)}
+    for index, result in enumerate(report.files):
+        part = merged.get(id(result))
+        if part is None:
+            continue
+        if isinstance(part, TaskFailure):  # a worker that died
+            result.message = part.message
+            continue
+        report.files[index] = part.file
+        for code, count in part.counts.items():
+            report.counts[code] += count
+        report.findings.extend(part.findings[: report.room()])
     return report
+
+
+@dataclass
+class _FilePart:
+    """What validating one file found: its result, findings (at most ``max_findings``)
+    and exact counts per rule; the parent concatenates them in input order."""
+
+    file: FileResult
+    findings: list[Finding]
+    counts: dict[str, int]
+
+    @property
+    def rows(self) -> int:
+        return self.file.rows or 0
+
+    tokens = 0
+
+
+def _validate_unit(result: FileResult, columns: Columns, id_columns: list[str], max_findings: Optional[int],
+                   batch_rows: int, progress: Optional[Progress] = None) -> _FilePart:
+    """Validate one file on its own (the work unit of every engine)."""
+    report = ValidationReport(files=[result], max_findings=max_findings)
+    try:
+        rollout = RolloutFile(result.file)
+    except UnreadableFileError as error:  # gone or changed since it was opened
+        result.message = str(error)
+        if progress is not None:
+            progress.advance(result.rows, 0)
+        return _FilePart(result, [], {})
+    try:
+        _validate_file(rollout, result, report, columns, id_columns, batch_rows, progress or NoProgress())
+    finally:
+        rollout.close()
+    return _FilePart(result, report.findings, {code: n for code, n in report.counts.items() if n})
 
 
 def validate_file(input: str | Path, columns: Optional[Columns] = None, **options) -> ValidationReport:

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import gaecli
+import gaecli.pipeline
 import gaecli.recompute
 from gaecli.errors import InvalidDataError
 from gaecli.io.format import Columns
@@ -656,15 +657,21 @@ def test_output_equal_to_input_is_refused(tmp_path, source):
     assert files_under(source.parent) == ["rollouts.parquet"]
 
 
-def test_invalid_row_in_second_file_writes_neither(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_invalid_row_in_second_file_writes_only_the_first(tmp_path, workers):
+    """Each output appears whole once its file is done: a failing file does not take the
+    others with it; the run exits 1 and names what was written and what was not."""
     good = write_table(rollout_table(random_rollouts(10, seed=6)), tmp_path / "in" / "a.parquet")
     bad = write_table(_nan_value(random_rollouts(10, seed=7)), tmp_path / "in" / "b.parquet")
     hashes = {path: sha256(path) for path in (good, bad)}
     out_dir = tmp_path / "out"
-    result = recompute([tmp_path / "in"], out_dir, "--batch-rows", 4)
+    result = recompute([tmp_path / "in"], out_dir, "--batch-rows", 4, "--workers", workers)
     assert result.exit_code == 1
     assert str(bad) in result.stderr and "row 6," in result.stderr and "'values'" in result.stderr
-    assert_nothing_written(out_dir)
+    assert f"written: {out_dir / 'a.parquet'}" in result.stderr
+    assert f"not written: {out_dir / 'b.parquet'}" in result.stderr
+    assert files_under(out_dir) == ["a.parquet"]
+    assert_matches_reference(pq.read_table(good), pq.read_table(out_dir / "a.parquet"))
     assert {path: sha256(path) for path in hashes} == hashes
 
 
@@ -752,27 +759,30 @@ def test_on_invalid_skip_without_invalid_rows_writes_no_rejects(tmp_path, source
 # ----------------------------------------------------------------------------- interruption
 
 
-def test_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
+def test_interrupted_write_leaves_no_partial_output(tmp_path, monkeypatch):
+    """Ctrl-C in the second file: the first output, finished, stays whole; the second
+    leaves nothing (no output, no temp file)."""
     paths = [write_table(rollout_table(random_rollouts(20, seed=s)), tmp_path / "in" / f"p{s}.parquet") for s in (1, 2)]
     hashes = {path: sha256(path) for path in paths}
-    compute_packed = gaecli.recompute.compute_packed
+    compute_packed = gaecli.pipeline.compute_packed
     calls = []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
         if len(calls) == 13:  # two calls per batch of 4 rows, 5 batches a file: the 2nd file's 2nd batch
             temp_files = [name for name in files_under(out_dir) if ".gaecli-" in name]
-            assert len(temp_files) == 2, temp_files  # both outputs are being written
+            assert len(temp_files) == 1 and temp_files[0].startswith(".p2.parquet.gaecli-"), temp_files
             raise KeyboardInterrupt
         return compute_packed(*args, **kwargs)
 
     out_dir = tmp_path / "out"
-    monkeypatch.setattr(gaecli.recompute, "compute_packed", interrupted)
-    result = recompute([tmp_path / "in"], out_dir, "--batch-rows", 4)
+    monkeypatch.setattr(gaecli.pipeline, "compute_packed", interrupted)
+    result = recompute([tmp_path / "in"], out_dir, "--batch-rows", 4, "--workers", 1)
     assert result.exit_code == 130
     assert "interrupted" in result.stderr
     assert len(calls) == 13
-    assert_nothing_written(out_dir)
+    assert files_under(out_dir) == ["p1.parquet"]
+    assert_matches_reference(pq.read_table(paths[0]), pq.read_table(out_dir / "p1.parquet"))
     assert {path: sha256(path) for path in paths} == hashes
 
 
@@ -780,7 +790,7 @@ def test_interrupted_overwrite_keeps_the_old_output(tmp_path, source, monkeypatc
     target = tmp_path / "out.parquet"
     assert_ok(recompute([source], target))
     before = sha256(target)
-    compute_packed = gaecli.recompute.compute_packed
+    compute_packed = gaecli.pipeline.compute_packed
     calls = []
 
     def interrupted(*args, **kwargs):
@@ -789,7 +799,7 @@ def test_interrupted_overwrite_keeps_the_old_output(tmp_path, source, monkeypatc
             raise KeyboardInterrupt
         return compute_packed(*args, **kwargs)
 
-    monkeypatch.setattr(gaecli.recompute, "compute_packed", interrupted)
+    monkeypatch.setattr(gaecli.pipeline, "compute_packed", interrupted)
     result = recompute([source], target, "--overwrite", "--batch-rows", 10, gamma=1.0)
     assert result.exit_code == 130
     assert sha256(target) == before
@@ -803,7 +813,7 @@ def test_sigterm_leaves_nothing(tmp_path):
     out_dir = tmp_path / "out"
     script = (
         "import os, signal, sys\n"
-        "import gaecli.recompute as r\n"
+        "import gaecli.pipeline as r\n"
         "original, calls = r.compute_packed, []\n"
         "def killed(*a, **k):\n"
         "    calls.append(1)\n"
@@ -846,7 +856,7 @@ def test_json_summary_on_a_hand_made_file(tmp_path):
     assert report["kernel"] == gaecli.resolve_kernel("auto", "cpu")
     assert report["rows"] == 5 and report["rejected_rows"] == 0
     assert report["files"] == [{"source": str(source), "output": str(tmp_path / "out.parquet"), "rows": 5,
-                                "tokens": 10, "rejected_rows": 0, "rejects_file": None}]
+                                "tokens": 10, "rejected_rows": 0, "rejects_file": None, "skipped": False}]
     summary = report["summary"]
     assert SUMMARY_KEYS <= set(summary)
 

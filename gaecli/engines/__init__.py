@@ -1,0 +1,131 @@
+"""Engines that run per-file work units: ``local`` (this process, or a pool of worker
+processes) and ``ray`` (Ray tasks, on this machine or a cluster).
+
+A work unit is a picklable top-level function called with picklable arguments; it returns
+a result with ``rows`` and ``tokens`` (what the parent reports as progress). A unit that
+raises a gaecli error becomes a :class:`TaskFailure` (exit code and message, naming the
+file) instead of stopping the others; a worker that dies becomes one too. Results come
+back in input order whatever the completion order, so whatever is merged from them does
+not depend on the engine or the number of workers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from gaecli.errors import GAEInputError, GAEUsageError, KernelUnavailableError
+
+ENGINES = ("local", "ray")
+EXIT_INVALID_DATA = 1
+EXIT_UNUSABLE = 2
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """``engine``: ``local`` or ``ray``; ``workers``: processes (local) or CPUs of a local
+    Ray instance (None: the number of cores); ``ray_address``: a Ray cluster to join
+    (None: start Ray here)."""
+
+    engine: str = "local"
+    workers: Optional[int] = None
+    ray_address: Optional[str] = None
+
+    def worker_count(self) -> int:
+        return self.workers if self.workers is not None else (os.cpu_count() or 1)
+
+    def check(self) -> None:
+        """Refuse (:class:`GAEUsageError`) an unknown engine or a worker count below 1."""
+        if self.engine not in ENGINES:
+            raise GAEUsageError(f"unknown engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
+        if self.workers is not None and self.workers < 1:
+            raise GAEUsageError(f"--workers must be at least 1, got {self.workers}")
+        if self.ray_address is not None and self.engine != "ray":
+            raise GAEUsageError("--ray-address needs --engine ray")
+
+
+@dataclass
+class TaskFailure:
+    """A work unit that did not finish: ``code`` 1 (invalid data) or 2 (unreadable or
+    unwritable file, refused operation, a worker that died) and a message naming the file."""
+
+    code: int
+    message: str
+    error: Optional[BaseException] = field(default=None, repr=False, compare=False)  # in this process only
+
+    rows = 0
+    tokens = 0
+
+    def raise_error(self) -> None:
+        """Raise the error itself (when the unit ran here) or one of the same kind."""
+        if self.error is not None:
+            raise self.error
+        raise (GAEInputError if self.code == EXIT_INVALID_DATA else GAEUsageError)(self.message)
+
+
+def failure_of(error: BaseException) -> Optional[TaskFailure]:
+    """The failure a gaecli error stands for (None for any other exception: a bug)."""
+    if isinstance(error, (GAEUsageError, KernelUnavailableError)):
+        return TaskFailure(EXIT_UNUSABLE, str(error), error)
+    if isinstance(error, GAEInputError):
+        return TaskFailure(EXIT_INVALID_DATA, str(error), error)
+    return None
+
+
+def run_unit(function: Callable, args: tuple, progress=None) -> Any:
+    """Call a work unit; gaecli errors become a :class:`TaskFailure`."""
+    try:
+        return function(*args, progress=progress)
+    except Exception as error:  # noqa: BLE001 - only gaecli errors are turned into failures
+        failure = failure_of(error)
+        if failure is None:
+            raise
+        return failure
+
+
+# what the parent is told as each unit ends: (index, result or TaskFailure)
+OnResult = Callable[[int, Any], None]
+
+
+def map_units(
+    function: Callable,
+    tasks: Sequence[tuple],
+    labels: Sequence[str],
+    engine: EngineOptions,
+    *,
+    stop_on_failure: bool = False,
+    progress=None,
+) -> list[Any]:
+    """Run ``function(*task, progress=...)`` for every task and return the results in task
+    order: the unit's result, a :class:`TaskFailure`, or None for a unit never started
+    (cancelled after a failure with ``stop_on_failure``). ``labels`` name each task in
+    messages (the input file). ``progress`` is advanced with each finished unit's rows and
+    tokens (in this process: batch by batch).
+    With one worker or one task the units run in this process, one after the other (no
+    pool to start); a failure's ``error`` then holds the exception itself.
+    """
+    engine.check()
+    if engine.engine == "ray":
+        from gaecli.engines.ray import map_units_ray
+
+        return map_units_ray(function, tasks, labels, engine, stop_on_failure=stop_on_failure, progress=progress)
+    if engine.worker_count() == 1 or len(tasks) <= 1:
+        return _map_in_process(function, tasks, stop_on_failure, progress)
+    from gaecli.engines.local import map_units_local
+
+    return map_units_local(function, tasks, labels, engine.worker_count(), stop_on_failure=stop_on_failure, progress=progress)
+
+
+def _map_in_process(function, tasks, stop_on_failure, progress) -> list[Any]:
+    results: list[Any] = [None] * len(tasks)
+    for index, args in enumerate(tasks):
+        results[index] = run_unit(function, args, progress)
+        if stop_on_failure and isinstance(results[index], TaskFailure):
+            break
+    return results
+
+
+def advance(progress, result: Any) -> None:
+    if progress is not None and not isinstance(result, TaskFailure) and result is not None:
+        progress.advance(result.rows, result.tokens)

@@ -1,0 +1,84 @@
+"""The Ray engine: each work unit is one Ray task (``ray.remote`` over the same function
+the local engine runs), on a local Ray instance started here or on a cluster joined with
+``--ray-address``. Results are gathered as tasks finish and returned in input order."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from gaecli.engines import EXIT_UNUSABLE, EngineOptions, TaskFailure, advance, run_unit
+from gaecli.errors import GAEUsageError
+
+INSTALL_HINT = "pip install 'gaecli[ray]'"
+
+
+def import_ray():
+    """The ``ray`` module, or :class:`GAEUsageError` saying how to install it."""
+    try:
+        import ray
+    except ImportError as error:
+        raise GAEUsageError(f"--engine ray needs Ray, which is not installed here: {INSTALL_HINT}") from error
+    return ray
+
+
+def _ray_unit(function: Callable, args: tuple) -> Any:
+    result = run_unit(function, args)
+    if isinstance(result, TaskFailure):
+        result.error = None
+    return result
+
+
+def map_units_ray(
+    function: Callable,
+    tasks: Sequence[tuple],
+    labels: Sequence[str],
+    engine: EngineOptions,
+    *,
+    stop_on_failure: bool,
+    progress=None,
+) -> list[Any]:
+    """:func:`gaecli.engines.map_units` as Ray tasks (one CPU each, never retried: a unit
+    that failed is reported, not run twice). Starts Ray here (``num_cpus`` = workers, no
+    dashboard) unless it is running already or ``engine.ray_address`` names a cluster; a
+    Ray started here is shut down at the end."""
+    ray = import_ray()
+    started_here = False
+    if not ray.is_initialized():
+        try:
+            if engine.ray_address is not None:
+                ray.init(address=engine.ray_address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=engine.worker_count(), include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as error:
+            where = engine.ray_address or "locally"
+            raise GAEUsageError(f"cannot start or join Ray ({where}): {str(error).splitlines()[0]}") from error
+        started_here = True
+    remote = ray.remote(num_cpus=1, max_retries=0)(_ray_unit)
+    results: list[Any] = [None] * len(tasks)
+    refs: dict = {}
+    try:
+        refs = {remote.remote(function, args): index for index, args in enumerate(tasks)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                index = refs[ref]
+                try:
+                    results[index] = ray.get(ref)
+                except ray.exceptions.TaskCancelledError:
+                    continue
+                except ray.exceptions.RayError as error:
+                    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                    results[index] = TaskFailure(EXIT_UNUSABLE, f"{labels[index]}: the Ray task failed ({type(error).__name__}: {reason}); nothing was written for it")
+                advance(progress, results[index])
+                if stop_on_failure and isinstance(results[index], TaskFailure):
+                    for other in pending:
+                        ray.cancel(other)
+    except BaseException:
+        for ref in refs:
+            ray.cancel(ref)
+        raise
+    finally:
+        if started_here:
+            ray.shutdown()
+    return results

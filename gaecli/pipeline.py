@@ -1,0 +1,315 @@
+"""What ``gae recompute`` and ``gae diff`` share: the device and per-file checks, the
+streamed, checked and packed batches with new (masked) and old advantages computed, the
+``--normalize`` statistics pass (one file at a time, exact and mergeable), and whitening.
+
+Everything here works on one file at a time and takes only picklable arguments, so the
+engines (:mod:`gaecli.engines`) can run it in other processes or on other machines.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from gaecli.checks import BatchCheck, Finding, check_batch, check_schema, first_error
+from gaecli.errors import GAEInputError, GAEUsageError, InvalidDataError
+from gaecli.io.format import Columns, is_list_type, is_real_type, list_parts, numeric_numpy, output_float_type
+from gaecli.io.reader import RolloutFile
+from gaecli.kl import kl_rewards
+from gaecli.stats import GroupedMoments, row_moments
+
+WHITEN_EPSILON = 1e-8  # as gaecli.semantics.WHITEN_EPSILON (not imported: it loads torch)
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_device(device: str) -> None:
+    """Refuse (:class:`GAEUsageError`) a device that is not cpu or cuda, or CUDA where
+    torch cannot use it."""
+    import torch
+
+    try:
+        device_type = torch.device(device).type
+    except (RuntimeError, TypeError) as error:
+        raise GAEUsageError(f"unknown device {device!r}; use cpu or cuda") from error
+    if device_type not in ("cpu", "cuda"):
+        raise GAEUsageError(f"device {device!r} is not supported; use cpu or cuda")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise GAEUsageError(f"device {device!r}: CUDA is not available to torch here; use --device cpu")
+
+
+def check_rollout_schema(schema: pa.Schema, columns: Columns, file: str) -> None:
+    """Raise :class:`InvalidDataError` for the first schema error (missing column, type)."""
+    error = first_error(check_schema(schema, columns, file))
+    if error is not None:
+        raise InvalidDataError(error)
+
+
+def check_scalar_column(schema: pa.Schema, file: str, flag: str, name: Optional[str]) -> None:
+    """A column named by an option (``--normalize-by``, ``--group-by``...) must exist and
+    hold scalars: else :class:`GAEUsageError`."""
+    if name is None:
+        return
+    if name not in schema.names:
+        raise GAEUsageError(f"{file}: {flag} column {name!r} is missing (have: {', '.join(schema.names)})")
+    if pa.types.is_nested(schema.field(name).type):
+        raise GAEUsageError(f"{file}: {flag} column {name!r} is {schema.field(name).type}; "
+                            f"use a column of scalars (ids, strings, numbers)")
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+@dataclass
+class PackedBatch:
+    """One batch as flat numpy buffers: values, rewards (float), trainable (bool),
+    zero-based offsets ``[B + 1]``, terminal rewards ``[B]``."""
+
+    values: np.ndarray
+    rewards: np.ndarray
+    trainable: np.ndarray
+    offsets: np.ndarray
+    terminal_rewards: np.ndarray
+
+    @property
+    def tokens(self) -> int:
+        return int(self.offsets[-1])
+
+
+def pack_batch(batch: pa.RecordBatch, columns: Columns, dtype: np.dtype) -> PackedBatch:
+    """Flat buffers of a checked batch (zero-copy where Arrow allows); an absent values or
+    rewards column (``None``) is taken as zeros. With ``columns.kl_coef`` the rewards are
+    the rewards column (if any) plus ``−kl_coef · KL`` of the log-prob columns, summed in
+    float64 and then cast to ``dtype``."""
+    offsets, mask_flat = list_parts(batch.column(columns.loss_mask))
+    mask = numeric_numpy(mask_flat)
+    trainable = mask if mask.dtype == np.bool_ else mask != 0
+
+    def stored(name: str) -> np.ndarray:
+        return numeric_numpy(list_parts(batch.column(name))[1])
+
+    def floats(name: Optional[str]) -> np.ndarray:
+        if name is None:
+            return np.zeros(offsets[-1], dtype=dtype)
+        return stored(name).astype(dtype, copy=False)
+
+    if columns.kl_coef is None:
+        rewards = floats(columns.rewards)
+    else:
+        rewards = kl_rewards(stored(columns.log_probs), stored(columns.ref_log_probs), columns.kl_coef, columns.kl_estimator)
+        if columns.rewards is not None:
+            rewards += stored(columns.rewards)
+        rewards = rewards.astype(dtype, copy=False)
+    terminal = np.asarray(batch.column(columns.terminal_reward)).astype(dtype, copy=False)
+    return PackedBatch(floats(columns.values), rewards, trainable, offsets, terminal)
+
+
+def compute_packed(packed: PackedBatch, gamma: float, lambd: float, kernel: str, device: str, semantics: str) -> tuple[np.ndarray, np.ndarray]:
+    """Advantages and returns (flat numpy, the values' dtype) of a packed batch under
+    ``semantics`` ("masked" or a baseline)."""
+    import torch
+
+    from gaecli.semantics import baseline_gae_packed
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        tensors = [torch.from_numpy(a) for a in (packed.values, packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards)]
+    if device != "cpu":
+        tensors = [t.to(device) for t in tensors]
+    advantages, returns = baseline_gae_packed(
+        *tensors, gamma=gamma, lambd=lambd, semantics=semantics, kernel=kernel, validate=False
+    )
+    return advantages.cpu().numpy(), returns.cpu().numpy()
+
+
+def stored_column(batch: pa.RecordBatch, name: str, mask_offsets: np.ndarray, mask_name: str, file: str, first_row: int) -> np.ndarray:
+    """The flat numbers of a stored per-token column (``gae diff --against``), checked like
+    the data columns: no null, the mask's length on every row, finite."""
+    array = batch.column(name)
+
+    def stop(rows: np.ndarray, code: str, message) -> None:
+        row = int(rows[0])
+        raise InvalidDataError(Finding(file, first_row + row, name, code, message(row)))
+
+    if array.null_count:
+        stop(np.flatnonzero(np.asarray(array.is_null())), "null", lambda row: "the list is null")
+    offsets, flat = list_parts(array)
+    lengths, mask_lengths = np.diff(offsets), np.diff(mask_offsets)
+    if (lengths != mask_lengths).any():
+        stop(np.flatnonzero(lengths != mask_lengths), "length-mismatch",
+             lambda row: f"{name!r} has {lengths[row]} tokens, {mask_name!r} has {mask_lengths[row]}")
+    if flat.null_count:
+        positions = np.flatnonzero(np.asarray(flat.is_null()))
+        stop(np.searchsorted(offsets, positions, side="right") - 1, "null", lambda row: "the list holds a null")
+    numbers = numeric_numpy(flat)
+    if not np.isfinite(numbers).all():
+        position = int(np.flatnonzero(~np.isfinite(numbers))[0])
+        stop(np.searchsorted(offsets, [position], side="right") - 1, "non-finite",
+             lambda row: f"{name!r} is {numbers[position].item()} at token {position - offsets[row]}")
+    return numbers
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+@dataclass(frozen=True)
+class Computation:
+    """What the batches of a file are computed with (picklable; the kernel resolved).
+
+    Old advantages: the ``old_semantics`` baseline recomputed, or with ``against`` the
+    stored column (and ``against_returns``). ``on_invalid``: ``"stop"`` raises on the first
+    invalid row, ``"skip"`` computes the valid rows only."""
+
+    gamma: float
+    lambd: float
+    kernel: str
+    device: str
+    batch_rows: int
+    columns: Columns
+    old_semantics: Optional[str] = "unmasked"
+    against: Optional[str] = None
+    against_returns: Optional[str] = None
+    on_invalid: str = "stop"
+    normalize_by: Optional[str] = None
+
+
+@dataclass
+class ComputedBatch:
+    """One streamed batch: as read (``batch``), its valid rows (``valid``, all of them but
+    under ``on_invalid="skip"``) and their check, where it starts in the file, the packed
+    valid rows, and new and old advantages and returns (not whitened; flat, the values'
+    dtype; old returns None when unknown)."""
+
+    batch: pa.RecordBatch
+    valid: pa.RecordBatch
+    check: BatchCheck
+    first_row: int
+    first_token: int
+    packed: PackedBatch
+    new: np.ndarray
+    new_returns: np.ndarray
+    old: np.ndarray
+    old_returns: Optional[np.ndarray]
+
+    def keys(self, name: Optional[str]) -> Optional[pa.Array]:
+        """The valid rows' values of column ``name`` (None when ``name`` is None)."""
+        return self.valid.column(name) if name is not None else None
+
+
+def computed_batches(rollout: RolloutFile, computation: Computation, read: Optional[list[str]] = None) -> Iterator[ComputedBatch]:
+    """Every batch of ``rollout`` checked, packed, with new and old advantages computed.
+    ``read``: the columns to read (None: all)."""
+    columns = computation.columns
+    file = str(rollout.path)
+    dtype = output_float_type(rollout.schema, columns).to_pandas_dtype()
+    first_row = first_token = 0
+    for batch in rollout.iter_batches(computation.batch_rows, read):
+        check = check_batch(batch, columns, file, first_row)
+        valid = batch
+        if not check.ok:
+            if computation.on_invalid == "stop":
+                raise InvalidDataError(first_error(check.findings))
+            valid = batch.filter(pa.array(~check.invalid))
+        packed = pack_batch(valid, columns, dtype)
+        gamma, lambd, kernel, device = computation.gamma, computation.lambd, computation.kernel, computation.device
+        new, new_returns = compute_packed(packed, gamma, lambd, kernel, device, "masked")
+        if computation.against is None:
+            old, old_returns = compute_packed(packed, gamma, lambd, kernel, device, computation.old_semantics)
+        else:
+            old = stored_column(valid, computation.against, packed.offsets, columns.loss_mask, file, first_row)
+            old_returns = None
+            if computation.against_returns is not None:
+                old_returns = stored_column(valid, computation.against_returns, packed.offsets, columns.loss_mask, file, first_row)
+        yield ComputedBatch(batch, valid, check, first_row, first_token, packed, new, new_returns, old, old_returns)
+        first_row += batch.num_rows
+        first_token += packed.tokens
+
+
+def check_file(schema: pa.Schema, file: str, computation: "Computation") -> None:
+    """The checks of one file before its rows are read: the documented columns and types
+    (:class:`InvalidDataError`), the ``--normalize-by`` column, and the stored columns of
+    ``--against`` / ``--against-returns`` (lists of floats) (:class:`GAEUsageError`)."""
+    check_rollout_schema(schema, computation.columns, file)
+    check_scalar_column(schema, file, "--normalize-by", computation.normalize_by)
+    for flag, name in (("--against", computation.against), ("--against-returns", computation.against_returns)):
+        if name is None:
+            continue
+        if name not in schema.names:
+            raise GAEUsageError(f"{file}: {flag} column {name!r} is missing (have: {', '.join(schema.names)})")
+        arrow_type = schema.field(name).type
+        if not (is_list_type(arrow_type) and is_real_type(arrow_type.value_type)):
+            raise GAEUsageError(f"{file}: {flag} column {name!r} is {arrow_type}, expected a list of float32 or float64")
+
+
+# ----------------------------------------------------------------------------- normalize
+
+
+@dataclass
+class FileMoments:
+    """The statistics pass over one file: exact moments of new and old advantages (per
+    group), and the rows and tokens read. Merge files' moments with
+    :meth:`GroupedMoments.merge` (exact, so any partition gives the same statistics)."""
+
+    new: GroupedMoments
+    old: GroupedMoments
+    rows: int = 0
+    tokens: int = 0
+
+
+def statistics_columns(schema: pa.Schema, computation: Computation) -> list[str]:
+    """The columns the statistics pass reads, in file order."""
+    columns = computation.columns
+    needed = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
+    needed |= {name for name in (computation.normalize_by, computation.against, computation.against_returns) if name is not None}
+    return [name for name in schema.names if name in needed]
+
+
+def file_moments(path: str, computation: Computation, progress=None) -> FileMoments:
+    """First pass of ``--normalize`` over one file: per-row moments of the new and old
+    advantages over trainable tokens (:func:`gaecli.stats.row_moments`), added exactly per
+    group. ``progress`` (optional) is advanced per batch."""
+    rollout = RolloutFile(path)
+    try:
+        check_file(rollout.schema, str(path), computation)
+        result = FileMoments(GroupedMoments(), GroupedMoments())
+        for computed in computed_batches(rollout, computation, statistics_columns(rollout.schema, computation)):
+            keys = computed.keys(computation.normalize_by)
+            packed = computed.packed
+            result.new.add(keys, *row_moments(computed.new, packed.trainable, packed.offsets))
+            result.old.add(keys, *row_moments(computed.old, packed.trainable, packed.offsets))
+            result.rows += computed.batch.num_rows
+            result.tokens += packed.tokens
+            if progress is not None:
+                progress.advance(computed.batch.num_rows, packed.tokens)
+        return result
+    finally:
+        rollout.close()
+
+
+def merge_moments(parts: list[FileMoments], normalize_by: Optional[str]) -> tuple[GroupedMoments, GroupedMoments]:
+    """Merge files' moments in input order; refuse (:class:`GAEInputError`) a group
+    without any trainable token."""
+    new, old = GroupedMoments(), GroupedMoments()
+    for part in parts:
+        new.merge(part.new)
+        old.merge(part.old)
+    for key, group in new.groups.items():
+        if group.count == 0:
+            where = "the input" if key is None else f"group {normalize_by}={key!r}"
+            raise GAEInputError(f"cannot normalize: {where} has no trainable token")
+    return new, old
+
+
+def whiten_rows(advantages: np.ndarray, offsets: np.ndarray, moments: GroupedMoments, keys: Optional[pa.Array]) -> np.ndarray:
+    """``(A − mean) / sqrt(var + 1e-8)`` at every position, with each row's group
+    statistics (float64; callers zero the masked positions where the contract says so)."""
+    means, stds = moments.row_stats(keys, offsets.size - 1, WHITEN_EPSILON)
+    lengths = np.diff(offsets)
+    return (advantages.astype(np.float64) - np.repeat(means, lengths)) / np.repeat(stds, lengths)
+
+

@@ -1,0 +1,108 @@
+"""Scale-out benchmark: ``gae recompute`` over 8 files with 1 and 2 local workers and with
+Ray on 2 CPUs, each a whole process, in one run.
+
+    python scripts/bench_scale.py [--files 8] [--rows 1000] [--data bench_data/scale] [--repeat 1]
+
+Generates (once, cached under ``--data``) ``--files`` zstd rollout files of ``--rows``
+agentic rollouts each, then times ``gae recompute DIR -o OUT --gamma 1 --lambd 0.95`` with
+``--workers 1``, ``--workers 2`` and ``--engine ray --workers 2`` (Ray started by the
+command, as a user would run it; its start-up is part of the time). Prints wall times, the
+1-worker / 2-worker ratio and Ray's time against 2 local workers, and checks that the three
+runs wrote bitwise-equal advantages and returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def make_data(directory: Path, files: int, rows: int) -> list[Path]:
+    from rollout_files import write_rollout_file
+
+    paths = [directory / f"rollouts-{index:02d}.parquet" for index in range(files)]
+    for index, path in enumerate(paths):
+        if not path.exists():
+            write_rollout_file(path, "agentic", rows, seed=100 + index, rollout_id=index)
+    return paths
+
+
+def timed(command: list[str]) -> float:
+    started = time.perf_counter()
+    process = subprocess.run(command, capture_output=True, text=True)
+    elapsed = time.perf_counter() - started
+    if process.returncode != 0:
+        raise SystemExit(f"failed ({process.returncode}): {' '.join(command)}\n{process.stderr}")
+    return elapsed
+
+
+def output_bytes(directory: Path) -> dict:
+    import pyarrow.parquet as pq
+
+    found = {}
+    for path in sorted(directory.rglob("*.parquet")):
+        table = pq.read_table(path, columns=["advantages", "returns"])
+        found[path.relative_to(directory)] = tuple(table.column(c).combine_chunks().flatten().to_numpy().tobytes() for c in ("advantages", "returns"))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--data", type=Path, default=Path("bench_data/scale"))
+    parser.add_argument("--repeat", type=int, default=1, help="runs per configuration (the best is kept)")
+    args = parser.parse_args()
+
+    data = args.data / f"{args.files}x{args.rows}"
+    paths = make_data(data, args.files, args.rows)
+    import pyarrow.parquet as pq
+
+    rows = sum(pq.read_metadata(p).num_rows for p in paths)
+    size = sum(p.stat().st_size for p in paths)
+    gae = [sys.executable, "-m", "gaecli"]
+    configurations = [
+        ("local, 1 worker", ["--workers", "1"]),
+        ("local, 2 workers", ["--workers", "2"]),
+        ("ray, 2 CPUs", ["--engine", "ray", "--workers", "2"]),
+    ]
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        configurations.pop()
+        print("ray is not installed: pip install 'gaecli[ray]' to include it")
+    print(f"{args.files} files, {rows:,} rows, {size / 1e6:,.1f} MB zstd, agentic workload; {os.cpu_count()} cores")
+    times, outputs = {}, {}
+    with tempfile.TemporaryDirectory(prefix="gae-bench-scale-") as scratch:
+        for name, options in configurations:
+            best = float("inf")
+            for attempt in range(args.repeat):
+                out = Path(scratch) / f"out-{len(times)}-{attempt}"
+                best = min(best, timed([*gae, "recompute", str(data), "-o", str(out), "--gamma", "1", "--lambd", "0.95", "--quiet", *options]))
+                outputs[name] = output_bytes(out)
+                shutil.rmtree(out)
+            times[name] = best
+    print(f"{'configuration':<20} {'wall s':>8} {'M rows/s':>9}")
+    for name, seconds in times.items():
+        print(f"{name:<20} {seconds:>8.2f} {rows / seconds / 1e6:>9.4f}")
+    one, two = times["local, 1 worker"], times["local, 2 workers"]
+    print(f"speed-up 1 worker / 2 workers: {one / two:.2f}x (aim >= 1.7x)")
+    if "ray, 2 CPUs" in times:
+        ray_time = times["ray, 2 CPUs"]
+        print(f"ray / local 2 workers: {ray_time / two:.2f}x ({ray_time - two:+.2f} s, Ray start-up included)")
+    reference = outputs["local, 1 worker"]
+    same = all(other == reference for other in outputs.values())
+    print(f"advantages and returns bitwise equal across configurations: {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The engines: local with one and two worker processes and Ray (a local 2-CPU instance
+started once for this module) give bitwise-equal advantages and returns for any batch
+size, with and without normalization; a bad file among good ones; resuming with
+--skip-existing; a worker that dies; the missing Ray extra."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from rollout_files import assert_rows_close, files_under, gae, random_rollouts, reference_outputs, rollouts_from_table, rollout_table, sha256, write_table
+
+from gaecli.engines import EngineOptions, TaskFailure, map_units
+
+GAMMA, LAMBD = 0.99, 0.95
+OUTPUT_COLUMNS = ("advantages", "returns", "advantages_unmasked", "returns_unmasked")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray of 2 CPUs for the whole module (None when Ray is not installed)."""
+    try:
+        import ray
+    except ImportError:
+        yield None
+        return
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """Three files of odd sizes in nested directories, with a group column."""
+    root = tmp_path_factory.mktemp("engines") / "in"
+    for index, (rows, name) in enumerate(((23, "a.parquet"), (31, "day1/b.parquet"), (17, "day2/c.parquet"))):
+        data = random_rollouts(rows, seed=40 + index)
+        groups = pa.array([f"step{(index + row) % 3}" for row in range(rows)])
+        write_table(rollout_table(data, extra={"rollout_id": groups}), root / name)
+    return root
+
+
+def recompute(inputs, output, *options):
+    return gae("recompute", inputs, "-o", output, "--gamma", GAMMA, "--lambd", LAMBD, "--quiet", "--keep-baseline", *options)
+
+
+def output_bits(out_dir) -> dict:
+    """Every output column's flat values as raw bytes (bitwise comparison), per file."""
+    found = {}
+    for name in files_under(out_dir):
+        table = pq.read_table(out_dir / name)
+        found[name] = {column: table.column(column).combine_chunks().flatten().to_numpy().tobytes() for column in OUTPUT_COLUMNS}
+        found[name]["rows"] = table.drop_columns(list(OUTPUT_COLUMNS)).to_pylist()
+    return found
+
+
+ENGINES = [("local", 1, 7), ("local", 2, 3), ("ray", 2, 5)]
+
+
+@pytest.mark.parametrize("normalize", [(), ("--normalize",), ("--normalize-by", "rollout_id")], ids=["plain", "normalize", "normalize-by"])
+def test_engines_give_bitwise_equal_outputs(tmp_path, inputs, local_ray, normalize):
+    results = {}
+    for engine, workers, batch_rows in ENGINES:
+        if engine == "ray" and local_ray is None:
+            continue
+        out_dir = tmp_path / f"{engine}{workers}"
+        result = recompute(inputs, out_dir, "--engine", engine, "--workers", workers, "--batch-rows", batch_rows, "--json", "-", *normalize)
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        results[engine, workers] = output_bits(out_dir), report["summary"], [f["rows"] for f in report["files"]]
+    first = results["local", 1]
+    assert sorted(first[0]) == ["a.parquet", "day1/b.parquet", "day2/c.parquet"]
+    for key, other in results.items():
+        assert other[0] == first[0], f"{key}: outputs differ from one worker's"
+        assert other[1] == first[1], f"{key}: summary differs"
+        assert other[2] == first[2]
+    if not normalize:  # and the numbers are right, not only equal
+        table = pq.read_table(tmp_path / "local2" / "day1" / "b.parquet")
+        expected, _ = reference_outputs(rollouts_from_table(table), GAMMA, LAMBD)
+        assert_rows_close("advantages", expected, table.column("advantages").to_pylist(), 2e-5)
+
+
+@pytest.mark.parametrize("engine", ["local", "ray"])
+def test_bad_files_among_good_ones(tmp_path, inputs, local_ray, engine):
+    if engine == "ray" and local_ray is None:
+        pytest.skip("ray is not installed")
+    source = tmp_path / "in"
+    for name in files_under(inputs):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes((inputs / name).read_bytes())
+    (source / "day1" / "b.parquet").write_bytes(b"PAR1 this is not parquet")
+    out_dir = tmp_path / "out"
+    result = recompute(source, out_dir, "--engine", engine, "--workers", 2, "--on-invalid", "skip")
+    assert result.exit_code == 2, result.output
+    assert str(source / "day1" / "b.parquet") in result.stderr and "cannot read as Parquet" in result.stderr
+    assert f"not written: {out_dir / 'day1' / 'b.parquet'}" in result.stderr
+    assert files_under(out_dir) == ["a.parquet", "day2/c.parquet"]  # whole, and nothing else (no temp file)
+    reference = tmp_path / "reference"
+    assert recompute(inputs / "a.parquet", reference / "a.parquet").exit_code == 0
+    assert output_bits(out_dir)["a.parquet"] == output_bits(reference)["a.parquet"]
+
+
+def test_skip_existing_resumes_a_run(tmp_path, inputs):
+    out_dir = tmp_path / "out"
+    assert recompute(inputs, out_dir, "--workers", 2, "--normalize").exit_code == 0
+    before = output_bits(out_dir)
+    hashes = {name: sha256(out_dir / name) for name in files_under(out_dir)}
+    (out_dir / "day1" / "b.parquet").unlink()
+    result = recompute(inputs, out_dir, "--workers", 2, "--normalize", "--skip-existing", "--json", "-")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [(f["output"].removeprefix(str(out_dir) + "/"), f["skipped"]) for f in report["files"]] == [
+        ("a.parquet", True), ("day1/b.parquet", False), ("day2/c.parquet", True)]
+    assert output_bits(out_dir) == before  # the normalize statistics still cover every input
+    assert sha256(out_dir / "a.parquet") == hashes["a.parquet"]
+    again = recompute(inputs, out_dir, "--skip-existing", "--overwrite")
+    assert again.exit_code == 2 and "--skip-existing" in again.stderr
+    other = recompute(inputs, out_dir, "--skip-existing")  # written with --normalize: refused, not mixed
+    assert other.exit_code == 2 and "normalize" in other.stderr
+
+
+def test_stop_cancels_files_not_started(tmp_path):
+    source = tmp_path / "in"
+    bad = random_rollouts(8, seed=1)
+    bad.masks[2] = [2] * len(bad.masks[2])
+    write_table(rollout_table(bad), source / "a.parquet")
+    for index in range(1, 4):
+        write_table(rollout_table(random_rollouts(8, seed=index + 1)), source / f"b{index}.parquet")
+    result = recompute(source, tmp_path / "out", "--workers", 1)
+    assert result.exit_code == 1
+    assert "not started" in result.stderr and str(source / "a.parquet") in result.stderr
+    assert files_under(tmp_path / "out") == []
+
+
+def _die_on_two(value: int, progress=None):
+    if value == 2:
+        os._exit(3)
+    return TaskFailure(0, "") if value < 0 else _Done(value)
+
+
+class _Done:
+    def __init__(self, value: int) -> None:
+        self.value, self.rows, self.tokens = value, value, 0
+
+
+def test_a_worker_that_dies_is_reported_with_its_file():
+    results = map_units(_die_on_two, [(1,), (2,)], ["one.parquet", "two.parquet"], EngineOptions("local", 2))
+    failures = [result for result in results if isinstance(result, TaskFailure)]
+    assert failures and any("two.parquet" in failure.message and "died" in failure.message for failure in failures)
+
+
+def test_validate_with_workers_matches_one(tmp_path, inputs):
+    source = tmp_path / "in"
+    for index in range(3):
+        data = random_rollouts(12, seed=60 + index)
+        data.masks[index + 1] = [2] * len(data.masks[index + 1])
+        write_table(rollout_table(data), source / f"f{index}.parquet")
+    reports = []
+    for workers in (1, 2):
+        result = gae("validate", source, "--workers", workers, "--max-findings", 2, "--json", "-", "--quiet")
+        assert result.exit_code == 1
+        reports.append(json.loads(result.stdout))
+    assert reports[0] == reports[1] and len(reports[0]["findings"]) == 2 and reports[0]["truncated"]
+
+
+def test_ray_engine_without_ray_says_how_to_install(tmp_path, inputs, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    result = recompute(inputs, tmp_path / "out", "--engine", "ray")
+    assert result.exit_code == 2 and "pip install 'gaecli[ray]'" in result.stderr
+    assert files_under(tmp_path / "out") == []
+    result = gae("validate", inputs, "--engine", "ray", "--quiet")
+    assert result.exit_code == 2 and "pip install 'gaecli[ray]'" in result.stderr
+
+
+def test_engine_usage_errors(tmp_path, inputs):
+    result = recompute(inputs, tmp_path / "out", "--ray-address", "auto")
+    assert result.exit_code == 2 and "--engine ray" in result.stderr
+    result = recompute(inputs, tmp_path / "out", "--workers", 0)
+    assert result.exit_code == 2
