@@ -297,7 +297,7 @@ def recompute(
         fail(f"--on-invalid must be 'stop' or 'skip', got {on_invalid!r}", EXIT_USAGE)
     with errors_to_exit(debug):
         from gaecli.recompute import RecomputeOptions, recompute_files
-        from gaecli.render import render_recompute
+        from gaecli.report.recompute import render_recompute
 
         options = RecomputeOptions(
             gamma=gamma, lambd=lambd, kernel=kernel, device=device, batch_rows=batch_rows,
@@ -340,7 +340,7 @@ def validate(
     debug: DebugOption = False,
 ) -> None:
     """Check rollout files for the faults that make GAE silently wrong; findings grouped by rule on stderr."""
-    from gaecli.render_validate import render_rules, render_validate
+    from gaecli.report.validate import render_rules, render_validate
     from gaecli.validate import rules_document, validate_files
 
     if list_rules:

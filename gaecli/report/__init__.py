@@ -1,5 +1,6 @@
-"""Renderers of ``gae diff`` reports — terminal (rich), Markdown, self-contained HTML —
-and what they share: the rows of the summary, top-samples and groups tables as text, so
+"""Renderers of what the commands return: ``recompute`` and ``validate`` summaries for the
+terminal, and ``gae diff`` reports — terminal (rich), Markdown, self-contained HTML — with
+what those share: the rows of the summary, top-samples and groups tables as text, so
 that every output shows the same figures. Nothing here computes statistics."""
 
 from __future__ import annotations

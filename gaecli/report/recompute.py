@@ -1,6 +1,5 @@
-"""Human renderings for the terminal (rich) of what the library returns; the CLI prints
-them on stderr. Nothing here computes."""
-
+"""The terminal (rich) summary of ``gae recompute``, printed by the CLI on stderr. Nothing
+here computes."""
 from __future__ import annotations
 
 from rich.console import Console
