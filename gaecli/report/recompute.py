@@ -1,5 +1,6 @@
 """The terminal (rich) summary of ``gae recompute``, printed by the CLI on stderr. Nothing
 here computes."""
+
 from __future__ import annotations
 
 from rich.console import Console
