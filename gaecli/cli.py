@@ -432,6 +432,9 @@ def diff(
     markdown: Annotated[Optional[str], typer.Option("--markdown", metavar="PATH", help="Write the report as Markdown tables to PATH ('-' for stdout).")] = None,
     html: Annotated[Optional[str], typer.Option("--html", metavar="PATH", help="Write one self-contained HTML file with plots to PATH (needs the plot extra).")] = None,
     per_sample: Annotated[Optional[str], typer.Option("--per-sample", metavar="PATH", help="Write one Parquet row per sample with its figures to PATH.")] = None,
+    engine: EngineOption = "local",
+    workers: WorkersOption = None,
+    ray_address: RayAddressOption = None,
     quiet: QuietOption = False,
     debug: DebugOption = False,
 ) -> None:
@@ -458,7 +461,7 @@ def diff(
                                  logprobs_col=logprobs_col, ref_logprobs_col=ref_logprobs_col),
             per_sample=per_sample, report_paths=tuple(p for p in (json_path, markdown, html) if p is not None),
         )
-        report = diff_files(inputs, options, make_progress(quiet))
+        report = diff_files(inputs, options, make_progress(quiet), make_engine(engine, workers, ray_address))
         document = report.to_dict()
         write_json(document, json_path)
         if markdown is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -26,9 +26,9 @@ from gaecli.errors import GAEUsageError
 from gaecli.io.format import Columns
 from gaecli.io.paths import discover_inputs
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
+from gaecli.engines import EngineOptions, TaskFailure, map_units
 from gaecli.pipeline import (
-    Computation, ComputedBatch, check_device, check_file, check_scalar_column, computed_batches, file_moments,
-    merge_moments, whiten_rows,
+    Computation, check_device, check_file, check_scalar_column, computed_batches, engine_moments, whiten_rows,
 )
 from gaecli.progress import NoProgress, Progress
 from gaecli.stats import ExactSum, GroupedMoments, SignedLogHistogram, diff_rows, encode_keys, keyed_sample
@@ -378,7 +378,8 @@ GROUP_SUMS = (
 
 class GroupedFigures:
     """The main figures per value of the ``--group-by`` column. Sums are added row by row
-    in file order (``np.add.at``), so they do not depend on the batch size."""
+    in file order within a file (``np.add.at``), and files' sums in input order
+    (:meth:`merge`), so they depend neither on the batch size nor on the engine."""
 
     def __init__(self, baseline: Optional[str]) -> None:
         self.baseline = baseline
@@ -413,6 +414,25 @@ class GroupedFigures:
         np.add.at(self.sums, codes, values)
         np.maximum.at(self.maxima, codes, np.column_stack([rows.max_abs, np.nan_to_num(rows.max_abs_return)]))
         return codes
+
+    def merge(self, other: "GroupedFigures") -> None:
+        """Add another partition's groups (the next file): sums add, maxima combine, new keys
+        come after ours in their first-seen order. Files are merged in input order, so the
+        figures do not depend on the engine or the number of workers."""
+        codes = np.empty(len(other.keys), dtype=np.int64)
+        for index, key in enumerate(other.keys):
+            code = self.codes.get(key)
+            if code is None:
+                code = self.codes[key] = len(self.keys)
+                self.keys.append(key)
+            codes[index] = code
+        if len(self.keys) > self.sums.shape[0]:
+            grow = len(self.keys) - self.sums.shape[0]
+            self.sums = np.vstack([self.sums, np.zeros((grow, self.sums.shape[1]))])
+            self.maxima = np.vstack([self.maxima, np.zeros((grow, 2))])
+        self.sums[codes] += other.sums
+        self.maxima[codes] = np.maximum(self.maxima[codes], other.maxima)
+        self.returns_compared |= other.returns_compared
 
     def result(self) -> list[dict]:
         """One dict per group, in key order (first-seen order when keys do not sort)."""
@@ -540,6 +560,11 @@ class TopSamples:
     def offer(self, entries: list[TopSample]) -> None:
         self.entries = sorted(self.entries + entries, key=lambda entry: entry.order)[: self.k]
 
+    def merge(self, other: "TopSamples") -> None:
+        """Add another partition's top samples: the K first by the same order key (largest
+        max |Δ|, then file, then row), so any partition gives the same list."""
+        self.offer(other.entries)
+
 
 # ----------------------------------------------------------------------------- token sample
 
@@ -572,6 +597,17 @@ class TokenSample:
         if self.keys.size > self.capacity:
             kept = np.argpartition(self.keys, self.capacity - 1)[: self.capacity]
             self.keys, self.new, self.old = self.keys[kept], self.new[kept], self.old[kept]
+
+    def merge(self, other: "TokenSample") -> None:
+        """Add another partition's sample: the ``capacity`` smallest keys of both (keys are
+        fixed per (file, token), so any partition keeps the same tokens)."""
+        keys = np.concatenate([self.keys, other.keys])
+        new = np.concatenate([self.new, other.new])
+        old = np.concatenate([self.old, other.old])
+        if keys.size > self.capacity:
+            kept = np.argsort(keys, kind="stable")[: self.capacity]
+            keys, new, old = keys[kept], new[kept], old[kept]
+        self.keys, self.new, self.old = keys, new, old
 
     def points(self) -> tuple[np.ndarray, np.ndarray]:
         """(new, old) in key order."""
@@ -690,186 +726,228 @@ def _nullable(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
     return pa.array(values, arrow_type, mask=np.isnan(values))
 
 
-class _PerSampleWriter:
-    """``--per-sample``: one Parquet row per sample (file, row, id, group, figures),
-    written atomically."""
+def per_sample_schema(first: pa.Schema, options: DiffOptions) -> pa.Schema:
+    """``--per-sample``'s schema: file, row, id and group (typed as in the first file,
+    dictionaries decoded), then the figures."""
+    fields = [pa.field("file", pa.string()), pa.field("row", pa.int64())]
+    for name, column in (("id", options.id_col), ("group", options.group_by)):
+        if column is not None:
+            arrow_type = first.field(column).type
+            fields.append(pa.field(name, arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type))
+    fields.extend(pa.field(name, arrow_type) for name, arrow_type in PER_SAMPLE_FIGURES)
+    return pa.schema(fields)
 
-    def __init__(self, target: str, id_type: Optional[pa.DataType], group_type: Optional[pa.DataType]) -> None:
-        from gaecli.io.writer import AtomicParquetWriter
 
-        fields = [pa.field("file", pa.string()), pa.field("row", pa.int64())]
-        if id_type is not None:
-            fields.append(pa.field("id", id_type))
-        if group_type is not None:
-            fields.append(pa.field("group", group_type))
-        fields.extend(pa.field(name, arrow_type) for name, arrow_type in PER_SAMPLE_FIGURES)
-        self.schema = pa.schema(fields)
-        self.writer = AtomicParquetWriter(Path(target), self.schema)
+def per_sample_batch(schema: pa.Schema, file: str, first_row: int, rows: RowFigures, ids: Optional[pa.Array],
+                     groups: Optional[pa.Array]) -> pa.RecordBatch:
+    """One batch's rows of the ``--per-sample`` file (one row per sample)."""
+    count = rows.lengths.size
+    arrays = [pa.array([file] * count, pa.string()), pa.array(np.arange(first_row, first_row + count), pa.int64())]
+    for name, column in (("id", ids), ("group", groups)):
+        if name in schema.names:
+            arrow_type = schema.field(name).type
+            try:
+                arrays.append(column if column.type == arrow_type else column.cast(arrow_type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+                raise GAEUsageError(f"{file}: {name} column has type {column.type}, the first file's is {arrow_type}") from error
+    figures = {
+        "length": pa.array(rows.lengths, pa.int64()),
+        "trainable_tokens": pa.array(rows.trainable, pa.int64()),
+        "masked_share": _nullable(rows.masked_share, pa.float64()),
+        "masked_tail": pa.array(rows.masked_tail, pa.int64()),
+        "fully_masked": pa.array(rows.fully_masked, pa.bool_()),
+        "changed": pa.array(rows.changed, pa.bool_()),
+        "max_abs_delta_advantage": pa.array(rows.max_abs, pa.float64()),
+        "mean_abs_delta_advantage": _nullable(rows.mean_abs, pa.float64()),
+        "max_relative_delta_advantage": pa.array(rows.max_relative, pa.float64()),
+        "max_abs_delta_return": _nullable(rows.max_abs_return, pa.float64()),
+        "mean_abs_delta_return": _nullable(rows.mean_abs_return, pa.float64()),
+        "sign_flips": pa.array(rows.sign_flips, pa.int64()),
+        "terminal_credit": _nullable(rows.credit, pa.float64()),
+    }
+    arrays.extend(figures[name] for name, _ in PER_SAMPLE_FIGURES)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    def write(self, file: str, first_row: int, rows: RowFigures, ids: Optional[pa.Array], groups: Optional[pa.Array]) -> None:
-        count = rows.lengths.size
-        arrays = [pa.array([file] * count, pa.string()), pa.array(np.arange(first_row, first_row + count), pa.int64())]
-        for name, column in (("id", ids), ("group", groups)):
-            if name in self.schema.names:
-                arrow_type = self.schema.field(name).type
-                try:
-                    arrays.append(column if column.type == arrow_type else column.cast(arrow_type))
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-                    raise GAEUsageError(f"{file}: {name} column has type {column.type}, the first file's is {arrow_type}") from error
-        figures = {
-            "length": pa.array(rows.lengths, pa.int64()),
-            "trainable_tokens": pa.array(rows.trainable, pa.int64()),
-            "masked_share": _nullable(rows.masked_share, pa.float64()),
-            "masked_tail": pa.array(rows.masked_tail, pa.int64()),
-            "fully_masked": pa.array(rows.fully_masked, pa.bool_()),
-            "changed": pa.array(rows.changed, pa.bool_()),
-            "max_abs_delta_advantage": pa.array(rows.max_abs, pa.float64()),
-            "mean_abs_delta_advantage": _nullable(rows.mean_abs, pa.float64()),
-            "max_relative_delta_advantage": pa.array(rows.max_relative, pa.float64()),
-            "max_abs_delta_return": _nullable(rows.max_abs_return, pa.float64()),
-            "mean_abs_delta_return": _nullable(rows.mean_abs_return, pa.float64()),
-            "sign_flips": pa.array(rows.sign_flips, pa.int64()),
-            "terminal_credit": _nullable(rows.credit, pa.float64()),
-        }
-        arrays.extend(figures[name] for name, _ in PER_SAMPLE_FIGURES)
-        self.writer.write(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+
+# ----------------------------------------------------------------------------- one file
+
+
+def computation_of(options: DiffOptions, kernel: str) -> Computation:
+    """The pipeline settings of a diff (``kernel`` resolved)."""
+    return Computation(
+        gamma=options.gamma, lambd=options.lambd, kernel=kernel, device=options.device,
+        batch_rows=options.batch_rows, columns=options.columns, old_semantics=options.old_semantics,
+        against=options.against, against_returns=options.against_returns, normalize_by=options.normalize_by,
+    )
+
+
+def _check_file(schema: pa.Schema, file: str, options: DiffOptions, computation: Computation) -> None:
+    check_file(schema, file, computation)
+    for flag, name in (("--group-by", options.group_by), ("--id-col", options.id_col)):
+        check_scalar_column(schema, file, flag, name)
+
+
+def _read_columns(schema: pa.Schema, options: DiffOptions) -> list[str]:
+    columns = options.columns
+    wanted = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
+    wanted |= {name for name in (options.against, options.against_returns, options.normalize_by,
+                                 options.group_by, options.id_col) if name is not None}
+    return [name for name in schema.names if name in wanted]
+
+
+@dataclass
+class FilePart:
+    """What the work unit of one file sends back, merged in input order by the parent:
+    the figures (:class:`DiffAccumulator`, with its histograms), the groups, the file's top
+    samples and token sample, and its ``--per-sample`` batches (one per read batch)."""
+
+    file: str
+    rows: int
+    tokens: int
+    accumulator: DiffAccumulator
+    groups: Optional[GroupedFigures]
+    top: TopSamples
+    sample: TokenSample
+    per_sample: Optional[list[pa.RecordBatch]] = field(default=None, repr=False)
+
+
+def diff_unit(
+    index: int,
+    path: str,
+    options: DiffOptions,
+    kernel: str,
+    moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
+    per_sample: Optional[pa.Schema] = None,
+    progress: Optional[Progress] = None,
+) -> FilePart:
+    """Diff one file (the work unit of every engine; file ``index`` in the input order,
+    which keys its top samples and token sample). ``moments``: the merged ``--normalize``
+    statistics (new, old); ``per_sample``: the ``--per-sample`` schema, when one is
+    written. ``progress`` (optional) is advanced per batch."""
+    computation = computation_of(options, kernel)
+    part = FilePart(
+        file=path, rows=0, tokens=0,
+        accumulator=DiffAccumulator(options.gamma, options.lambd, options.old_semantics, options.tolerance, quantiles=True),
+        groups=GroupedFigures(options.old_semantics) if options.group_by is not None else None,
+        top=TopSamples(options.top), sample=TokenSample(options.scatter_sample),
+        per_sample=[] if per_sample is not None else None,
+    )
+    rollout = RolloutFile(path)
+    try:
+        _check_file(rollout.schema, path, options, computation)
+        for computed in computed_batches(rollout, computation, _read_columns(rollout.schema, options)):
+            batch, packed, new, old = computed.batch, computed.packed, computed.new, computed.old
+            first_row, first_token = computed.first_row, computed.first_token
+            if moments is not None:
+                keys = computed.keys(options.normalize_by)
+                new = np.where(packed.trainable, whiten_rows(new, packed.offsets, moments[0], keys), 0.0)
+                old = whiten_rows(old, packed.offsets, moments[1], keys)
+            rows = part.accumulator.update(new, old, packed.trainable, packed.offsets,
+                                           new_returns=computed.new_returns, old_returns=computed.old_returns)
+            group_keys = computed.keys(options.group_by)
+            if part.groups is not None:
+                part.groups.update(group_keys, rows)
+            _offer_top(part.top, options, index, path, batch, packed, new, old, rows, first_row, group_keys)
+            part.sample.update(new, old, packed.trainable, index, first_token)
+            if per_sample is not None:
+                part.per_sample.append(per_sample_batch(per_sample, path, first_row, rows, computed.keys(options.id_col), group_keys))
+            part.rows, part.tokens = first_row + batch.num_rows, first_token + packed.tokens
+            if progress is not None:
+                progress.advance(batch.num_rows, packed.tokens)
+    finally:
+        rollout.close()
+    return part
+
+
+def _offer_top(top: TopSamples, options: DiffOptions, index: int, file: str, batch: pa.RecordBatch, packed, new, old,
+               rows: RowFigures, first_row: int, group_keys: Optional[pa.Array]) -> None:
+    candidates = top.candidates(rows.max_abs)
+    if candidates.size == 0:
+        return
+    entries = []
+    for row in candidates.tolist():
+        start, end = int(packed.offsets[row]), int(packed.offsets[row + 1])
+        entries.append(TopSample(
+            file_index=index, file=file, row=first_row + row,
+            id=batch.column(options.id_col)[row].as_py() if options.id_col is not None else None,
+            group=group_keys[row].as_py() if group_keys is not None else None,
+            length=int(rows.lengths[row]), trainable_tokens=int(rows.trainable[row]),
+            masked_share=float(rows.masked_share[row]), masked_tail=int(rows.masked_tail[row]),
+            max_abs_delta_advantage=float(rows.max_abs[row]), mean_abs_delta_advantage=float(rows.mean_abs[row]),
+            max_abs_delta_return=_finite_or_none(rows.max_abs_return[row]), sign_flips=int(rows.sign_flips[row]),
+            terminal_credit=_finite_or_none(rows.credit[row]), changed=bool(rows.changed[row]),
+            new=np.array(new[start:end], dtype=np.float64), old=np.array(old[start:end], dtype=np.float64),
+            trainable=np.array(packed.trainable[start:end], dtype=bool),
+        ))
+    top.offer(entries)
 
 
 # ----------------------------------------------------------------------------- the run
 
 
-class _DiffRun:
-    """One diff over a list of files (private: :func:`diff_files` is the API)."""
+def _raise_first_failure(results: list) -> None:
+    for result in results:
+        if isinstance(result, TaskFailure):
+            result.raise_error()
 
-    def __init__(self, paths: list[Path], options: DiffOptions, progress: Progress) -> None:
-        from gaecli.kernels import resolve_kernel
 
-        self.paths = paths
-        self.options = options
-        self.progress = progress
-        self.kernel = resolve_kernel(options.kernel, options.device)
-        self.computation = Computation(
-            gamma=options.gamma, lambd=options.lambd, kernel=self.kernel, device=options.device,
-            batch_rows=options.batch_rows, columns=options.columns, old_semantics=options.old_semantics,
-            against=options.against, against_returns=options.against_returns, normalize_by=options.normalize_by,
-        )
-        self.files = [RolloutFile(path) for path in paths]
-        for path, rollout in zip(paths, self.files):
-            self._check_file(str(path), rollout.schema)
-        self.new_moments = GroupedMoments()
-        self.old_moments = GroupedMoments()
+def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: EngineOptions) -> DiffReport:
+    """The diff over ``paths``: every file checked here first, the ``--normalize``
+    statistics pass, then one :func:`diff_unit` per file on ``engine``, merged in input
+    order (so the report is the same for any engine and worker count)."""
+    from gaecli.io.writer import AtomicParquetWriter
+    from gaecli.kernels import resolve_kernel
 
-    def _check_file(self, file: str, schema: pa.Schema) -> None:
-        check_file(schema, file, self.computation)
-        for flag, name in (("--group-by", self.options.group_by), ("--id-col", self.options.id_col)):
-            check_scalar_column(schema, file, flag, name)
-
-    def _read_columns(self, schema: pa.Schema) -> list[str]:
-        options, columns = self.options, self.options.columns
-        wanted = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
-        wanted |= {name for name in (options.against, options.against_returns, options.normalize_by,
-                                     options.group_by, options.id_col) if name is not None}
-        return [name for name in schema.names if name in wanted]
-
-    def _batches(self, index: int) -> Iterator[ComputedBatch]:
-        """Every batch of file ``index``, checked, with old and new computed (not whitened)."""
-        return computed_batches(self.files[index], self.computation, self._read_columns(self.files[index].schema))
-
-    def _keys(self, batch: pa.RecordBatch, name: Optional[str]) -> Optional[pa.Array]:
-        return batch.column(name) if name is not None else None
-
-    def collect_statistics(self) -> None:
-        """First pass of ``--normalize``: exact per-group moments of new and old advantages,
-        one file at a time, merged in input order."""
-        self.progress.start("statistics", sum(f.num_rows for f in self.files))
+    kernel = resolve_kernel(options.kernel, options.device)
+    computation = computation_of(options, kernel)
+    files = [str(path) for path in paths]
+    total_rows, schema = 0, None
+    for file in files:
+        rollout = RolloutFile(file)
         try:
-            parts = [file_moments(str(path), self.computation, self.progress) for path in self.paths]
+            _check_file(rollout.schema, file, options, computation)
+            total_rows += rollout.num_rows
+            if file == files[0]:
+                schema = per_sample_schema(rollout.schema, options) if options.per_sample is not None else None
         finally:
-            self.progress.finish()
-        self.new_moments, self.old_moments = merge_moments(parts, self.options.normalize_by)
-
-    def run(self) -> DiffReport:
-        options = self.options
+            rollout.close()
+    moments = None
+    if options.whitening:
+        moments = engine_moments(files, computation, engine, progress, total_rows)
+    writer = AtomicParquetWriter(Path(options.per_sample), schema) if schema is not None else None
+    try:
+        progress.start("diff", total_rows)
+        try:
+            results = map_units(diff_unit, [(index, file, options, kernel, moments, schema) for index, file in enumerate(files)],
+                                files, engine, stop_on_failure=True, progress=progress)
+        finally:
+            progress.finish()
+        _raise_first_failure(results)
+        # merged into fresh objects (a Ray result's arrays are read-only), in input order
         accumulator = DiffAccumulator(options.gamma, options.lambd, options.old_semantics, options.tolerance, quantiles=True)
         groups = GroupedFigures(options.old_semantics) if options.group_by is not None else None
-        top = TopSamples(options.top)
-        sample = TokenSample(options.scatter_sample)
-        writer = self._per_sample_writer()
-        files = []
-        self.progress.start("diff", sum(f.num_rows for f in self.files))
-        try:
-            for index, path in enumerate(self.paths):
-                file = str(path)
-                rows_read = tokens_read = 0
-                for computed in self._batches(index):
-                    batch, packed, new, old = computed.batch, computed.packed, computed.new, computed.old
-                    new_returns, old_returns = computed.new_returns, computed.old_returns
-                    first_row, first_token = computed.first_row, computed.first_token
-                    if options.whitening:
-                        keys = self._keys(batch, options.normalize_by)
-                        new = np.where(packed.trainable, whiten_rows(new, packed.offsets, self.new_moments, keys), 0.0)
-                        old = whiten_rows(old, packed.offsets, self.old_moments, keys)
-                    rows = accumulator.update(new, old, packed.trainable, packed.offsets,
-                                              new_returns=new_returns, old_returns=old_returns)
-                    group_keys = self._keys(batch, options.group_by)
-                    if groups is not None:
-                        groups.update(group_keys, rows)
-                    self._offer_top(top, index, batch, packed, new, old, rows, first_row, group_keys)
-                    sample.update(new, old, packed.trainable, index, first_token)
-                    if writer is not None:
-                        writer.write(file, first_row, rows, self._keys(batch, options.id_col), group_keys)
-                    rows_read, tokens_read = first_row + batch.num_rows, first_token + packed.tokens
-                    self.progress.advance(batch.num_rows, packed.tokens)
-                files.append({"file": file, "rows": rows_read, "tokens": tokens_read})
-            if writer is not None:
-                writer.writer.commit()
-        except BaseException:
-            if writer is not None:
-                writer.writer.abort()
-            raise
-        finally:
-            self.progress.finish()
-        return DiffReport(
-            options=options, kernel=self.kernel, files=files, summary=accumulator.figures(),
-            groups=groups.result() if groups is not None else None, top=top.entries,
-            histogram=accumulator.histogram, scatter=sample.points(),
-        )
-
-    def _offer_top(self, top: TopSamples, index: int, batch: pa.RecordBatch, packed, new, old, rows: RowFigures,
-                   first_row: int, group_keys: Optional[pa.Array]) -> None:
-        candidates = top.candidates(rows.max_abs)
-        if candidates.size == 0:
-            return
-        options = self.options
-        entries = []
-        for row in candidates.tolist():
-            start, end = int(packed.offsets[row]), int(packed.offsets[row + 1])
-            entries.append(TopSample(
-                file_index=index, file=str(self.paths[index]), row=first_row + row,
-                id=batch.column(options.id_col)[row].as_py() if options.id_col is not None else None,
-                group=group_keys[row].as_py() if group_keys is not None else None,
-                length=int(rows.lengths[row]), trainable_tokens=int(rows.trainable[row]),
-                masked_share=float(rows.masked_share[row]), masked_tail=int(rows.masked_tail[row]),
-                max_abs_delta_advantage=float(rows.max_abs[row]), mean_abs_delta_advantage=float(rows.mean_abs[row]),
-                max_abs_delta_return=_finite_or_none(rows.max_abs_return[row]), sign_flips=int(rows.sign_flips[row]),
-                terminal_credit=_finite_or_none(rows.credit[row]), changed=bool(rows.changed[row]),
-                new=np.array(new[start:end], dtype=np.float64), old=np.array(old[start:end], dtype=np.float64),
-                trainable=np.array(packed.trainable[start:end], dtype=bool),
-            ))
-        top.offer(entries)
-
-    def _per_sample_writer(self) -> Optional[_PerSampleWriter]:
-        options = self.options
-        if options.per_sample is None:
-            return None
-        schema = self.files[0].schema
-        id_type = schema.field(options.id_col).type if options.id_col is not None else None
-        group_type = schema.field(options.group_by).type if options.group_by is not None else None
-        if id_type is not None and pa.types.is_dictionary(id_type):
-            id_type = id_type.value_type
-        if group_type is not None and pa.types.is_dictionary(group_type):
-            group_type = group_type.value_type
-        return _PerSampleWriter(options.per_sample, id_type, group_type)
+        top, sample = TopSamples(options.top), TokenSample(options.scatter_sample)
+        for part in results:
+            accumulator.merge(part.accumulator)
+            if groups is not None:
+                groups.merge(part.groups)
+            top.merge(part.top)
+            sample.merge(part.sample)
+        if writer is not None:
+            for part in results:
+                for batch in part.per_sample:
+                    writer.write(batch)
+                part.per_sample = None
+            writer.commit()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    return DiffReport(
+        options=options, kernel=kernel, files=[{"file": part.file, "rows": part.rows, "tokens": part.tokens} for part in results],
+        summary=accumulator.figures(), groups=groups.result() if groups is not None else None,
+        top=top.entries, histogram=accumulator.histogram, scatter=sample.points(),
+    )
 
 
 def _input_files(inputs: list[str | Path]) -> list[Path]:
@@ -905,7 +983,8 @@ def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
         seen.add(resolved)
 
 
-def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optional[Progress] = None) -> DiffReport:
+def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optional[Progress] = None,
+               engine: Optional[EngineOptions] = None) -> DiffReport:
     """Compare masked-GAE advantages with old ones over rollout files, streaming.
 
     ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs; a
@@ -913,6 +992,11 @@ def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optiona
     ``options.baseline`` semantics recomputed from the same values, rewards and mask, or the
     stored ``options.against`` column. Only trainable tokens are compared. With
     ``options.per_sample`` one Parquet row per sample is written (atomically).
+
+    ``engine``: where the files are processed, one work unit per file (default: in this
+    process, one file after the other; ``gae diff`` defaults to a local worker per core).
+    The parts are merged in input order with exact merges, so the report, the plots' data
+    and the per-sample file are identical for any engine and worker count.
 
     Raises :class:`GAEUsageError` for refused options (``baseline`` with ``against``, a
     missing column named by an option, a report onto an input) and unreadable files,
@@ -935,6 +1019,8 @@ def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optiona
     if not options.tolerance >= 0:
         raise GAEUsageError(f"tolerance must be 0 or more, got {options.tolerance}")
     check_device(options.device)
+    if engine is not None:
+        engine.check()
     if options.columns.kl_coef is not None:
         from gaecli.kl import check_kl_options
 
@@ -943,14 +1029,7 @@ def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optiona
         options = replace(options, normalize=True)
     paths = _input_files(list(inputs))
     _check_outputs(paths, options)
-    run = _DiffRun(paths, options, progress or NoProgress())
-    try:
-        if options.whitening:
-            run.collect_statistics()
-        return run.run()
-    finally:
-        for rollout in run.files:
-            rollout.close()
+    return _run(paths, options, progress or NoProgress(), engine or EngineOptions(workers=1))
 
 
 def diff_file(input: str | Path, options: DiffOptions, progress: Optional[Progress] = None) -> DiffReport:

@@ -305,6 +305,25 @@ def merge_moments(parts: list[FileMoments], normalize_by: Optional[str]) -> tupl
     return new, old
 
 
+def engine_moments(paths: list[str], computation: Computation, engine, progress, total_rows: int) -> tuple[GroupedMoments, GroupedMoments]:
+    """The ``--normalize`` statistics pass over ``paths`` on ``engine`` (an
+    :class:`gaecli.engines.EngineOptions`): one :func:`file_moments` unit per file, stopped
+    at the first failure (raised as for one file), merged in input order. Every per-file
+    part is exact, so the statistics are the same for any engine and worker count."""
+    from gaecli.engines import TaskFailure, map_units
+
+    progress.start("statistics", total_rows)
+    try:
+        parts = map_units(file_moments, [(str(path), computation) for path in paths], [str(path) for path in paths], engine,
+                          stop_on_failure=True, progress=progress)
+    finally:
+        progress.finish()
+    for part in parts:
+        if isinstance(part, TaskFailure):
+            part.raise_error()
+    return merge_moments(parts, computation.normalize_by)
+
+
 def whiten_rows(advantages: np.ndarray, offsets: np.ndarray, moments: GroupedMoments, keys: Optional[pa.Array]) -> np.ndarray:
     """``(A − mean) / sqrt(var + 1e-8)`` at every position, with each row's group
     statistics (float64; callers zero the masked positions where the contract says so)."""

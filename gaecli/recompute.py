@@ -23,7 +23,7 @@ from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
 from gaecli.io.writer import AtomicParquetWriter
 from gaecli.kl import check_kl_options
 from gaecli.pipeline import (  # noqa: F401 - PackedBatch, pack_batch, compute_packed: re-exported
-    Computation, PackedBatch, check_device, check_file, compute_packed, computed_batches, file_moments, merge_moments,
+    Computation, PackedBatch, check_device, check_file, compute_packed, computed_batches, engine_moments,
     pack_batch, whiten_rows,
 )
 from gaecli.progress import NoProgress, Progress
@@ -403,21 +403,11 @@ def recompute_files(
     jobs = plan_outputs([str(i) for i in inputs], str(output), overwrite=options.overwrite or options.skip_existing, suffixes=suffixes)
     skipped = [options.skip_existing and _existing_output(job, options) for job in jobs]
     progress = progress or NoProgress()
-    labels = [str(job.source) for job in jobs]
 
     moments = None
     if options.whitening:
-        computation = computation_of(options, kernel)
-        progress.start("statistics", _total_rows([job.source for job in jobs]))
-        try:
-            parts = map_units(file_moments, [(str(job.source), computation) for job in jobs], labels, engine,
-                              stop_on_failure=True, progress=progress)
-        finally:
-            progress.finish()
-        for part in parts:
-            if isinstance(part, TaskFailure):
-                part.raise_error()
-        moments = merge_moments(parts, options.normalize_by)
+        moments = engine_moments([job.source for job in jobs], computation_of(options, kernel), engine, progress,
+                                 _total_rows([job.source for job in jobs]))
 
     todo = [job for job, skip in zip(jobs, skipped) if not skip]
     progress.start("recompute", _total_rows([job.source for job in todo]))

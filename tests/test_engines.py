@@ -181,3 +181,63 @@ def test_engine_usage_errors(tmp_path, inputs):
     assert result.exit_code == 2 and "--engine ray" in result.stderr
     result = recompute(inputs, tmp_path / "out", "--workers", 0)
     assert result.exit_code == 2
+
+
+# ----------------------------------------------------------------------------- gae diff
+
+
+DIFF_ENGINES = [("local", 1, 7), ("local", 2, 3), ("ray", 2, 5)]
+
+
+@pytest.mark.parametrize("options", [(), ("--normalize",), ("--normalize-by", "rollout_id")], ids=["plain", "normalize", "normalize-by"])
+def test_diff_engines_give_identical_reports(tmp_path, inputs, local_ray, monkeypatch, options):
+    results = {}
+    for engine, workers, batch_rows in DIFF_ENGINES:
+        if engine == "ray" and local_ray is None:
+            continue
+        run_dir = tmp_path / f"{engine}{workers}"
+        run_dir.mkdir()
+        monkeypatch.chdir(run_dir)  # the report names the per-sample file as given: the same relative path
+        result = gae("diff", inputs, "--gamma", GAMMA, "--lambd", LAMBD, "--group-by", "rollout_id", "--id-col", "rollout_id",
+                     "--top", 7, "--engine", engine, "--workers", workers, "--batch-rows", batch_rows, "--quiet",
+                     "--json", "r.json", "--markdown", "r.md", "--per-sample", "rows.parquet", *options)
+        assert result.exit_code == 0, result.output
+        results[engine, workers] = (json.loads((run_dir / "r.json").read_text()), (run_dir / "r.md").read_text(),
+                                    pq.read_table(run_dir / "rows.parquet"))
+    document, markdown, rows = results["local", 1]
+    assert len(document["files"]) == 3 and len(document["top_samples"]) == 7 and len(document["groups"]) == 3
+    assert rows.num_rows == 23 + 31 + 17
+    for key, (other_document, other_markdown, other_rows) in results.items():
+        assert other_document == document, f"{key}: JSON differs from one worker's"
+        assert other_markdown == markdown, f"{key}: Markdown differs"
+        assert other_rows.equals(rows), f"{key}: per-sample rows differ"
+
+
+def test_diff_engines_keep_the_same_token_sample_and_top_arrays(inputs, local_ray):
+    from gaecli.diff import DiffOptions, diff_files
+
+    options = DiffOptions(gamma=GAMMA, lambd=LAMBD, normalize=True, top=4, batch_rows=5, scatter_sample=50)
+    reports = [diff_files([inputs], options, engine=EngineOptions(engine, workers))
+               for engine, workers, _ in DIFF_ENGINES if engine != "ray" or local_ray is not None]
+    first = reports[0]
+    assert first.scatter[0].size == 50
+    for report in reports[1:]:
+        for mine, theirs in zip(first.scatter, report.scatter):
+            assert mine.tobytes() == theirs.tobytes()
+        assert [(e.file, e.row, e.new.tobytes(), e.old.tobytes(), e.trainable.tobytes()) for e in report.top] == \
+               [(e.file, e.row, e.new.tobytes(), e.old.tobytes(), e.trainable.tobytes()) for e in first.top]
+        assert (report.histogram.counts == first.histogram.counts).all()
+
+
+def test_diff_bad_file_among_good_ones_names_it(tmp_path, inputs):
+    source = tmp_path / "in"
+    for name in files_under(inputs):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes((inputs / name).read_bytes())
+    bad = random_rollouts(8, seed=1)
+    bad.masks[2] = [2] * len(bad.masks[2])
+    write_table(rollout_table(bad, extra={"rollout_id": pa.array(["x"] * 8)}), source / "day1" / "z.parquet")
+    result = gae("diff", source, "--gamma", GAMMA, "--lambd", LAMBD, "--workers", 2, "--per-sample", tmp_path / "rows.parquet", "--quiet")
+    assert result.exit_code == 1, result.output
+    assert "z.parquet" in result.stderr
+    assert not (tmp_path / "rows.parquet").exists() and list(tmp_path.glob(".rows.parquet*")) == []
