@@ -155,24 +155,6 @@ def masked_tail_lengths(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarra
     return ends - 1 - last
 
 
-def _tails_of_rows_ending_masked(trainable: np.ndarray, offsets: np.ndarray, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Whether each row has a trainable token (bool ``[B]``), and the masked-tail length of
-    each ``selected`` row that has one (int64 ``[B]``, 0 elsewhere). Vectorised but for the
-    rows that end in a masked token (the faulty ones), which are searched one by one from
-    their end."""
-    starts, ends = offsets[:-1], offsets[1:]
-    nonempty = ends > starts
-    any_trainable = np.zeros(starts.size, dtype=bool)
-    last_trainable = np.zeros(starts.size, dtype=bool)
-    if nonempty.any():
-        any_trainable[nonempty] = np.logical_or.reduceat(trainable, starts[nonempty])
-        last_trainable[nonempty] = trainable[ends[nonempty] - 1]
-    tails = np.zeros(starts.size, dtype=np.int64)
-    for row in np.flatnonzero(any_trainable & ~last_trainable & selected).tolist():
-        tails[row] = int(np.argmax(trainable[starts[row]:ends[row]][::-1]))
-    return any_trainable, tails
-
-
 def _first_per_row(offsets: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows holding sorted flat ``positions`` and, per row, its first such position."""
     rows, first = np.unique(_rows_of_flat_positions(offsets, positions), return_index=True)
@@ -293,7 +275,8 @@ def check_batch(
 
     if warnings:
         trainable = mask if mask.dtype == np.bool_ else mask != 0
-        any_trainable, tails = _tails_of_rows_ending_masked(trainable, mask_offsets, ~invalid)
+        any_trainable = trainable_counts(trainable, mask_offsets) > 0
+        tails = np.where(any_trainable & ~invalid, masked_tail_lengths(trainable, mask_offsets), 0)
         flag((mask_lengths == 0) & ~invalid, mask_name, "empty-response", "the response has no token")
         flag((mask_lengths > 0) & ~any_trainable & ~invalid, mask_name, "fully-masked",
              "every token is masked: the sample trains nothing and its terminal reward is dropped")
