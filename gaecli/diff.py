@@ -28,7 +28,7 @@ from gaecli.io.paths import discover_inputs
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
 from gaecli.engines import EngineOptions, TaskFailure, map_units
 from gaecli.pipeline import (
-    Computation, check_device, check_file, check_scalar_column, computed_batches, engine_moments, whiten_rows,
+    Computation, check_device, check_file, check_scalar_column, computed_batches, engine_moments, normalize_label, whiten_rows,
 )
 from gaecli.progress import NoProgress, Progress
 from gaecli.stats import ExactSum, GroupedMoments, SignedLogHistogram, diff_rows, encode_keys, keyed_sample
@@ -658,12 +658,6 @@ class DiffOptions:
         if self.against is not None:
             return None
         return self.baseline or "unmasked"
-
-
-def normalize_label(options: DiffOptions) -> str:
-    if options.normalize_by is not None:
-        return f"by:{options.normalize_by}"
-    return "all" if options.normalize else "none"
 
 
 @dataclass

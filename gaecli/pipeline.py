@@ -324,6 +324,14 @@ def engine_moments(paths: list[str], computation: Computation, engine, progress,
     return merge_moments(parts, computation.normalize_by)
 
 
+def normalize_label(options) -> str:
+    """How ``options`` (recompute's or diff's) whiten: ``none``, ``all`` or ``by:COLUMN``;
+    the value of the ``gaecli.normalize`` metadata key and of the JSON ``normalize``."""
+    if options.normalize_by is not None:
+        return f"by:{options.normalize_by}"
+    return "all" if options.normalize else "none"
+
+
 def whiten_rows(advantages: np.ndarray, offsets: np.ndarray, moments: GroupedMoments, keys: Optional[pa.Array]) -> np.ndarray:
     """``(A − mean) / sqrt(var + 1e-8)`` at every position, with each row's group
     statistics (float64; callers zero the masked positions where the contract says so)."""

@@ -19,12 +19,12 @@ from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, Task
 from gaecli.errors import FilesFailedError, GAEInputError, GAEUsageError, InvalidFilesError, UnusableFilesError
 from gaecli.io.format import Columns, list_type_like, output_float_type
 from gaecli.io.paths import FileJob, plan_outputs, with_suffix
-from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
+from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile, read_metadata, read_schema
 from gaecli.io.writer import AtomicParquetWriter
 from gaecli.kl import check_kl_options
 from gaecli.pipeline import (  # noqa: F401 - PackedBatch, pack_batch, compute_packed: re-exported
     Computation, PackedBatch, check_device, check_file, compute_packed, computed_batches, engine_moments,
-    pack_batch, whiten_rows,
+    normalize_label, pack_batch, whiten_rows,
 )
 from gaecli.progress import NoProgress, Progress
 from gaecli.semantics import check_discount
@@ -112,12 +112,6 @@ class RecomputeReport:
             "rejected_rows": self.rejected_rows,
             "summary": self.summary,
         }
-
-
-def normalize_label(options: RecomputeOptions) -> str:
-    if options.normalize_by is not None:
-        return f"by:{options.normalize_by}"
-    return "all" if options.normalize else "none"
 
 
 # ----------------------------------------------------------------------------- one file
@@ -282,9 +276,9 @@ def _existing_output(job: FileJob, options: RecomputeOptions) -> bool:
         return False
     rejects = with_suffix(job.target, REJECTS_SUFFIX)
     try:
-        metadata = pq.read_schema(job.target).metadata or {}
+        metadata = read_schema(job.target).metadata or {}
         if options.on_invalid == "skip" and rejects.exists():
-            pq.read_schema(rejects)
+            read_schema(rejects)
     except (pa.ArrowException, OSError) as error:
         raise GAEUsageError(f"{job.target} exists but is not a whole Parquet file ({error}); "
                             f"remove it or give --overwrite instead of --skip-existing") from error
@@ -306,14 +300,17 @@ def _total_rows(paths: list[Path]) -> int:
     total = 0
     for path in paths:
         try:
-            total += pq.read_metadata(path).num_rows
+            total += read_metadata(path).num_rows
         except (pa.ArrowException, OSError):
             pass
     return total
 
 
 def _remove_leftovers(target: Path) -> None:
-    """Temp files a killed worker left beside ``target`` (ours by their name)."""
+    """Temp files a killed worker left beside ``target`` (ours by their name). Object
+    stores have none (the output is streamed to its key, which appears only when whole)."""
+    if not isinstance(target, Path):
+        return
     for suffix in ("", REJECTS_SUFFIX):
         candidate = with_suffix(target, suffix) if suffix else target
         for temp in candidate.parent.glob(f".{candidate.name}.gaecli-*.tmp"):
