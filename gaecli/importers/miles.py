@@ -426,6 +426,9 @@ def _batch(dump: Any, facts: _Dump, schema: pa.Schema, value_types: dict[str, pa
 
 def _plan(paths: Sequence[str | Path], output: Path, overwrite: bool) -> list[Path]:
     found, _ = discover_inputs([str(p) for p in paths], patterns=DUMP_PATTERNS)
+    remote = [source for source, _ in found if not isinstance(source, Path)]
+    if remote:
+        raise GAEUsageError(f"{remote[0]}: gae import reads local files only (copy the dumps here first)")
     sources: list[Path] = []
     seen: set[Path] = set()
     for source, _ in found:

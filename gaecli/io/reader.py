@@ -11,7 +11,8 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gaecli.errors import UnreadableFileError
+from gaecli.errors import GAEUsageError, UnreadableFileError
+from gaecli.io.filesystem import AnyPath, RemotePath, to_path
 
 DEFAULT_BATCH_ROWS = 256
 
@@ -29,16 +30,29 @@ def read_errors(path: Path | str):
 class RolloutFile:
     """An open rollout Parquet file: schema, row count, codec, and batch iteration."""
 
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
+    def __init__(self, path: AnyPath | str) -> None:
+        try:
+            self.path = to_path(path)
+        except GAEUsageError as error:
+            raise UnreadableFileError(str(error)) from error
+        self._source = None
         with read_errors(self.path):
             if not self.path.is_file():
                 raise UnreadableFileError(f"{self.path}: no such file")
             # pre_buffer would cache every row group's bytes until the file is closed:
             # streaming reads keep memory bounded only without it.
-            self.parquet = pq.ParquetFile(self.path, memory_map=False, pre_buffer=False, buffer_size=1 << 20)
-            self.schema: pa.Schema = self.parquet.schema_arrow
-            self.num_rows: int = self.parquet.metadata.num_rows
+            if isinstance(self.path, RemotePath):
+                self._source = self.path.filesystem.open_input_file(self.path.fs_path)
+                where = self._source
+            else:
+                where = self.path
+            try:
+                self.parquet = pq.ParquetFile(where, memory_map=False, pre_buffer=False, buffer_size=1 << 20)
+                self.schema: pa.Schema = self.parquet.schema_arrow
+                self.num_rows: int = self.parquet.metadata.num_rows
+            except BaseException:
+                self._close_source()
+                raise
 
     @property
     def compression(self) -> str:
@@ -57,3 +71,27 @@ class RolloutFile:
 
     def close(self) -> None:
         self.parquet.close()
+        self._close_source()
+
+    def _close_source(self) -> None:
+        if self._source is not None:
+            try:
+                self._source.close()
+            finally:
+                self._source = None
+
+
+def read_schema(path: AnyPath | str) -> pa.Schema:
+    """The Arrow schema (with metadata) in a Parquet file's footer, for a path or a URI."""
+    located = to_path(path)
+    if isinstance(located, RemotePath):
+        return pq.read_schema(located.fs_path, filesystem=located.filesystem)
+    return pq.read_schema(located)
+
+
+def read_metadata(path: AnyPath | str) -> pq.FileMetaData:
+    """A Parquet file's footer, for a path or a URI."""
+    located = to_path(path)
+    if isinstance(located, RemotePath):
+        return pq.read_metadata(located.fs_path, filesystem=located.filesystem)
+    return pq.read_metadata(located)

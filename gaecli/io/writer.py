@@ -1,5 +1,8 @@
 """Atomic Parquet writes: rows go to a hidden temp file beside the target, renamed over
-the target once the file is whole; anything else removes the temp file."""
+the target once the file is whole; anything else removes the temp file. On an object
+store (a :class:`gaecli.io.filesystem.RemotePath` target) the rows are streamed to the
+target key itself: the object appears only when the stream is closed whole, which stands
+in for the rename."""
 
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ from pathlib import Path
 from typing import Optional
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from gaecli.errors import GAEUsageError
+from gaecli.io.filesystem import AnyPath, RemotePath, to_path
 
 
 def _holds_floats(arrow_type: pa.DataType) -> bool:
@@ -40,11 +45,20 @@ class AtomicParquetWriter:
     write's error is raised by the next :meth:`write` or by :meth:`close`.
     """
 
-    def __init__(self, target: Path, schema: pa.Schema, *, compression: str = "zstd") -> None:
-        self.target = Path(target)
+    def __init__(self, target: AnyPath | str, schema: pa.Schema, *, compression: str = "zstd") -> None:
+        self.target = to_path(target)
         self.schema = schema
         self.compression = compression
         self.rows = 0
+        self._writer: Optional[pq.ParquetWriter] = None
+        self._pending: Optional[Future] = None
+        self._stream = None  # the output stream on a non-local file system
+        self._created_dirs: list[Path] = []
+        self.temp: Optional[Path] = None
+        if isinstance(self.target, RemotePath):
+            self._open_remote(schema, compression)
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
+            return
         # the directories this writer creates, deepest first: abort removes them when empty
         self._created_dirs = [d for d in (self.target.parent, *self.target.parent.parents) if not d.exists()]
         try:
@@ -52,8 +66,6 @@ class AtomicParquetWriter:
         except OSError as error:
             raise GAEUsageError(f"{self.target.parent}: cannot create the output directory ({error.strerror})") from error
         self.temp = self.target.parent / f".{self.target.name}.gaecli-{uuid.uuid4().hex[:8]}.tmp"
-        self._writer: Optional[pq.ParquetWriter] = None
-        self._pending: Optional[Future] = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
         try:
             self._writer = pq.ParquetWriter(
@@ -62,6 +74,23 @@ class AtomicParquetWriter:
             )
         except (pa.ArrowException, OSError) as error:
             self._remove_temp()
+            raise GAEUsageError(f"{self.target}: cannot write ({error})") from error
+
+    def _open_remote(self, schema: pa.Schema, compression: str) -> None:
+        """Stream straight to the target key (no rename on object stores)."""
+        filesystem, path = self.target.filesystem, self.target.fs_path
+        try:
+            filesystem.create_dir(self.target.parent.fs_path, recursive=True)
+        except (pa.ArrowException, OSError):
+            pass  # object stores need no directories; opening the stream says what is wrong
+        try:
+            self._stream = filesystem.open_output_stream(path)
+            self._writer = pq.ParquetWriter(
+                self._stream, schema, compression=compression, write_statistics=False,
+                use_dictionary=dictionary_columns(schema),
+            )
+        except (pa.ArrowException, OSError) as error:
+            self._drop_remote()
             raise GAEUsageError(f"{self.target}: cannot write ({error})") from error
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -85,7 +114,8 @@ class AtomicParquetWriter:
             raise GAEUsageError(f"{self.target}: cannot write ({error})") from error
 
     def close(self) -> None:
-        """Finish the temp file (footer written); it is still not in place."""
+        """Finish the file (footer written). Locally it is still a temp file, not in place;
+        on an object store the footer is in the stream, which :meth:`commit` closes."""
         try:
             self._wait()
         finally:
@@ -97,8 +127,17 @@ class AtomicParquetWriter:
                     self._writer = None
 
     def commit(self) -> None:
-        """Close and rename the temp file over the target."""
+        """Close and rename the temp file over the target (on an object store: close the
+        stream, which puts the object in place whole)."""
         self.close()
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            try:
+                stream.close()
+            except (pa.ArrowException, OSError) as error:
+                self._delete_remote()
+                raise GAEUsageError(f"{self.target}: cannot put the finished output in place ({error})") from error
+            return
         try:
             os.replace(self.temp, self.target)
         except OSError as error:
@@ -108,6 +147,9 @@ class AtomicParquetWriter:
     def abort(self) -> None:
         """Drop everything written so far, and the directories this writer created if they
         are empty (abort writers in reverse order of creation so that nested ones go too)."""
+        if isinstance(self.target, RemotePath):
+            self._abort_remote()
+            return
         try:
             self.close()
         except Exception:  # noqa: BLE001 - the temp file goes anyway
@@ -119,7 +161,45 @@ class AtomicParquetWriter:
             except OSError:
                 break
 
+    def _abort_remote(self) -> None:
+        """No footer is written (the stream never holds a whole Parquet file); the upload
+        is aborted where the stream can, else the stream is closed and the key deleted."""
+        try:
+            self._wait()
+        except Exception:  # noqa: BLE001
+            pass
+        self._thread.shutdown(wait=True)
+        if self._stream is None:  # committed already, or never opened
+            return
+        self._drop_remote()
+
+    def _drop_remote(self) -> None:
+        stream, self._stream = self._stream, None
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.is_open = False  # its __del__ must not write a footer
+        if stream is not None:
+            abort = getattr(stream, "abort", None)
+            try:
+                if callable(abort):
+                    abort()
+                    return
+                stream.close()
+            except (pa.ArrowException, OSError):
+                pass
+        self._delete_remote()
+
+    def _delete_remote(self) -> None:
+        try:
+            filesystem = self.target.filesystem
+            if filesystem.get_file_info(self.target.fs_path).type != pafs.FileType.NotFound:
+                filesystem.delete_file(self.target.fs_path)
+        except (pa.ArrowException, OSError):
+            pass
+
     def _remove_temp(self) -> None:
+        if self.temp is None:
+            return
         try:
             self.temp.unlink()
         except FileNotFoundError:

@@ -1,0 +1,219 @@
+"""Paths and URIs: where gaecli's inputs and outputs live.
+
+A plain path (or a ``file://`` URI, which names a local path) stays a :class:`pathlib.Path`
+and takes gaecli's local code paths (globs, temp file + rename). Any other URI that
+:meth:`pyarrow.fs.FileSystem.from_uri` understands (``s3://``, ``gs://``, ``hdfs://``,
+``mock://`` …) becomes a :class:`RemotePath`: it is read and written through that
+:class:`pyarrow.fs.FileSystem`.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Union
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from gaecli.errors import GAEUsageError
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+# one FileSystem per scheme://authority?query in each process (object-store clients are
+# costly to build; a mock:// file system lives as long as its instance)
+_FILESYSTEMS: dict[str, pafs.FileSystem] = {}
+_LOCK = threading.Lock()
+
+
+def is_uri(text: str) -> bool:
+    """True for ``scheme://…`` (a Windows drive letter ``C:\\`` is no URI)."""
+    return bool(_URI.match(str(text)))
+
+
+def _filesystem(base: str, uri: str) -> tuple[pafs.FileSystem, str]:
+    """The cached file system of ``base`` and ``uri``'s path in it."""
+    with _LOCK:
+        try:
+            fs_from_uri, path = pafs.FileSystem.from_uri(uri)
+        except (pa.ArrowException, OSError, ValueError) as error:
+            raise GAEUsageError(f"{uri}: not a path or URI pyarrow's file systems understand ({error})") from error
+        filesystem = _FILESYSTEMS.setdefault(base, fs_from_uri)
+    return filesystem, path
+
+
+class RemotePath:
+    """A file or directory on a non-local pyarrow file system, named by its URI.
+
+    Offers the small part of :class:`pathlib.Path` gaecli uses (``name``, ``stem``,
+    ``suffix``, ``parent``, ``/``, ``with_name``, ``exists``, ``is_file``, ``is_dir``,
+    ``resolve``); ``str()`` is the URI. Picklable: a worker process rebuilds its file
+    system from the URI.
+    """
+
+    __slots__ = ("_base", "_uri_path", "_fs_path", "_query")
+
+    def __init__(self, uri: str) -> None:
+        parts = urlsplit(uri)
+        self._base = f"{parts.scheme}://{parts.netloc}"
+        self._query = parts.query
+        self._uri_path = parts.path.rstrip("/") or "/"
+        _, fs_path = _filesystem(self._key, uri)
+        self._fs_path = fs_path.rstrip("/") if fs_path not in ("", "/") else fs_path
+
+    @classmethod
+    def _make(cls, base: str, query: str, uri_path: str, fs_path: str) -> "RemotePath":
+        new = object.__new__(cls)
+        new._base, new._query, new._uri_path, new._fs_path = base, query, uri_path, fs_path
+        return new
+
+    @property
+    def _key(self) -> str:
+        return self._base + (f"?{self._query}" if self._query else "")
+
+    # ------------------------------------------------------------------ file system
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        cached = _FILESYSTEMS.get(self._key)
+        return cached if cached is not None else _filesystem(self._key, str(self))[0]
+
+    @property
+    def fs_path(self) -> str:
+        """The path within :attr:`filesystem`."""
+        return self._fs_path
+
+    def info(self) -> pafs.FileInfo:
+        return self.filesystem.get_file_info(self._fs_path)
+
+    def exists(self) -> bool:
+        return self.info().type != pafs.FileType.NotFound
+
+    def is_file(self) -> bool:
+        return self.info().type == pafs.FileType.File
+
+    def is_dir(self) -> bool:
+        return self.info().type == pafs.FileType.Directory
+
+    def resolve(self) -> "RemotePath":
+        return self
+
+    # ------------------------------------------------------------------ pure path parts
+
+    @property
+    def name(self) -> str:
+        return self._uri_path.rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        name = self.name
+        dot = name.rfind(".")
+        return name[dot:] if 0 < dot < len(name) - 1 else ""
+
+    @property
+    def stem(self) -> str:
+        suffix = self.suffix
+        return self.name[: len(self.name) - len(suffix)] if suffix else self.name
+
+    @property
+    def parent(self) -> "RemotePath":
+        name = self.name
+        if not name:
+            return self
+        uri_path = self._uri_path[: -len(name)].rstrip("/") or "/"
+        fs_path = self._fs_path[: -len(name)] if self._fs_path.endswith(name) else self._fs_path
+        fs_path = fs_path.rstrip("/") or ("/" if self._fs_path.startswith("/") else "")
+        return self._make(self._base, self._query, uri_path, fs_path)
+
+    def __truediv__(self, other: Union[str, Path]) -> "RemotePath":
+        result = self
+        for part in Path(other).as_posix().split("/"):
+            if part in ("", "."):
+                continue
+            uri_path = result._uri_path.rstrip("/") + "/" + part
+            fs_path = (result._fs_path.rstrip("/") + "/" + part) if result._fs_path not in ("",) else part
+            result = self._make(self._base, self._query, uri_path, fs_path)
+        return result
+
+    def with_name(self, name: str) -> "RemotePath":
+        return self.parent / name
+
+    def relative_to(self, root: "RemotePath") -> str:
+        """This path below ``root``, as a posix path."""
+        prefix = root._uri_path.rstrip("/") + "/"
+        if not self._uri_path.startswith(prefix):
+            raise ValueError(f"{self} is not below {root}")
+        return self._uri_path[len(prefix):]
+
+    # ------------------------------------------------------------------ identity
+
+    def __str__(self) -> str:
+        return self._base + self._uri_path + (f"?{self._query}" if self._query else "")
+
+    def __repr__(self) -> str:
+        return f"RemotePath({str(self)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemotePath) and str(other) == str(self)
+
+    def __hash__(self) -> int:
+        return hash(("RemotePath", str(self)))
+
+    def __lt__(self, other: "RemotePath") -> bool:
+        return str(self) < str(other)
+
+    def __reduce__(self):
+        return (self._make, (self._base, self._query, self._uri_path, self._fs_path))
+
+
+AnyPath = Union[Path, RemotePath]
+
+
+def to_path(item: Union[str, Path, RemotePath]) -> AnyPath:
+    """A plain path or ``file://`` URI → :class:`Path`; any other URI → :class:`RemotePath`
+    (:class:`GAEUsageError` when pyarrow knows no file system for it)."""
+    if isinstance(item, (Path, RemotePath)):
+        return item
+    text = str(item)
+    if not is_uri(text):
+        return Path(text)
+    filesystem, path = _filesystem(_base_of(text), text)
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        return Path(path)
+    return RemotePath(text)
+
+
+def _base_of(uri: str) -> str:
+    parts = urlsplit(uri)
+    return f"{parts.scheme}://{parts.netloc}" + (f"?{parts.query}" if parts.query else "")
+
+
+def resolve(item: Union[str, Path, RemotePath]) -> tuple[pafs.FileSystem, str]:
+    """(file system, path in it) for a plain path or a URI."""
+    path = to_path(item)
+    if isinstance(path, RemotePath):
+        return path.filesystem, path.fs_path
+    return pafs.LocalFileSystem(), str(path)
+
+
+def is_local(path: AnyPath) -> bool:
+    return not isinstance(path, RemotePath)
+
+
+def list_parquet(directory: RemotePath, patterns: tuple[str, ...]) -> list[RemotePath]:
+    """Files below ``directory`` (recursively) whose names match ``patterns``, sorted."""
+    import fnmatch
+
+    selector = pafs.FileSelector(directory.fs_path, recursive=True)
+    found = []
+    for info in directory.filesystem.get_file_info(selector):
+        if info.type != pafs.FileType.File:
+            continue
+        if not any(fnmatch.fnmatchcase(info.base_name, pattern) for pattern in patterns):
+            continue
+        prefix = directory.fs_path.rstrip("/") + "/"
+        relative = info.path[len(prefix):] if info.path.startswith(prefix) else info.path.lstrip("/")
+        found.append(directory / relative)
+    return sorted(found)
