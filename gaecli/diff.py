@@ -997,7 +997,7 @@ def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optiona
     :class:`gaecli.errors.InvalidDataError` for rows that break the format, and
     :class:`GAEInputError` for bad numbers (γ, λ).
     """
-    from gaecli.semantics import BASELINES, check_discount
+    from gaecli.flat import BASELINES, check_discount
 
     check_discount(options.gamma, options.lambd)
     if options.against is not None and options.baseline is not None:

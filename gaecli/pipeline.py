@@ -17,12 +17,12 @@ import pyarrow as pa
 
 from gaecli.checks import BatchCheck, Finding, check_batch, check_schema, first_error
 from gaecli.errors import GAEInputError, GAEUsageError, InvalidDataError
+from gaecli.flat import WHITEN_EPSILON, gae_flat
 from gaecli.io.format import Columns, is_list_type, is_real_type, list_parts, numeric_numpy, output_float_type
 from gaecli.io.reader import RolloutFile
 from gaecli.kl import kl_rewards
 from gaecli.stats import GroupedMoments, row_moments
 
-WHITEN_EPSILON = 1e-8  # as gaecli.semantics.WHITEN_EPSILON (not imported: it loads torch)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -30,7 +30,9 @@ WHITEN_EPSILON = 1e-8  # as gaecli.semantics.WHITEN_EPSILON (not imported: it lo
 
 def check_device(device: str) -> None:
     """Refuse (:class:`GAEUsageError`) a device that is not cpu or cuda, or CUDA where
-    torch cannot use it."""
+    torch cannot use it. ``cpu`` is accepted without importing torch."""
+    if device == "cpu":
+        return
     import torch
 
     try:
@@ -111,7 +113,12 @@ def pack_batch(batch: pa.RecordBatch, columns: Columns, dtype: np.dtype) -> Pack
 
 def compute_packed(packed: PackedBatch, gamma: float, lambd: float, kernel: str, device: str, semantics: str) -> tuple[np.ndarray, np.ndarray]:
     """Advantages and returns (flat numpy, the values' dtype) of a packed batch under
-    ``semantics`` ("masked" or a baseline)."""
+    ``semantics`` ("masked" or a baseline). The ``native`` kernel on the CPU runs without
+    torch (:func:`gaecli.flat.gae_flat`); every other kernel and device through
+    :func:`gaecli.semantics.baseline_gae_packed` — the same bits where both can run."""
+    if kernel == "native" and device == "cpu":
+        return gae_flat(packed.values, packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards,
+                        gamma=gamma, lambd=lambd, semantics=semantics)
     import torch
 
     from gaecli.semantics import baseline_gae_packed

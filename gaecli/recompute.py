@@ -27,7 +27,7 @@ from gaecli.pipeline import (  # noqa: F401 - PackedBatch, pack_batch, compute_p
     normalize_label, pack_batch, whiten_rows,
 )
 from gaecli.progress import NoProgress, Progress
-from gaecli.semantics import check_discount
+from gaecli.flat import check_discount
 from gaecli.stats import GroupedMoments
 
 REJECTS_SUFFIX = ".rejected"

@@ -11,32 +11,21 @@ Two forms of every function:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Literal, Union
 
 import torch
 
 from gaecli.errors import GAEInputError
+from gaecli.flat import BASELINES, WHITEN_EPSILON, check_discount
 from gaecli.kernels import get_kernel
 from gaecli.kernels.layout import next_trainable_index, segment_ids
 
 Semantics = Literal["masked", "unmasked", "skip-masked", "zero-masked"]
-BASELINES: tuple[str, ...] = ("unmasked", "skip-masked", "zero-masked")
 TerminalRewards = Union[Sequence[float], torch.Tensor]
-WHITEN_EPSILON = 1e-8
 
 
 # ----------------------------------------------------------------------------- checks
-
-
-def check_discount(gamma: float, lambd: float) -> None:
-    """Raise :class:`GAEInputError` unless γ and λ are finite numbers in [0, 1]."""
-    for name, value in (("gamma", gamma), ("lambd", lambd)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise GAEInputError(f"{name} must be a number in [0, 1], got {value!r}")
-        if not 0.0 <= value <= 1.0:
-            raise GAEInputError(f"{name} must be in [0, 1], got {value}")
 
 
 def _sample_of(offsets: torch.Tensor, position: int) -> int:

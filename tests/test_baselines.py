@@ -10,6 +10,8 @@ from hypothesis import given
 
 import gaecli
 from gaecli import GAEInputError
+from gaecli.flat import gae_flat, last_trainable_index, next_trainable_index
+from gaecli.kernels import layout
 from helpers import (
     FAST_KERNEL_NAMES,
     KERNEL_NAMES,
@@ -169,3 +171,56 @@ def test_every_baseline_is_masked_gae_when_nothing_is_masked(semantics):
     expected_advantages, expected_returns = gaecli.masked_gae(*batch.args(), gamma=batch.gamma, lambd=batch.lambd, kernel="reference")
     assert_close(f"{semantics} with an all-ones mask", expected_advantages, advantages)
     assert_close(f"{semantics} with an all-ones mask, returns", expected_returns, returns)
+
+
+# ----------------------------------------------------------------------------- the torch-free CPU path
+
+
+def flat(semantics: str, packed: tuple, gamma: float, lambd: float):
+    """:func:`gaecli.flat.gae_flat` on a batch's packed tensors, as numpy (terminal rewards
+    in the values' dtype, as the commands pass them); the results back as tensors."""
+    values, rewards, mask, offsets, terminals = (t.numpy() for t in packed)
+    advantages, returns = gae_flat(
+        values, rewards, mask, offsets, terminals.astype(values.dtype), gamma=gamma, lambd=lambd, semantics=semantics
+    )
+    return torch.from_numpy(advantages), torch.from_numpy(returns)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("semantics", SEMANTICS)
+def test_flat_hand_computed_case(semantics, dtype):
+    batch = hand_batch(dtype)
+    advantages, returns = flat(semantics, batch.packed(), batch.gamma, batch.lambd)
+    expected_advantages = torch.cat([torch.tensor(HAND_EXPECTED[semantics][0]), torch.tensor(FULLY_MASKED_EXPECTED[semantics][0])]).to(dtype)
+    expected_returns = torch.cat([torch.tensor(HAND_EXPECTED[semantics][1]), torch.tensor(FULLY_MASKED_EXPECTED[semantics][1])]).to(dtype)
+    assert_bitwise(f"flat {semantics} advantages", expected_advantages, advantages)
+    assert_bitwise(f"flat {semantics} returns", expected_returns, returns)
+
+
+@pytest.mark.parametrize("semantics", SEMANTICS)
+@given(batch=ragged_batches())
+def test_flat_path_is_bitwise_the_torch_path(semantics, batch):
+    # The commands compute on numpy without torch; the library on tensors: same bits.
+    packed = batch.packed()
+    expected = gaecli.baseline_gae_packed(*packed, gamma=batch.gamma, lambd=batch.lambd, semantics=semantics, kernel="native")
+    got = flat(semantics, packed, batch.gamma, batch.lambd)
+    assert_bitwise(f"{semantics} advantages", expected[0], got[0])
+    assert_bitwise(f"{semantics} returns", expected[1], got[1])
+
+
+@given(batch=ragged_batches())
+def test_flat_layout_helpers_match_the_torch_ones(batch):
+    _, _, mask, offsets, _ = batch.packed()
+    following = next_trainable_index(mask.numpy(), offsets.numpy())
+    assert following.tolist() == layout.next_trainable_index(mask, offsets).tolist()
+    # The last trainable token of each sample, by a plain loop.
+    last = last_trainable_index(mask.numpy(), offsets.numpy())
+    starts = offsets.tolist()
+    expected = [max((t for t in range(a, b) if mask[t]), default=-1) for a, b in zip(starts, starts[1:])]
+    assert last.tolist() == expected
+
+
+def test_flat_unknown_semantics_raises():
+    batch = make_batch(23, [3])
+    with pytest.raises(GAEInputError, match="unknown semantics 'token-mean'"):
+        flat("token-mean", batch.packed(), batch.gamma, batch.lambd)

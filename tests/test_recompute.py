@@ -946,3 +946,29 @@ def test_recompute_help_lists_exit_codes():
     for option in ("--gamma", "--lambd", "--normalize-by", "--on-invalid", "--keep-baseline", "--json"):
         assert option in result.stdout
     assert "Exit codes" in result.stdout
+
+
+def test_cpu_commands_never_import_torch(tmp_path):
+    # Worker processes pay every import once per process: the CPU path (native kernel,
+    # every baseline, validate, diff) must run without torch.
+    write_table(rollout_table(random_rollouts(12, 41)), tmp_path / "in.parquet")
+    script = f"""
+import sys
+from gaecli.cli import main
+for argv in (
+    ["recompute", "in.parquet", "-o", "out.parquet", "--keep-baseline", "--normalize"],
+    ["validate", "out.parquet"],
+    ["diff", "in.parquet", "--baseline", "skip-masked"],
+    ["diff", "in.parquet", "--baseline", "zero-masked"],
+):
+    sys.argv = ["gae", *argv, *([] if argv[0] == "validate" else ["--gamma", "1", "--lambd", "0.95"]), "--workers", "1", "--quiet"]
+    try:
+        main()
+    except SystemExit as exit:
+        assert exit.code == 0, (argv, exit.code)
+print(sorted(name for name in sys.modules if name == "torch" or name.startswith("torch.")))
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert (tmp_path / "out.parquet").exists()

@@ -1,6 +1,7 @@
 """The local engine's pool: work units in worker processes started with ``spawn`` (torch,
-numba and ``fork`` do not mix), each worker's torch and numba threads set to its share of
-the cores so that the workers do not oversubscribe them."""
+numba and ``fork`` do not mix), each worker's Arrow, numba (and, if a unit loads it,
+torch) threads set to its share of the cores so that the workers do not oversubscribe
+them."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ START_METHOD = "spawn"
 
 
 def _init_worker(threads: int) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    # torch is not imported here (the CPU path runs without it); if a unit imports it, it
+    # reads its thread count from the environment.
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = str(threads)
     import pyarrow
-    import torch
 
     pyarrow.set_cpu_count(threads)
-    torch.set_num_threads(threads)
     try:
         import numba
 

@@ -8,62 +8,74 @@ Every kernel has the signature of :func:`gaecli.kernels.reference.reference_gae`
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Callable
-
-import torch
+from functools import cached_property
+from typing import Any, Callable
 
 from gaecli.errors import KernelUnavailableError
-from gaecli.kernels import native
-from gaecli.kernels.chunked import chunked_gae
-from gaecli.kernels.native import native_gae
-from gaecli.kernels.reference import reference_gae
-from gaecli.kernels.scan import scan_gae
-from gaecli.kernels.vanilla import vanilla_gae
 
 
 @dataclass(frozen=True)
 class Kernel:
-    """A kernel: its function, whether it runs on CUDA, whether it is usable here, and a
-    one-line description for ``gae kernels``."""
+    """A kernel: where its function lives (loaded on first use, so that naming or resolving
+    a kernel imports neither torch nor numba), whether it runs on CUDA, and a one-line
+    description for ``gae kernels``."""
 
-    function: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    module: str
+    attribute: str
     cuda: bool
-    usable: bool
     description: str
+
+    @property
+    def function(self) -> Callable[..., tuple[Any, Any]]:
+        return getattr(importlib.import_module(self.module), self.attribute)
+
+    @cached_property
+    def usable(self) -> bool:
+        """Whether it can run here: the compiled kernel needs numba."""
+        if self.module.endswith(".native"):
+            return importlib.import_module(self.module).AVAILABLE
+        return True
 
 
 KERNELS: dict[str, Kernel] = {
-    "reference": Kernel(reference_gae, True, True, "float64 serial loop per sample (the oracle)"),
-    "vanilla": Kernel(vanilla_gae, True, True, "padded [B, T] batched serial scan (trainers' way)"),
-    "chunked": Kernel(chunked_gae, True, True, "padded [B, T] FLA-style chunked scan (trainers' way)"),
-    "scan": Kernel(scan_gae, True, True, "ragged log-step segmented scan, no padding (torch)"),
-    "native": Kernel(native_gae, False, native.AVAILABLE, "ragged compiled pass per sample, no padding (numba, CPU)"),
+    "reference": Kernel("gaecli.kernels.reference", "reference_gae", True, "float64 serial loop per sample (the oracle)"),
+    "vanilla": Kernel("gaecli.kernels.vanilla", "vanilla_gae", True, "padded [B, T] batched serial scan (trainers' way)"),
+    "chunked": Kernel("gaecli.kernels.chunked", "chunked_gae", True, "padded [B, T] FLA-style chunked scan (trainers' way)"),
+    "scan": Kernel("gaecli.kernels.scan", "scan_gae", True, "ragged log-step segmented scan, no padding (torch)"),
+    "native": Kernel("gaecli.kernels.native", "native_gae", False, "ragged compiled pass per sample, no padding (numba, CPU)"),
 }
 
 # Fastest batch-invariant kernel first, per device type.
 AUTO_ORDER = {"cpu": ("native", "scan"), "cuda": ("scan",)}
 
 
-def available_kernels(device: str | torch.device = "cpu") -> list[str]:
-    """Names of the concrete kernels usable on ``device`` here (``auto`` excluded)."""
-    device_type = torch.device(device).type
+def device_type(device) -> str:
+    """``cpu``, ``cuda``... of a device name (``"cuda:1"``) or a ``torch.device``."""
+    return device.type if hasattr(device, "type") else str(device).split(":", 1)[0]
+
+
+def available_kernels(device="cpu") -> list[str]:
+    """Names of the concrete kernels usable on ``device`` (a name or a ``torch.device``)
+    here (``auto`` excluded)."""
+    kind = device_type(device)
     return [
         name
         for name, kernel in KERNELS.items()
-        if kernel.usable and (device_type == "cpu" or kernel.cuda)
+        if kernel.usable and (kind == "cpu" or kernel.cuda)
     ]
 
 
-def resolve_kernel(name: str, device: str | torch.device = "cpu") -> str:
+def resolve_kernel(name: str, device="cpu") -> str:
     """The concrete kernel name ``name`` stands for on ``device`` (``auto`` resolved).
 
     Raises :class:`KernelUnavailableError` for an unknown name or one that cannot run there.
     """
-    device_type = torch.device(device).type
+    kind = device_type(device)
     usable = available_kernels(device)
     if name == "auto":
-        for candidate in AUTO_ORDER.get(device_type, ("scan",)):
+        for candidate in AUTO_ORDER.get(kind, ("scan",)):
             if candidate in usable:
                 return candidate
         return "vanilla"
@@ -71,14 +83,14 @@ def resolve_kernel(name: str, device: str | torch.device = "cpu") -> str:
         raise KernelUnavailableError(f"unknown kernel {name!r}; choose one of: auto, {', '.join(KERNELS)}")
     if name not in usable:
         raise KernelUnavailableError(
-            f"kernel {name!r} cannot run on {device_type} here; usable: {', '.join(usable)}"
+            f"kernel {name!r} cannot run on {kind} here; usable: {', '.join(usable)}"
         )
     return name
 
 
-def get_kernel(name: str, device: str | torch.device = "cpu") -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+def get_kernel(name: str, device="cpu") -> Callable[..., tuple[Any, Any]]:
     """The kernel function for ``name`` (``auto`` resolved for ``device``)."""
     return KERNELS[resolve_kernel(name, device)].function
 
 
-__all__ = ["KERNELS", "Kernel", "available_kernels", "get_kernel", "resolve_kernel"]
+__all__ = ["KERNELS", "Kernel", "available_kernels", "device_type", "get_kernel", "resolve_kernel"]

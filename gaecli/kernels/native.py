@@ -20,7 +20,6 @@ in its arithmetic.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 try:
     import numba
@@ -180,38 +179,46 @@ else:  # pragma: no cover
     _compiled = None
 
 
-def native_gae(
-    values: torch.Tensor,
-    rewards: torch.Tensor,
-    loss_mask: torch.Tensor,
-    offsets: torch.Tensor,
-    terminal_rewards: torch.Tensor,
+def native_gae_flat(
+    values: np.ndarray,
+    rewards: np.ndarray,
+    loss_mask: np.ndarray,
+    offsets: np.ndarray,
+    terminal_rewards: np.ndarray,
     *,
     gamma: float,
     lambd: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked GAE by a compiled serial pass per sample (CPU tensors only).
+) -> tuple[np.ndarray, np.ndarray]:
+    """Masked GAE on flat numpy buffers, without torch (the commands' CPU path).
 
-    Same signature and semantics as :func:`gaecli.kernels.reference.reference_gae`.
+    ``values``, ``rewards``: float ``[N]`` (the same dtype, which the outputs take);
+    ``loss_mask``: bool ``[N]``; ``offsets``: int64 ``[B + 1]``; ``terminal_rewards``:
+    ``[B]``. Returns flat ``(advantages, returns)`` ``[N]``, 0 at masked positions (so all 0
+    for a fully masked sample); empty samples own no position.
     """
-    advantages = torch.empty_like(values)
-    returns = torch.empty_like(values)
-    batch = offsets.numel() - 1
+    advantages = np.empty_like(values)
+    returns = np.empty_like(values)
+    batch = offsets.size - 1
     if batch <= 0:
         return advantages, returns
-    offsets_array = offsets.numpy()
-    order, group_bounds = _plan_groups(offsets_array, max(1, min(numba.get_num_threads(), batch)))
+    order, group_bounds = _plan_groups(offsets, max(1, min(numba.get_num_threads(), batch)))
     _compiled(
-        values.numpy(),
-        rewards.numpy(),
-        loss_mask.numpy(),
-        offsets_array,
-        terminal_rewards.numpy(),
-        float(gamma),
-        float(lambd),
-        advantages.numpy(),
-        returns.numpy(),
-        order,
-        group_bounds,
+        values, rewards, loss_mask, offsets, terminal_rewards, float(gamma), float(lambd),
+        advantages, returns, order, group_bounds,
     )
     return advantages, returns
+
+
+def native_gae(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma: float, lambd: float):
+    """Masked GAE by a compiled serial pass per sample (CPU tensors only).
+
+    Same signature and semantics as :func:`gaecli.kernels.reference.reference_gae`; the
+    tensors share memory with the numpy buffers of :func:`native_gae_flat`.
+    """
+    import torch
+
+    advantages, returns = native_gae_flat(
+        values.numpy(), rewards.numpy(), loss_mask.numpy(), offsets.numpy(), terminal_rewards.numpy(),
+        gamma=gamma, lambd=lambd,
+    )
+    return torch.from_numpy(advantages), torch.from_numpy(returns)
