@@ -1,10 +1,12 @@
 """Shared pytest configuration: one hypothesis profile that keeps the property tests fast
-(a few dozen examples each, no per-example deadline) and reproducible in CI."""
+(a few dozen examples each, no per-example deadline) and reproducible in CI, and one local
+Ray instance for the whole session."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -16,3 +18,17 @@ settings.register_profile(
 # More examples on demand: HYPOTHESIS_PROFILE=thorough pytest tests/
 settings.register_profile("thorough", parent=settings.get_profile("default"), max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """A local Ray of 2 CPUs, started on first use and kept for the session (Ray's start-up
+    costs seconds); None when Ray is not installed."""
+    try:
+        import ray
+    except ImportError:
+        yield None
+        return
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

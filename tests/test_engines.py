@@ -1,7 +1,8 @@
 """The engines: local with one and two worker processes and Ray (a local 2-CPU instance
-started once for this module) give bitwise-equal advantages and returns for any batch
-size, with and without normalization; a bad file among good ones; resuming with
---skip-existing; a worker that dies; the missing Ray extra."""
+started once for the test session: ``local_ray`` in conftest.py) give bitwise-equal
+advantages and returns for any batch size, with and without normalization; a bad file
+among good ones; resuming with --skip-existing; a worker that dies; the missing Ray
+extra."""
 
 from __future__ import annotations
 
@@ -18,19 +19,6 @@ from gaecli.engines import EngineOptions, TaskFailure, map_units
 
 GAMMA, LAMBD = 0.99, 0.95
 OUTPUT_COLUMNS = ("advantages", "returns", "advantages_unmasked", "returns_unmasked")
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """A local Ray of 2 CPUs for the whole module (None when Ray is not installed)."""
-    try:
-        import ray
-    except ImportError:
-        yield None
-        return
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
