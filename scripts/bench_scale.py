@@ -5,10 +5,12 @@ Ray on 2 CPUs, each a whole process, in one run.
 
 Generates (once, cached under ``--data``) ``--files`` zstd rollout files of ``--rows``
 agentic rollouts each, then times ``gae recompute DIR -o OUT --gamma 1 --lambd 0.95`` with
-``--workers 1``, ``--workers 2`` and ``--engine ray --workers 2`` (Ray started by the
-command, as a user would run it; its start-up is part of the time). Prints wall times, the
-1-worker / 2-worker ratio and Ray's time against 2 local workers, and checks that the three
-runs wrote bitwise-equal advantages and returns.
+``--workers 1``, ``--workers 2``, ``--workers 1`` pinned to one core, and ``--engine ray
+--workers 2`` (Ray started by the command, as a user would run it; its start-up is part of
+the time). Prints wall times, the 1-worker / 2-worker ratio (each free to use every core),
+the per-core scaling (one worker on one core against two workers on two) and Ray's time
+against 2 local workers, and checks that every run wrote bitwise-equal advantages and
+returns.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ def make_data(directory: Path, files: int, rows: int) -> list[Path]:
     return paths
 
 
-def timed(command: list[str]) -> tuple[float, float]:
+def timed(command: list[str], cores: int | None = None) -> tuple[float, float]:
     """Wall seconds and CPU seconds (user + system, the command and the processes it waited
-    for; Ray's own daemons are not counted)."""
+    for; Ray's own daemons are not counted). ``cores``: pin the command (and its children)
+    to that many cores."""
+    pin = None if cores is None else (lambda: os.sched_setaffinity(0, set(range(cores))))
     before = os.times()
     started = time.perf_counter()
-    process = subprocess.run(command, capture_output=True, text=True)
+    process = subprocess.run(command, capture_output=True, text=True, preexec_fn=pin)
     elapsed = time.perf_counter() - started
     after = os.times()
     if process.returncode != 0:
@@ -75,10 +79,12 @@ def main() -> None:
     rows = sum(pq.read_metadata(p).num_rows for p in paths)
     size = sum(p.stat().st_size for p in paths)
     gae = [sys.executable, "-m", "gaecli"]
+    # (name, options, cores the process may use: None = all)
     configurations = [
-        ("local, 1 worker", ["--workers", "1"]),
-        ("local, 2 workers", ["--workers", "2"]),
-        ("ray, 2 CPUs", ["--engine", "ray", "--workers", "2"]),
+        ("local, 1 worker", ["--workers", "1"], None),
+        ("local, 2 workers", ["--workers", "2"], None),
+        ("local, 1 worker, 1 core", ["--workers", "1"], 1),
+        ("ray, 2 CPUs", ["--engine", "ray", "--workers", "2"], None),
     ]
     try:
         import ray  # noqa: F401
@@ -88,21 +94,23 @@ def main() -> None:
     print(f"{args.files} files, {rows:,} rows, {size / 1e6:,.1f} MB zstd, agentic workload; {os.cpu_count()} cores")
     times, cpus, outputs = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="gae-bench-scale-") as scratch:
-        for name, options in configurations:
+        for name, options, cores in configurations:
             best = (float("inf"), 0.0)
             for attempt in range(args.repeat):
                 out = Path(scratch) / f"out-{len(times)}-{attempt}"
-                best = min(best, timed([*gae, "recompute", str(data), "-o", str(out), "--gamma", "1", "--lambd", "0.95", "--quiet", *options]))
+                command = [*gae, "recompute", str(data), "-o", str(out), "--gamma", "1", "--lambd", "0.95", "--quiet", *options]
+                best = min(best, timed(command, cores))
                 outputs[name] = output_bytes(out)
                 shutil.rmtree(out)
             times[name], cpus[name] = best
-    print(f"{'configuration':<20} {'wall s':>8} {'CPU s':>7} {'cores busy':>10} {'rows/s':>8}")
+    print(f"{'configuration':<24} {'wall s':>8} {'CPU s':>7} {'cores busy':>10} {'rows/s':>8}")
     for name, seconds in times.items():
-        print(f"{name:<20} {seconds:>8.2f} {cpus[name]:>7.2f} {cpus[name] / seconds:>10.2f} {rows / seconds:>8,.0f}")
-    one, two = times["local, 1 worker"], times["local, 2 workers"]
+        print(f"{name:<24} {seconds:>8.2f} {cpus[name]:>7.2f} {cpus[name] / seconds:>10.2f} {rows / seconds:>8,.0f}")
+    one, two, pinned = times["local, 1 worker"], times["local, 2 workers"], times["local, 1 worker, 1 core"]
     print(f"speed-up 1 worker / 2 workers: {one / two:.2f}x (aim >= 1.7x); one worker already keeps "
           f"{cpus['local, 1 worker'] / one:.2f} cores busy (reading, the kernel's threads and the background "
           f"writer overlap), so {os.cpu_count()} cores allow at most {os.cpu_count() * one / cpus['local, 1 worker']:.2f}x")
+    print(f"per-core scaling, 1 worker on 1 core / 2 workers on 2 cores: {pinned / two:.2f}x")
     if "ray, 2 CPUs" in times:
         ray_time = times["ray, 2 CPUs"]
         print(f"ray / local 2 workers: {ray_time / two:.2f}x ({ray_time - two:+.2f} s, Ray start-up included)")
