@@ -16,6 +16,7 @@ import pytest
 from rollout_files import assert_rows_close, files_under, gae, random_rollouts, reference_outputs, rollouts_from_table, rollout_table, sha256, write_table
 
 from gaecli.engines import EngineOptions, TaskFailure, map_units
+from gaecli.errors import GAEInputError
 
 GAMMA, LAMBD = 0.99, 0.95
 OUTPUT_COLUMNS = ("advantages", "returns", "advantages_unmasked", "returns_unmasked")
@@ -139,6 +140,40 @@ def test_a_worker_that_dies_is_reported_with_its_file():
     results = map_units(_die_on_two, [(1,), (2,)], ["one.parquet", "two.parquet"], EngineOptions("local", 2))
     failures = [result for result in results if isinstance(result, TaskFailure)]
     assert failures and any("two.parquet" in failure.message and "died" in failure.message for failure in failures)
+
+
+def _in_steps(steps: int, progress=None):
+    """A unit that reports ``steps`` batches of 3 rows and 5 tokens; negative: reports
+    ``-steps`` batches, then fails."""
+    for _ in range(abs(steps)):
+        progress.advance(3, 5)
+    if steps < 0:
+        raise GAEInputError("bad.parquet: row 0: failed")
+    return _Done(3 * steps)
+
+
+class _Recording:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def start(self, phase: str, total_rows: int) -> None:
+        pass
+
+    def advance(self, rows: int, tokens: int) -> None:
+        self.calls.append((rows, tokens))
+
+    def finish(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_moves_batch_by_batch_in_workers(workers):
+    # Each batch a unit reports reaches the parent's progress (not one jump per file),
+    # also from a unit that fails afterwards.
+    progress = _Recording()
+    results = map_units(_in_steps, [(4,), (-2,), (7,)], ["a", "bad", "c"], EngineOptions("local", workers), progress=progress)
+    assert [type(result).__name__ for result in results] == ["_Done", "TaskFailure", "_Done"]
+    assert progress.calls == [(3, 5)] * 13
 
 
 def test_validate_with_workers_matches_one(tmp_path, inputs):
