@@ -3,10 +3,11 @@ contract's constants and γ/λ check: the commands' CPU path, which never import
 
 Importing torch costs a process about a second and a half; every worker process of
 ``--engine local`` and every Ray task's worker would pay it. On the CPU with the ``native``
-kernel the commands therefore compute here, and :func:`gaecli.semantics.baseline_gae_packed`
-(torch, any kernel, any device) is the same arithmetic on tensors: both run the same
-compiled kernel and the same element-wise transforms in the same order, so their results
-are bitwise equal (``tests/test_baselines.py`` checks it).
+kernel the commands therefore compute here. The semantics around the kernel are written
+once, for numpy and torch alike (:func:`apply_semantics`);
+:func:`gaecli.semantics.baseline_gae_packed` (torch, any kernel, any device) runs them on
+tensors, so with the same compiled kernel both give the same bits
+(``tests/test_baselines.py`` checks it).
 
 Layout as everywhere in gaecli: ``values``, ``rewards`` float ``[N]`` of one dtype (the
 outputs take it), ``trainable`` bool ``[N]``, ``offsets`` int64 ``[B + 1]`` (an Arrow list
@@ -53,6 +54,52 @@ def next_trainable_index(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarr
     return np.where(following < sample_end, following, -1)
 
 
+def apply_semantics(xp, run, values, rewards, trainable, offsets, terminal_rewards, *, gamma: float, lambd: float,
+                    semantics: str, last_trainable, next_trainable):
+    """The one implementation of the semantics around a masked-GAE kernel, for numpy arrays
+    (``xp`` = numpy) and torch tensors (``xp`` = torch) alike: only operations both spell
+    the same way (``where``, ``zeros_like``, ``ones_like``, indexing), element-wise and in the
+    same order, so both give the same bits for the same kernel.
+
+    ``run(values, rewards, trainable, terminal_rewards)`` is the masked-GAE kernel on this
+    batch; ``last_trainable(trainable, offsets)`` and ``next_trainable(trainable, offsets)``
+    are the layout helpers of that array library (:func:`last_trainable_index`,
+    :func:`next_trainable_index`). Shapes and results as :func:`gae_flat`.
+    """
+    if semantics == "masked":
+        return run(values, rewards, trainable, terminal_rewards)
+    everywhere = xp.ones_like(trainable)
+    if semantics == "unmasked":
+        return run(values, rewards, everywhere, terminal_rewards)
+    if semantics == "zero-masked":
+        zeroed_values = xp.where(trainable, values, 0.0)
+        zeroed_rewards = xp.where(trainable, rewards, 0.0)
+        last = last_trainable(trainable, offsets)
+        has_trainable = last >= 0
+        zeroed_rewards[last[has_trainable]] += terminal_rewards[has_trainable]
+        return run(zeroed_values, zeroed_rewards, everywhere, xp.zeros_like(terminal_rewards))
+    if semantics == "skip-masked":
+        last_position = offsets[1:] - 1
+        nonempty = offsets[1:] > offsets[:-1]
+        ends_trainable = xp.zeros_like(nonempty)
+        ends_trainable[nonempty] = trainable[last_position[nonempty]]
+        kept_terminal = xp.where(ends_trainable, terminal_rewards, 0.0)
+        advantages, returns = run(values, rewards, trainable, kept_terminal)
+        following = next_trainable(trainable, offsets)
+        has_next = following >= 0
+        safe_following = xp.where(has_next, following, 0)
+        next_values = xp.where(has_next, values[safe_following], 0.0)
+        carry = xp.where(has_next, advantages[safe_following], 0.0)
+        lost_terminal = xp.zeros_like(values)
+        lost = nonempty & ~ends_trainable
+        lost_terminal[last_position[lost]] = terminal_rewards[lost]
+        masked_advantages = rewards + lost_terminal + gamma * next_values - values + (gamma * lambd) * carry
+        advantages = xp.where(trainable, advantages, masked_advantages)
+        returns = xp.where(trainable, returns, masked_advantages + values)
+        return advantages, returns
+    raise GAEInputError(f"unknown semantics {semantics!r}; choose one of: masked, {', '.join(BASELINES)}")
+
+
 def gae_flat(
     values: np.ndarray,
     rewards: np.ndarray,
@@ -74,35 +121,5 @@ def gae_flat(
     def run(v, r, m, z):
         return native_gae_flat(v, r, m, offsets, z, gamma=gamma, lambd=lambd)
 
-    if semantics == "masked":
-        return run(values, rewards, trainable, terminal_rewards)
-    everywhere = np.ones_like(trainable)
-    if semantics == "unmasked":
-        return run(values, rewards, everywhere, terminal_rewards)
-    if semantics == "zero-masked":
-        zeroed_values = np.where(trainable, values, 0.0)
-        zeroed_rewards = np.where(trainable, rewards, 0.0)
-        last = last_trainable_index(trainable, offsets)
-        has_trainable = last >= 0
-        zeroed_rewards[last[has_trainable]] += terminal_rewards[has_trainable]
-        return run(zeroed_values, zeroed_rewards, everywhere, np.zeros_like(terminal_rewards))
-    if semantics == "skip-masked":
-        last_position = offsets[1:] - 1
-        nonempty = offsets[1:] > offsets[:-1]
-        ends_trainable = np.zeros_like(nonempty)
-        ends_trainable[nonempty] = trainable[last_position[nonempty]]
-        kept_terminal = np.where(ends_trainable, terminal_rewards, 0.0)
-        advantages, returns = run(values, rewards, trainable, kept_terminal)
-        following = next_trainable_index(trainable, offsets)
-        has_next = following >= 0
-        safe_following = np.maximum(following, 0)
-        next_values = np.where(has_next, values[safe_following], 0.0)
-        carry = np.where(has_next, advantages[safe_following], 0.0)
-        lost_terminal = np.zeros_like(values)
-        lost = nonempty & ~ends_trainable
-        lost_terminal[last_position[lost]] = terminal_rewards[lost]
-        masked_advantages = rewards + lost_terminal + gamma * next_values - values + (gamma * lambd) * carry
-        advantages = np.where(trainable, advantages, masked_advantages)
-        returns = np.where(trainable, returns, masked_advantages + values)
-        return advantages, returns
-    raise GAEInputError(f"unknown semantics {semantics!r}; choose one of: masked, {', '.join(BASELINES)}")
+    return apply_semantics(np, run, values, rewards, trainable, offsets, terminal_rewards, gamma=gamma, lambd=lambd,
+                           semantics=semantics, last_trainable=last_trainable_index, next_trainable=next_trainable_index)

@@ -17,7 +17,7 @@ from typing import Literal, Union
 import torch
 
 from gaecli.errors import GAEInputError
-from gaecli.flat import BASELINES, WHITEN_EPSILON, check_discount
+from gaecli.flat import BASELINES, WHITEN_EPSILON, apply_semantics, check_discount
 from gaecli.kernels import get_kernel
 from gaecli.kernels.layout import next_trainable_index, segment_ids
 
@@ -249,39 +249,12 @@ def baseline_gae_packed(
         values, rewards, loss_mask, offsets, terminal_rewards, gamma, lambd, validate
     )
     gae_kernel = get_kernel(kernel, values.device)
-    run = lambda v, r, m, z: gae_kernel(v, r, m, offsets, z, gamma=gamma, lambd=lambd)  # noqa: E731
-    all_trainable = torch.ones_like(mask)
-    if semantics == "masked":
-        return run(values, rewards, mask, terminal)
-    if semantics == "unmasked":
-        return run(values, rewards, all_trainable, terminal)
-    if semantics == "zero-masked":
-        zeroed_values = torch.where(mask, values, 0.0)
-        zeroed_rewards = torch.where(mask, rewards, 0.0)
-        last = _last_trainable_index(mask, offsets)
-        has_trainable = last >= 0
-        zeroed_rewards[last[has_trainable]] += terminal[has_trainable]
-        return run(zeroed_values, zeroed_rewards, all_trainable, torch.zeros_like(terminal))
-    if semantics == "skip-masked":
-        last_position = offsets[1:] - 1
-        nonempty = offsets[1:] > offsets[:-1]
-        ends_trainable = torch.zeros_like(nonempty)
-        ends_trainable[nonempty] = mask[last_position[nonempty]]
-        kept_terminal = torch.where(ends_trainable, terminal, 0.0)
-        advantages, returns = run(values, rewards, mask, kept_terminal)
-        following = next_trainable_index(mask, offsets)
-        has_next = following >= 0
-        safe_following = following.clamp(min=0)
-        next_values = torch.where(has_next, values[safe_following], 0.0)
-        carry = torch.where(has_next, advantages[safe_following], 0.0)
-        lost_terminal = torch.zeros_like(values)
-        lost = nonempty & ~ends_trainable
-        lost_terminal[last_position[lost]] = terminal[lost]
-        masked_advantages = rewards + lost_terminal + gamma * next_values - values + (gamma * lambd) * carry
-        advantages = torch.where(mask, advantages, masked_advantages)
-        returns = torch.where(mask, returns, masked_advantages + values)
-        return advantages, returns
-    raise GAEInputError(f"unknown semantics {semantics!r}; choose one of: masked, {', '.join(BASELINES)}")
+
+    def run(v, r, m, z):
+        return gae_kernel(v, r, m, offsets, z, gamma=gamma, lambd=lambd)
+
+    return apply_semantics(torch, run, values, rewards, mask, offsets, terminal, gamma=gamma, lambd=lambd,
+                           semantics=semantics, last_trainable=_last_trainable_index, next_trainable=next_trainable_index)
 
 
 def baseline_gae(
