@@ -26,7 +26,7 @@ from gaecli.errors import GAEUsageError
 from gaecli.io.format import Columns
 from gaecli.io.paths import discover_inputs
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
-from gaecli.engines import EngineOptions, TaskFailure, map_units
+from gaecli.engines import EngineOptions, TaskFailure, engine_session, map_units
 from gaecli.pipeline import (
     Computation, check_device, check_file, check_scalar_column, computed_batches, engine_moments, normalize_label, whiten_rows,
 )
@@ -905,17 +905,18 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
                 schema = per_sample_schema(rollout.schema, options) if options.per_sample is not None else None
         finally:
             rollout.close()
-    moments = None
-    if options.whitening:
-        moments = engine_moments(files, computation, engine, progress, total_rows)
     writer = AtomicParquetWriter(Path(options.per_sample), schema) if schema is not None else None
     try:
-        progress.start("diff", total_rows)
-        try:
-            results = map_units(diff_unit, [(index, file, options, kernel, moments, schema) for index, file in enumerate(files)],
-                                files, engine, stop_on_failure=True, progress=progress)
-        finally:
-            progress.finish()
+        with engine_session():  # one pool (or Ray) for both passes
+            moments = None
+            if options.whitening:
+                moments = engine_moments(files, computation, engine, progress, total_rows)
+            progress.start("diff", total_rows)
+            try:
+                results = map_units(diff_unit, [(index, file, options, kernel, moments, schema) for index, file in enumerate(files)],
+                                    files, engine, stop_on_failure=True, progress=progress)
+            finally:
+                progress.finish()
         _raise_first_failure(results)
         # merged into fresh objects (a Ray result's arrays are read-only), in input order
         accumulator = DiffAccumulator(options.gamma, options.lambd, options.old_semantics, options.tolerance, quantiles=True)

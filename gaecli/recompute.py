@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from gaecli._version import __version__
 from gaecli.checks import row_reasons
 from gaecli.diff import DiffAccumulator
-from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, TaskFailure, map_units
+from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, TaskFailure, engine_session, map_units
 from gaecli.errors import FilesFailedError, GAEInputError, GAEUsageError, InvalidFilesError, UnusableFilesError
 from gaecli.io.format import Columns, list_type_like, output_float_type
 from gaecli.io.paths import FileJob, plan_outputs, with_suffix
@@ -401,19 +401,19 @@ def recompute_files(
     skipped = [options.skip_existing and _existing_output(job, options) for job in jobs]
     progress = progress or NoProgress()
 
-    moments = None
-    if options.whitening:
-        moments = engine_moments([job.source for job in jobs], computation_of(options, kernel), engine, progress,
-                                 _total_rows([job.source for job in jobs]))
-
     todo = [job for job, skip in zip(jobs, skipped) if not skip]
-    progress.start("recompute", _total_rows([job.source for job in todo]))
-    try:
-        results = map_units(recompute_job, [(job, options, kernel, moments) for job in todo],
-                            [str(job.source) for job in todo], engine,
-                            stop_on_failure=options.on_invalid == "stop", progress=progress)
-    finally:
-        progress.finish()
+    with engine_session():  # one pool (or Ray) for both passes
+        moments = None
+        if options.whitening:
+            moments = engine_moments([job.source for job in jobs], computation_of(options, kernel), engine, progress,
+                                     _total_rows([job.source for job in jobs]))
+        progress.start("recompute", _total_rows([job.source for job in todo]))
+        try:
+            results = map_units(recompute_job, [(job, options, kernel, moments) for job in todo],
+                                [str(job.source) for job in todo], engine,
+                                stop_on_failure=options.on_invalid == "stop", progress=progress)
+        finally:
+            progress.finish()
     done = iter(results)
     per_job = [SKIPPED if skip else next(done) for skip in skipped]
     failures = [result for result in results if not isinstance(result, FileResult)]

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from rollout_files import assert_rows_close, files_under, gae, random_rollouts, reference_outputs, rollouts_from_table, rollout_table, sha256, write_table
 
-from gaecli.engines import EngineOptions, TaskFailure, map_units
+from gaecli.engines import EngineOptions, TaskFailure, engine_session, map_units
 from gaecli.errors import GAEInputError
 
 GAMMA, LAMBD = 0.99, 0.95
@@ -174,6 +174,35 @@ def test_progress_moves_batch_by_batch_in_workers(workers):
     results = map_units(_in_steps, [(4,), (-2,), (7,)], ["a", "bad", "c"], EngineOptions("local", workers), progress=progress)
     assert [type(result).__name__ for result in results] == ["_Done", "TaskFailure", "_Done"]
     assert progress.calls == [(3, 5)] * 13
+
+
+def _pid(value: int, progress=None):
+    return _Done(os.getpid())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_session_keeps_one_pool_for_its_passes():
+    tasks, labels, engine = [(index,) for index in range(4)], ["f"] * 4, EngineOptions("local", 2)
+    with engine_session():
+        first = {result.value for result in map_units(_pid, tasks, labels, engine)}
+        second = {result.value for result in map_units(_pid, tasks, labels, engine)}
+        assert first == second and os.getpid() not in first  # the same workers served both passes
+        assert all(_alive(pid) for pid in first)
+        # a pool a dead worker broke is not used again: the next pass gets a fresh one
+        broken = map_units(_die_on_two, [(1,), (2,)], ["one.parquet", "two.parquet"], engine)
+        assert any(isinstance(result, TaskFailure) for result in broken)
+        third = {result.value for result in map_units(_pid, tasks, labels, engine)}
+        assert third and not third & first
+    assert not any(_alive(pid) for pid in first | third)  # the session closed its pools
+    outside = [{result.value for result in map_units(_pid, tasks, labels, engine)} for _ in range(2)]
+    assert not outside[0] & outside[1]  # without a session each map starts its own workers
 
 
 def test_validate_with_workers_matches_one(tmp_path, inputs):

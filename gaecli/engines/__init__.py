@@ -12,8 +12,10 @@ not depend on the engine or the number of workers.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from gaecli.errors import GAEInputError, GAEUsageError, KernelUnavailableError
 
@@ -86,6 +88,50 @@ def run_unit(function: Callable, args: tuple, progress=None) -> Any:
 
 # what the parent is told as each unit ends: (index, result or TaskFailure)
 OnResult = Callable[[int, Any], None]
+
+
+# ----------------------------------------------------------------------------- sessions
+
+# The open session's resources: key -> (resource, close); None outside a session.
+_session: ContextVar[Optional[dict]] = ContextVar("gaecli_engine_session", default=None)
+
+
+@contextmanager
+def engine_session() -> Iterator[None]:
+    """Keep what the engines start (a local pool of workers, a Ray instance started here)
+    from one :func:`map_units` call to the next until the block ends, and close it then.
+    A command's passes (the ``--normalize`` statistics, then the work) thus pay the start-up
+    once. Nested sessions share the outermost one."""
+    if _session.get() is not None:
+        yield
+        return
+    resources: dict = {}
+    token = _session.set(resources)
+    try:
+        yield
+    finally:
+        _session.reset(token)
+        for resource, close in reversed(list(resources.values())):
+            close(resource)
+
+
+def session_resource(key, create: Callable[[], Any], close: Callable[[Any], None]) -> tuple[Any, bool]:
+    """``(resource, shared)``: the open session's resource under ``key`` (created and kept
+    on first use; the session closes it), or outside a session a new one the caller
+    closes (``shared`` False)."""
+    resources = _session.get()
+    if resources is None:
+        return create(), False
+    if key not in resources:
+        resources[key] = (create(), close)
+    return resources[key][0], True
+
+
+def drop_session_resource(key) -> None:
+    """Forget ``key`` in the open session (the caller closes it: it broke)."""
+    resources = _session.get()
+    if resources is not None:
+        resources.pop(key, None)
 
 
 def map_units(

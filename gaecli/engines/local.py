@@ -13,16 +13,17 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
-from gaecli.engines import EXIT_UNUSABLE, TaskFailure, advance, run_unit
+from gaecli.engines import EXIT_UNUSABLE, TaskFailure, drop_session_resource, run_unit, session_resource
 from gaecli.progress import NoProgress
 
 START_METHOD = "spawn"
 
 # In a worker: the write end of the pipe its units report (rows, tokens) on, batch by batch.
 # A report is one small write (< PIPE_BUF bytes), atomic on a pipe, so the workers share
-# the pipe without a lock (a worker killed mid-report cannot leave a lock held).
+# the pipe without a lock (a worker killed mid-report cannot leave a lock held or half a
+# message).
 _progress_pipe = None
-POLL_SECONDS = 0.05
+_FLUSH, _STOP = "flush", "stop"
 
 
 class _PipeProgress:
@@ -43,31 +44,42 @@ class _PipeProgress:
 
 class _Drain:
     """The parent's side: a thread that feeds the workers' reports into ``progress``.
-    A report is written before its unit's result is sent, so once every result is in,
-    :meth:`stop` applies whatever is still in the pipe and ends the thread."""
 
-    def __init__(self, context, progress) -> None:
+    A worker sends its reports before its unit's result, so once every result of a map is
+    in, :meth:`flush` (a marker sent down the same pipe, behind them) returns when all of
+    them have been applied."""
+
+    def __init__(self, context) -> None:
         self.reader, self.writer = context.Pipe(duplex=False)
-        self._progress = progress
-        self._stopping = threading.Event()
+        self.progress = NoProgress()
+        self._flushed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gaecli-progress", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while True:
-            if self.reader.poll(POLL_SECONDS):
-                self._progress.advance(*self.reader.recv())
-            elif self._stopping.is_set():
-                return
+        try:
+            while (item := self.reader.recv()) != _STOP:
+                if item == _FLUSH:
+                    self._flushed.set()
+                else:
+                    self.progress.advance(*item)
+        finally:
+            self._flushed.set()  # never leave flush() waiting
+
+    def flush(self) -> None:
+        self._flushed.clear()
+        self.writer.send(_FLUSH)
+        while not self._flushed.wait(0.1) and self._thread.is_alive():
+            pass
 
     def stop(self) -> None:
-        self._stopping.set()
+        self.writer.send(_STOP)
         self._thread.join()
         self.reader.close()
         self.writer.close()
 
 
-def _init_worker(threads: int, progress_pipe=None) -> None:
+def _init_worker(threads: int, progress_pipe) -> None:
     global _progress_pipe
     _progress_pipe = progress_pipe
     # torch is not imported here (the CPU path runs without it); if a unit imports it, it
@@ -86,10 +98,32 @@ def _init_worker(threads: int, progress_pipe=None) -> None:
 
 
 def _pool_unit(function: Callable, args: tuple) -> Any:
-    result = run_unit(function, args, None if _progress_pipe is None else _PipeProgress(_progress_pipe))
+    result = run_unit(function, args, _PipeProgress(_progress_pipe))
     if isinstance(result, TaskFailure):
         result.error = None  # exceptions with extra state do not survive pickling; the message does
     return result
+
+
+class LocalPool:
+    """``processes`` worker processes (each with ``cores / processes`` threads) and the
+    progress pipe from them. Kept by an :func:`gaecli.engines.engine_session` for the
+    command's next pass, else closed after one map."""
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        threads = max(1, (os.cpu_count() or 1) // processes)
+        context = multiprocessing.get_context(START_METHOD)
+        self.drain = _Drain(context)
+        self.executor = ProcessPoolExecutor(processes, mp_context=context, initializer=_init_worker,
+                                            initargs=(threads, self.drain.writer))
+
+    def close(self, cancel: bool = False) -> None:
+        """Stop the workers (``cancel``: drop the units not started; running ones finish
+        whole or abort) and the progress thread."""
+        try:
+            self.executor.shutdown(wait=True, cancel_futures=cancel)
+        finally:
+            self.drain.stop()
 
 
 def map_units_local(
@@ -102,19 +136,19 @@ def map_units_local(
     progress=None,
 ) -> list[Any]:
     """:func:`gaecli.engines.map_units` on a process pool of ``min(workers, tasks)``
-    processes. A worker that dies (killed, out of memory, ``os._exit``) breaks the pool:
-    every unit not finished then is a failure naming its file. ``progress`` is advanced
-    batch by batch as the workers report (a unit that fails counts the batches it read)."""
+    processes (the session's, when one is open and has a pool of that size). A worker that
+    dies (killed, out of memory, ``os._exit``) breaks the pool: every unit not finished
+    then is a failure naming its file, and the pool is not used again. ``progress`` is
+    advanced batch by batch as the workers report (a unit that fails counts the batches it
+    read)."""
     processes = min(workers, len(tasks))
-    threads = max(1, (os.cpu_count() or 1) // processes)
-    context = multiprocessing.get_context(START_METHOD)
+    pool, shared = session_resource(("local-pool", processes), lambda: LocalPool(processes), LocalPool.close)
+    pool.drain.progress = progress if progress is not None else NoProgress()
     results: list[Any] = [None] * len(tasks)
-    drain = _Drain(context, progress) if progress is not None and not isinstance(progress, NoProgress) else None
-    initargs = (threads, None if drain is None else drain.writer)
-    executor = ProcessPoolExecutor(processes, mp_context=context, initializer=_init_worker, initargs=initargs)
     futures: dict[Future, int] = {}
+    broken = False
     try:
-        futures = {executor.submit(_pool_unit, function, args): index for index, args in enumerate(tasks)}
+        futures = {pool.executor.submit(_pool_unit, function, args): index for index, args in enumerate(tasks)}
         pending = set(futures)
         stopping = False
         while pending:
@@ -126,24 +160,27 @@ def map_units_local(
                 try:
                     results[index] = future.result()
                 except BrokenProcessPool:
+                    broken = True
                     results[index] = TaskFailure(
                         EXIT_UNUSABLE,
                         f"{labels[index]}: a worker process died (killed, out of memory or crashed) while this file "
                         f"or one beside it was being processed; nothing was written for it",
                     )
-                if drain is None:
-                    advance(progress, results[index])
                 if stop_on_failure and isinstance(results[index], TaskFailure) and not stopping:
                     stopping = True
                     for other in pending:
                         other.cancel()
+        pool.drain.flush()
     except BaseException:
         for future in futures:
             future.cancel()
-        executor.shutdown(wait=True, cancel_futures=True)  # running units finish whole (or abort) before we leave
+        drop_session_resource(("local-pool", processes))
+        pool.close(cancel=True)  # running units finish whole (or abort) before we leave
         raise
     finally:
-        if drain is not None:
-            drain.stop()
-    executor.shutdown(wait=True)
+        pool.drain.progress = NoProgress()
+    if broken:
+        drop_session_resource(("local-pool", processes))
+    if broken or not shared:
+        pool.close()
     return results

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from gaecli.engines import EXIT_UNUSABLE, EngineOptions, TaskFailure, advance, run_unit
+from gaecli.engines import EXIT_UNUSABLE, EngineOptions, TaskFailure, advance, run_unit, session_resource
 from gaecli.errors import GAEUsageError
 
 INSTALL_HINT = "pip install 'gaecli[ray]'"
@@ -19,6 +19,18 @@ def import_ray():
     except ImportError as error:
         raise GAEUsageError(f"--engine ray needs Ray, which is not installed here: {INSTALL_HINT}") from error
     return ray
+
+
+def _start_ray(ray, engine: EngineOptions) -> None:
+    """Join ``engine.ray_address``, or start Ray here with ``workers`` CPUs and no dashboard."""
+    try:
+        if engine.ray_address is not None:
+            ray.init(address=engine.ray_address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=engine.worker_count(), include_dashboard=False, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        where = engine.ray_address or "locally"
+        raise GAEUsageError(f"cannot start or join Ray ({where}): {str(error).splitlines()[0]}") from error
 
 
 def _ray_unit(function: Callable, args: tuple) -> Any:
@@ -40,19 +52,15 @@ def map_units_ray(
     """:func:`gaecli.engines.map_units` as Ray tasks (one CPU each, never retried: a unit
     that failed is reported, not run twice). Starts Ray here (``num_cpus`` = workers, no
     dashboard) unless it is running already or ``engine.ray_address`` names a cluster; a
-    Ray started here is shut down at the end."""
+    Ray started here is shut down at the end (of the :func:`gaecli.engines.engine_session`,
+    when one is open)."""
     ray = import_ray()
     started_here = False
     if not ray.is_initialized():
-        try:
-            if engine.ray_address is not None:
-                ray.init(address=engine.ray_address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=engine.worker_count(), include_dashboard=False, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as error:
-            where = engine.ray_address or "locally"
-            raise GAEUsageError(f"cannot start or join Ray ({where}): {str(error).splitlines()[0]}") from error
-        started_here = True
+        _start_ray(ray, engine)
+        # In a session, Ray stays up for the command's next pass and the session shuts it down.
+        _, shared = session_resource("ray", lambda: ray, lambda module: module.shutdown())
+        started_here = not shared
     remote = ray.remote(num_cpus=1, max_retries=0)(_ray_unit)
     results: list[Any] = [None] * len(tasks)
     refs: dict = {}
