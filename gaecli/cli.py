@@ -123,7 +123,7 @@ EngineOption = Annotated[Literal["local", "ray"], typer.Option(
 )]
 WorkersOption = Annotated[Optional[int], typer.Option(
     "--workers", min=1, metavar="N", show_default=False, rich_help_panel="Scale out",
-    help="Files processed at once: worker processes (local) or CPUs of the Ray started here. Default: the number of cores.",
+    help="Files processed at once: worker processes (local) or CPUs of the Ray started here. Default: the number of cores; local: at most one per 256 MB of input (a worker costs ~1 s to start).",
 )]
 RayAddressOption = Annotated[Optional[str], typer.Option(
     "--ray-address", metavar="ADDRESS", show_default=False, rich_help_panel="Scale out",

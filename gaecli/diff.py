@@ -23,6 +23,7 @@ import pyarrow as pa
 from gaecli._version import __version__
 from gaecli.checks import masked_tail_lengths
 from gaecli.errors import GAEUsageError
+from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns
 from gaecli.io.paths import discover_inputs
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
@@ -905,6 +906,7 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
                 schema = per_sample_schema(rollout.schema, options) if options.per_sample is not None else None
         finally:
             rollout.close()
+    engine = engine.for_inputs(total_size(files))
     writer = AtomicParquetWriter(Path(options.per_sample), schema) if schema is not None else None
     try:
         with engine_session():  # one pool (or Ray) for both passes
@@ -989,7 +991,7 @@ def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optiona
     ``options.per_sample`` one Parquet row per sample is written (atomically).
 
     ``engine``: where the files are processed, one work unit per file (default: in this
-    process, one file after the other; ``gae diff`` defaults to a local worker per core).
+    process, one file after the other; ``gae diff`` defaults to a local worker per core, at most one per 256 MB of input).
     The parts are merged in input order with exact merges, so the report, the plots' data
     and the per-sample file are identical for any engine and worker count.
 

@@ -17,6 +17,7 @@ from gaecli.checks import row_reasons
 from gaecli.diff import DiffAccumulator
 from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, TaskFailure, engine_session, map_units
 from gaecli.errors import FilesFailedError, GAEInputError, GAEUsageError, InvalidFilesError, UnusableFilesError
+from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_type_like, output_float_type
 from gaecli.io.paths import FileJob, plan_outputs, with_suffix
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile, read_metadata, read_schema
@@ -366,8 +367,8 @@ def recompute_files(
     ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs. One
     plain file → ``output`` is a file; otherwise a directory mirroring each input's path
     relative to its root. Files are processed by ``engine`` (default: local, one worker
-    process per core; in this process for one file or one worker); each output appears
-    whole once its file is done, or not at all. With ``options.skip_existing`` outputs in
+    process per core, at most one per 256 MB of input; in this process for one file or one
+    worker); each output appears whole once its file is done, or not at all. With ``options.skip_existing`` outputs in
     place and whole are left alone (``skipped`` in the report).
 
     Raises :class:`gaecli.errors.InvalidDataError` (a :class:`GAEInputError`) for rows that
@@ -402,6 +403,7 @@ def recompute_files(
     progress = progress or NoProgress()
 
     todo = [job for job, skip in zip(jobs, skipped) if not skip]
+    engine = engine.for_inputs(total_size([job.source for job in todo]))
     with engine_session():  # one pool (or Ray) for both passes
         moments = None
         if options.whitening:

@@ -22,6 +22,7 @@ from gaecli._version import __version__
 from gaecli.checks import ERROR, RULES, WARNING, Finding, check_batch, check_schema
 from gaecli.engines import EngineOptions, TaskFailure, map_units
 from gaecli.errors import GAEUsageError, UnreadableFileError
+from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_parts
 from gaecli.io.paths import discover_inputs
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
@@ -369,7 +370,9 @@ def validate_files(
     progress.start("validate", sum(result.rows for result in readable))
     try:
         parts = map_units(_validate_unit, [(result, columns, id_columns, max_findings, batch_rows) for result in readable],
-                          [result.file for result in readable], engine or EngineOptions(), progress=progress)
+                          [result.file for result in readable],
+                          (engine or EngineOptions()).for_inputs(total_size(result.file for result in readable)),
+                          progress=progress)
     finally:
         progress.finish()
     merged = {id(result): part for result, part in zip(readable, parts)}

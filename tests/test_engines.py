@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from rollout_files import assert_rows_close, files_under, gae, random_rollouts, reference_outputs, rollouts_from_table, rollout_table, sha256, write_table
 
-from gaecli.engines import EngineOptions, TaskFailure, engine_session, map_units
+from gaecli.engines import AUTO_BYTES_PER_WORKER, EngineOptions, TaskFailure, engine_session, map_units
 from gaecli.errors import GAEInputError
 
 GAMMA, LAMBD = 0.99, 0.95
@@ -203,6 +203,16 @@ def test_a_session_keeps_one_pool_for_its_passes():
     assert not any(_alive(pid) for pid in first | third)  # the session closed its pools
     outside = [{result.value for result in map_units(_pid, tasks, labels, engine)} for _ in range(2)]
     assert not outside[0] & outside[1]  # without a session each map starts its own workers
+
+
+def test_default_worker_count_follows_cores_and_input_size(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    per_worker = AUTO_BYTES_PER_WORKER
+    local = EngineOptions("local")
+    assert local.worker_count() == 8
+    assert [local.for_inputs(size).workers for size in (0, per_worker - 1, 3 * per_worker, 100 * per_worker)] == [1, 1, 3, 8]
+    assert EngineOptions("local", 5).for_inputs(0).workers == 5  # --workers is taken as given
+    assert EngineOptions("ray").for_inputs(0).worker_count() == 8  # Ray's CPUs: the cores
 
 
 def test_validate_with_workers_matches_one(tmp_path, inputs):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from gaecli.errors import GAEInputError, GAEUsageError, KernelUnavailableError
@@ -22,6 +22,11 @@ from gaecli.errors import GAEInputError, GAEUsageError, KernelUnavailableError
 ENGINES = ("local", "ray")
 EXIT_INVALID_DATA = 1
 EXIT_UNUSABLE = 2
+# Without --workers the local engine starts at most one worker per this many bytes of
+# input: a worker costs ~0.8 s of CPU to start, about what 256 MB of rollouts cost to
+# recompute (scripts/bench_scale.py: 8 files of 273 MB in all ran as fast in this process
+# as on two workers; 1.1 GB ran 1.2x faster on two).
+AUTO_BYTES_PER_WORKER = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -34,8 +39,23 @@ class EngineOptions:
     workers: Optional[int] = None
     ray_address: Optional[str] = None
 
-    def worker_count(self) -> int:
-        return self.workers if self.workers is not None else (os.cpu_count() or 1)
+    def worker_count(self, input_bytes: Optional[int] = None) -> int:
+        """``workers`` when given; else the number of cores, and for the local engine with
+        the inputs' total size known, no more than one per :data:`AUTO_BYTES_PER_WORKER`
+        (at least one)."""
+        if self.workers is not None:
+            return self.workers
+        cores = os.cpu_count() or 1
+        if input_bytes is None or self.engine != "local":
+            return cores
+        return max(1, min(cores, input_bytes // AUTO_BYTES_PER_WORKER))
+
+    def for_inputs(self, input_bytes: int) -> "EngineOptions":
+        """These options with the worker count fixed for inputs of ``input_bytes`` in all
+        (see :meth:`worker_count`), so that every pass of a command uses the same count."""
+        if self.workers is not None or self.engine != "local":
+            return self
+        return replace(self, workers=self.worker_count(input_bytes))
 
     def check(self) -> None:
         """Refuse (:class:`GAEUsageError`) an unknown engine or a worker count below 1."""
@@ -146,8 +166,8 @@ def map_units(
     """Run ``function(*task, progress=...)`` for every task and return the results in task
     order: the unit's result, a :class:`TaskFailure`, or None for a unit never started
     (cancelled after a failure with ``stop_on_failure``). ``labels`` name each task in
-    messages (the input file). ``progress`` is advanced with each finished unit's rows and
-    tokens (in this process: batch by batch).
+    messages (the input file). ``progress`` is advanced with the units' rows and tokens,
+    batch by batch (Ray: as each unit finishes).
     With one worker or one task the units run in this process, one after the other (no
     pool to start); a failure's ``error`` then holds the exception itself.
     """
@@ -156,11 +176,12 @@ def map_units(
         from gaecli.engines.ray import map_units_ray
 
         return map_units_ray(function, tasks, labels, engine, stop_on_failure=stop_on_failure, progress=progress)
-    if engine.worker_count() == 1 or len(tasks) <= 1:
+    workers = engine.worker_count()
+    if workers == 1 or len(tasks) <= 1:
         return _map_in_process(function, tasks, stop_on_failure, progress)
     from gaecli.engines.local import map_units_local
 
-    return map_units_local(function, tasks, labels, engine.worker_count(), stop_on_failure=stop_on_failure, progress=progress)
+    return map_units_local(function, tasks, labels, workers, stop_on_failure=stop_on_failure, progress=progress)
 
 
 def _map_in_process(function, tasks, stop_on_failure, progress) -> list[Any]:

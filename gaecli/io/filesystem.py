@@ -198,6 +198,19 @@ def resolve(item: Union[str, Path, RemotePath]) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(path)
 
 
+def total_size(paths) -> int:
+    """Bytes in the files ``paths`` (paths or URIs); a file that cannot be read counts 0."""
+    total = 0
+    for item in paths:
+        try:
+            path = to_path(item)
+            size = path.info().size if isinstance(path, RemotePath) else path.stat().st_size
+        except (OSError, pa.ArrowException, GAEUsageError):
+            continue
+        total += size or 0
+    return total
+
+
 def is_local(path: AnyPath) -> bool:
     return not isinstance(path, RemotePath)
 
