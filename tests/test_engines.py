@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pyarrow as pa
@@ -227,6 +228,21 @@ def test_validate_with_workers_matches_one(tmp_path, inputs):
         assert result.exit_code == 1
         reports.append(json.loads(result.stdout))
     assert reports[0] == reports[1] and len(reports[0]["findings"]) == 2 and reports[0]["truncated"]
+
+
+def test_ray_started_by_the_command_is_quiet_and_gives_the_same_bits(tmp_path, inputs):
+    # A fresh process: the command starts Ray itself (kept up for the statistics pass and
+    # the work, then shut down), and --quiet keeps Ray's own log lines off stderr too.
+    pytest.importorskip("ray")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "gaecli", "recompute", str(inputs), "-o", str(out), "--gamma", str(GAMMA),
+                           "--lambd", str(LAMBD), "--keep-baseline", "--normalize", "--engine", "ray", "--workers", "2", "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "" and done.stdout == ""
+    reference = tmp_path / "reference"
+    assert recompute(inputs, reference, "--workers", 1, "--normalize").exit_code == 0
+    assert output_bits(out) == output_bits(reference)
 
 
 def test_ray_engine_without_ray_says_how_to_install(tmp_path, inputs, monkeypatch):

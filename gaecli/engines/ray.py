@@ -4,6 +4,7 @@ the local engine runs), on a local Ray instance started here or on a cluster joi
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Sequence
 
 from gaecli.engines import EXIT_UNUSABLE, EngineOptions, TaskFailure, advance, run_unit, session_resource
@@ -22,12 +23,15 @@ def import_ray():
 
 
 def _start_ray(ray, engine: EngineOptions) -> None:
-    """Join ``engine.ray_address``, or start Ray here with ``workers`` CPUs and no dashboard."""
+    """Join ``engine.ray_address``, or start Ray here with ``workers`` CPUs and no dashboard.
+    Ray's own log lines are kept off stderr (the commands' output, silent with ``--quiet``)
+    but for errors, and warnings when joining a cluster."""
     try:
         if engine.ray_address is not None:
-            ray.init(address=engine.ray_address, log_to_driver=False)
+            ray.init(address=engine.ray_address, log_to_driver=False, logging_level=logging.WARNING)
         else:
-            ray.init(num_cpus=engine.worker_count(), include_dashboard=False, log_to_driver=False)
+            ray.init(num_cpus=engine.worker_count(), include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = engine.ray_address or "locally"
         raise GAEUsageError(f"cannot start or join Ray ({where}): {str(error).splitlines()[0]}") from error
