@@ -27,7 +27,7 @@ from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns
 from gaecli.io.paths import discover_inputs
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
-from gaecli.engines import EngineOptions, TaskFailure, engine_session, map_units
+from gaecli.engines import EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.pipeline import (
     Computation, check_device, check_file, check_scalar_column, computed_batches, engine_moments, normalize_label, whiten_rows,
 )
@@ -909,14 +909,14 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
     engine = engine.for_inputs(total_size(files))
     writer = AtomicParquetWriter(Path(options.per_sample), schema) if schema is not None else None
     try:
-        with engine_session():  # one pool (or Ray) for both passes
+        with EngineSession() as session:  # one pool (or Ray) for both passes
             moments = None
             if options.whitening:
-                moments = engine_moments(files, computation, engine, progress, total_rows)
+                moments = engine_moments(files, computation, engine, progress, total_rows, session)
             progress.start("diff", total_rows)
             try:
                 results = map_units(diff_unit, [(index, file, options, kernel, moments, schema) for index, file in enumerate(files)],
-                                    files, engine, stop_on_failure=True, progress=progress)
+                                    files, engine, stop_on_failure=True, progress=progress, session=session)
             finally:
                 progress.finish()
         _raise_first_failure(results)

@@ -312,9 +312,11 @@ def merge_moments(parts: list[FileMoments], normalize_by: Optional[str]) -> tupl
     return new, old
 
 
-def engine_moments(paths: list[str], computation: Computation, engine, progress, total_rows: int) -> tuple[GroupedMoments, GroupedMoments]:
+def engine_moments(paths: list[str], computation: Computation, engine, progress, total_rows: int,
+                   session=None) -> tuple[GroupedMoments, GroupedMoments]:
     """The ``--normalize`` statistics pass over ``paths`` on ``engine`` (an
-    :class:`gaecli.engines.EngineOptions`): one :func:`file_moments` unit per file, stopped
+    :class:`gaecli.engines.EngineOptions`, with the command's
+    :class:`gaecli.engines.EngineSession` if any): one :func:`file_moments` unit per file, stopped
     at the first failure (raised as for one file), merged in input order. Every per-file
     part is exact, so the statistics are the same for any engine and worker count."""
     from gaecli.engines import TaskFailure, map_units
@@ -322,7 +324,7 @@ def engine_moments(paths: list[str], computation: Computation, engine, progress,
     progress.start("statistics", total_rows)
     try:
         parts = map_units(file_moments, [(str(path), computation) for path in paths], [str(path) for path in paths], engine,
-                          stop_on_failure=True, progress=progress)
+                          stop_on_failure=True, progress=progress, session=session)
     finally:
         progress.finish()
     for part in parts:

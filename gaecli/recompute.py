@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from gaecli._version import __version__
 from gaecli.checks import row_reasons
 from gaecli.diff import DiffAccumulator
-from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, TaskFailure, engine_session, map_units
+from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.errors import FilesFailedError, GAEInputError, GAEUsageError, InvalidFilesError, UnusableFilesError
 from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_type_like, output_float_type
@@ -404,16 +404,16 @@ def recompute_files(
 
     todo = [job for job, skip in zip(jobs, skipped) if not skip]
     engine = engine.for_inputs(total_size([job.source for job in todo]))
-    with engine_session():  # one pool (or Ray) for both passes
+    with EngineSession() as session:  # one pool (or Ray) for both passes
         moments = None
         if options.whitening:
             moments = engine_moments([job.source for job in jobs], computation_of(options, kernel), engine, progress,
-                                     _total_rows([job.source for job in jobs]))
+                                     _total_rows([job.source for job in jobs]), session)
         progress.start("recompute", _total_rows([job.source for job in todo]))
         try:
             results = map_units(recompute_job, [(job, options, kernel, moments) for job in todo],
                                 [str(job.source) for job in todo], engine,
-                                stop_on_failure=options.on_invalid == "stop", progress=progress)
+                                stop_on_failure=options.on_invalid == "stop", progress=progress, session=session)
         finally:
             progress.finish()
     done = iter(results)

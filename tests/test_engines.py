@@ -10,13 +10,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from rollout_files import assert_rows_close, files_under, gae, random_rollouts, reference_outputs, rollouts_from_table, rollout_table, sha256, write_table
 
-from gaecli.engines import AUTO_BYTES_PER_WORKER, EngineOptions, TaskFailure, engine_session, map_units
+from gaecli.engines import AUTO_BYTES_PER_WORKER, EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.errors import GAEInputError
 
 GAMMA, LAMBD = 0.99, 0.95
@@ -178,6 +179,7 @@ def test_progress_moves_batch_by_batch_in_workers(workers):
 
 
 def _pid(value: int, progress=None):
+    time.sleep(0.2)  # long enough that the pool starts all its workers for the first pass
     return _Done(os.getpid())
 
 
@@ -191,15 +193,16 @@ def _alive(pid: int) -> bool:
 
 def test_a_session_keeps_one_pool_for_its_passes():
     tasks, labels, engine = [(index,) for index in range(4)], ["f"] * 4, EngineOptions("local", 2)
-    with engine_session():
-        first = {result.value for result in map_units(_pid, tasks, labels, engine)}
-        second = {result.value for result in map_units(_pid, tasks, labels, engine)}
-        assert first == second and os.getpid() not in first  # the same workers served both passes
+    with EngineSession() as session:
+        first = {result.value for result in map_units(_pid, tasks, labels, engine, session=session)}
+        second = {result.value for result in map_units(_pid, tasks, labels, engine, session=session)}
+        assert len(first) == 2 and os.getpid() not in first
+        assert second <= first  # the same workers served both passes
         assert all(_alive(pid) for pid in first)
         # a pool a dead worker broke is not used again: the next pass gets a fresh one
-        broken = map_units(_die_on_two, [(1,), (2,)], ["one.parquet", "two.parquet"], engine)
+        broken = map_units(_die_on_two, [(1,), (2,)], ["one.parquet", "two.parquet"], engine, session=session)
         assert any(isinstance(result, TaskFailure) for result in broken)
-        third = {result.value for result in map_units(_pid, tasks, labels, engine)}
+        third = {result.value for result in map_units(_pid, tasks, labels, engine, session=session)}
         assert third and not third & first
     assert not any(_alive(pid) for pid in first | third)  # the session closed its pools
     outside = [{result.value for result in map_units(_pid, tasks, labels, engine)} for _ in range(2)]

@@ -12,10 +12,8 @@ not depend on the engine or the number of workers.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from gaecli.errors import GAEInputError, GAEUsageError, KernelUnavailableError
 
@@ -112,46 +110,36 @@ OnResult = Callable[[int, Any], None]
 
 # ----------------------------------------------------------------------------- sessions
 
-# The open session's resources: key -> (resource, close); None outside a session.
-_session: ContextVar[Optional[dict]] = ContextVar("gaecli_engine_session", default=None)
 
+class EngineSession:
+    """What the engines start (a local pool of workers, a Ray instance started here), kept
+    from one :func:`map_units` call to the next that is given this session, and closed when
+    the ``with`` block ends. A command's passes (the ``--normalize`` statistics, then the
+    work) thus pay the start-up once."""
 
-@contextmanager
-def engine_session() -> Iterator[None]:
-    """Keep what the engines start (a local pool of workers, a Ray instance started here)
-    from one :func:`map_units` call to the next until the block ends, and close it then.
-    A command's passes (the ``--normalize`` statistics, then the work) thus pay the start-up
-    once. Nested sessions share the outermost one."""
-    if _session.get() is not None:
-        yield
-        return
-    resources: dict = {}
-    token = _session.set(resources)
-    try:
-        yield
-    finally:
-        _session.reset(token)
-        for resource, close in reversed(list(resources.values())):
+    def __init__(self) -> None:
+        self._resources: dict = {}  # key -> (resource, close)
+
+    def resource(self, key, create: Callable[[], Any], close: Callable[[Any], None]) -> Any:
+        """The resource under ``key``, created on first use; the session closes it."""
+        if key not in self._resources:
+            self._resources[key] = (create(), close)
+        return self._resources[key][0]
+
+    def forget(self, key) -> None:
+        """Drop ``key`` without closing it (the caller closes a resource that broke)."""
+        self._resources.pop(key, None)
+
+    def close(self) -> None:
+        while self._resources:
+            _, (resource, close) = self._resources.popitem()
             close(resource)
 
+    def __enter__(self) -> "EngineSession":
+        return self
 
-def session_resource(key, create: Callable[[], Any], close: Callable[[Any], None]) -> tuple[Any, bool]:
-    """``(resource, shared)``: the open session's resource under ``key`` (created and kept
-    on first use; the session closes it), or outside a session a new one the caller
-    closes (``shared`` False)."""
-    resources = _session.get()
-    if resources is None:
-        return create(), False
-    if key not in resources:
-        resources[key] = (create(), close)
-    return resources[key][0], True
-
-
-def drop_session_resource(key) -> None:
-    """Forget ``key`` in the open session (the caller closes it: it broke)."""
-    resources = _session.get()
-    if resources is not None:
-        resources.pop(key, None)
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def map_units(
@@ -162,12 +150,14 @@ def map_units(
     *,
     stop_on_failure: bool = False,
     progress=None,
+    session: Optional[EngineSession] = None,
 ) -> list[Any]:
     """Run ``function(*task, progress=...)`` for every task and return the results in task
     order: the unit's result, a :class:`TaskFailure`, or None for a unit never started
     (cancelled after a failure with ``stop_on_failure``). ``labels`` name each task in
     messages (the input file). ``progress`` is advanced with the units' rows and tokens,
-    batch by batch (Ray: as each unit finishes).
+    batch by batch (Ray: as each unit finishes). ``session``: keep the pool (or a Ray
+    started here) for the next call given it (:class:`EngineSession`).
     With one worker or one task the units run in this process, one after the other (no
     pool to start); a failure's ``error`` then holds the exception itself.
     """
@@ -175,13 +165,13 @@ def map_units(
     if engine.engine == "ray":
         from gaecli.engines.ray import map_units_ray
 
-        return map_units_ray(function, tasks, labels, engine, stop_on_failure=stop_on_failure, progress=progress)
+        return map_units_ray(function, tasks, labels, engine, stop_on_failure=stop_on_failure, progress=progress, session=session)
     workers = engine.worker_count()
     if workers == 1 or len(tasks) <= 1:
         return _map_in_process(function, tasks, stop_on_failure, progress)
     from gaecli.engines.local import map_units_local
 
-    return map_units_local(function, tasks, labels, workers, stop_on_failure=stop_on_failure, progress=progress)
+    return map_units_local(function, tasks, labels, workers, stop_on_failure=stop_on_failure, progress=progress, session=session)
 
 
 def _map_in_process(function, tasks, stop_on_failure, progress) -> list[Any]:

@@ -11,9 +11,9 @@ import os
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from gaecli.engines import EXIT_UNUSABLE, TaskFailure, drop_session_resource, run_unit, session_resource
+from gaecli.engines import EXIT_UNUSABLE, EngineSession, TaskFailure, run_unit
 from gaecli.progress import NoProgress
 
 START_METHOD = "spawn"
@@ -106,7 +106,7 @@ def _pool_unit(function: Callable, args: tuple) -> Any:
 
 class LocalPool:
     """``processes`` worker processes (each with ``cores / processes`` threads) and the
-    progress pipe from them. Kept by an :func:`gaecli.engines.engine_session` for the
+    progress pipe from them. Kept by an :class:`gaecli.engines.EngineSession` for the
     command's next pass, else closed after one map."""
 
     def __init__(self, processes: int) -> None:
@@ -134,15 +134,17 @@ def map_units_local(
     *,
     stop_on_failure: bool,
     progress=None,
+    session: Optional[EngineSession] = None,
 ) -> list[Any]:
     """:func:`gaecli.engines.map_units` on a process pool of ``min(workers, tasks)``
-    processes (the session's, when one is open and has a pool of that size). A worker that
+    processes (the ``session``'s, when it has a pool of that size). A worker that
     dies (killed, out of memory, ``os._exit``) breaks the pool: every unit not finished
     then is a failure naming its file, and the pool is not used again. ``progress`` is
     advanced batch by batch as the workers report (a unit that fails counts the batches it
     read)."""
     processes = min(workers, len(tasks))
-    pool, shared = session_resource(("local-pool", processes), lambda: LocalPool(processes), LocalPool.close)
+    key = ("local-pool", processes)
+    pool = LocalPool(processes) if session is None else session.resource(key, lambda: LocalPool(processes), LocalPool.close)
     pool.drain.progress = progress if progress is not None else NoProgress()
     results: list[Any] = [None] * len(tasks)
     futures: dict[Future, int] = {}
@@ -174,13 +176,14 @@ def map_units_local(
     except BaseException:
         for future in futures:
             future.cancel()
-        drop_session_resource(("local-pool", processes))
+        if session is not None:
+            session.forget(key)
         pool.close(cancel=True)  # running units finish whole (or abort) before we leave
         raise
     finally:
         pool.drain.progress = NoProgress()
-    if broken:
-        drop_session_resource(("local-pool", processes))
-    if broken or not shared:
+    if broken and session is not None:
+        session.forget(key)
+    if broken or session is None:
         pool.close()
     return results

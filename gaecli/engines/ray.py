@@ -5,9 +5,9 @@ the local engine runs), on a local Ray instance started here or on a cluster joi
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-from gaecli.engines import EXIT_UNUSABLE, EngineOptions, TaskFailure, advance, run_unit, session_resource
+from gaecli.engines import EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, advance, run_unit
 from gaecli.errors import GAEUsageError
 
 INSTALL_HINT = "pip install 'gaecli[ray]'"
@@ -52,19 +52,20 @@ def map_units_ray(
     *,
     stop_on_failure: bool,
     progress=None,
+    session: Optional[EngineSession] = None,
 ) -> list[Any]:
     """:func:`gaecli.engines.map_units` as Ray tasks (one CPU each, never retried: a unit
     that failed is reported, not run twice). Starts Ray here (``num_cpus`` = workers, no
     dashboard) unless it is running already or ``engine.ray_address`` names a cluster; a
-    Ray started here is shut down at the end (of the :func:`gaecli.engines.engine_session`,
-    when one is open)."""
+    Ray started here is shut down at the end (of ``session``, when one is given)."""
     ray = import_ray()
     started_here = False
     if not ray.is_initialized():
         _start_ray(ray, engine)
-        # In a session, Ray stays up for the command's next pass and the session shuts it down.
-        _, shared = session_resource("ray", lambda: ray, lambda module: module.shutdown())
-        started_here = not shared
+        if session is None:
+            started_here = True
+        else:  # up for the command's next pass; the session shuts it down
+            session.resource("ray", lambda: ray, lambda module: module.shutdown())
     remote = ray.remote(num_cpus=1, max_retries=0)(_ray_unit)
     results: list[Any] = [None] * len(tasks)
     refs: dict = {}
