@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -246,6 +247,37 @@ def test_ray_started_by_the_command_is_quiet_and_gives_the_same_bits(tmp_path, i
     reference = tmp_path / "reference"
     assert recompute(inputs, reference, "--workers", 1, "--normalize").exit_code == 0
     assert output_bits(out) == output_bits(reference)
+
+
+def test_ray_address_joins_a_running_ray(tmp_path, inputs, local_ray):
+    # Another process joins the session's Ray by its address, as a user joins a cluster.
+    if local_ray is None:
+        pytest.skip("ray is not installed")
+    address = local_ray.get_runtime_context().gcs_address
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "gaecli", "recompute", str(inputs), "-o", str(out), "--gamma", str(GAMMA),
+                           "--lambd", str(LAMBD), "--keep-baseline", "--engine", "ray", "--ray-address", address, "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    reference = tmp_path / "reference"
+    assert recompute(inputs, reference, "--workers", 1).exit_code == 0
+    assert output_bits(out) == output_bits(reference)
+    assert local_ray.is_initialized()  # the joining command left the cluster up
+
+
+def test_an_unreachable_ray_address_is_refused_at_once(tmp_path, inputs):
+    pytest.importorskip("ray")
+    # in a fresh process: this one may hold a Ray already, which the command would reuse
+    with socket.socket() as listener:  # a port nothing listens on: bound, never listening
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "gaecli", "recompute", str(inputs), "-o", str(tmp_path / "out"),
+                               "--gamma", "1", "--lambd", "1", "--engine", "ray", "--ray-address", f"127.0.0.1:{port}"],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == f"error: cannot join Ray at 127.0.0.1:{port}: nothing answers there (Connection refused); " \
+                          f"start the cluster or check --ray-address\n"
+    assert not (tmp_path / "out").exists()
 
 
 def test_ray_engine_without_ray_says_how_to_install(tmp_path, inputs, monkeypatch):

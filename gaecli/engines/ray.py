@@ -5,6 +5,7 @@ the local engine runs), on a local Ray instance started here or on a cluster joi
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any, Callable, Optional, Sequence
 
 from gaecli.engines import EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, advance, run_unit
@@ -22,12 +23,31 @@ def import_ray():
     return ray
 
 
+CONNECT_TIMEOUT_SECONDS = 5.0
+
+
+def check_reachable(address: str) -> None:
+    """Refuse (:class:`GAEUsageError`) a ``host:port`` or ``ray://host:port`` where nothing
+    accepts a connection, at once: Ray itself retries such an address for minutes.
+    Other forms (``auto``, ``local``) are left to Ray, which settles them quickly."""
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_SECONDS).close()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise GAEUsageError(f"cannot join Ray at {address}: nothing answers there ({reason}); "
+                            f"start the cluster or check --ray-address") from error
+
+
 def _start_ray(ray, engine: EngineOptions) -> None:
     """Join ``engine.ray_address``, or start Ray here with ``workers`` CPUs and no dashboard.
     Ray's own log lines are kept off stderr (the commands' output, silent with ``--quiet``)
     but for errors, and warnings when joining a cluster."""
     try:
         if engine.ray_address is not None:
+            check_reachable(engine.ray_address)
             ray.init(address=engine.ray_address, log_to_driver=False, logging_level=logging.WARNING)
         else:
             ray.init(num_cpus=engine.worker_count(), include_dashboard=False, log_to_driver=False,
