@@ -179,6 +179,20 @@ def test_progress_moves_batch_by_batch_in_workers(workers):
     assert progress.calls == [(3, 5)] * 13
 
 
+class _FailingProgress(_Recording):
+    def advance(self, rows: int, tokens: int) -> None:
+        super().advance(rows, tokens)
+        if len(self.calls) == 3:
+            raise RuntimeError("the progress display broke")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failing_progress_fails_the_run_as_in_process(workers):
+    # Raised in the parent as it would be in this process; the workers are not left stalled.
+    with pytest.raises(RuntimeError, match="the progress display broke"):
+        map_units(_in_steps, [(4,), (5,), (7,)], ["a", "b", "c"], EngineOptions("local", workers), progress=_FailingProgress())
+
+
 def _pid(value: int, progress=None):
     time.sleep(0.2)  # long enough that the pool starts all its workers for the first pass
     return _Done(os.getpid())

@@ -52,6 +52,7 @@ class _Drain:
     def __init__(self, context) -> None:
         self.reader, self.writer = context.Pipe(duplex=False)
         self.progress = NoProgress()
+        self._error: BaseException | None = None
         self._flushed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gaecli-progress", daemon=True)
         self._thread.start()
@@ -61,16 +62,23 @@ class _Drain:
             while (item := self.reader.recv()) != _STOP:
                 if item == _FLUSH:
                     self._flushed.set()
-                else:
-                    self.progress.advance(*item)
+                elif self._error is None:
+                    try:
+                        self.progress.advance(*item)
+                    except Exception as error:  # noqa: BLE001 - raised in the parent by flush()
+                        self._error = error  # keep reading: a full pipe would stall the workers
         finally:
             self._flushed.set()  # never leave flush() waiting
 
     def flush(self) -> None:
+        """Return once every report sent so far is applied; raise what ``progress`` raised."""
         self._flushed.clear()
         self.writer.send(_FLUSH)
         while not self._flushed.wait(0.1) and self._thread.is_alive():
             pass
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
     def stop(self) -> None:
         self.writer.send(_STOP)
