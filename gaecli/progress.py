@@ -1,5 +1,6 @@
 """How library functions report progress without printing: a small protocol the CLI
-implements with a rich progress bar, and a no-op default."""
+implements with a rich progress bar, a no-op default, and a forwarder that worker
+processes use to send their reports to the parent."""
 
 from __future__ import annotations
 
@@ -25,6 +26,23 @@ class NoProgress:
 
     def advance(self, rows: int, tokens: int) -> None:
         pass
+
+    def finish(self) -> None:
+        pass
+
+
+class ForwardingProgress:
+    """Progress in a worker that hands each ``advance`` as ``(rows, tokens)`` to ``send``
+    (a pipe's or a queue's), for the parent to apply to its own progress."""
+
+    def __init__(self, send) -> None:
+        self._send = send
+
+    def start(self, phase: str, total_rows: int) -> None:
+        pass
+
+    def advance(self, rows: int, tokens: int) -> None:
+        self._send((rows, tokens))
 
     def finish(self) -> None:
         pass

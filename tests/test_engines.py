@@ -169,12 +169,21 @@ class _Recording:
         pass
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_progress_moves_batch_by_batch_in_workers(workers):
+@pytest.mark.parametrize("engine, workers", [("local", 1), ("local", 2), ("ray", 2)])
+def test_progress_moves_batch_by_batch_in_workers(engine, workers, local_ray):
     # Each batch a unit reports reaches the parent's progress (not one jump per file),
     # also from a unit that fails afterwards.
+    if engine == "ray":
+        if local_ray is None:
+            pytest.skip("ray is not installed")
+        # Ray's workers cannot import this test module: send its functions by value
+        local_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     progress = _Recording()
-    results = map_units(_in_steps, [(4,), (-2,), (7,)], ["a", "bad", "c"], EngineOptions("local", workers), progress=progress)
+    try:
+        results = map_units(_in_steps, [(4,), (-2,), (7,)], ["a", "bad", "c"], EngineOptions(engine, workers), progress=progress)
+    finally:
+        if engine == "ray":
+            local_ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
     assert [type(result).__name__ for result in results] == ["_Done", "TaskFailure", "_Done"]
     assert progress.calls == [(3, 5)] * 13
 

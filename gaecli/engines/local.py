@@ -14,7 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Optional, Sequence
 
 from gaecli.engines import EXIT_UNUSABLE, EngineSession, TaskFailure, run_unit
-from gaecli.progress import NoProgress
+from gaecli.progress import ForwardingProgress, NoProgress
 
 START_METHOD = "spawn"
 
@@ -24,22 +24,6 @@ START_METHOD = "spawn"
 # message).
 _progress_pipe = None
 _FLUSH, _STOP = "flush", "stop"
-
-
-class _PipeProgress:
-    """A worker's side of the parent's progress: each ``advance`` is sent to the parent."""
-
-    def __init__(self, pipe) -> None:
-        self._pipe = pipe
-
-    def start(self, phase: str, total_rows: int) -> None:
-        pass
-
-    def advance(self, rows: int, tokens: int) -> None:
-        self._pipe.send((rows, tokens))
-
-    def finish(self) -> None:
-        pass
 
 
 class _Drain:
@@ -106,7 +90,7 @@ def _init_worker(threads: int, progress_pipe) -> None:
 
 
 def _pool_unit(function: Callable, args: tuple) -> Any:
-    result = run_unit(function, args, _PipeProgress(_progress_pipe))
+    result = run_unit(function, args, ForwardingProgress(_progress_pipe.send))
     if isinstance(result, TaskFailure):
         result.error = None  # exceptions with extra state do not survive pickling; the message does
     return result

@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from gaecli.engines import EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, advance, run_unit
 from gaecli.errors import GAEUsageError
+from gaecli.progress import ForwardingProgress, NoProgress
 
 INSTALL_HINT = "pip install 'gaecli[ray]'"
 
@@ -24,6 +25,7 @@ def import_ray():
 
 
 CONNECT_TIMEOUT_SECONDS = 5.0
+PROGRESS_SECONDS = 0.2  # how often the parent applies the tasks' reports
 
 
 def check_reachable(address: str) -> None:
@@ -57,11 +59,20 @@ def _start_ray(ray, engine: EngineOptions) -> None:
         raise GAEUsageError(f"cannot start or join Ray ({where}): {str(error).splitlines()[0]}") from error
 
 
-def _ray_unit(function: Callable, args: tuple) -> Any:
-    result = run_unit(function, args)
+def _ray_unit(function: Callable, args: tuple, queue=None) -> Any:
+    # queue.put returns once the report is in the queue: before the task's result is
+    result = run_unit(function, args, None if queue is None else ForwardingProgress(queue.put))
     if isinstance(result, TaskFailure):
         result.error = None
     return result
+
+
+def _drain(queue, progress) -> None:
+    """Apply the reports waiting in ``queue``."""
+    waiting = queue.size()
+    if waiting:
+        for rows, tokens in queue.get_nowait_batch(waiting):
+            progress.advance(rows, tokens)
 
 
 def map_units_ray(
@@ -77,7 +88,9 @@ def map_units_ray(
     """:func:`gaecli.engines.map_units` as Ray tasks (one CPU each, never retried: a unit
     that failed is reported, not run twice). Starts Ray here (``num_cpus`` = workers, no
     dashboard) unless it is running already or ``engine.ray_address`` names a cluster; a
-    Ray started here is shut down at the end (of ``session``, when one is given)."""
+    Ray started here is shut down at the end (of ``session``, when one is given). With a
+    ``progress`` to show, the tasks report batch by batch through a Ray queue (an actor
+    that takes no CPU), drained while waiting for the results."""
     ray = import_ray()
     started_here = False
     if not ray.is_initialized():
@@ -89,11 +102,18 @@ def map_units_ray(
     remote = ray.remote(num_cpus=1, max_retries=0)(_ray_unit)
     results: list[Any] = [None] * len(tasks)
     refs: dict = {}
+    queue = None
     try:
-        refs = {remote.remote(function, args): index for index, args in enumerate(tasks)}
+        if progress is not None and not isinstance(progress, NoProgress):
+            from ray.util.queue import Queue
+
+            queue = Queue(actor_options={"num_cpus": 0})
+        refs = {remote.remote(function, args, queue): index for index, args in enumerate(tasks)}
         pending = list(refs)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            done, pending = ray.wait(pending, num_returns=1, timeout=None if queue is None else PROGRESS_SECONDS)
+            if queue is not None:
+                _drain(queue, progress)
             for ref in done:
                 index = refs[ref]
                 try:
@@ -103,15 +123,20 @@ def map_units_ray(
                 except ray.exceptions.RayError as error:
                     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
                     results[index] = TaskFailure(EXIT_UNUSABLE, f"{labels[index]}: the Ray task failed ({type(error).__name__}: {reason}); nothing was written for it")
-                advance(progress, results[index])
+                if queue is None:
+                    advance(progress, results[index])
                 if stop_on_failure and isinstance(results[index], TaskFailure):
                     for other in pending:
                         ray.cancel(other)
+        if queue is not None:
+            _drain(queue, progress)
     except BaseException:
         for ref in refs:
             ray.cancel(ref)
         raise
     finally:
+        if queue is not None:
+            queue.shutdown(force=True)
         if started_here:
             ray.shutdown()
     return results
