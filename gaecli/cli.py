@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, Optional
 
 import typer
@@ -61,10 +60,13 @@ def write_json(document: Any, path: str | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
+    from gaecli.errors import GAEUsageError
+    from gaecli.report import write_text
+
     try:
-        Path(path).write_text(text)
-    except OSError as error:
-        fail(f"cannot write JSON to {path}: {error.strerror or error}", EXIT_USAGE)
+        write_text(path, text)
+    except GAEUsageError as error:
+        fail(f"{error} (the JSON report)", EXIT_USAGE)
 
 
 def _version_callback(value: bool) -> None:

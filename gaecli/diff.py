@@ -23,7 +23,7 @@ import pyarrow as pa
 from gaecli._version import __version__
 from gaecli.checks import masked_tail_lengths
 from gaecli.errors import GAEUsageError
-from gaecli.io.filesystem import total_size
+from gaecli.io.filesystem import is_local, to_path, total_size
 from gaecli.io.format import Columns
 from gaecli.io.paths import discover_inputs
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
@@ -907,7 +907,7 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
         finally:
             rollout.close()
     engine = engine.for_inputs(total_size(files))
-    writer = AtomicParquetWriter(Path(options.per_sample), schema) if schema is not None else None
+    writer = AtomicParquetWriter(to_path(options.per_sample), schema) if schema is not None else None
     try:
         with EngineSession() as session:  # one pool (or Ray) for both passes
             moments = None
@@ -966,17 +966,19 @@ def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
     does not exist — before any work is done."""
     inputs = {path.resolve() for path in paths}
     outputs = [p for p in (*options.report_paths, options.per_sample) if p is not None and p != "-"]
-    seen: set[Path] = set()
+    seen: set = set()
     for output in outputs:
-        resolved = Path(output).resolve()
+        located = to_path(output)
+        resolved = located.resolve()
         if resolved in inputs:
             raise GAEUsageError(f"{output}: this is an input file; write the report elsewhere")
         if resolved in seen:
             raise GAEUsageError(f"{output}: given for two reports; give each its own path")
-        if Path(output).is_dir():
+        if located.is_dir():
             raise GAEUsageError(f"{output}: is a directory; give a file path")
-        if output != options.per_sample and not Path(output).parent.is_dir():
-            raise GAEUsageError(f"{output}: the directory {Path(output).parent} does not exist")
+        # (object stores have no directories to check: a key's prefix needs no creating)
+        if is_local(located) and output != options.per_sample and not located.parent.is_dir():
+            raise GAEUsageError(f"{output}: the directory {located.parent} does not exist")
         seen.add(resolved)
 
 

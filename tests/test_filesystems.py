@@ -114,6 +114,28 @@ def test_mock_object_store_single_file_and_local_output(store, plain, tmp_path):
         assert sha256(tmp_path / "local" / name) == sha256(plain / name)
 
 
+def test_diff_reports_go_to_an_object_store(store, inputs, tmp_path):
+    # Every report of gae diff (JSON, Markdown, HTML, per-sample Parquet) written to URIs
+    # equals the same report written to local paths.
+    reports = {"--json": "r.json", "--markdown": "r.md", "--html": "r.html", "--per-sample": "samples.parquet"}
+    common = ("diff", "mock://bucket/in/a.parquet", "--gamma", GAMMA, "--lambd", LAMBD, "--workers", 1, "--quiet")
+    local = gae(*common, *[x for flag, name in reports.items() for x in (flag, tmp_path / name)])
+    assert local.exit_code == 0, local.output
+    remote = gae(*common, *[x for flag, name in reports.items() for x in (flag, f"mock://bucket/reports/{name}")])
+    assert remote.exit_code == 0, remote.output
+    assert object_keys(store) == sorted([f"in/{n}" for n in NAMES] + [f"reports/{n}" for n in reports.values()])
+    # the reports name the per-sample file, else they are the same bytes
+    named = lambda text: text.replace(str(tmp_path / "samples.parquet"), "mock://bucket/reports/samples.parquet")  # noqa: E731
+    assert object_bytes(store, "reports/r.json").decode() == named((tmp_path / "r.json").read_text())
+    assert object_bytes(store, "reports/r.md").decode() == named((tmp_path / "r.md").read_text())
+    assert object_bytes(store, "reports/r.html").decode() == named((tmp_path / "r.html").read_text())
+    remote_samples = pq.read_table(pa.BufferReader(object_bytes(store, "reports/samples.parquet")))
+    assert remote_samples.equals(pq.read_table(tmp_path / "samples.parquet"))
+    # a report onto an input is refused before any work
+    clash = gae(*common, "--json", "mock://bucket/in/a.parquet")
+    assert clash.exit_code == 2 and "this is an input file" in clash.stderr
+
+
 def test_globs_in_uris_are_refused(store):
     result = recompute("mock://bucket/in/*.parquet", "mock://bucket/out", "--workers", 1)
     assert result.exit_code == 2

@@ -155,6 +155,14 @@ def test_validate_and_diff_read_a_bucket(endpoint, bucket, plain):
     assert on_bucket.exit_code == 0 and local.exit_code == 0, on_bucket.output
     figures = lambda text: {k: json.loads(text)[k] for k in ("summary", "quantiles")}  # noqa: E731
     assert figures(on_bucket.stdout) == figures(local.stdout)
+    # the reports themselves on the bucket
+    to_bucket = gae("diff", uri(endpoint, "in"), "--gamma", GAMMA, "--lambd", LAMBD, "--workers", 2, "--quiet",
+                    "--json", uri(endpoint, "reports/diff.json"), "--per-sample", uri(endpoint, "reports/samples.parquet"))
+    assert to_bucket.exit_code == 0, to_bucket.output
+    filesystem = bucket[0]
+    assert figures(object_bytes(filesystem, "reports/diff.json")) == figures(local.stdout)
+    samples = pq.read_table(pa.BufferReader(object_bytes(filesystem, "reports/samples.parquet")))
+    assert samples.num_rows == sum(pq.read_metadata(bucket[1] / name).num_rows for name in NAMES)
 
 
 def test_an_aborted_upload_leaves_no_object(endpoint, bucket):

@@ -198,6 +198,32 @@ def resolve(item: Union[str, Path, RemotePath]) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(path)
 
 
+def write_whole(target: Union[str, Path, RemotePath], data: bytes) -> None:
+    """Write ``data`` as the file ``target`` (a path or a URI), whole or not at all: locally a
+    hidden temp file beside it renamed over it; on an object store one upload, which
+    appears when it completes. Raises :class:`OSError` (or an Arrow error) when it cannot."""
+    import os
+    import tempfile
+
+    path = to_path(target)
+    if isinstance(path, RemotePath):
+        with path.filesystem.open_output_stream(path.fs_path) as stream:
+            stream.write(data)
+        return
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
 def total_size(paths) -> int:
     """Bytes in the files ``paths`` (paths or URIs); a file that cannot be read counts 0."""
     total = 0

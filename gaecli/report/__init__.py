@@ -6,10 +6,12 @@ that every output shows the same figures. Nothing here computes statistics."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Optional
 
+import pyarrow as pa
+
 from gaecli.errors import GAEUsageError
+from gaecli.io.filesystem import write_whole
 
 TERMINAL_GROUPS = 20
 
@@ -142,12 +144,13 @@ def quantile_note(document: dict) -> str:
 
 
 def write_text(path: str, text: str) -> None:
-    """Write a report to ``path`` ('-' = stdout); an unwritable path is a GAEUsageError."""
+    """Write a report to ``path`` ('-' = stdout; a path or a URI, written whole or not at
+    all); an unwritable path is a GAEUsageError."""
     if path == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
         return
     try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as error:
-        raise GAEUsageError(f"cannot write {path}: {error.strerror or error}") from error
+        write_whole(path, text.encode("utf-8"))
+    except (OSError, pa.ArrowException) as error:
+        raise GAEUsageError(f"cannot write {path}: {getattr(error, 'strerror', None) or error}") from error
