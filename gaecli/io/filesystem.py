@@ -198,29 +198,34 @@ def resolve(item: Union[str, Path, RemotePath]) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(path)
 
 
+def temp_beside(target: Path) -> Path:
+    """The hidden temp file an output is written to before it is renamed over ``target``:
+    ``.<name>.gaecli-<random>.tmp`` in the same directory (so the rename is atomic and a
+    leftover is recognisably ours)."""
+    import uuid
+
+    return target.parent / f".{target.name}.gaecli-{uuid.uuid4().hex[:8]}.tmp"
+
+
 def write_whole(target: Union[str, Path, RemotePath], data: bytes) -> None:
     """Write ``data`` as the file ``target`` (a path or a URI), whole or not at all: locally a
-    hidden temp file beside it renamed over it; on an object store one upload, which
-    appears when it completes. Raises :class:`OSError` (or an Arrow error) when it cannot."""
+    hidden temp file beside it (:func:`temp_beside`) renamed over it; on an object store one
+    upload, which appears when it completes. Raises :class:`OSError` (or an Arrow error)
+    when it cannot."""
     import os
-    import tempfile
 
     path = to_path(target)
     if isinstance(path, RemotePath):
         with path.filesystem.open_output_stream(path.fs_path) as stream:
             stream.write(data)
         return
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    temp = temp_beside(path)
     try:
-        with os.fdopen(handle, "wb") as file:
+        with open(temp, "xb") as file:
             file.write(data)
-        os.chmod(temp, 0o644)
         os.replace(temp, path)
     except BaseException:
-        try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
+        temp.unlink(missing_ok=True)
         raise
 
 

@@ -7,7 +7,6 @@ in for the rename."""
 from __future__ import annotations
 
 import os
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
@@ -17,7 +16,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from gaecli.errors import GAEUsageError
-from gaecli.io.filesystem import AnyPath, RemotePath, to_path
+from gaecli.io.filesystem import AnyPath, RemotePath, temp_beside, to_path
 
 
 def _holds_floats(arrow_type: pa.DataType) -> bool:
@@ -65,7 +64,7 @@ class AtomicParquetWriter:
             self.target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise GAEUsageError(f"{self.target.parent}: cannot create the output directory ({error.strerror})") from error
-        self.temp = self.target.parent / f".{self.target.name}.gaecli-{uuid.uuid4().hex[:8]}.tmp"
+        self.temp = temp_beside(self.target)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
         try:
             self._writer = pq.ParquetWriter(
