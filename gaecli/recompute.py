@@ -366,9 +366,9 @@ def recompute_files(
 
     ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs. One
     plain file → ``output`` is a file; otherwise a directory mirroring each input's path
-    relative to its root. Files are processed by ``engine`` (default: local, one worker
-    process per core, at most one per 256 MB of input; in this process for one file or one
-    worker); each output appears whole once its file is done, or not at all. With ``options.skip_existing`` outputs in
+    relative to its root. Files are processed by ``engine`` (default: in this process, one
+    after the other; ``gae recompute`` defaults to a local worker per core, at most one per
+    256 MB of input); each output appears whole once its file is done, or not at all. With ``options.skip_existing`` outputs in
     place and whole are left alone (``skipped`` in the report).
 
     Raises :class:`gaecli.errors.InvalidDataError` (a :class:`GAEInputError`) for rows that
@@ -389,7 +389,7 @@ def recompute_files(
         raise GAEInputError(f"batch_rows must be at least 1, got {options.batch_rows}")
     if options.skip_existing and options.overwrite:
         raise GAEUsageError("--skip-existing keeps existing outputs and --overwrite replaces them: give one of them")
-    engine = engine or EngineOptions()
+    engine = engine or EngineOptions(workers=1)  # a library call stays in this process unless told
     engine.check()
     check_device(options.device)
     if options.columns.kl_coef is not None:

@@ -352,9 +352,9 @@ def validate_files(
     A missing id column is a ``missing-column`` error (the rows are still checked, without
     ids). ``max_findings``: list at most this many findings (None: all; counts stay exact).
     Files are streamed ``batch_rows`` rows at a time, reading only the columns the rules
-    need. Files are checked by ``engine`` (default: local, in parallel processes); the
-    findings are concatenated in input order, so the report is the same for any engine and
-    worker count. Raises :class:`GAEUsageError` for unusable arguments; never for bad data.
+    need. Files are checked by ``engine`` (default: in this process; ``gae validate``
+    defaults to local worker processes); the findings are concatenated in input order, so
+    the report is the same for any engine and worker count. Raises :class:`GAEUsageError` for unusable arguments; never for bad data.
     """
     columns = columns or Columns()
     id_columns = list(dict.fromkeys(id_columns or ()))
@@ -371,7 +371,7 @@ def validate_files(
     try:
         parts = map_units(_validate_unit, [(result, columns, id_columns, max_findings, batch_rows) for result in readable],
                           [result.file for result in readable],
-                          (engine or EngineOptions()).for_inputs(total_size(result.file for result in readable)),
+                          (engine or EngineOptions(workers=1)).for_inputs(total_size(result.file for result in readable)),
                           progress=progress)
     finally:
         progress.finish()

@@ -243,6 +243,26 @@ def test_default_worker_count_follows_cores_and_input_size(monkeypatch):
     assert EngineOptions("ray").for_inputs(0).worker_count() == 8  # Ray's CPUs: the cores
 
 
+def test_library_calls_stay_in_this_process_unless_given_an_engine(tmp_path, inputs, monkeypatch):
+    # A worker pool re-imports the calling script (spawn): the library starts none by itself.
+    import gaecli.engines
+    import gaecli.engines.local
+    from gaecli.diff import DiffOptions, diff_files
+    from gaecli.recompute import RecomputeOptions, recompute_files
+    from gaecli.validate import validate_files
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a worker pool was started")
+
+    monkeypatch.setattr(gaecli.engines, "AUTO_BYTES_PER_WORKER", 1)  # the CLI would start workers now
+    monkeypatch.setattr(gaecli.engines.local, "map_units_local", no_pool)
+    with pytest.raises(AssertionError, match="worker pool"):  # the patch is in effect for the CLI
+        recompute(inputs, tmp_path / "cli")
+    report = recompute_files([inputs], tmp_path / "out", RecomputeOptions(gamma=GAMMA, lambd=LAMBD))
+    assert len(report.files) == 3
+    assert validate_files([inputs]).files and diff_files([inputs], DiffOptions(gamma=GAMMA, lambd=LAMBD)).files
+
+
 def test_validate_with_workers_matches_one(tmp_path, inputs):
     source = tmp_path / "in"
     for index in range(3):
