@@ -156,8 +156,8 @@ def map_units(
     order: the unit's result, a :class:`TaskFailure`, or None for a unit never started
     (cancelled after a failure with ``stop_on_failure``). ``labels`` name each task in
     messages (the input file). ``progress`` is advanced with the units' rows and tokens,
-    batch by batch (Ray: as each unit finishes). ``session``: keep the pool (or a Ray
-    started here) for the next call given it (:class:`EngineSession`).
+    batch by batch, whatever the engine. ``session``: keep the pool (or a Ray started
+    here) for the next call given it (:class:`EngineSession`).
     With one worker or one task the units run in this process, one after the other (no
     pool to start); a failure's ``error`` then holds the exception itself.
     """

@@ -102,7 +102,6 @@ class LocalPool:
     command's next pass, else closed after one map."""
 
     def __init__(self, processes: int) -> None:
-        self.processes = processes
         threads = max(1, (os.cpu_count() or 1) // processes)
         context = multiprocessing.get_context(START_METHOD)
         self.drain = _Drain(context)
