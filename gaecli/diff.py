@@ -993,7 +993,8 @@ def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optiona
     ``options.per_sample`` one Parquet row per sample is written (atomically).
 
     ``engine``: where the files are processed, one work unit per file (default: in this
-    process, one file after the other; ``gae diff`` defaults to a local worker per core, at most one per 256 MB of input).
+    process, one file after the other; ``gae diff`` defaults to a local worker per core, at
+    most one per 256 MB of input).
     The parts are merged in input order with exact merges, so the report, the plots' data
     and the per-sample file are identical for any engine and worker count.
 

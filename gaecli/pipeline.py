@@ -24,7 +24,6 @@ from gaecli.kl import kl_rewards
 from gaecli.stats import GroupedMoments, row_moments
 
 
-
 # ----------------------------------------------------------------------------- checks
 
 

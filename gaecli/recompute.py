@@ -17,6 +17,7 @@ from gaecli.checks import row_reasons
 from gaecli.diff import DiffAccumulator
 from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.errors import FilesFailedError, GAEInputError, GAEUsageError, InvalidFilesError, UnusableFilesError
+from gaecli.flat import check_discount
 from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_type_like, output_float_type
 from gaecli.io.paths import FileJob, plan_outputs, with_suffix
@@ -28,7 +29,6 @@ from gaecli.pipeline import (  # noqa: F401 - PackedBatch, pack_batch, compute_p
     normalize_label, pack_batch, whiten_rows,
 )
 from gaecli.progress import NoProgress, Progress
-from gaecli.flat import check_discount
 from gaecli.stats import GroupedMoments
 
 REJECTS_SUFFIX = ".rejected"
