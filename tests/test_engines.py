@@ -145,6 +145,25 @@ def test_a_worker_that_dies_is_reported_with_its_file():
     assert failures and any("two.parquet" in failure.message and "died" in failure.message for failure in failures)
 
 
+def _slow_or_die(value: int, progress=None):
+    """Unit 2 dies after a moment; the others take longer (still running when it dies)."""
+    time.sleep(0.5 if value == 2 else 4.0)
+    if value == 2:
+        os._exit(3)
+    return _Done(value)
+
+
+def test_the_dead_workers_file_is_told_from_the_ones_beside_it():
+    labels = ["one.parquet", "two.parquet", "three.parquet"]
+    results = map_units(_slow_or_die, [(1,), (2,), (3,)], labels, EngineOptions("local", 2))
+    assert all(isinstance(result, TaskFailure) and result.code == 2 for result in results)
+    assert [result.message for result in results] == [
+        "one.parquet: stopped when the worker process running two.parquet died; nothing was written for it",
+        "two.parquet: the worker process running this file died (killed, out of memory or crashed); nothing was written for it",
+        "three.parquet: not started: the worker process running two.parquet died; nothing was written for it",
+    ]
+
+
 def _in_steps(steps: int, progress=None):
     """A unit that reports ``steps`` batches of 3 rows and 5 tokens; negative: reports
     ``-steps`` batches, then fails."""

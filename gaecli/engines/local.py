@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -18,11 +19,13 @@ from gaecli.progress import ForwardingProgress, NoProgress
 
 START_METHOD = "spawn"
 
-# In a worker: the write end of the pipe its units report (rows, tokens) on, batch by batch.
-# A report is one small write (< PIPE_BUF bytes), atomic on a pipe, so the workers share
-# the pipe without a lock (a worker killed mid-report cannot leave a lock held or half a
-# message).
+# In a worker: the write end of the pipe to the parent, and the unit it is running. On the
+# pipe go ("advance", rows, tokens) batch by batch, ("start", unit) as a unit begins and
+# ("terminated", unit) when the pool stops the worker. A message is one small write
+# (< PIPE_BUF bytes), atomic on a pipe, so the workers share the pipe without a lock (a
+# worker killed mid-message cannot leave a lock held or half a message).
 _progress_pipe = None
+_running_unit = None
 _FLUSH, _STOP = "flush", "stop"
 
 
@@ -36,6 +39,8 @@ class _Drain:
     def __init__(self, context) -> None:
         self.reader, self.writer = context.Pipe(duplex=False)
         self.progress = NoProgress()
+        self.started: set[int] = set()  # units a worker began, since clear()
+        self.terminated: set[int] = set()  # units whose worker the pool stopped
         self._error: BaseException | None = None
         self._flushed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gaecli-progress", daemon=True)
@@ -46,9 +51,13 @@ class _Drain:
             while (item := self.reader.recv()) != _STOP:
                 if item == _FLUSH:
                     self._flushed.set()
+                elif item[0] == "start":
+                    self.started.add(item[1])
+                elif item[0] == "terminated":
+                    self.terminated.add(item[1])
                 elif self._error is None:
                     try:
-                        self.progress.advance(*item)
+                        self.progress.advance(*item[1:])
                     except Exception as error:  # noqa: BLE001 - raised in the parent by flush()
                         self._error = error  # keep reading: a full pipe would stall the workers
         finally:
@@ -71,9 +80,17 @@ class _Drain:
         self.writer.close()
 
 
+def _on_terminate(signum, frame) -> None:
+    """A worker stopped by the pool (after another one died) says which unit it was running,
+    so that the parent can tell the dead worker's file from the others."""
+    _progress_pipe.send(("terminated", _running_unit))
+    os._exit(128 + signum)
+
+
 def _init_worker(threads: int, progress_pipe) -> None:
     global _progress_pipe
     _progress_pipe = progress_pipe
+    signal.signal(signal.SIGTERM, _on_terminate)
     # torch is not imported here (the CPU path runs without it); if a unit imports it, it
     # reads its thread count from the environment.
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -89,8 +106,14 @@ def _init_worker(threads: int, progress_pipe) -> None:
         pass
 
 
-def _pool_unit(function: Callable, args: tuple) -> Any:
-    result = run_unit(function, args, ForwardingProgress(_progress_pipe.send))
+def _pool_unit(function: Callable, args: tuple, unit: int) -> Any:
+    global _running_unit
+    _running_unit = unit
+    _progress_pipe.send(("start", unit))
+    try:
+        result = run_unit(function, args, ForwardingProgress(lambda report: _progress_pipe.send(("advance", *report))))
+    finally:
+        _running_unit = None
     if isinstance(result, TaskFailure):
         result.error = None  # exceptions with extra state do not survive pickling; the message does
     return result
@@ -137,11 +160,13 @@ def map_units_local(
     key = ("local-pool", processes)
     pool = LocalPool(processes) if session is None else session.resource(key, lambda: LocalPool(processes), LocalPool.close)
     pool.drain.progress = progress if progress is not None else NoProgress()
+    pool.drain.started.clear()
+    pool.drain.terminated.clear()
     results: list[Any] = [None] * len(tasks)
     futures: dict[Future, int] = {}
     broken = False
     try:
-        futures = {pool.executor.submit(_pool_unit, function, args): index for index, args in enumerate(tasks)}
+        futures = {pool.executor.submit(_pool_unit, function, args, index): index for index, args in enumerate(tasks)}
         pending = set(futures)
         stopping = False
         while pending:
@@ -154,11 +179,7 @@ def map_units_local(
                     results[index] = future.result()
                 except BrokenProcessPool:
                     broken = True
-                    results[index] = TaskFailure(
-                        EXIT_UNUSABLE,
-                        f"{labels[index]}: a worker process died (killed, out of memory or crashed) while this file "
-                        f"or one beside it was being processed; nothing was written for it",
-                    )
+                    results[index] = _WORKER_DIED  # said precisely below, once the pool has stopped
                 if stop_on_failure and isinstance(results[index], TaskFailure) and not stopping:
                     stopping = True
                     for other in pending:
@@ -177,4 +198,29 @@ def map_units_local(
         session.forget(key)
     if broken or session is None:
         pool.close()
+    if broken:
+        _name_the_dead_worker(results, labels, pool.drain)
     return results
+
+
+_WORKER_DIED = object()
+
+
+def _name_the_dead_worker(results: list[Any], labels: Sequence[str], drain: _Drain) -> None:
+    """Replace each unit the broken pool failed with what became of it. The units started
+    and not stopped by the pool are the dead worker's; the others were running beside it
+    (stopped) or waiting (not started). Without that knowledge (a report lost), every
+    unit is "this file or one beside it"."""
+    failed = [index for index, result in enumerate(results) if result is _WORKER_DIED]
+    dead = [index for index in failed if index in drain.started and index not in drain.terminated]
+    culprits = ", ".join(labels[index] for index in dead)
+    for index in failed:
+        if len(dead) != 1:
+            why = "a worker process died (killed, out of memory or crashed) while this file or one beside it was being processed"
+        elif index in dead:
+            why = "the worker process running this file died (killed, out of memory or crashed)"
+        elif index in drain.started:
+            why = f"stopped when the worker process running {culprits} died"
+        else:
+            why = f"not started: the worker process running {culprits} died"
+        results[index] = TaskFailure(EXIT_UNUSABLE, f"{labels[index]}: {why}; nothing was written for it")
