@@ -9,7 +9,7 @@ import importlib
 from typing import Any
 
 from gaecli._version import __version__
-from gaecli.errors import GAEError, GAEInputError, KernelUnavailableError
+from gaecli.errors import GAEError, GAEInputError, InvalidOptionError, KernelUnavailableError
 
 _LAZY = {
     "masked_gae": "gaecli.semantics",
@@ -34,7 +34,7 @@ _LAZY = {
     "resolve_kernel": "gaecli.kernels",
 }
 
-__all__ = ["__version__", "GAEError", "GAEInputError", "KernelUnavailableError", *_LAZY]
+__all__ = ["__version__", "GAEError", "GAEInputError", "InvalidOptionError", "KernelUnavailableError", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

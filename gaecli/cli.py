@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any, Literal, NoReturn, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 
@@ -79,7 +79,7 @@ def _version_callback(value: bool) -> None:
 def callback(
     version: Annotated[
         Optional[bool],
-        typer.Option("--version", callback=_version_callback, is_eager=True, help="Show the version and exit."),
+        typer.Option("--version", "-V", callback=_version_callback, is_eager=True, help="Show the version and exit."),
     ] = None,
 ) -> None:
     """Recompute PPO advantages (GAE) from rollout dumps with the masked semantics."""
@@ -92,14 +92,13 @@ def kernels(
     quiet: QuietOption = False,
 ) -> None:
     """List the GAE kernels usable here; the one `auto` picks is marked."""
-    from gaecli.errors import KernelUnavailableError
     from gaecli.kernels import KERNELS, available_kernels, resolve_kernel
+    from gaecli.pipeline import check_device
 
-    try:
+    with errors_to_exit():
+        check_device(device)
         names = available_kernels(device)
         auto = resolve_kernel("auto", device)
-    except (RuntimeError, KernelUnavailableError) as error:
-        fail(str(error), EXIT_USAGE)
     write_json({"device": device, "kernels": names, "auto": auto}, json_path)
     if not quiet and json_path != "-":
         for name in names:
@@ -119,12 +118,12 @@ RewardsColOption = Annotated[Optional[str], typer.Option(
 MaskColOption = Annotated[str, typer.Option("--mask-col", help="Column of the 0/1 loss mask.", rich_help_panel="Columns")]
 TerminalColOption = Annotated[str, typer.Option("--terminal-col", help="Column of the scalar terminal reward.", rich_help_panel="Columns")]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.", hidden=False)]
-EngineOption = Annotated[Literal["local", "ray"], typer.Option(
-    "--engine", rich_help_panel="Scale out",
+EngineOption = Annotated[str, typer.Option(
+    "--engine", metavar="local|ray", rich_help_panel="Scale out",
     help="local: files in parallel worker processes on this machine; ray: Ray tasks (needs gaecli[ray]). Results are bitwise the same.",
 )]
 WorkersOption = Annotated[Optional[int], typer.Option(
-    "--workers", min=1, metavar="N", show_default=False, rich_help_panel="Scale out",
+    "--workers", metavar="N", show_default=False, rich_help_panel="Scale out",
     help="Files processed at once: worker processes (local) or CPUs of the Ray started here. Default: the number of cores; local: at most one per 256 MB of input (a worker costs ~1 s to start).",
 )]
 RayAddressOption = Annotated[Optional[str], typer.Option(
@@ -144,8 +143,8 @@ KLCoefOption = Annotated[Optional[float], typer.Option(
     "--kl-coef", metavar="C", show_default=False, rich_help_panel="KL rewards",
     help="Per-token rewards = −C · KL(log_probs ‖ ref_log_probs), added to --rewards-col if one is named (the default rewards column is then not read).",
 )]
-KLEstimatorOption = Annotated[Literal["k1", "k2", "k3", "low_var_kl"], typer.Option(
-    "--kl-estimator", rich_help_panel="KL rewards",
+KLEstimatorOption = Annotated[str, typer.Option(
+    "--kl-estimator", metavar="k1|k2|k3|low_var_kl", rich_help_panel="KL rewards",
     help="KL estimator of log-ratio x = log_probs − ref_log_probs: k1 = x, k2 = x²/2, k3 = exp(−x) − 1 + x, low_var_kl = k3 clamped (see docs/format.md).",
 )]
 LogprobsColOption = Annotated[str, typer.Option("--logprobs-col", help="Column of the policy's per-token log-probs (read with --kl-coef).", rich_help_panel="KL rewards")]
@@ -244,11 +243,11 @@ class errors_to_exit:
         signal.signal(signal.SIGTERM, self._previous)
         if exc_type is None or issubclass(exc_type, typer.Exit) or self.debug and not issubclass(exc_type, KeyboardInterrupt):
             return False
-        from gaecli.errors import GAEInputError, GAEUsageError, KernelUnavailableError
+        from gaecli.errors import GAEInputError, GAEUsageError
 
         if issubclass(exc_type, KeyboardInterrupt):
             fail("interrupted; no partial output was left (outputs finished before are whole)", 130)
-        if issubclass(exc_type, (GAEUsageError, KernelUnavailableError)):
+        if issubclass(exc_type, GAEUsageError):  # before GAEInputError: an InvalidOptionError is both
             fail(str(exc), EXIT_USAGE)
         if issubclass(exc_type, GAEInputError):
             fail(str(exc), EXIT_INVALID_DATA)
@@ -262,11 +261,11 @@ class errors_to_exit:
 def recompute(
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")],
     output: Annotated[str, typer.Option("--output", "-o", help="Output file (one input file) or directory.")],
-    gamma: Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
-    lambd: Annotated[float, typer.Option(min=0.0, max=1.0, help="GAE λ in [0, 1].")],
+    gamma: Annotated[float, typer.Option(help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
+    lambd: Annotated[float, typer.Option(help="GAE λ in [0, 1].")],
     kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",
     device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
-    batch_rows: Annotated[int, typer.Option(min=1, help="Rows per streamed batch.")] = 256,
+    batch_rows: Annotated[int, typer.Option(help="Rows per streamed batch.")] = 256,
     normalize: Annotated[bool, typer.Option("--normalize", help="Whiten advantages over all trainable tokens of all inputs.")] = False,
     normalize_by: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")] = None,
     values_col: ValuesColOption = "values",
@@ -284,7 +283,7 @@ def recompute(
     on_invalid: Annotated[str, typer.Option(help="stop: the first invalid row stops the run (exit 1); skip: invalid rows go to OUTPUT.rejected.parquet.")] = "stop",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing output files.")] = False,
     skip_existing: Annotated[bool, typer.Option("--skip-existing", help="Leave outputs that exist and are whole alone (resume a run).")] = False,
-    tol: Annotated[float, typer.Option(min=0.0, help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
+    tol: Annotated[float, typer.Option(help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
     engine: EngineOption = "local",
     workers: WorkersOption = None,
     ray_address: RayAddressOption = None,
@@ -293,10 +292,6 @@ def recompute(
     debug: DebugOption = False,
 ) -> None:
     """Recompute advantages and returns with masked GAE; write the files back with them added."""
-    if skip_existing and overwrite:
-        fail("--skip-existing keeps existing outputs and --overwrite replaces them: give one of them", EXIT_USAGE)
-    if on_invalid not in ("stop", "skip"):
-        fail(f"--on-invalid must be 'stop' or 'skip', got {on_invalid!r}", EXIT_USAGE)
     with errors_to_exit(debug):
         from gaecli.recompute import RecomputeOptions, recompute_files
         from gaecli.report.recompute import render_recompute
@@ -322,10 +317,10 @@ def recompute(
 def validate(
     inputs: Annotated[Optional[list[str]], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.", show_default=False)] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Fail (exit 1) on warnings too.")] = False,
-    max_findings: Annotated[int, typer.Option("--max-findings", min=0, metavar="N", help="List at most N findings; the counts stay exact.")] = 1000,
+    max_findings: Annotated[int, typer.Option("--max-findings", metavar="N", help="List at most N findings; the counts stay exact.")] = 1000,
     id_col: Annotated[Optional[str], typer.Option("--id-col", metavar="COL[,COL]", help="Column(s) that identify a sample: label findings, warn on duplicates within a file.")] = None,
     list_rules: Annotated[bool, typer.Option("--list-rules", help="Print every rule (code, severity, what it finds, fix) and exit.")] = False,
-    batch_rows: Annotated[int, typer.Option(min=1, help="Rows per streamed batch.")] = 1024,
+    batch_rows: Annotated[int, typer.Option(help="Rows per streamed batch.")] = 1024,
     values_col: ValuesColOption = "values",
     rewards_col: RewardsColOption = None,
     mask_col: MaskColOption = "loss_mask",
@@ -408,8 +403,8 @@ def import_miles_command(
 @app.command(epilog=EXIT_CODES_HELP)
 def diff(
     inputs: Annotated[list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")],
-    gamma: Annotated[float, typer.Option(min=0.0, max=1.0, help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
-    lambd: Annotated[float, typer.Option(min=0.0, max=1.0, help="GAE λ in [0, 1].")],
+    gamma: Annotated[float, typer.Option(help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
+    lambd: Annotated[float, typer.Option(help="GAE λ in [0, 1].")],
     baseline: Annotated[Optional[str], typer.Option(metavar="NAME", show_default=False, help="Old advantages recomputed with: unmasked (default), skip-masked (verl / AReaL) or zero-masked (OpenRLHF).")] = None,
     against: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Compare with advantages stored in COLUMN (e.g. what the trainer used) instead of a baseline.")] = None,
     against_returns: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="With --against: the stored returns to compare.")] = None,
@@ -417,11 +412,11 @@ def diff(
     normalize_by: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")] = None,
     group_by: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Add the main figures per value of COLUMN (e.g. rollout_id: which steps were hit hardest).")] = None,
     id_col: Annotated[Optional[str], typer.Option(metavar="COLUMN", help="Column that identifies a sample (shown for the top samples, written with --per-sample).")] = None,
-    top: Annotated[int, typer.Option(min=0, metavar="K", help="List the K samples with the largest max |Δ advantage|.")] = 10,
-    tol: Annotated[float, typer.Option(min=0.0, help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
+    top: Annotated[int, typer.Option(metavar="K", help="List the K samples with the largest max |Δ advantage|.")] = 10,
+    tol: Annotated[float, typer.Option(help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
     kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",
     device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
-    batch_rows: Annotated[int, typer.Option(min=1, help="Rows per streamed batch.")] = 256,
+    batch_rows: Annotated[int, typer.Option(help="Rows per streamed batch.")] = 256,
     values_col: ValuesColOption = "values",
     rewards_col: RewardsColOption = None,
     mask_col: MaskColOption = "loss_mask",
@@ -441,8 +436,6 @@ def diff(
     debug: DebugOption = False,
 ) -> None:
     """How far were the old advantages off? Masked GAE against a baseline or stored advantages, over trainable tokens."""
-    if against is not None and baseline is not None:
-        fail("--against compares with stored advantages and --baseline with recomputed ones: give one of them", EXIT_USAGE)
     if json_path == "-" and markdown == "-":
         fail("--json and --markdown cannot both write to stdout ('-')", EXIT_USAGE)
     with errors_to_exit(debug):

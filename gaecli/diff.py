@@ -22,7 +22,8 @@ import pyarrow as pa
 
 from gaecli._version import __version__
 from gaecli.checks import masked_tail_lengths
-from gaecli.errors import GAEUsageError
+from gaecli.errors import GAEUsageError, InvalidOptionError
+from gaecli.flat import BASELINES, check_discount
 from gaecli.io.filesystem import is_local, to_path, total_size
 from gaecli.io.format import Columns
 from gaecli.io.paths import discover_inputs
@@ -31,6 +32,7 @@ from gaecli.engines import EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.pipeline import (
     Computation, check_device, check_file, check_scalar_column, computed_batches, engine_moments, normalize_label, whiten_rows,
 )
+from gaecli.options import check_choice, check_count, check_number
 from gaecli.progress import NoProgress, Progress
 from gaecli.stats import ExactSum, GroupedMoments, SignedLogHistogram, diff_rows, encode_keys, keyed_sample
 
@@ -628,6 +630,7 @@ class DiffOptions:
     stored returns); ``baseline`` and ``against`` together are refused. ``normalize`` /
     ``normalize_by`` whiten new and old the same way, each with its own statistics.
     ``report_paths``: files the caller will write reports to (refused when one is an input).
+    Every value is checked when the options are made (:meth:`check`).
     """
 
     gamma: float
@@ -648,6 +651,28 @@ class DiffOptions:
     per_sample: Optional[str] = None
     report_paths: tuple[str, ...] = ()
     scatter_sample: int = SCATTER_SAMPLE
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
+        choices, a kernel or device not usable here, and contradicting options."""
+        from gaecli.kernels import resolve_kernel
+
+        check_discount(self.gamma, self.lambd, names=("--gamma", "--lambd"))
+        if self.against is not None and self.baseline is not None:
+            raise InvalidOptionError("--against compares with stored advantages, --baseline with recomputed ones: "
+                                     "give one of them")
+        if self.against_returns is not None and self.against is None:
+            raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
+        if self.baseline is not None:
+            check_choice("--baseline", self.baseline, BASELINES, "baseline")
+        check_count("--batch-rows", self.batch_rows, 1)
+        check_count("--top", self.top, 0)
+        check_number("--tol", self.tolerance, 0.0)
+        check_device(self.device)
+        resolve_kernel(self.kernel, self.device)
 
     @property
     def whitening(self) -> bool:
@@ -998,33 +1023,11 @@ def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optiona
     The parts are merged in input order with exact merges, so the report, the plots' data
     and the per-sample file are identical for any engine and worker count.
 
-    Raises :class:`GAEUsageError` for refused options (``baseline`` with ``against``, a
-    missing column named by an option, a report onto an input) and unreadable files,
-    :class:`gaecli.errors.InvalidDataError` for rows that break the format, and
-    :class:`GAEInputError` for bad numbers (γ, λ).
+    Raises :class:`GAEUsageError` for a missing column named by an option, a report onto an
+    input and unreadable files, and :class:`gaecli.errors.InvalidDataError` for rows that
+    break the format. Bad option values raise :class:`gaecli.errors.InvalidOptionError` (a
+    :class:`GAEInputError` too) when the options are made, before any work.
     """
-    from gaecli.flat import BASELINES, check_discount
-
-    check_discount(options.gamma, options.lambd)
-    if options.against is not None and options.baseline is not None:
-        raise GAEUsageError("--against compares with stored advantages, --baseline with recomputed ones: give one of them")
-    if options.against_returns is not None and options.against is None:
-        raise GAEUsageError("--against-returns needs --against (the stored advantages to compare)")
-    if options.baseline is not None and options.baseline not in BASELINES:
-        raise GAEUsageError(f"unknown baseline {options.baseline!r}; choose one of: {', '.join(BASELINES)}")
-    if options.batch_rows < 1:
-        raise GAEUsageError(f"batch_rows must be at least 1, got {options.batch_rows}")
-    if options.top < 0:
-        raise GAEUsageError(f"top must be 0 or more, got {options.top}")
-    if not options.tolerance >= 0:
-        raise GAEUsageError(f"tolerance must be 0 or more, got {options.tolerance}")
-    check_device(options.device)
-    if engine is not None:
-        engine.check()
-    if options.columns.kl_coef is not None:
-        from gaecli.kl import check_kl_options
-
-        check_kl_options(options.columns.kl_coef, options.columns.kl_estimator)
     if options.normalize_by is not None and not options.normalize:
         options = replace(options, normalize=True)
     paths = _input_files(list(inputs))

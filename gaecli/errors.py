@@ -14,13 +14,19 @@ class GAEInputError(GAEError, ValueError):
     """
 
 
-class KernelUnavailableError(GAEError, ValueError):
-    """A kernel was asked for by name that does not exist or cannot run on the device."""
-
-
 class GAEUsageError(GAEError):
     """A refused operation or an unusable path: existing output without overwrite, output
     equal to an input, missing optional extra (exit code 2 in the CLI)."""
+
+
+class InvalidOptionError(GAEUsageError, GAEInputError):
+    """An option value out of its range or not one of its choices, or options that
+    contradict each other (exit code 2 in the CLI), raised before any work is done. Also a
+    :class:`GAEInputError`, so that callers catching that keep working."""
+
+
+class KernelUnavailableError(InvalidOptionError):
+    """A kernel was asked for by name that does not exist or cannot run on the device."""
 
 
 class UnreadableFileError(GAEUsageError):

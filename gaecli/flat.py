@@ -16,23 +16,20 @@ column's offsets), ``terminal_rewards`` ``[B]`` in the values' dtype.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from gaecli.errors import GAEInputError
+from gaecli.errors import InvalidOptionError
+from gaecli.options import check_number
 
 BASELINES: tuple[str, ...] = ("unmasked", "skip-masked", "zero-masked")
 WHITEN_EPSILON = 1e-8
 
 
-def check_discount(gamma: float, lambd: float) -> None:
-    """Raise :class:`GAEInputError` unless γ and λ are finite numbers in [0, 1]."""
-    for name, value in (("gamma", gamma), ("lambd", lambd)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise GAEInputError(f"{name} must be a number in [0, 1], got {value!r}")
-        if not 0.0 <= value <= 1.0:
-            raise GAEInputError(f"{name} must be in [0, 1], got {value}")
+def check_discount(gamma: float, lambd: float, names: tuple[str, str] = ("gamma", "lambd")) -> None:
+    """Raise :class:`InvalidOptionError` unless γ and λ are finite numbers in [0, 1]; the
+    message calls them ``names``."""
+    check_number(names[0], gamma, 0.0, 1.0)
+    check_number(names[1], lambd, 0.0, 1.0)
 
 
 def last_trainable_index(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -97,7 +94,7 @@ def apply_semantics(xp, run, values, rewards, trainable, offsets, terminal_rewar
         advantages = xp.where(trainable, advantages, masked_advantages)
         returns = xp.where(trainable, returns, masked_advantages + values)
         return advantages, returns
-    raise GAEInputError(f"unknown semantics {semantics!r}; choose one of: masked, {', '.join(BASELINES)}")
+    raise InvalidOptionError(f"unknown semantics {semantics!r}; choose one of: masked, {', '.join(BASELINES)}")
 
 
 def gae_flat(

@@ -16,11 +16,11 @@ Masked positions get a KL reward like any other: masked GAE never reads it, the 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
-from gaecli.errors import GAEInputError
+from gaecli.options import check_choice, check_number
 
 LOW_VAR_LOG_RATIO_BOUND = 20.0
 LOW_VAR_KL_BOUND = 10.0
@@ -59,19 +59,17 @@ KL_ESTIMATORS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-def check_kl_options(coef: float, estimator: str) -> None:
-    """Refuse (:class:`GAEInputError`) a non-finite coefficient or an unknown estimator."""
-    if estimator not in KL_ESTIMATORS:
-        raise GAEInputError(f"unknown KL estimator {estimator!r}; use one of {', '.join(KL_ESTIMATORS)}")
-    if not np.isfinite(coef):
-        raise GAEInputError(f"the KL coefficient must be a finite number, got {coef!r}")
+def check_kl_options(coef: Optional[float], estimator: str) -> None:
+    """Refuse (:class:`gaecli.errors.InvalidOptionError`) an unknown estimator or a
+    coefficient that is not a finite number (None: no KL rewards)."""
+    check_choice("--kl-estimator", estimator, KL_ESTIMATORS, "KL estimator")
+    check_number("--kl-coef", coef)
 
 
 def kl_estimate(log_probs: np.ndarray, ref_log_probs: np.ndarray, estimator: str) -> np.ndarray:
     """Per-token KL estimate ``[N]`` (float64) of flat ``log_probs`` and ``ref_log_probs``
     ``[N]`` (any float dtype) under ``estimator`` (a key of :data:`KL_ESTIMATORS`)."""
-    if estimator not in KL_ESTIMATORS:
-        raise GAEInputError(f"unknown KL estimator {estimator!r}; use one of {', '.join(KL_ESTIMATORS)}")
+    check_choice("--kl-estimator", estimator, KL_ESTIMATORS, "KL estimator")
     log_ratio = np.asarray(log_probs, dtype=np.float64) - np.asarray(ref_log_probs, dtype=np.float64)
     return KL_ESTIMATORS[estimator](log_ratio)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from gaecli.checks import BatchCheck, Finding, check_batch, check_schema, first_error
-from gaecli.errors import GAEInputError, GAEUsageError, InvalidDataError
+from gaecli.errors import GAEInputError, GAEUsageError, InvalidDataError, InvalidOptionError
 from gaecli.flat import WHITEN_EPSILON, gae_flat
 from gaecli.io.format import Columns, is_list_type, is_real_type, list_parts, numeric_numpy, output_float_type
 from gaecli.io.reader import RolloutFile
@@ -28,7 +28,7 @@ from gaecli.stats import GroupedMoments, row_moments
 
 
 def check_device(device: str) -> None:
-    """Refuse (:class:`GAEUsageError`) a device that is not cpu or cuda, or CUDA where
+    """Refuse (:class:`InvalidOptionError`) a device that is not cpu or cuda, or CUDA where
     torch cannot use it. ``cpu`` is accepted without importing torch."""
     if device == "cpu":
         return
@@ -37,11 +37,11 @@ def check_device(device: str) -> None:
     try:
         device_type = torch.device(device).type
     except (RuntimeError, TypeError) as error:
-        raise GAEUsageError(f"unknown device {device!r}; use cpu or cuda") from error
+        raise InvalidOptionError(f"unknown device {device!r}; use cpu or cuda") from error
     if device_type not in ("cpu", "cuda"):
-        raise GAEUsageError(f"device {device!r} is not supported; use cpu or cuda")
+        raise InvalidOptionError(f"device {device!r} is not supported; use cpu or cuda")
     if device_type == "cuda" and not torch.cuda.is_available():
-        raise GAEUsageError(f"device {device!r}: CUDA is not available to torch here; use --device cpu")
+        raise InvalidOptionError(f"device {device!r}: CUDA is not available to torch here; use --device cpu")
 
 
 def check_rollout_schema(schema: pa.Schema, columns: Columns, file: str) -> None:

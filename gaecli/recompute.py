@@ -16,18 +16,18 @@ from gaecli._version import __version__
 from gaecli.checks import row_reasons
 from gaecli.diff import DiffAccumulator
 from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, map_units
-from gaecli.errors import FilesFailedError, GAEInputError, GAEUsageError, InvalidFilesError, UnusableFilesError
-from gaecli.flat import check_discount
+from gaecli.errors import FilesFailedError, GAEUsageError, InvalidFilesError, InvalidOptionError, UnusableFilesError
+from gaecli.flat import BASELINES, check_discount
 from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_type_like, output_float_type
 from gaecli.io.paths import FileJob, plan_outputs, with_suffix
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile, read_metadata, read_schema
 from gaecli.io.writer import AtomicParquetWriter
-from gaecli.kl import check_kl_options
 from gaecli.pipeline import (  # noqa: F401 - PackedBatch, pack_batch, compute_packed: re-exported
     Computation, PackedBatch, check_device, check_file, compute_packed, computed_batches, engine_moments,
     normalize_label, pack_batch, whiten_rows,
 )
+from gaecli.options import check_choice, check_count, check_number
 from gaecli.progress import NoProgress, Progress
 from gaecli.stats import GroupedMoments
 
@@ -44,6 +44,7 @@ class RecomputeOptions:
     ``normalize_by``: whiten within groups of rows sharing this column's value (implies
     normalize). ``on_invalid``: ``"stop"`` (first invalid row stops the run) or ``"skip"``
     (invalid rows go whole to ``<output>.rejected.parquet`` with a ``reason`` column).
+    Every value is checked when the options are made (:meth:`check`).
     """
 
     gamma: float
@@ -61,6 +62,24 @@ class RecomputeOptions:
     overwrite: bool = False
     tolerance: float = 1e-6
     skip_existing: bool = False
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
+        choices, a kernel or device not usable here, and contradicting options."""
+        from gaecli.kernels import resolve_kernel
+
+        check_discount(self.gamma, self.lambd, names=("--gamma", "--lambd"))
+        check_count("--batch-rows", self.batch_rows, 1)
+        check_number("--tol", self.tolerance, 0.0)
+        check_choice("baseline", self.baseline, BASELINES, "baseline")
+        check_choice("--on-invalid", self.on_invalid, ("stop", "skip"), "mode")
+        check_device(self.device)
+        resolve_kernel(self.kernel, self.device)
+        if self.skip_existing and self.overwrite:
+            raise InvalidOptionError("--skip-existing keeps existing outputs and --overwrite replaces them: give one of them")
 
     @property
     def whitening(self) -> bool:
@@ -372,28 +391,17 @@ def recompute_files(
     place and whole are left alone (``skipped`` in the report).
 
     Raises :class:`gaecli.errors.InvalidDataError` (a :class:`GAEInputError`) for rows that
-    break the format (stop mode), :class:`GAEInputError` for bad options, and
-    :class:`gaecli.errors.GAEUsageError` for refused operations and unreadable files — as
-    they are for a run over one file. When files of a multi-file run fail,
+    break the format (stop mode) and :class:`gaecli.errors.GAEUsageError` for refused
+    operations and unreadable files — as they are for a run over one file. When files of a multi-file run fail,
     :class:`gaecli.errors.InvalidFilesError` (all failed for invalid data) or
     :class:`gaecli.errors.UnusableFilesError`, listing the outputs written and not written.
     The ``--normalize`` statistics pass runs over every input first; a failure there
-    writes nothing.
+    writes nothing. Bad option values raise :class:`gaecli.errors.InvalidOptionError` (a
+    :class:`GAEInputError` too) when the options are made, before any work.
     """
     from gaecli.kernels import resolve_kernel
 
-    check_discount(options.gamma, options.lambd)
-    if options.on_invalid not in ("stop", "skip"):
-        raise GAEInputError(f"on_invalid must be 'stop' or 'skip', got {options.on_invalid!r}")
-    if options.batch_rows < 1:
-        raise GAEInputError(f"batch_rows must be at least 1, got {options.batch_rows}")
-    if options.skip_existing and options.overwrite:
-        raise GAEUsageError("--skip-existing keeps existing outputs and --overwrite replaces them: give one of them")
     engine = engine or EngineOptions(workers=1)  # a library call stays in this process unless told
-    engine.check()
-    check_device(options.device)
-    if options.columns.kl_coef is not None:
-        check_kl_options(options.columns.kl_coef, options.columns.kl_estimator)
     if options.normalize_by is not None and not options.normalize:
         options = replace(options, normalize=True)
     kernel = resolve_kernel(options.kernel, options.device)

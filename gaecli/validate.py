@@ -21,11 +21,12 @@ import pyarrow.compute as pc
 from gaecli._version import __version__
 from gaecli.checks import ERROR, RULES, WARNING, Finding, check_batch, check_schema
 from gaecli.engines import EngineOptions, TaskFailure, map_units
-from gaecli.errors import GAEUsageError, UnreadableFileError
+from gaecli.errors import GAEUsageError, InvalidOptionError, UnreadableFileError
 from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_parts
 from gaecli.io.paths import discover_inputs
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
+from gaecli.options import check_count
 from gaecli.progress import NoProgress, Progress
 
 DEFAULT_MAX_FINDINGS = 1000
@@ -354,16 +355,16 @@ def validate_files(
     Files are streamed ``batch_rows`` rows at a time, reading only the columns the rules
     need. Files are checked by ``engine`` (default: in this process; ``gae validate``
     defaults to local worker processes); the findings are concatenated in input order, so
-    the report is the same for any engine and worker count. Raises :class:`GAEUsageError` for unusable arguments; never for bad data.
+    the report is the same for any engine and worker count. Raises
+    :class:`gaecli.errors.InvalidOptionError` (a :class:`GAEUsageError`) for a bad option
+    value, before any file is read; never for bad data.
     """
     columns = columns or Columns()
     id_columns = list(dict.fromkeys(id_columns or ()))
-    if batch_rows < 1:
-        raise GAEUsageError(f"batch_rows must be at least 1, got {batch_rows}")
-    if max_findings is not None and max_findings < 0:
-        raise GAEUsageError(f"max_findings must be 0 or more, got {max_findings}")
+    check_count("--batch-rows", batch_rows, 1)
+    check_count("--max-findings", max_findings, 0)
     if any(not name for name in id_columns):
-        raise GAEUsageError("an id column name is empty")
+        raise InvalidOptionError("--id-col: a column name is empty")
     progress = progress or NoProgress()
     report = ValidationReport(files=_discover(inputs), max_findings=max_findings)
     readable = [result for result in report.files if result.status != UNREADABLE]

@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
-from gaecli.errors import GAEInputError, GAEUsageError, KernelUnavailableError
+from gaecli.errors import GAEInputError, GAEUsageError, InvalidOptionError
+from gaecli.options import check_choice, check_count
 
 ENGINES = ("local", "ray")
 EXIT_INVALID_DATA = 1
@@ -37,6 +38,9 @@ class EngineOptions:
     workers: Optional[int] = None
     ray_address: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        self.check()
+
     def worker_count(self, input_bytes: Optional[int] = None) -> int:
         """``workers`` when given; else the number of cores, and for the local engine with
         the inputs' total size known, no more than one per :data:`AUTO_BYTES_PER_WORKER`
@@ -56,13 +60,12 @@ class EngineOptions:
         return replace(self, workers=self.worker_count(input_bytes))
 
     def check(self) -> None:
-        """Refuse (:class:`GAEUsageError`) an unknown engine or a worker count below 1."""
-        if self.engine not in ENGINES:
-            raise GAEUsageError(f"unknown engine {self.engine!r}; choose one of: {', '.join(ENGINES)}")
-        if self.workers is not None and self.workers < 1:
-            raise GAEUsageError(f"--workers must be at least 1, got {self.workers}")
+        """Refuse (:class:`InvalidOptionError`) an unknown engine, a worker count below 1 and
+        an address without Ray; run when the options are made."""
+        check_choice("--engine", self.engine, ENGINES, "engine")
+        check_count("--workers", self.workers, 1)
         if self.ray_address is not None and self.engine != "ray":
-            raise GAEUsageError("--ray-address needs --engine ray")
+            raise InvalidOptionError("--ray-address needs --engine ray")
 
 
 @dataclass
@@ -86,7 +89,7 @@ class TaskFailure:
 
 def failure_of(error: BaseException) -> Optional[TaskFailure]:
     """The failure a gaecli error stands for (None for any other exception: a bug)."""
-    if isinstance(error, (GAEUsageError, KernelUnavailableError)):
+    if isinstance(error, GAEUsageError):
         return TaskFailure(EXIT_UNUSABLE, str(error), error)
     if isinstance(error, GAEInputError):
         return TaskFailure(EXIT_INVALID_DATA, str(error), error)

@@ -17,6 +17,8 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
+from gaecli.kl import check_kl_options
+
 
 @dataclass(frozen=True)
 class Columns:
@@ -38,6 +40,9 @@ class Columns:
     ref_log_probs: str = "ref_log_probs"
     kl_coef: Optional[float] = None
     kl_estimator: str = "k1"
+
+    def __post_init__(self) -> None:
+        check_kl_options(self.kl_coef, self.kl_estimator)
 
     def token_columns(self) -> list[tuple[str, str]]:
         """(role, column name) of the per-token list columns that are read."""
