@@ -317,9 +317,8 @@ def check_batch(
         flag(~np.isfinite(terminal_numbers), columns.terminal_reward, "non-finite",
              lambda row: f"terminal reward is {terminal_numbers[row].item()}")
     float_type = output_float_type(batch.schema, columns)
-    bounds, contributors, largest = overflow_bounds(
-        {name: (lists[role][1], lists[role][2]) for role, name in columns.token_columns() if role in ("values", "rewards")},
-        columns, terminal_numbers)
+    summed = {name: lists[role][1:] for role, name in columns.token_columns() if role in ("values", "rewards")}
+    bounds, contributors, largest = overflow_bounds(summed, columns, terminal_numbers)
     too_large = ~(bounds <= float(np.finfo(float_type.to_pandas_dtype()).max)) & ~invalid
     if too_large.any():
         for index, name in enumerate(contributors):

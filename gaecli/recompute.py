@@ -211,8 +211,9 @@ def first_difference(key: str, have: str, want: str) -> str:
             had = None
         if isinstance(had, dict):
             for name in sorted(set(had) | set(wanted)):
-                if had.get(name, "(not recorded)") != wanted.get(name):
-                    return f"columns.{name} {json.dumps(had.get(name, '(not recorded)'))}, not {json.dumps(wanted.get(name))}"
+                old_value = had.get(name, "(not recorded)")
+                if old_value != wanted.get(name):
+                    return f"columns.{name} {json.dumps(old_value)}, not {json.dumps(wanted.get(name))}"
     return f"{key} {have or '(not recorded)'}, not {want}"
 
 

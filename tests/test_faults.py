@@ -94,7 +94,8 @@ def test_full_disk_while_the_footer_is_written(tmp_path, tmpfs, long_file):
     data, footer = _footer_sizes(long_file, tmp_path, "--batch-rows", 1)
     assert footer > 4 * PAGE  # room to aim between the data pages and the footer
     disk = tmpfs("disk", _pages(data + footer // 2))
-    result = gae("recompute", long_file, "-o", disk / "b.parquet", "--gamma", 1, "--lambd", 1, "--batch-rows", 1, "--quiet")
+    result = gae("recompute", long_file, "-o", disk / "b.parquet", "--gamma", 1, "--lambd", 1, "--batch-rows", 1,
+                 "--quiet")
     assert result.exit_code == 2
     message = _one_line_error(result)
     assert message == f"error: {disk / 'b.parquet'}: cannot write (No space left on device)"
@@ -112,7 +113,8 @@ def test_full_disk_with_two_workers_lists_written_and_not_written(tmp_path, tmpf
     message = _one_line_error(result)
     assert message.startswith("error: 1 of 2 files failed; 1 written, 1 not written")
     assert f"  written: {disk / 'out' / 'a.parquet'}" in message
-    assert f"  not written: {disk / 'out' / 'b.parquet'} ({disk / 'out' / 'b.parquet'}: cannot write (No space left on device))" in message
+    target = disk / "out" / "b.parquet"
+    assert f"  not written: {target} ({target}: cannot write (No space left on device))" in message
     assert _left_in(disk) == ["out", "out/a.parquet"]
     assert pq.read_table(disk / "out" / "a.parquet").num_rows == 8
 
@@ -199,7 +201,8 @@ def test_duplicate_column_stops_recompute_and_diff(tmp_path, duplicated, command
     output = ["-o", tmp_path / "o.parquet"] if command == "recompute" else []
     result = gae(command, duplicated, *output, "--gamma", 1, "--lambd", 1, "--quiet")
     assert result.exit_code == 1
-    assert _one_line_error(result) == f"error: {duplicated}, column 'values': column 'values' appears 2 times [duplicate-column]"
+    assert _one_line_error(result) == (f"error: {duplicated}, column 'values': column 'values' appears 2 times "
+                                       f"[duplicate-column]")
     assert not (tmp_path / "o.parquet").exists()
 
 
@@ -296,7 +299,8 @@ def kl_overflowing(tmp_path):
     gaps = [[0.0] * len(mask) for mask in rollouts.masks]
     gaps[2] = [100.0, 100.0, 100.0]
     table = rollout_table(rollouts)
-    table = table.append_column("log_probs", pa.array([[-1.0 + g for g in row] for row in gaps], pa.list_(pa.float32())))
+    logprobs = pa.array([[-1.0 + g for g in row] for row in gaps], pa.list_(pa.float32()))
+    table = table.append_column("log_probs", logprobs)
     table = table.append_column("ref_log_probs", pa.array([[-1.0] * len(row) for row in gaps], pa.list_(pa.float32())))
     return write_table(table, tmp_path / "kl.parquet")
 
@@ -340,7 +344,8 @@ def test_diff_json_with_statistics_that_overflow(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(report.read_text())["summary"]
     assert summary["new_advantage_std"] == "nan"
-    result = gae("recompute", source, "-o", tmp_path / "o.parquet", "--gamma", 1, "--lambd", 1, "--json", "-", "--quiet")
+    result = gae("recompute", source, "-o", tmp_path / "o.parquet", "--gamma", 1, "--lambd", 1, "--json", "-",
+                 "--quiet")
     assert result.exit_code == 0 and json.loads(result.stdout)["rows"] == 6
 
 
@@ -367,7 +372,8 @@ def resumable(tmp_path):
 ])
 def test_skip_existing_refuses_another_computation(tmp_path, resumable, first, then, named):
     output = tmp_path / "out"
-    base = ("recompute", resumable.parent, "-o", output, "--gamma", 0.9, "--lambd", 0.8, "--quiet", "--kernel", "native")
+    base = ("recompute", resumable.parent, "-o", output, "--gamma", 0.9, "--lambd", 0.8, "--quiet",
+            "--kernel", "native")
     assert gae(*base, *first).exit_code == 0
     result = gae(*base, *then, "--skip-existing")
     assert result.exit_code == 2
