@@ -18,6 +18,7 @@ from gaecli.io.format import (
     is_scalar_number_type,
     list_parts,
     numeric_numpy,
+    output_float_type,
 )
 
 ERROR = "error"
@@ -40,6 +41,8 @@ RULES: dict[str, Rule] = {
         Rule("missing-column", ERROR, "a required column is absent",
              "rename it with --values-col/--rewards-col/--mask-col/--terminal-col (--logprobs-col/--ref-logprobs-col with --kl-coef), "
              "or pass 'none' for values or rewards"),
+        Rule("duplicate-column", ERROR, "two or more columns share one name",
+             "rename or drop the copies: a column is looked up by its name, which must be unique"),
         Rule("wrong-type", ERROR, "a column has a type other than the documented one",
              "cast it: lists of float32/float64 for values, rewards and log-probs, lists of bool/int/float for the mask, a number for the terminal reward"),
         Rule("null", ERROR, "a null list, a null inside a list, or a null terminal reward",
@@ -52,6 +55,9 @@ RULES: dict[str, Rule] = {
              "masks must be 0/1 (bool, int or float); threshold or rebuild the mask"),
         Rule("non-finite", ERROR, "NaN or ±Inf in values, rewards, log-probs or the terminal reward",
              "find the step that produced it (critic divergence, log-prob of an impossible token) and drop the row"),
+        Rule("overflow", ERROR, "values, rewards and terminal reward so large that advantages or returns can overflow "
+             "to ±Inf in the output float type (or, in recompute, did)",
+             "the row's magnitudes are far beyond any reward scale: find the step that produced them and drop the row"),
         Rule("fully-masked", WARNING, "every response token is masked",
              "the sample trains nothing and its terminal reward is dropped; check the mask builder"),
         Rule("masked-tail", WARNING, "the response ends in masked tokens",
@@ -94,8 +100,15 @@ class Finding:
 
 
 def check_schema(schema: pa.Schema, columns: Columns, file: str) -> list[Finding]:
-    """File-level findings: required columns missing or of the wrong type."""
-    findings: list[Finding] = []
+    """File-level findings: column names used twice, required columns missing or of the
+    wrong type."""
+    names, counts = np.unique(np.array(schema.names, dtype=object), return_counts=True) if schema.names else ([], [])
+    findings: list[Finding] = [
+        Finding(file, None, name, "duplicate-column", f"column {name!r} appears {count} times")
+        for name, count in zip(names, counts) if count > 1
+    ]
+    if findings:
+        return findings  # a name held twice cannot be looked up
 
     def require(name: str, ok, expected: str) -> None:
         if name not in schema.names:
@@ -155,6 +168,36 @@ def masked_tail_lengths(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarra
     return ends - 1 - last
 
 
+VALUE_WEIGHT = 3.0  # |returns| <= sum |delta| + |V| and |delta| <= |r| + |V'| + |V|: each value counts 3 times
+
+
+def overflow_bounds(lists: dict[str, tuple[np.ndarray, pa.Array]], columns: Columns,
+                    terminal: np.ndarray) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """A bound (float64 ``[B]``) on every |advantage| and |return| of each row, for any
+    γ, λ in [0, 1] and either semantics: Σ|rewards| + 3·Σ|values| + |terminal reward| (each
+    TD error is at most |r| + |V'| + |V|, an advantage a sum of TD errors discounted by at
+    most 1, a return an advantage plus its value). Where the bound stays below the output
+    type's largest number the results are finite (what the kernels compute is checked
+    too: :func:`gaecli.pipeline.computed_batches`); ``lists``: column name → (offsets,
+    flat values). Also the contributors' names and, per row, the index of the largest (the
+    column a finding names). KL rewards are not bounded here."""
+    parts, names = [], []
+    with np.errstate(over="ignore", invalid="ignore"):
+        for name, (offsets, flat) in lists.items():
+            magnitudes = np.abs(numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat).astype(np.float64))
+            padded = np.append(magnitudes, 0.0)  # reduceat needs an index for empty rows at the end
+            sums = np.where(np.diff(offsets) > 0, np.add.reduceat(padded, offsets[:-1]), 0.0) if offsets.size > 1 \
+                else np.zeros(0)
+            parts.append(sums * (VALUE_WEIGHT if name == columns.values else 1.0))
+            names.append(name)
+        parts.append(np.abs(terminal.astype(np.float64)))
+        names.append(columns.terminal_reward)
+        stacked = np.stack(parts)
+        bounds = stacked.sum(axis=0)
+    largest = np.argmax(np.nan_to_num(stacked, nan=np.inf), axis=0)
+    return bounds, names, largest
+
+
 def _first_per_row(offsets: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows holding sorted flat ``positions`` and, per row, its first such position."""
     rows, first = np.unique(_rows_of_flat_positions(offsets, positions), return_index=True)
@@ -182,7 +225,8 @@ def check_batch(
 ) -> BatchCheck:
     """Check every row of ``batch`` (rows numbered from ``first_row`` in the file).
 
-    Errors: null, length-mismatch, response-length-mismatch, mask-value, non-finite.
+    Errors: null, length-mismatch, response-length-mismatch, mask-value, non-finite,
+    overflow (:func:`overflow_bounds`, on rows without another error).
     With ``warnings``: fully-masked, masked-tail, empty-response too (only on rows without
     an error). A row with a null list is not compared for lengths; a null response_length
     is not compared. ``ids[row]`` (row in the batch) labels the findings; it is only looked
@@ -272,6 +316,15 @@ def check_batch(
     if terminal_numbers.dtype.kind == "f" and not _all_finite(terminal_numbers):
         flag(~np.isfinite(terminal_numbers), columns.terminal_reward, "non-finite",
              lambda row: f"terminal reward is {terminal_numbers[row].item()}")
+    float_type = output_float_type(batch.schema, columns)
+    summed = {name: lists[role][1:] for role, name in columns.token_columns() if role in ("values", "rewards")}
+    bounds, contributors, largest = overflow_bounds(summed, columns, terminal_numbers)
+    too_large = ~(bounds <= float(np.finfo(float_type.to_pandas_dtype()).max)) & ~invalid
+    if too_large.any():
+        for index, name in enumerate(contributors):
+            flag(too_large & (largest == index), name, "overflow",
+                 lambda row: f"|values|, |rewards| and |terminal reward| add up to {bounds[row]:.3g}: "
+                 f"advantages or returns can overflow {np.dtype(float_type.to_pandas_dtype()).name}")
 
     if warnings:
         trainable = mask if mask.dtype == np.bool_ else mask != 0

@@ -4,7 +4,6 @@ that ``gae --help`` starts fast."""
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated, Any, NoReturn, Optional
 
@@ -55,7 +54,9 @@ def write_json(document: Any, path: str | None) -> None:
     """Write ``document`` as JSON to ``path`` ('-' = stdout); nothing when path is None."""
     if path is None:
         return
-    text = json.dumps(document, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    from gaecli.report import json_text
+
+    text = json_text(document)
     if path == "-":
         sys.stdout.write(text)
         sys.stdout.flush()

@@ -105,7 +105,8 @@ def pack_batch(batch: pa.RecordBatch, columns: Columns, dtype: np.dtype) -> Pack
         rewards = kl_rewards(stored(columns.log_probs), stored(columns.ref_log_probs), columns.kl_coef, columns.kl_estimator)
         if columns.rewards is not None:
             rewards += stored(columns.rewards)
-        rewards = rewards.astype(dtype, copy=False)
+        with np.errstate(over="ignore"):  # a KL term beyond the float type: the computed outputs are checked
+            rewards = rewards.astype(dtype, copy=False)
     terminal = np.asarray(batch.column(columns.terminal_reward)).astype(dtype, copy=False)
     return PackedBatch(floats(columns.values), rewards, trainable, offsets, terminal)
 
@@ -231,9 +232,68 @@ def computed_batches(rollout: RolloutFile, computation: Computation, read: Optio
             old_returns = None
             if computation.against_returns is not None:
                 old_returns = stored_column(valid, computation.against_returns, packed.offsets, columns.loss_mask, file, first_row)
+        outputs = {columns.advantages: new, columns.returns: new_returns}
+        if computation.against is None:
+            suffix = computation.old_semantics.replace("-", "_")
+            outputs.update({f"advantages_{suffix}": old, f"returns_{suffix}": old_returns})
+        overflow = overflow_findings(outputs, packed.offsets, np.flatnonzero(~check.invalid), file, first_row)
+        if overflow:
+            if computation.on_invalid == "stop":
+                raise InvalidDataError(overflow[0])
+            check, keep = with_findings(check, overflow, first_row)
+            valid = batch.filter(pa.array(~check.invalid))
+            tokens = np.repeat(keep, np.diff(packed.offsets))
+            packed = drop_rows(packed, keep, tokens)
+            new, new_returns, old = new[tokens], new_returns[tokens], old[tokens]
+            old_returns = None if old_returns is None else old_returns[tokens]
         yield ComputedBatch(batch, valid, check, first_row, first_token, packed, new, new_returns, old, old_returns)
         first_row += batch.num_rows
         first_token += packed.tokens
+
+
+def overflow_findings(outputs: dict[str, Optional[np.ndarray]], offsets: np.ndarray, batch_rows: np.ndarray,
+                      file: str, first_row: int) -> list[Finding]:
+    """``overflow`` findings (one per row, the lowest row first) for rows where a computed
+    output (column name → flat array over the valid rows, ``offsets`` theirs) holds NaN
+    or ±Inf: inputs that passed the checks but overflowed in the computation. ``batch_rows``
+    maps a valid row to its row in the batch. Costs one reduction per output when all are
+    finite."""
+    found: dict[int, Finding] = {}
+    for name, flat in outputs.items():
+        if flat is None:
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(flat.sum(dtype=np.float64)):
+                continue
+        positions = np.flatnonzero(~np.isfinite(flat))
+        rows, first = np.unique(np.searchsorted(offsets, positions, side="right") - 1, return_index=True)
+        for row, position in zip(rows.tolist(), positions[first].tolist()):  # only the rows that overflowed
+            file_row = first_row + int(batch_rows[row])
+            found.setdefault(file_row, Finding(file, file_row, name, "overflow",
+                                               f"{name!r} overflowed to {flat[position].item()} at token "
+                                               f"{position - offsets[row]}"))
+    return [found[row] for row in sorted(found)]
+
+
+def with_findings(check: BatchCheck, findings: list[Finding], first_row: int) -> tuple[BatchCheck, np.ndarray]:
+    """``check`` with more error findings (rows numbered in the file) added, and which of the
+    rows valid before are still valid (bool, one per row valid before)."""
+    invalid = check.invalid.copy()
+    was_valid = ~invalid
+    invalid[np.array([finding.row - first_row for finding in findings], dtype=np.int64)] = True
+    counts = dict(check.counts)
+    for finding in findings:
+        counts[finding.code] = counts.get(finding.code, 0) + 1
+    return BatchCheck(check.findings + findings, invalid, counts), ~invalid[was_valid]
+
+
+def drop_rows(packed: PackedBatch, keep: np.ndarray, tokens: np.ndarray) -> PackedBatch:
+    """``packed`` with only the rows ``keep`` (bool ``[B]``); ``tokens``: their tokens."""
+    lengths = np.diff(packed.offsets)[keep]
+    offsets = np.zeros(lengths.size + 1, dtype=packed.offsets.dtype)
+    np.cumsum(lengths, out=offsets[1:])
+    return PackedBatch(packed.values[tokens], packed.rewards[tokens], packed.trainable[tokens], offsets,
+                       packed.terminal_rewards[keep])
 
 
 def check_file(schema: pa.Schema, file: str, computation: "Computation") -> None:

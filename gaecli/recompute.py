@@ -4,6 +4,7 @@ compare against a baseline on the way."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -197,16 +198,42 @@ def _output_schema(rollout: RolloutFile, job: FileJob, options: RecomputeOptions
         else:
             schema = schema.append(new_field)
     metadata = dict(rollout.schema.metadata or {})
-    metadata.update({
-        f"{METADATA_PREFIX}version".encode(): __version__.encode(),
-        f"{METADATA_PREFIX}gamma".encode(): repr(float(options.gamma)).encode(),
-        f"{METADATA_PREFIX}lambd".encode(): repr(float(options.lambd)).encode(),
-        f"{METADATA_PREFIX}kernel".encode(): kernel.encode(),
-        f"{METADATA_PREFIX}normalize".encode(): normalize_label(options).encode(),
-        f"{METADATA_PREFIX}columns".encode(): columns.to_json().encode(),
-        f"{METADATA_PREFIX}source".encode(): job.source.name.encode(),
-    })
+    record = {"version": __version__, **computation_record(options, kernel), "baseline": options.baseline,
+              "on_invalid": options.on_invalid, "source": job.source.name}
+    metadata.update({f"{METADATA_PREFIX}{key}".encode(): value.encode() for key, value in record.items()})
     return schema.with_metadata(metadata), list_type
+
+
+def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]:
+    """What an output's metadata records about how it was computed, key (without the
+    ``gaecli.`` prefix) → value as written; ``--skip-existing`` keeps an output only when
+    all of these match. ``on_invalid`` and ``source`` are recorded but not compared: a
+    whole output holds the same rows under either mode unless a rejects file exists beside
+    it (which the resume checks), and sources are matched by path."""
+    record = {
+        "gamma": repr(float(options.gamma)), "lambd": repr(float(options.lambd)), "kernel": kernel,
+        "normalize": normalize_label(options), "columns": options.columns.to_json(),
+        "keep_baseline": json.dumps(options.keep_baseline),
+    }
+    if options.keep_baseline:  # the baseline's columns are written only then
+        record["baseline"] = options.baseline
+    return record
+
+
+def first_difference(key: str, have: str, want: str) -> str:
+    """The first field where two recorded values differ, in words: ``columns`` (a JSON
+    object) is compared field by field."""
+    if key == "columns":
+        try:
+            had, wanted = json.loads(have), json.loads(want)
+        except ValueError:
+            had = None
+        if isinstance(had, dict):
+            for name in sorted(set(had) | set(wanted)):
+                old_value = had.get(name, "(not recorded)")
+                if old_value != wanted.get(name):
+                    return f"columns.{name} {json.dumps(old_value)}, not {json.dumps(wanted.get(name))}"
+    return f"{key} {have or '(not recorded)'}, not {want}"
 
 
 def recompute_job(
@@ -287,11 +314,12 @@ def recompute_job(
 # ----------------------------------------------------------------------------- resuming
 
 
-def _existing_output(job: FileJob, options: RecomputeOptions) -> bool:
+def _existing_output(job: FileJob, options: RecomputeOptions, kernel: str) -> bool:
     """Under ``--skip-existing``: True when the job's output is in place and whole (a
-    readable Parquet footer with gaecli metadata written with the same γ, λ and
-    normalization; its rejects file, if any, readable too); False when it is absent.
-    Anything else is refused (:class:`GAEUsageError`): the file is not ours to replace."""
+    readable Parquet footer with gaecli metadata recording the same computation:
+    :func:`computation_record`; its rejects file, if any, readable too); False when it is
+    absent. Anything else is refused (:class:`GAEUsageError`), naming the first field that
+    differs: the file is not ours to replace."""
     if not job.target.exists():
         return False
     rejects = with_suffix(job.target, REJECTS_SUFFIX)
@@ -304,13 +332,10 @@ def _existing_output(job: FileJob, options: RecomputeOptions) -> bool:
                             f"remove it or give --overwrite instead of --skip-existing") from error
     if f"{METADATA_PREFIX}version".encode() not in metadata:
         raise GAEUsageError(f"{job.target} exists but was not written by gaecli; remove it or give --overwrite")
-    wanted = {
-        "gamma": repr(float(options.gamma)), "lambd": repr(float(options.lambd)), "normalize": normalize_label(options),
-    }
-    for key, value in wanted.items():
+    for key, value in computation_record(options, kernel).items():
         have = metadata.get(f"{METADATA_PREFIX}{key}".encode(), b"").decode()
         if have != value:
-            raise GAEUsageError(f"{job.target} exists but was written with {key} {have}, not {value}; "
+            raise GAEUsageError(f"{job.target} exists but was written with {first_difference(key, have, value)}; "
                                 f"give --overwrite to replace it")
     return True
 
@@ -407,7 +432,7 @@ def recompute_files(
     kernel = resolve_kernel(options.kernel, options.device)
     suffixes = (REJECTS_SUFFIX,) if options.on_invalid == "skip" else ()
     jobs = plan_outputs([str(i) for i in inputs], str(output), overwrite=options.overwrite or options.skip_existing, suffixes=suffixes)
-    skipped = [options.skip_existing and _existing_output(job, options) for job in jobs]
+    skipped = [options.skip_existing and _existing_output(job, options, kernel) for job in jobs]
     progress = progress or NoProgress()
 
     todo = [job for job, skip in zip(jobs, skipped) if not skip]

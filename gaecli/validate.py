@@ -186,6 +186,8 @@ def check_id_columns(schema: pa.Schema, id_columns: Sequence[str], file: str) ->
         if name not in schema.names:
             findings.append(Finding(file, None, name, "missing-column",
                                     f"id column {name!r} is missing (have: {', '.join(schema.names)})"))
+        elif schema.names.count(name) > 1:
+            continue  # a duplicate-column finding of check_schema
         elif not _comparable_id_type(schema.field(name).type):
             findings.append(Finding(file, None, name, "wrong-type",
                                     f"id column {name!r} is {schema.field(name).type}, expected numbers, strings or dates"))

@@ -356,8 +356,9 @@ def test_list_rules(tmp_path):
     assert result.exit_code == 0
     rules = json.loads(result.stdout)["rules"]
     assert [(r["code"], r["severity"]) for r in rules] == [(code, rule.severity) for code, rule in RULES.items()]
-    assert {"missing-column", "wrong-type", "null", "length-mismatch", "response-length-mismatch", "mask-value",
-            "non-finite", "fully-masked", "masked-tail", "empty-response", "duplicate-id"} == set(RULES)
+    assert {"missing-column", "duplicate-column", "wrong-type", "null", "length-mismatch", "response-length-mismatch",
+            "mask-value", "non-finite", "overflow", "fully-masked", "masked-tail", "empty-response",
+            "duplicate-id"} == set(RULES)
 
 
 def test_usage_errors_exit_2(tmp_path):

@@ -19,6 +19,16 @@ from gaecli.errors import GAEUsageError
 from gaecli.io.filesystem import AnyPath, RemotePath, temp_beside, to_path
 
 
+def failure_reason(error: BaseException) -> str:
+    """Why a write failed, in a few words: the system's text for its errno ("No space left
+    on device", "Read-only file system") where it has one, else the first line of the error."""
+    number = getattr(error, "errno", None)
+    if number:
+        return os.strerror(number)
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def _holds_floats(arrow_type: pa.DataType) -> bool:
     while pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
         arrow_type = arrow_type.value_type
@@ -73,7 +83,7 @@ class AtomicParquetWriter:
             )
         except (pa.ArrowException, OSError) as error:
             self._remove_temp()
-            raise GAEUsageError(f"{self.target}: cannot write ({error})") from error
+            raise GAEUsageError(f"{self.target}: cannot write ({failure_reason(error)})") from error
 
     def _open_remote(self, schema: pa.Schema, compression: str) -> None:
         """Stream straight to the target key (no rename on object stores)."""
@@ -109,21 +119,25 @@ class AtomicParquetWriter:
             return
         try:
             pending.result()
-        except OSError as error:
-            raise GAEUsageError(f"{self.target}: cannot write ({error})") from error
+        except (pa.ArrowException, OSError) as error:
+            raise GAEUsageError(f"{self.target}: cannot write ({failure_reason(error)})") from error
 
     def close(self) -> None:
         """Finish the file (footer written). Locally it is still a temp file, not in place;
-        on an object store the footer is in the stream, which :meth:`commit` closes."""
+        on an object store the footer is in the stream, which :meth:`commit` closes. A fault
+        (a full disk while the footer is written) raises :class:`GAEUsageError`; the temp
+        file stays until :meth:`abort`."""
         try:
             self._wait()
         finally:
             self._thread.shutdown(wait=True)
-            if self._writer is not None:
+            writer, self._writer = self._writer, None
+            if writer is not None:
                 try:
-                    self._writer.close()
-                finally:
-                    self._writer = None
+                    writer.close()
+                except (pa.ArrowException, OSError) as error:
+                    writer.is_open = False  # its __del__ must not try the footer again
+                    raise GAEUsageError(f"{self.target}: cannot write ({failure_reason(error)})") from error
 
     def commit(self) -> None:
         """Close and rename the temp file over the target (on an object store: close the
@@ -201,8 +215,8 @@ class AtomicParquetWriter:
             return
         try:
             self.temp.unlink()
-        except FileNotFoundError:
-            pass
+        except OSError:
+            pass  # never created (a read-only file system refuses even the unlink), or gone already
 
     def __enter__(self) -> "AtomicParquetWriter":
         return self

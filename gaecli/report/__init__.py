@@ -5,6 +5,7 @@ that every output shows the same figures. Nothing here computes statistics."""
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Optional
 
@@ -141,6 +142,30 @@ def quantile_note(document: dict) -> str:
         f"{100 * method['relative_error']:g} % in value; |Δ| ≤ {method['zero_below']:g} counts as 0. "
         f"Means, maxima, counts and the correlation are exact."
     )
+
+
+NON_FINITE_JSON = {"nan": "nan", "inf": "inf", "-inf": "-inf"}  # str(float) of each: what a JSON document holds
+
+
+def json_safe(document):
+    """``document`` with every non-finite float replaced by the string ``"nan"``, ``"inf"``
+    or ``"-inf"`` (JSON has no such numbers; every gaecli JSON document writes them so, as
+    docs/reliability.md says). Dicts, lists and tuples are copied; the rest is returned
+    as it is."""
+    if isinstance(document, float):
+        return document if math.isfinite(document) else NON_FINITE_JSON[str(document)]
+    if isinstance(document, dict):
+        return {key: json_safe(value) for key, value in document.items()}
+    if isinstance(document, (list, tuple)):
+        return [json_safe(value) for value in document]
+    return document
+
+
+def json_text(document) -> str:
+    """The JSON text of a gaecli document (non-finite floats as :func:`json_safe` says)."""
+    import json
+
+    return json.dumps(json_safe(document), indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
 def write_text(path: str, text: str) -> None:
