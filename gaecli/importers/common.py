@@ -148,6 +148,9 @@ class ImportReport:
         if "log_probs" in self.columns and "ref_log_probs" in self.columns:
             steps.append("the file has no per-token rewards column: run gae recompute / gae diff with --kl-coef C "
                          "(KL rewards from log_probs and ref_log_probs) or with --rewards-col none")
+        elif "log_probs" in self.columns:
+            steps.append("the file has no per-token rewards column and no ref_log_probs (no KL rewards): run gae recompute / "
+                         "gae diff with --rewards-col none")
         else:
             steps.append("the file has no per-token rewards column and no log-probs: run gae recompute / gae diff "
                          "with --rewards-col none")
@@ -336,6 +339,12 @@ def key_list(mapping: dict) -> str:
     return ", ".join(str(key) for key in mapping) or "no keys"
 
 
+def entry_name(where: str, sample: int) -> str:
+    """Sample ``sample``'s entry of what ``where`` names: ``[*]`` in it stands for the
+    sample's place (``samples[*]['values']``); else the index is appended."""
+    return where.replace("[*]", f"[{sample}]", 1) if "[*]" in where else f"{where}[{sample}]"
+
+
 def check_per_sample(entries: Any, dump_field: DumpField, rows: int, where: str,
                      rows_name: str = repr(ROWS_KEY)) -> Optional[set[torch.dtype]]:
     """Check one key's per-sample entries (``where`` names them, e.g. ``file: rollout_data['values']``):
@@ -351,7 +360,7 @@ def check_per_sample(entries: Any, dump_field: DumpField, rows: int, where: str,
     is_vector = [isinstance(entry, torch.Tensor) and entry.dim() == 1 for entry in entries]
     if not all(is_vector):
         sample = is_vector.index(False)
-        raise GAEInputError(f"{where}[{sample}] is {describe(entries[sample])}, expected a 1-D tensor "
+        raise GAEInputError(f"{entry_name(where, sample)} is {describe(entries[sample])}, expected a 1-D tensor "
                             f"(the sample's per-token {dump_field.key})")
     dtypes = {entry.dtype for entry in entries}
     if any(dtype.is_complex for dtype in dtypes):
@@ -401,7 +410,7 @@ def scalar_column(entries: Any, dump_field: DumpField, where: str, nullable: boo
     if not all(is_number):
         sample = is_number.index(False)
         found = describe(numbers[sample]) if isinstance(numbers[sample], torch.Tensor) else repr(numbers[sample])
-        raise GAEInputError(f"{where}[{sample}] is {found}, expected {'an integer' if integer_kind else 'a number'}")
+        raise GAEInputError(f"{entry_name(where, sample)} is {found}, expected {'an integer' if integer_kind else 'a number'}")
     nulls = np.array([number is None for number in numbers], dtype=bool)
     try:
         array = np.array([0 if number is None else number for number in numbers], dtype=numpy_dtype)
