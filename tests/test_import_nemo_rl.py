@@ -166,3 +166,14 @@ def test_a_file_name_without_the_step_is_refused(tmp_path):
     source.write_text("")
     result = gae("import", "nemo-rl", source, "-o", tmp_path / "out.parquet", "--quiet")
     assert result.exit_code == 2 and "train_data_step{N}.jsonl" in result.stderr
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 2, 3, 64])
+def test_lines_across_chunk_boundaries(chunk_bytes):
+    import io
+
+    from gaecli.importers.nemo_rl import _lines
+
+    text = b'{"a": 1}\n\n{"bb": [1, 2, 3]}\nlast'
+    assert list(_lines(io.BytesIO(text), chunk_bytes)) == text.split(b"\n")
+    assert list(_lines(io.BytesIO(text + b"\n"), chunk_bytes)) == text.split(b"\n")

@@ -11,7 +11,6 @@ Each line is one sample; every field a one-element list, plus ``idx``: ``rewards
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from dataclasses import dataclass
@@ -181,6 +180,20 @@ def lines_batch(lines: list[_Line], rollout_id: int, source: AnyPath, schema: pa
     return pa.RecordBatch.from_arrays(arrays, schema=schema), int(response_lengths.sum())
 
 
+def _lines(stream, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The lines of a binary stream (a local file or an object store's), read in chunks."""
+    parts: list[bytes] = []
+    while chunk := stream.read(chunk_bytes):
+        *complete, rest = chunk.split(b"\n")
+        if complete:
+            yield b"".join(parts) + complete[0]
+            yield from complete[1:]
+            parts = []
+        parts.append(rest)
+    if any(parts):
+        yield b"".join(parts)
+
+
 def _count_lines(path: AnyPath) -> int:
     """The number of lines (for the progress bar): bytes counted, nothing parsed."""
     count = 0
@@ -231,10 +244,9 @@ def import_nemo_rl(
         nonlocal used_filtered
         for step, source in steps:
             rows = tokens = 0
-            with open_binary(source) as raw:
-                stream = raw if isinstance(raw, io.BufferedIOBase) else io.BufferedReader(raw)
+            with open_binary(source) as stream:
                 pending: list[_Line] = []
-                for number, text in enumerate(stream, start=1):
+                for number, text in enumerate(_lines(stream), start=1):
                     line = parse_line(text, number, source, ignored)
                     if line is None:
                         continue
