@@ -13,11 +13,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from rollout_files import files_under, gae
 
 from gaecli.errors import GAEInputError
 from gaecli.importers import import_miles
 from gaecli.importers.miles import zigzag_response_parts
-from rollout_files import files_under, gae
 
 RANK_LOCAL = ("values", "log_probs", "ref_log_probs", "advantages", "returns")
 
@@ -101,7 +101,8 @@ def write_run(directory: Path, cp_size: int, *, tp: int = 1, pp: int = 1, qkv_fo
                     for stage in range(pp):
                         rank = stage * per_stage + tp_rank + tp * (cp_rank + cp_size * dp_rank)
                         held = local if stage == pp - 1 else {k: v for k, v in local.items() if k not in RANK_LOCAL}
-                        dump(directory / f"{rollout_id}_{rank}.pt", rollout_id, rank, held, cp_rank, cp_size, qkv_format)
+                        dump(directory / f"{rollout_id}_{rank}.pt", rollout_id, rank, held, cp_rank, cp_size,
+                             qkv_format)
 
 
 def imported(directory: Path, output: Path, *options) -> tuple[object, dict]:

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from rollout_files import Rollouts, files_under, gae, reference_outputs
 
 from gaecli.importers import import_nemo_rl
-from rollout_files import Rollouts, files_under, gae, reference_outputs
 
 PAD = 4
 
@@ -124,16 +124,17 @@ def test_recompute_needs_values_col_none_and_then_matches_the_reference(tmp_path
     rows = expected_rows(3, samples)
     masks = [[int(m != 0) for m in row["loss_mask"]] for row in rows]
     zeros = [[0.0] * row["response_length"] for row in rows]
-    advantages, _ = reference_outputs(Rollouts(zeros, zeros, masks, [row["terminal_reward"] for row in rows]), 1.0, 0.95)
+    terminal = [row["terminal_reward"] for row in rows]
+    advantages, _ = reference_outputs(Rollouts(zeros, zeros, masks, terminal), 1.0, 0.95)
     output = pq.read_table(tmp_path / "r.parquet").column("advantages").to_pylist()
     for got, want, mask in zip(output, advantages, masks):
         assert [g for g, m in zip(got, mask) if m] == pytest.approx([w for w, m in zip(want, mask) if m], abs=1e-6)
 
 
-def sample_line(**changes) -> dict:
-    sample = batch(6, 1)[0]
-    sample.update(changes)
-    return sample
+def sample_line(drop: str = "", **changes) -> str:
+    """One line as NeMo-RL writes it, with ``changes`` (``drop``: a key left out)."""
+    sample = batch(6, 1)[0] | changes | {"idx": 1}
+    return json.dumps({key: value for key, value in sample.items() if key != drop})
 
 
 @pytest.mark.parametrize(
@@ -141,12 +142,12 @@ def sample_line(**changes) -> dict:
     [
         ("{not json", "not a JSON line"),
         ("[1, 2]", "holds a list, expected a JSON object"),
-        (json.dumps({k: v for k, v in sample_line().items() if k != "advantages"} | {"idx": 1}), "key 'advantages' is missing"),
-        (json.dumps(sample_line(rewards=[1.0, 2.0]) | {"idx": 1}), "'rewards' is a list of 2, expected a one-element list"),
-        (json.dumps(sample_line(input_lengths=[99]) | {"idx": 1}), "'token_loss_mask' has"),
-        (json.dumps(sample_line(rewards=["x"]) | {"idx": 1}), "'rewards' holds 'x', expected a number"),
-        (json.dumps(sample_line(prev_logprobs=[[None] * 40]) | {"idx": 1}), "'prev_logprobs' holds null, expected numbers"),
-        (json.dumps(sample_line()), "key 'idx' is missing"),
+        (sample_line(drop="advantages"), "key 'advantages' is missing"),
+        (sample_line(rewards=[1.0, 2.0]), "'rewards' is a list of 2, expected a one-element list"),
+        (sample_line(input_lengths=[99]), "'token_loss_mask' has"),
+        (sample_line(rewards=["x"]), "'rewards' holds 'x', expected a number"),
+        (sample_line(prev_logprobs=[[None] * 40]), "'prev_logprobs' holds null, expected numbers"),
+        (sample_line(drop="idx"), "key 'idx' is missing"),
     ],
     ids=["not-json", "not-an-object", "missing-key", "two-elements", "short-list", "reward-string", "null-token",
          "no-idx"],

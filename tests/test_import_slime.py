@@ -11,11 +11,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from rollout_files import files_under, gae
+from test_import import rollout_data, write_dump
 
 from gaecli.errors import GAEInputError
 from gaecli.importers import import_slime
-from rollout_files import files_under, gae
-from test_import import rollout_data, write_dump
 
 PER_SAMPLE = ("values", "log_probs", "ref_log_probs", "loss_masks", "rewards", "response_lengths", "total_lengths",
               "advantages", "returns", "tokens")

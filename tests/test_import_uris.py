@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import torch
-
-from gaecli.io.filesystem import resolve
 from rollout_files import gae
+from test_import import rollout_data
 from test_import_context_parallel import write_run
 from test_import_nemo_rl import batch, write_step
 from test_import_slime import slime_samples, write_slime
-from test_import import rollout_data
+
+from gaecli.io.filesystem import resolve
 
 
 @pytest.fixture
@@ -65,5 +66,5 @@ def test_a_failed_import_leaves_no_object(tmp_path, bucket):
     result = gae("import", "miles", "mock://bucket/dumps", "-o", "mock://bucket/out/run.parquet", "--quiet")
     assert result.exit_code == 1, result.output
     assert "mock://bucket/dumps/0_5.pt: rollout_data['values'][0]" in result.stderr.replace("\n", "")
-    assert not [info for info in bucket.get_file_info(__import__("pyarrow.fs").fs.FileSelector("out", allow_not_found=True))
-                if info.is_file]
+    written = bucket.get_file_info(pafs.FileSelector("out", allow_not_found=True))
+    assert not [info for info in written if info.is_file]

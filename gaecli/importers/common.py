@@ -368,6 +368,20 @@ def check_per_sample(entries: Any, dump_field: DumpField, rows: int, where: str,
     return dtypes
 
 
+def check_same_keys(dumps: Sequence[Any]) -> None:
+    """Every dump (``.keys``, ``.path``) has the first one's keys; else :class:`GAEInputError`
+    saying which file has which."""
+    for dump in dumps[1:]:
+        keys = dumps[0].keys
+        if dump.keys != keys:
+            only_first, only_here = sorted(keys - dump.keys), sorted(dump.keys - keys)
+            difference = "; ".join(part for part in (
+                f"only {dumps[0].path} has {', '.join(only_first)}" if only_first else "",
+                f"only {dump.path} has {', '.join(only_here)}" if only_here else "",
+            ) if part)
+            raise GAEInputError(f"the dumps differ in their keys ({difference}); import files of one run together")
+
+
 def arrow_value_type(dump_field: DumpField, dtypes: set[torch.dtype]) -> pa.DataType:
     """The Arrow element type of a per-token column holding tensors of ``dtypes`` (all
     files): float64 stays float64, other floats become float32; a mask keeps bool and

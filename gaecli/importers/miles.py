@@ -25,8 +25,24 @@ import torch
 
 from gaecli.errors import GAEInputError, GAEUsageError
 from gaecli.importers.common import (
-    FIELDS, FIELDS_BY_KEY, ROWS_KEY, DumpField, ImportedFile, ImportReport, arrow_value_type, check_per_sample,
-    describe, fields_batch, integer, key_list, load_dump, output_schema, plan_import, scalar_column, write_batches,
+    FIELDS,
+    FIELDS_BY_KEY,
+    ROWS_KEY,
+    DumpField,
+    ImportedFile,
+    ImportReport,
+    arrow_value_type,
+    check_per_sample,
+    check_same_keys,
+    describe,
+    fields_batch,
+    integer,
+    key_list,
+    load_dump,
+    output_schema,
+    plan_import,
+    scalar_column,
+    write_batches,
 )
 from gaecli.io.filesystem import AnyPath
 from gaecli.progress import Progress
@@ -112,8 +128,10 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
         )
     keys = frozenset(key for key in data if key in FIELDS_BY_KEY)
     for key in sorted(keys, key=list(FIELDS_BY_KEY).index):
-        if not isinstance(data[key], (list, tuple)) and not (not FIELDS_BY_KEY[key].per_token and isinstance(data[key], torch.Tensor)):
-            raise GAEInputError(f"{path}: rollout_data[{key!r}] is {describe(data[key])}, expected a list with one entry per sample")
+        scalars_in_a_tensor = not FIELDS_BY_KEY[key].per_token and isinstance(data[key], torch.Tensor)
+        if not isinstance(data[key], (list, tuple)) and not scalars_in_a_tensor:
+            raise GAEInputError(f"{path}: rollout_data[{key!r}] is {describe(data[key])}, "
+                                f"expected a list with one entry per sample")
     rows = len(data[ROWS_KEY])
     dtypes: dict[str, set[torch.dtype]] = {}
     for key in sorted(keys, key=list(FIELDS_BY_KEY).index):
@@ -283,22 +301,25 @@ def _context_parallel_groups(dumps: list[_Dump], notes: list[str]) -> tuple[list
             first, *others = by_cp_rank[cp_rank]
             for other in others:
                 if other.digests != first.digests:
-                    raise GAEInputError(f"{name}: two different files for cp_rank {cp_rank}: {first.path} and {other.path} "
-                                        f"(their data differ, so they are no tensor-parallel copies); import one of them")
+                    raise GAEInputError(f"{name}: two different files for cp_rank {cp_rank}: {first.path} and "
+                                        f"{other.path} (their data differ, so they are no tensor-parallel copies); "
+                                        f"import one of them")
                 copies.append((other, first))
             chosen.append(first)
         for member in chosen[1:]:
             differ = [key for key in full_length_keys if member.digests.get(key) != chosen[0].digests.get(key)]
             if differ:
-                raise GAEInputError(f"{name}: {member.path} and {chosen[0].path} hold the same samples but different "
-                                    f"{', '.join(differ)} (whole on every context-parallel rank); import files of one run")
+                raise GAEInputError(f"{name}: {member.path} and {chosen[0].path} hold the same samples but "
+                                    f"different {', '.join(differ)} (whole on every context-parallel rank); "
+                                    f"import files of one run")
         groups.append(_Group(rollout_id, 0, chosen, copies))
     groups.sort(key=lambda g: g.lowest_rank)
     for data_parallel_rank, group in enumerate(groups):
         group.data_parallel_rank = data_parallel_rank
     if any(g.copies for g in groups):
         count = sum(len(g.copies) for g in groups)
-        notes.append(f"rollout {rollout_id}: {count} dump(s) equal to another rank's (tensor-parallel copies) read once")
+        notes.append(f"rollout {rollout_id}: {count} dump(s) equal to another rank's (tensor-parallel copies) "
+                     f"read once")
     return groups, skipped
 
 
@@ -406,20 +427,13 @@ def import_miles(
     facts.sort(key=lambda dump: (dump.rollout_id, dump.rank))
     for previous, current in zip(facts, facts[1:]):
         if (previous.rollout_id, previous.rank) == (current.rollout_id, current.rank):
-            raise GAEInputError(f"{previous.path} and {current.path} both hold rollout {current.rollout_id}, rank {current.rank}; "
-                                f"import one of them")
+            raise GAEInputError(f"{previous.path} and {current.path} both hold rollout {current.rollout_id}, "
+                                f"rank {current.rank}; import one of them")
     notes: list[str] = []
     units, skipped = _units(facts, notes)
     read = [dump for unit in units for dump in unit.dumps]
     keys = read[0].keys if read else facts[0].keys
-    for dump in read[1:]:
-        if dump.keys != keys:
-            only_first, only_here = sorted(keys - dump.keys), sorted(dump.keys - keys)
-            difference = "; ".join(part for part in (
-                f"only {read[0].path} has {', '.join(only_first)}" if only_first else "",
-                f"only {dump.path} has {', '.join(only_here)}" if only_here else "",
-            ) if part)
-            raise GAEInputError(f"the dumps differ in their keys ({difference}); import files of one run together")
+    check_same_keys(read)
     value_types = {
         dump_field.key: arrow_value_type(dump_field, set().union(*(dump.dtypes[dump_field.key] for dump in read)))
         for dump_field in FIELDS if dump_field.per_token and dump_field.key in keys
@@ -440,13 +454,15 @@ def import_miles(
             for dump_facts in unit.dumps:
                 dump = load_dump(dump_facts.path)
                 if not inspect_dump(dump_facts.path, dump).same_place(dump_facts):
-                    raise GAEUsageError(f"{dump_facts.path}: the file changed while it was being imported; run the import again")
+                    raise GAEUsageError(f"{dump_facts.path}: the file changed while it was being imported; "
+                                        f"run the import again")
                 loaded.append(dump)
             first = unit.dumps[0]
             data = _assembled_data(unit.group, loaded) if unit.group else loaded[0]["rollout_data"]
             del loaded
             ranks = np.full(first.rows, unit.rank, dtype=np.int64)
-            batch, tokens, mismatches = fields_batch(data, unit.rollout_id, ranks, keys, schema, value_types, _where(first.path))
+            batch, tokens, mismatches = fields_batch(data, unit.rollout_id, ranks, keys, schema, value_types,
+                                                     _where(first.path))
             del data
             yield batch, tokens
             report.length_mismatch_rows += mismatches
@@ -454,13 +470,14 @@ def import_miles(
                 report.files.append(ImportedFile(str(first.path), unit.rollout_id, first.rank, first.rows, tokens))
             else:
                 for member in unit.group.members:
+                    counted = member.cp_rank == 0
                     report.files.append(ImportedFile(
-                        str(member.path), unit.rollout_id, member.rank, first.rows if member.cp_rank == 0 else 0,
-                        tokens if member.cp_rank == 0 else 0, member.cp_rank, unit.rank,
-                        None if member.cp_rank == 0 else "context-parallel share: its rows are counted with cp_rank 0's file"))
+                        str(member.path), unit.rollout_id, member.rank, first.rows if counted else 0,
+                        tokens if counted else 0, member.cp_rank, unit.rank,
+                        None if counted else "context-parallel share: its rows are counted with cp_rank 0's file"))
                 for copy, original in unit.group.copies:
-                    report.files.append(ImportedFile(str(copy.path), unit.rollout_id, copy.rank, 0, 0, copy.cp_rank, unit.rank,
-                                                     f"tensor-parallel copy of {original.path}: read once"))
+                    report.files.append(ImportedFile(str(copy.path), unit.rollout_id, copy.rank, 0, 0, copy.cp_rank,
+                                                     unit.rank, f"tensor-parallel copy of {original.path}: read once"))
 
     write_batches(target, schema, batches(), progress, sum(unit.dumps[0].rows for unit in units))
     for dump in skipped:

@@ -22,7 +22,13 @@ import pyarrow as pa
 
 from gaecli.errors import GAEInputError, GAEUsageError
 from gaecli.importers.common import (
-    MAX_LIST_TOKENS, ImportedFile, ImportReport, open_binary, plan_import, schema_metadata, write_batches,
+    MAX_LIST_TOKENS,
+    ImportedFile,
+    ImportReport,
+    open_binary,
+    plan_import,
+    schema_metadata,
+    write_batches,
 )
 from gaecli.io.filesystem import AnyPath
 from gaecli.progress import Progress
@@ -263,7 +269,8 @@ def import_nemo_rl(
                     yield batch, batch_tokens
             report.files.append(ImportedFile(str(source), step, None, rows, tokens))
 
-    write_batches(target, schema, batches(), progress, sum(_count_lines(source) for _, source in steps) if progress else 0)
+    total_rows = sum(_count_lines(source) for _, source in steps) if progress else 0
+    write_batches(target, schema, batches(), progress, total_rows)
     report.ignored_keys = sorted(ignored)
     report.missing_keys = list(MISSING_COLUMNS)
     if used_filtered:

@@ -21,8 +21,23 @@ import torch
 
 from gaecli.errors import GAEInputError, GAEUsageError
 from gaecli.importers.common import (
-    FIELDS, FIELDS_BY_KEY, DumpField, ImportedFile, ImportReport, arrow_value_type, check_per_sample, describe,
-    fields_batch, integer, key_list, load_dump, output_schema, plan_import, scalar_column, write_batches,
+    FIELDS,
+    FIELDS_BY_KEY,
+    DumpField,
+    ImportedFile,
+    ImportReport,
+    arrow_value_type,
+    check_per_sample,
+    check_same_keys,
+    describe,
+    fields_batch,
+    integer,
+    key_list,
+    load_dump,
+    output_schema,
+    plan_import,
+    scalar_column,
+    write_batches,
 )
 from gaecli.io.filesystem import AnyPath
 from gaecli.progress import Progress
@@ -87,7 +102,8 @@ def inspect_dump(path: AnyPath, dump: Any) -> tuple[_Dump, dict[str, list], np.n
             extra, lacking = sorted(map(str, set(sample) - first_keys)), sorted(map(str, first_keys - set(sample)))
             difference = "; ".join(part for part in (f"has {', '.join(extra)}" if extra else "",
                                                      f"lacks {', '.join(lacking)}" if lacking else "") if part)
-            raise GAEInputError(f"{path}: samples[{i}] {difference}, unlike samples[0]: every sample needs the same keys")
+            raise GAEInputError(f"{path}: samples[{i}] {difference}, unlike samples[0]: "
+                                f"every sample needs the same keys")
     lacking = [key for key in (*REQUIRED_KEYS, RANK_KEY) if key not in first_keys]
     if lacking:
         raise GAEInputError(f"{path}: samples[0] lacks the required key(s) {', '.join(lacking)}; it has "
@@ -144,16 +160,10 @@ def import_slime(
     facts.sort(key=lambda dump: dump.rollout_id)
     for previous, current in zip(facts, facts[1:]):
         if previous.rollout_id == current.rollout_id:
-            raise GAEInputError(f"{previous.path} and {current.path} both hold rollout {current.rollout_id}; import one of them")
+            raise GAEInputError(f"{previous.path} and {current.path} both hold rollout {current.rollout_id}; "
+                                f"import one of them")
     keys = facts[0].keys
-    for dump in facts[1:]:
-        if dump.keys != keys:
-            only_first, only_here = sorted(keys - dump.keys), sorted(dump.keys - keys)
-            difference = "; ".join(part for part in (
-                f"only {facts[0].path} has {', '.join(only_first)}" if only_first else "",
-                f"only {dump.path} has {', '.join(only_here)}" if only_here else "",
-            ) if part)
-            raise GAEInputError(f"the dumps differ in their keys ({difference}); import files of one run together")
+    check_same_keys(facts)
     value_types = {
         f.key: arrow_value_type(f, set().union(*(dump.dtypes[f.key] for dump in facts)))
         for f in FIELDS if f.per_token and f.key in keys
@@ -169,13 +179,15 @@ def import_slime(
         for dump_facts in facts:
             again, columns, ranks = inspect_dump(dump_facts.path, load_dump(dump_facts.path))
             if (again.rollout_id, again.rows, again.keys) != (dump_facts.rollout_id, dump_facts.rows, dump_facts.keys):
-                raise GAEUsageError(f"{dump_facts.path}: the file changed while it was being imported; run the import again")
+                raise GAEUsageError(f"{dump_facts.path}: the file changed while it was being imported; "
+                                    f"run the import again")
             batch, tokens, mismatches = fields_batch(columns, dump_facts.rollout_id, ranks, keys, schema, value_types,
                                                      _where(dump_facts.path))
             del columns
             yield batch, tokens
             report.length_mismatch_rows += mismatches
-            report.files.append(ImportedFile(str(dump_facts.path), dump_facts.rollout_id, None, dump_facts.rows, tokens))
+            report.files.append(ImportedFile(str(dump_facts.path), dump_facts.rollout_id, None, dump_facts.rows,
+                                             tokens))
 
     write_batches(target, schema, batches(), progress, sum(dump.rows for dump in facts))
     return report
