@@ -165,8 +165,10 @@ class ImportReport:
     def summary_lines(self) -> list[str]:
         """The human summary, one line each (the CLI prints them)."""
         rollouts = sorted({f.rollout_id for f in self.files})
-        ranks = sorted({f.rank for f in self.files if f.rank is not None})
-        spans = _span("rollout", rollouts) + (f", {_span('rank', ranks)}" if ranks else "")
+        parallel = any(f.data_parallel_rank is not None for f in self.files)
+        ranks = sorted({f.data_parallel_rank if parallel else f.rank for f in self.files} - {None})
+        rank_name = "data-parallel rank" if parallel else "rank"
+        spans = _span("rollout", rollouts) + (f", {_span(rank_name, ranks)}" if ranks else "")
         lines = [
             f"imported {self.rows:,} samples ({self.tokens:,} tokens) from {len(self.files)} "
             f"{'dump ' if self.format != 'nemo-rl' else ''}file(s) ({spans}) into {self.output}",

@@ -282,8 +282,9 @@ def _context_parallel_groups(dumps: list[_Dump], notes: list[str]) -> tuple[list
             continue
         by_samples.setdefault(dump.sample_indices, []).append(dump)
     if skipped:
-        notes.append(f"rollout {rollout_id}: skipped {len(skipped)} dump(s) without values (earlier pipeline stages; "
-                     f"the last stage's files hold the same samples): {', '.join(str(d.path) for d in skipped)}")
+        ranks = sorted(d.rank for d in skipped)
+        notes.append(f"rollout {rollout_id}: skipped {len(skipped)} dump(s) without values (ranks {ranks[0]}–{ranks[-1]}: "
+                     f"earlier pipeline stages; the last stage's files hold the same samples)")
     groups = []
     cp_size = sizes[0]
     full_length_keys = [key for key in dumps[0].digests if key not in RANK_LOCAL_KEYS]
