@@ -26,6 +26,8 @@ _LAZY = {
     "validate_files": "gaecli.validate",
     "Columns": "gaecli.io.format",
     "import_miles": "gaecli.importers.miles",
+    "import_slime": "gaecli.importers.slime",
+    "import_nemo_rl": "gaecli.importers.nemo_rl",
     "diff_file": "gaecli.diff",
     "diff_files": "gaecli.diff",
     "DiffOptions": "gaecli.diff",

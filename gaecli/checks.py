@@ -110,9 +110,9 @@ def check_schema(schema: pa.Schema, columns: Columns, file: str) -> list[Finding
     if findings:
         return findings  # a name held twice cannot be looked up
 
-    def require(name: str, ok, expected: str) -> None:
+    def require(name: str, ok, expected: str, why: str = "") -> None:
         if name not in schema.names:
-            findings.append(Finding(file, None, name, "missing-column", f"column {name!r} is missing (have: {', '.join(schema.names)})"))
+            findings.append(Finding(file, None, name, "missing-column", f"column {name!r} is missing (have: {', '.join(schema.names)}){why}"))
         elif not ok(schema.field(name).type):
             findings.append(Finding(file, None, name, "wrong-type", f"column {name!r} is {schema.field(name).type}, expected {expected}"))
 
@@ -120,7 +120,9 @@ def check_schema(schema: pa.Schema, columns: Columns, file: str) -> list[Finding
         if role == "loss_mask":
             require(name, lambda t: is_list_type(t) and is_mask_element_type(t.value_type), "a list of bool, int or float")
         else:
-            require(name, lambda t: is_list_type(t) and is_real_type(t.value_type), "a list of float32 or float64")
+            why = ("; GAE needs a critic's values: a file without them (critic-free runs) takes --values-col none "
+                   "(values taken as 0)") if role == "values" else ""
+            require(name, lambda t: is_list_type(t) and is_real_type(t.value_type), "a list of float32 or float64", why)
     require(columns.terminal_reward, is_scalar_number_type, "a float or int")
     if columns.response_length in schema.names and not pa.types.is_integer(schema.field(columns.response_length).type):
         findings.append(Finding(file, None, columns.response_length, "wrong-type",

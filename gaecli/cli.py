@@ -372,23 +372,18 @@ import_app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
 )
-app.add_typer(import_app, name="import", help="Import trainers' dumps (miles / slime --save-debug-train-data) into the rollout Parquet format.")
+app.add_typer(import_app, name="import", help="Import trainers' dumps (miles, slime, NeMo-RL) into the rollout Parquet format.")
 
 
-@import_app.command("miles", epilog=EXIT_CODES_HELP)
-def import_miles_command(
-    inputs: Annotated[list[str], typer.Argument(metavar="DUMP...", help="torch.save dumps, directories (recursive: *.pt, *.pth) or globs.")],
-    output: Annotated[str, typer.Option("--output", "-o", help="The Parquet file to write.")],
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing output file.")] = False,
-    json_path: JsonOption = None,
-    quiet: QuietOption = False,
-    debug: DebugOption = False,
-) -> None:
-    """Import miles / slime --save-debug-train-data dumps (one per rank and rollout) into one rollout file; loaded with weights_only, never unpickled blindly."""
+ImportOutputOption = Annotated[str, typer.Option("--output", "-o", help="The Parquet file (path or URI) to write.")]
+ImportOverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output file.")]
+
+
+def _run_import(import_function, inputs: list[str], output: str, overwrite: bool, json_path: Optional[str],
+                quiet: bool, debug: bool) -> None:
+    """What every ``gae import FORMAT`` does: call the importer, write the JSON, print the summary."""
     with errors_to_exit(debug):
-        from gaecli.importers import import_miles
-
-        report = import_miles(inputs, output, overwrite=overwrite, progress=make_progress(quiet))
+        report = import_function(inputs, output, overwrite=overwrite, progress=make_progress(quiet))
     write_json(report.to_dict(), json_path)
     if not quiet:
         from rich.markup import escape
@@ -396,6 +391,51 @@ def import_miles_command(
         console = _stderr()
         for line in report.summary_lines():
             console.print(escape(line), soft_wrap=True)
+
+
+@import_app.command("miles", epilog=EXIT_CODES_HELP)
+def import_miles_command(
+    inputs: Annotated[list[str], typer.Argument(metavar="DUMP...", help="torch.save dumps, directories (recursive: *.pt, *.pth), globs or URIs.")],
+    output: ImportOutputOption,
+    overwrite: ImportOverwriteOption = False,
+    json_path: JsonOption = None,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Import miles --save-debug-train-data dumps (one per rank and rollout; context-parallel shares reassembled) into one rollout file; loaded with weights_only, never unpickled blindly."""
+    from gaecli.importers import import_miles
+
+    _run_import(import_miles, inputs, output, overwrite, json_path, quiet, debug)
+
+
+@import_app.command("slime", epilog=EXIT_CODES_HELP)
+def import_slime_command(
+    inputs: Annotated[list[str], typer.Argument(metavar="DUMP...", help="torch.save dumps, directories (recursive: *.pt, *.pth), globs or URIs.")],
+    output: ImportOutputOption,
+    overwrite: ImportOverwriteOption = False,
+    json_path: JsonOption = None,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Import slime --save-debug-train-data dumps (format 2: one per rollout, gathered) into one rollout file; loaded with weights_only, never unpickled blindly."""
+    from gaecli.importers import import_slime
+
+    _run_import(import_slime, inputs, output, overwrite, json_path, quiet, debug)
+
+
+@import_app.command("nemo-rl", epilog=EXIT_CODES_HELP)
+def import_nemo_rl_command(
+    inputs: Annotated[list[str], typer.Argument(metavar="JSONL...", help="train_data_step{N}.jsonl files, directories (recursive), globs or URIs.")],
+    output: ImportOutputOption,
+    overwrite: ImportOverwriteOption = False,
+    json_path: JsonOption = None,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Import NeMo-RL's train_data_step{N}.jsonl (streamed) into one rollout file; no values column: recompute with --values-col none."""
+    from gaecli.importers import import_nemo_rl
+
+    _run_import(import_nemo_rl, inputs, output, overwrite, json_path, quiet, debug)
 
 
 # ----------------------------------------------------------------------------- diff

@@ -264,13 +264,13 @@ def test_files_with_different_keys_are_refused(tmp_path):
 # ----------------------------------------------------------------------------- refusals
 
 
-def test_context_parallel_dump_is_refused(tmp_path):
+def test_one_context_parallel_rank_alone_is_refused(tmp_path):
     source = write_dump(tmp_path / "cp.pt", rollout_data(1, 2), cp_size=2)
     output = tmp_path / "out.parquet"
     result = import_dumps(source, output=output)
     assert result.exit_code == 1
     message = " ".join(result.stderr.split())
-    assert "cp_size is 2" in message and "slice" in message and "reassembl" in message
+    assert "context-parallel group of ranks 0" in message and "no file for cp_rank 1 of cp_size 2" in message
     assert not output.exists()
 
 
@@ -396,7 +396,7 @@ def test_library_api(tmp_path):
     assert isinstance(report, ImportReport)
     assert report.rows == 3 and report.length_mismatch_rows == 1
     assert any("gae validate" in line for line in report.summary_lines())
-    with pytest.raises(GAEInputError, match="cp_size is 2"):
+    with pytest.raises(GAEInputError, match="no file for cp_rank 1"):
         import_miles([write_dump(tmp_path / "cp.pt", rollout_data(1, 2), cp_size=2)], tmp_path / "cp.parquet")
     validated = gae("validate", tmp_path / "out.parquet", "--rewards-col", "none", "--json", "-", "--quiet")
     assert validated.exit_code == 1

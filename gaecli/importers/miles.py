@@ -1,232 +1,63 @@
-"""``gae import miles`` as a library: read miles / slime training-side dumps
-(``--save-debug-train-data``: one ``torch.save``'d dict per data-parallel rank and rollout)
-without ever unpickling arbitrary objects, and write them as one rollout Parquet file in
+"""``gae import miles`` as a library: read miles' training-side dumps
+(``--save-debug-train-data``: one ``torch.save``'d dict per rank and rollout, written by
+``miles/utils/train_dump_utils.py::save_debug_train_data_for_rank``) without ever unpickling
+arbitrary objects, reassemble context-parallel shares, and write one rollout Parquet file in
 gaecli's format (see docs/import.md).
 
 A dump is ``{"rollout_id", "rank", "rollout_data", ["cp_rank", "cp_size", "qkv_format"]}``
 where ``rollout_data`` maps keys to per-sample lists: per-token entries are 1-D tensors
 (``values``, ``loss_masks``, ``log_probs``, ``ref_log_probs``, ``advantages``, ``returns``),
 scalar entries are numbers or one-element tensors (``rewards``, ``response_lengths``,
-``total_lengths``, ``sample_indices``).
+``total_lengths``, ``sample_indices``). With ``cp_size > 1`` the per-token entries other than
+``loss_masks`` hold only this rank's share of the response, in miles' zigzag layout.
 """
 
 from __future__ import annotations
 
-import json
-import pickle
-import re
+import hashlib
 from dataclasses import dataclass, field
 from functools import reduce
-from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from gaecli._version import __version__
 from gaecli.errors import GAEInputError, GAEUsageError
-from gaecli.io.paths import discover_inputs
-from gaecli.io.writer import AtomicParquetWriter
-from gaecli.progress import NoProgress, Progress
+from gaecli.importers.common import (
+    FIELDS,
+    FIELDS_BY_KEY,
+    ROWS_KEY,
+    DumpField,
+    ImportedFile,
+    ImportReport,
+    arrow_value_type,
+    check_per_sample,
+    check_same_keys,
+    describe,
+    fields_batch,
+    integer,
+    key_list,
+    load_dump,
+    output_schema,
+    plan_import,
+    scalar_column,
+    write_batches,
+)
+from gaecli.io.filesystem import AnyPath
+from gaecli.progress import Progress
 
 DUMP_PATTERNS = ("*.pt", "*.pth")
 TOP_LEVEL_KEYS = ("rollout_id", "rank", "rollout_data")
 CONTEXT_PARALLEL_KEYS = ("cp_rank", "cp_size", "qkv_format")
-METADATA_PREFIX = "gaecli."
-MAX_LIST_TOKENS = 2**31 - 1  # int32 list offsets
-
-
-@dataclass(frozen=True)
-class DumpField:
-    """How one ``rollout_data`` key becomes an output column. ``kind``: ``"mask"`` or
-    ``"float"`` (per-token lists), ``"real"`` or ``"integer"`` (one scalar per sample)."""
-
-    key: str
-    column: str
-    kind: str
-    required: bool = False
-
-    @property
-    def per_token(self) -> bool:
-        return self.kind in ("mask", "float")
-
-
-# In output column order (after rollout_id and rank).
-FIELDS: tuple[DumpField, ...] = (
-    DumpField("sample_indices", "sample_index", "integer"),
-    DumpField("values", "values", "float", required=True),
-    DumpField("loss_masks", "loss_mask", "mask", required=True),
-    DumpField("rewards", "terminal_reward", "real", required=True),
-    DumpField("response_lengths", "response_length", "integer"),
-    DumpField("total_lengths", "total_length", "integer"),
-    DumpField("log_probs", "log_probs", "float"),
-    DumpField("ref_log_probs", "ref_log_probs", "float"),
-    DumpField("advantages", "trained_advantages", "float"),
-    DumpField("returns", "trained_returns", "float"),
-)
-FIELDS_BY_KEY = {f.key: f for f in FIELDS}
 REQUIRED_KEYS = tuple(f.key for f in FIELDS if f.required)
 OPTIONAL_KEYS = tuple(f.key for f in FIELDS if not f.required)
-ROWS_KEY = "loss_masks"  # the list whose length is the number of samples
-
-_ARROW_INTEGERS = {
-    torch.bool: pa.bool_(), torch.uint8: pa.uint8(), torch.int8: pa.int8(), torch.int16: pa.int16(),
-    torch.int32: pa.int32(), torch.int64: pa.int64(),
-}
-
-
-# ----------------------------------------------------------------------------- report
-
-
-@dataclass
-class ImportedFile:
-    """One dump file read: its rollout, rank and how many samples and tokens it held."""
-
-    source: str
-    rollout_id: int
-    rank: int
-    rows: int
-    tokens: int
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class ImportReport:
-    """What an import wrote.
-
-    ``files`` in output order (rollout_id, then rank); ``columns`` written; ``missing_keys``
-    the optional dump keys absent (their columns left out); ``ignored_keys`` dump keys that
-    have no column; ``length_mismatch_rows`` rows whose per-token lists differ in length
-    from ``loss_masks`` or ``response_lengths`` (imported as they are: ``gae validate``
-    lists them).
-    """
-
-    output: str
-    files: list[ImportedFile]
-    columns: list[str]
-    missing_keys: list[str] = field(default_factory=list)
-    ignored_keys: list[str] = field(default_factory=list)
-    length_mismatch_rows: int = 0
-
-    @property
-    def rows(self) -> int:
-        return sum(f.rows for f in self.files)
-
-    @property
-    def tokens(self) -> int:
-        return sum(f.tokens for f in self.files)
-
-    def to_dict(self) -> dict:
-        return {
-            "version": __version__,
-            "format": "miles",
-            "output": self.output,
-            "rows": self.rows,
-            "tokens": self.tokens,
-            "files": [f.to_dict() for f in self.files],
-            "columns": list(self.columns),
-            "missing_keys": list(self.missing_keys),
-            "ignored_keys": list(self.ignored_keys),
-            "length_mismatch_rows": self.length_mismatch_rows,
-            "next_steps": self.next_steps(),
-        }
-
-    def next_steps(self) -> list[str]:
-        """What to run on the output, one sentence each."""
-        steps = []
-        if "log_probs" in self.columns and "ref_log_probs" in self.columns:
-            steps.append("the file has no per-token rewards column: run gae recompute / gae diff with --kl-coef C "
-                         "(KL rewards from log_probs and ref_log_probs) or with --rewards-col none")
-        else:
-            steps.append("the file has no per-token rewards column and no log-probs: run gae recompute / gae diff "
-                         "with --rewards-col none")
-        if self.length_mismatch_rows:
-            steps.append(f"{self.length_mismatch_rows} row(s) have per-token lists whose lengths differ from loss_mask "
-                         f"or response_length: gae validate {self.output} lists them")
-        if "trained_advantages" in self.columns:
-            steps.append("trained_advantages holds the advantages the run trained on: gae diff --against trained_advantages "
-                         "shows how far they are from masked GAE")
-        return steps
-
-    def summary_lines(self) -> list[str]:
-        """The human summary, one line each (the CLI prints them)."""
-        rollouts = sorted({f.rollout_id for f in self.files})
-        ranks = sorted({f.rank for f in self.files})
-        lines = [
-            f"imported {self.rows:,} samples ({self.tokens:,} tokens) from {len(self.files)} dump file(s) "
-            f"({_span('rollout', rollouts)}, {_span('rank', ranks)}) into {self.output}",
-            f"columns: {', '.join(self.columns)}",
-        ]
-        if self.missing_keys:
-            lines.append(f"not in the dumps (columns left out): {', '.join(self.missing_keys)}")
-        if self.ignored_keys:
-            lines.append(f"dump keys not imported: {', '.join(self.ignored_keys)}")
-        lines.extend(f"note: {step}" for step in self.next_steps())
-        return lines
-
-
-def _span(name: str, numbers: list[int]) -> str:
-    if not numbers:
-        return f"no {name}"
-    if len(numbers) == 1:
-        return f"{name} {numbers[0]}"
-    return f"{len(numbers)} {name}s {numbers[0]}–{numbers[-1]}"
-
-
-# ----------------------------------------------------------------------------- loading
-
-
-def load_dump(path: Path) -> Any:
-    """``torch.load(path, weights_only=True)`` onto the CPU (memory-mapped when the file
-    allows), with load failures turned into one-line errors.
-
-    A file that needs more than tensors, numbers, strings, lists, tuples and dicts (an
-    arbitrary pickled object) raises :class:`GAEInputError`: its code is never run. A file
-    that cannot be read or is not a ``torch.save`` file raises :class:`GAEUsageError`.
-    """
-    try:
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as error:
-            if "mmap can only be used" not in str(error):
-                raise
-            return torch.load(path, map_location="cpu", weights_only=True)  # the legacy (pre-zip) format
-    except pickle.UnpicklingError as error:
-        text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
-        if "Weights only load failed" not in text:
-            raise GAEUsageError(f"{path}: cannot read as a torch.save file ({_first_line(error)})") from None
-        detail = _unpickler_detail(text)
-        if not re.search(r"GLOBAL|allowlist|must be imported", detail):  # foreign bytes, not a refused object
-            raise GAEUsageError(f"{path}: cannot read as a torch.save file ({detail})") from None
-        global_name = re.search(r"GLOBAL ([\w.]+)", detail)
-        raise GAEInputError(
-            f"{path}: refused: the dump holds a pickled Python object ({global_name.group(1) if global_name else detail}) besides tensors, "
-            f"numbers, strings, lists and dicts; gaecli loads dumps with torch.load(weights_only=True) and never "
-            f"unpickles arbitrary objects. Re-save the dump with plain types only"
-        ) from None
-    except IsADirectoryError:
-        raise GAEUsageError(f"{path}: is a directory, not a dump file") from None
-    except OSError as error:
-        raise GAEUsageError(f"{path}: cannot read ({error.strerror or error})") from None
-    except Exception as error:  # noqa: BLE001 - the weights-only unpickler fails on foreign bytes in many ways
-        raise GAEUsageError(f"{path}: cannot read as a torch.save file ({type(error).__name__}: {_first_line(error)})") from None
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
-
-
-def _unpickler_detail(text: str) -> str:
-    """The weights-only unpickler's own reason inside torch's long message (what follows
-    ``WeightsUnpickler error:``, or the lines after the first), one line."""
-    _, marker, after = text.rpartition("WeightsUnpickler error:")
-    body = after if marker else text.partition("\n")[2]
-    lines = [line.strip() for line in body.splitlines() if line.strip() and "torch.load" not in line]
-    return lines[0] if lines else "an object torch will not load safely"
+# Under context parallelism each rank holds its share of these (miles slices every per-token
+# tensor it computes; loss_masks and the scalars stay whole on every rank).
+RANK_LOCAL_KEYS = tuple(f.key for f in FIELDS if f.kind == "float")
+# What a context-parallel dump must hold to be reassembled (and, for bshd, max_seq_lens).
+CONTEXT_PARALLEL_REQUIRED = ("sample_indices", "response_lengths", "total_lengths")
+MAX_SEQ_LENS_KEY = "max_seq_lens"
 
 
 # ----------------------------------------------------------------------------- checks
@@ -234,295 +65,423 @@ def _unpickler_detail(text: str) -> str:
 
 @dataclass
 class _Dump:
-    """A dump's facts from the first pass: where it sorts, its size, its keys and the
-    dtypes of its per-token lists."""
+    """A dump's facts from the first pass: where it sorts, its size, its keys, the dtypes of
+    its per-token lists and, under context parallelism, its place in a group."""
 
-    path: Path
+    path: AnyPath
     rollout_id: int
     rank: int
     rows: int
     keys: frozenset[str]
     other_keys: frozenset[str]
     dtypes: dict[str, set[torch.dtype]]
+    cp_rank: int = 0
+    cp_size: int = 1
+    qkv_format: str = "thd"
+    sample_indices: tuple = ()
+    digests: dict[str, bytes] = field(default_factory=dict)
+
+    def same_place(self, other: "_Dump") -> bool:
+        return (self.rollout_id, self.rank, self.rows, self.keys, self.cp_rank, self.cp_size) == (
+            other.rollout_id, other.rank, other.rows, other.keys, other.cp_rank, other.cp_size)
 
 
-def _integer(value: Any, what: str, path: Path) -> int:
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point and not value.dtype.is_complex:
-        return int(value.item())
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise GAEInputError(f"{path}: {what} is {value!r}, expected an integer")
+def _where(path: AnyPath):
+    return lambda key: f"{path}: rollout_data[{key!r}]"
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dim()}-D tensor of shape {tuple(value.shape)}"
-    return f"a {type(value).__name__}"
-
-
-def inspect_dump(path: Path, dump: Any) -> _Dump:
+def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
     """Check a loaded dump's structure and return its facts; :class:`GAEInputError` names
-    what is wrong (missing keys with the keys present and expected, context-parallel
-    slices, lists of different lengths, per-token entries that are not 1-D tensors)."""
+    what is wrong (missing keys with the keys present and expected, lists of different
+    lengths, per-token entries that are not 1-D tensors, a bad context-parallel rank).
+
+    A ``cp_size = 1`` dump without ``values`` is refused here; a context-parallel one is
+    checked for ``values`` once its group is known (an earlier pipeline stage has none)."""
     expected = f"expected {', '.join(TOP_LEVEL_KEYS)} (and optionally {', '.join(CONTEXT_PARALLEL_KEYS)})"
     if not isinstance(dump, dict):
-        raise GAEInputError(f"{path}: holds {_describe(dump)}, not a miles train-data dump (a dict; {expected})")
+        raise GAEInputError(f"{path}: holds {describe(dump)}, not a miles train-data dump (a dict; {expected})")
     missing = [key for key in TOP_LEVEL_KEYS if key not in dump]
     if missing:
         raise GAEInputError(f"{path}: not a miles train-data dump: missing {', '.join(missing)}; "
-                            f"the file has {_keys(dump)}; {expected}")
-    cp_size = _integer(dump.get("cp_size", 1), "cp_size", path)
-    if cp_size > 1:
-        cp_rank = dump.get("cp_rank", "?")
-        raise GAEInputError(
-            f"{path}: cp_size is {cp_size} (context-parallel rank {cp_rank}, qkv_format {dump.get('qkv_format', '?')!s}): "
-            f"each per-token tensor holds only this rank's slice of a sample, and reassembling the slices is not "
-            f"supported yet; dump with context parallelism off (cp_size 1)"
-        )
-    rollout_id = _integer(dump["rollout_id"], "rollout_id", path)
-    rank = _integer(dump["rank"], "rank", path)
+                            f"the file has {key_list(dump)}; {expected}")
+    cp_size = integer(dump.get("cp_size", 1), "cp_size", path)
+    cp_rank = integer(dump.get("cp_rank", 0), "cp_rank", path)
+    qkv_format = dump.get("qkv_format", "thd") if cp_size > 1 else "thd"
+    if cp_size < 1 or not 0 <= cp_rank < cp_size:
+        raise GAEInputError(f"{path}: cp_rank {cp_rank} with cp_size {cp_size}: expected 0 ≤ cp_rank < cp_size")
+    if qkv_format not in ("thd", "bshd"):
+        raise GAEInputError(f"{path}: qkv_format is {qkv_format!r}, expected 'thd' or 'bshd'")
+    rollout_id = integer(dump["rollout_id"], "rollout_id", path)
+    rank = integer(dump["rank"], "rank", path)
     data = dump["rollout_data"]
     if not isinstance(data, dict):
-        raise GAEInputError(f"{path}: rollout_data is {_describe(data)}, expected a dict of per-sample lists")
-    missing = [key for key in REQUIRED_KEYS if key not in data]
+        raise GAEInputError(f"{path}: rollout_data is {describe(data)}, expected a dict of per-sample lists")
+    required = [key for key in REQUIRED_KEYS if cp_size == 1 or key != "values"]
+    if cp_size > 1:
+        required += list(CONTEXT_PARALLEL_REQUIRED) + ([MAX_SEQ_LENS_KEY] if qkv_format == "bshd" else [])
+    missing = [key for key in required if key not in data]
     if missing:
+        why = f" (cp_size {cp_size}, qkv_format {qkv_format}: needed to reassemble the shares)" if cp_size > 1 else ""
         raise GAEInputError(
-            f"{path}: rollout_data lacks the required key(s) {', '.join(missing)}; it has {_keys(data)}; "
+            f"{path}: rollout_data lacks the required key(s) {', '.join(missing)}{why}; it has {key_list(data)}; "
             f"required: {', '.join(REQUIRED_KEYS)}; optional: {', '.join(OPTIONAL_KEYS)}"
         )
     keys = frozenset(key for key in data if key in FIELDS_BY_KEY)
     for key in sorted(keys, key=list(FIELDS_BY_KEY).index):
-        if not isinstance(data[key], (list, tuple)) and not (not FIELDS_BY_KEY[key].per_token and isinstance(data[key], torch.Tensor)):
-            raise GAEInputError(f"{path}: rollout_data[{key!r}] is {_describe(data[key])}, expected a list with one entry per sample")
+        scalars_in_a_tensor = not FIELDS_BY_KEY[key].per_token and isinstance(data[key], torch.Tensor)
+        if not isinstance(data[key], (list, tuple)) and not scalars_in_a_tensor:
+            raise GAEInputError(f"{path}: rollout_data[{key!r}] is {describe(data[key])}, "
+                                f"expected a list with one entry per sample")
     rows = len(data[ROWS_KEY])
     dtypes: dict[str, set[torch.dtype]] = {}
     for key in sorted(keys, key=list(FIELDS_BY_KEY).index):
-        entries = data[key]
-        count = entries.numel() if isinstance(entries, torch.Tensor) else len(entries)
-        if count != rows:
-            raise GAEInputError(f"{path}: rollout_data[{key!r}] has {count} entries but {ROWS_KEY!r} has {rows}: one entry per sample expected")
-        if FIELDS_BY_KEY[key].per_token:
-            is_vector = [isinstance(entry, torch.Tensor) and entry.dim() == 1 for entry in entries]
-            if not all(is_vector):
-                sample = is_vector.index(False)
-                raise GAEInputError(f"{path}: rollout_data[{key!r}][{sample}] is {_describe(entries[sample])}, expected a 1-D tensor "
-                                    f"(the sample's per-token {key})")
-            dtypes[key] = {entry.dtype for entry in entries}
-            if any(dtype.is_complex for dtype in dtypes[key]):
-                raise GAEInputError(f"{path}: rollout_data[{key!r}] holds complex tensors, expected real numbers")
+        found = check_per_sample(data[key], FIELDS_BY_KEY[key], rows, _where(path)(key))
+        if found is not None:
+            dtypes[key] = found
     other_keys = frozenset(str(key) for key in data if key not in FIELDS_BY_KEY)
-    return _Dump(path, rollout_id, rank, rows, keys, other_keys, dtypes)
+    facts = _Dump(path, rollout_id, rank, rows, keys, other_keys, dtypes, cp_rank, cp_size, str(qkv_format))
+    if cp_size > 1:
+        if MAX_SEQ_LENS_KEY in data:
+            check_per_sample(data[MAX_SEQ_LENS_KEY], DumpField(MAX_SEQ_LENS_KEY, "", "integer"), rows,
+                             _where(path)(MAX_SEQ_LENS_KEY))
+        facts.sample_indices = tuple(_integers(data, "sample_indices", path).tolist())
+        facts.digests = _digests(data, keys, path)
+    return facts
 
 
-def _keys(mapping: dict) -> str:
-    return ", ".join(str(key) for key in mapping) or "no keys"
+def _integers(data: dict, key: str, path: AnyPath) -> np.ndarray:
+    """A scalar key of ``rollout_data`` as an int64 array (checked)."""
+    return scalar_column(data[key], DumpField(key, key, "integer"), _where(path)(key)).to_numpy(zero_copy_only=False)
 
 
-# ----------------------------------------------------------------------------- columns
+def _digests(data: dict, keys: frozenset[str], path: AnyPath) -> dict[str, bytes]:
+    """A digest of each imported key's contents (and ``max_seq_lens``): equal digests, equal
+    data. Compares the files of a context-parallel group without holding them together."""
+    digests = {}
+    for key in sorted(keys | ({MAX_SEQ_LENS_KEY} if MAX_SEQ_LENS_KEY in data else set())):
+        digest = hashlib.blake2b(digest_size=16)
+        dump_field = FIELDS_BY_KEY.get(key, DumpField(key, key, "integer"))
+        if dump_field.per_token:
+            tensors = data[key]
+            digest.update(np.array([t.numel() for t in tensors], dtype=np.int64).tobytes())
+            for dtype in sorted({str(t.dtype) for t in tensors}):
+                digest.update(dtype.encode())
+            if len(tensors):
+                flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+                digest.update(flat.contiguous().view(torch.uint8).numpy().tobytes())
+        else:
+            array = scalar_column(data[key], dump_field, _where(path)(key), nullable=key == "sample_indices")
+            digest.update(np.asarray(array.to_numpy(zero_copy_only=False)).tobytes())
+        digests[key] = digest.digest()
+    return digests
 
 
-def _arrow_value_type(dump_field: DumpField, dtypes: set[torch.dtype]) -> pa.DataType:
-    """The Arrow element type of a per-token column holding tensors of ``dtypes`` (all
-    files): float64 stays float64, other floats become float32; a mask keeps bool and
-    integer types."""
-    if not dtypes:
-        return pa.int8() if dump_field.kind == "mask" else pa.float32()
-    dtype = reduce(torch.promote_types, sorted(dtypes, key=str))
-    if dump_field.kind == "mask" and dtype in _ARROW_INTEGERS:
-        return _ARROW_INTEGERS[dtype]
-    return pa.float64() if dtype == torch.float64 else pa.float32()
+# ----------------------------------------------------------------------------- context parallelism
 
 
-_TORCH_OF_ARROW = {
-    pa.bool_(): torch.bool, pa.uint8(): torch.uint8, pa.int8(): torch.int8, pa.int16(): torch.int16,
-    pa.int32(): torch.int32, pa.int64(): torch.int64, pa.float32(): torch.float32, pa.float64(): torch.float64,
-}
+def zigzag_response_parts(total_lengths: np.ndarray, response_lengths: np.ndarray, chunk_sizes: np.ndarray,
+                          cp_size: int, cp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which response indices rank ``cp_rank`` holds of each sample, in its order: two
+    half-open ranges per sample, returned as ``starts [B, 2]`` and ``stops [B, 2]``
+    (an empty part has start = stop).
+
+    miles' zigzag (``miles/backends/training_utils/cp_utils.py::get_logits_and_tokens_offset_with_cp``):
+    with T the total length, P the prompt length and c the chunk size (``ceil(T / 2·cp)``
+    for thd, ``ceil(max_seq_len / 2·cp)`` for bshd), rank r holds logit positions
+    ``[r·c, (r+1)·c)`` then ``[(2cp−1−r)·c, (2cp−r)·c)``, each cut to ``[P−1, T−1)``;
+    response index = position − (P−1).
+    """
+    total = total_lengths.astype(np.int64)
+    prompt_minus_one = total - response_lengths.astype(np.int64) - 1
+    chunk_starts = np.stack([cp_rank * chunk_sizes, (2 * cp_size - 1 - cp_rank) * chunk_sizes], axis=1)
+    low = np.maximum(chunk_starts, prompt_minus_one[:, None])
+    high = np.minimum(chunk_starts + chunk_sizes[:, None], (total - 1)[:, None])
+    empty = low >= high
+    starts = np.where(empty, 0, low - prompt_minus_one[:, None])
+    stops = np.where(empty, 0, high - prompt_minus_one[:, None])
+    return starts, stops
 
 
-def _token_column(tensors: Sequence[torch.Tensor], value_type: pa.DataType, path: Path, key: str) -> tuple[pa.Array, np.ndarray]:
-    """A list column from per-sample 1-D tensors: one ``torch.cat``, offsets from the
-    lengths, no loop over tokens. Also returns the lengths ``[B]``."""
-    lengths = np.array([tensor.numel() for tensor in tensors], dtype=np.int64)
+def assemble_shares(shares: Sequence[Sequence[torch.Tensor]], starts: Sequence[np.ndarray], stops: Sequence[np.ndarray],
+                    response_lengths: np.ndarray, where: Sequence[str]) -> list[torch.Tensor]:
+    """Put each rank's per-sample shares (``shares[r][i]``) back at their response indices
+    (``starts[r]``, ``stops[r]`` from :func:`zigzag_response_parts`): one scatter per rank
+    into the flat output, no loop over samples or tokens. A share of the wrong length
+    raises :class:`GAEInputError` (``where[r]`` names the rank's file and key)."""
+    lengths = response_lengths.astype(np.int64)
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1] > MAX_LIST_TOKENS:
-        raise GAEInputError(f"{path}: rollout_data[{key!r}] holds {offsets[-1]:,} tokens, more than one Parquet list column "
-                            f"of a file part can hold ({MAX_LIST_TOKENS:,}); split the dump")
-    dtype = _TORCH_OF_ARROW[value_type]
-    flat = torch.cat([tensor.detach().to(dtype) for tensor in tensors]) if len(tensors) else torch.zeros(0, dtype=dtype)
-    array = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat.numpy()), type=pa.list_(value_type))
-    return array, lengths
-
-
-def _scalar_column(entries: Any, dump_field: DumpField, path: Path) -> pa.Array:
-    """One number per sample from a list of numbers / one-element tensors, or a tensor."""
-    integer = dump_field.kind == "integer"
-    numpy_dtype = np.int64 if integer else np.float64
-    if isinstance(entries, torch.Tensor):
-        if entries.dtype.is_complex or integer and entries.dtype.is_floating_point:
-            raise GAEInputError(f"{path}: rollout_data[{dump_field.key!r}] is a {entries.dtype} tensor, expected {'integers' if integer else 'numbers'}")
-        return pa.array(entries.detach().reshape(-1).to(torch.int64 if integer else torch.float64).numpy())
-    numbers = [entry.item() if isinstance(entry, torch.Tensor) and entry.numel() == 1 else entry for entry in entries]
-    allowed = (int,) if integer else (int, float)
-    is_number = [isinstance(number, allowed) for number in numbers]
-    if not all(is_number):
-        sample = is_number.index(False)
-        found = _describe(numbers[sample]) if isinstance(numbers[sample], torch.Tensor) else repr(numbers[sample])
-        raise GAEInputError(f"{path}: rollout_data[{dump_field.key!r}][{sample}] is {found}, "
-                            f"expected {'an integer' if integer else 'a number'}")
-    try:
-        return pa.array(np.array(numbers, dtype=numpy_dtype))
-    except OverflowError as error:
-        raise GAEInputError(f"{path}: rollout_data[{dump_field.key!r}] holds an integer out of the int64 range") from error
-
-
-def _output_schema(keys: frozenset[str], value_types: dict[str, pa.DataType], sources: list[str]) -> pa.Schema:
-    fields = [pa.field("rollout_id", pa.int64()), pa.field("rank", pa.int64())]
-    for dump_field in FIELDS:
-        if dump_field.key not in keys:
+    covered = sum((stop - start).sum(axis=1) for start, stop in zip(starts, stops))
+    if lengths.size and not np.array_equal(covered, lengths):
+        sample = int(np.flatnonzero(covered != lengths)[0])
+        raise GAEInputError(f"{where[0]}[{sample}]: the context-parallel shares cover {int(covered[sample])} of the "
+                            f"response's {int(lengths[sample])} tokens (total_lengths, response_lengths or "
+                            f"max_seq_lens do not fit the layout)")
+    dtypes = sorted({t.dtype for rank_shares in shares for t in rank_shares}, key=str)
+    dtype = reduce(torch.promote_types, dtypes) if dtypes else torch.float32
+    out = torch.empty(int(offsets[-1]), dtype=dtype)
+    for rank_shares, start, stop, named in zip(shares, starts, stops, where):
+        widths = stop - start  # [B, 2]
+        held = np.array([t.numel() for t in rank_shares], dtype=np.int64)
+        expected = widths.sum(axis=1)
+        if not np.array_equal(held, expected):
+            sample = int(np.flatnonzero(held != expected)[0])
+            raise GAEInputError(f"{named}[{sample}] holds {int(held[sample])} tokens, but this context-parallel rank's "
+                                f"share of a {int(lengths[sample])}-token response is {int(expected[sample])}")
+        if not held.sum():
             continue
-        if dump_field.per_token:
-            arrow_type = pa.list_(value_types[dump_field.key])
-        else:
-            arrow_type = pa.int64() if dump_field.kind == "integer" else pa.float64()
-        fields.append(pa.field(dump_field.column, arrow_type))
-    metadata = {
-        f"{METADATA_PREFIX}version": __version__,
-        f"{METADATA_PREFIX}imported_from": "miles",
-        f"{METADATA_PREFIX}import_sources": json.dumps(sources),
-    }
-    return pa.schema(fields, metadata=metadata)
+        flat = torch.cat([t.detach().reshape(-1) for t in rank_shares])
+        segment_lengths = widths.reshape(-1)
+        segment_sources = np.concatenate([[0], np.cumsum(segment_lengths)[:-1]])
+        segment_targets = (offsets[:-1, None] + start).reshape(-1)
+        positions = np.repeat(segment_targets - segment_sources, segment_lengths) + np.arange(flat.numel())
+        out[torch.from_numpy(positions)] = flat.to(dtype)
+    return list(torch.split(out, lengths.tolist()))
 
 
-def _batch(dump: Any, facts: _Dump, schema: pa.Schema, value_types: dict[str, pa.DataType]) -> tuple[pa.RecordBatch, int, int]:
-    """One dump as a record batch; also its token count and rows with length mismatches."""
-    data = dump["rollout_data"]
-    arrays: dict[str, pa.Array] = {
-        "rollout_id": pa.array(np.full(facts.rows, facts.rollout_id, dtype=np.int64)),
-        "rank": pa.array(np.full(facts.rows, facts.rank, dtype=np.int64)),
-    }
-    lengths: dict[str, np.ndarray] = {}
-    for dump_field in FIELDS:
-        if dump_field.key not in facts.keys:
+@dataclass
+class _Group:
+    """The files of one rollout holding the same samples under context parallelism: one per
+    cp_rank (``members``, a tensor-parallel copy read once), plus its data-parallel rank."""
+
+    rollout_id: int
+    data_parallel_rank: int
+    members: list[_Dump]           # indexed by cp_rank
+    copies: list[tuple[_Dump, _Dump]]  # (copy, the member it equals)
+
+    @property
+    def lowest_rank(self) -> int:
+        return min(d.rank for d in self.members)
+
+
+def _describe_group(rollout_id: int, dumps: Sequence[_Dump]) -> str:
+    indices = dumps[0].sample_indices
+    held = f"sample_indices {indices[0]}…{indices[-1]}, {len(indices)} samples" if indices else "no samples"
+    ranks = ", ".join(str(d.rank) for d in sorted(dumps, key=lambda d: d.rank))
+    return f"rollout {rollout_id}, context-parallel group of ranks {ranks} ({held})"
+
+
+def _context_parallel_groups(dumps: list[_Dump], notes: list[str]) -> tuple[list[_Group], list[_Dump]]:
+    """Group a rollout's context-parallel dumps; returns the groups (data-parallel rank set:
+    their order by lowest global rank) and the files skipped (an earlier pipeline stage)."""
+    rollout_id = dumps[0].rollout_id
+    sizes = sorted({d.cp_size for d in dumps})
+    if len(sizes) > 1:
+        raise GAEInputError(f"rollout {rollout_id}: the dumps have different cp_size ({', '.join(map(str, sizes))}); "
+                            f"import the files of one run together")
+    with_values = {d.sample_indices for d in dumps if "values" in d.keys}
+    skipped = []
+    by_samples: dict[tuple, list[_Dump]] = {}
+    for dump in dumps:
+        if "values" not in dump.keys:
+            if dump.sample_indices not in with_values:
+                raise GAEInputError(
+                    f"{dump.path}: rollout_data lacks the required key(s) values, and no file of rollout {rollout_id} "
+                    f"holds these samples with values; required: {', '.join(REQUIRED_KEYS)}")
+            skipped.append(dump)
             continue
-        if dump_field.per_token:
-            arrays[dump_field.column], lengths[dump_field.key] = _token_column(
-                data[dump_field.key], value_types[dump_field.key], facts.path, dump_field.key
-            )
-        else:
-            arrays[dump_field.column] = _scalar_column(data[dump_field.key], dump_field, facts.path)
-    mask_lengths = lengths[ROWS_KEY]
-    mismatch = np.zeros(facts.rows, dtype=bool)
-    for key, key_lengths in lengths.items():
-        mismatch |= key_lengths != mask_lengths
-    if "response_lengths" in facts.keys:
-        mismatch |= arrays["response_length"].to_numpy(zero_copy_only=False) != mask_lengths
-    batch = pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema)
-    return batch, int(mask_lengths.sum()), int(mismatch.sum())
+        by_samples.setdefault(dump.sample_indices, []).append(dump)
+    if skipped:
+        ranks = sorted(d.rank for d in skipped)
+        notes.append(f"rollout {rollout_id}: skipped {len(skipped)} dump(s) without values (ranks {ranks[0]}–{ranks[-1]}: "
+                     f"earlier pipeline stages; the last stage's files hold the same samples)")
+    groups = []
+    cp_size = sizes[0]
+    full_length_keys = [key for key in dumps[0].digests if key not in RANK_LOCAL_KEYS]
+    for members in by_samples.values():
+        by_cp_rank: dict[int, list[_Dump]] = {}
+        for dump in sorted(members, key=lambda d: d.rank):
+            by_cp_rank.setdefault(dump.cp_rank, []).append(dump)
+        name = _describe_group(rollout_id, members)
+        missing = [cp_rank for cp_rank in range(cp_size) if cp_rank not in by_cp_rank]
+        if missing:
+            raise GAEInputError(f"{name}: no file for cp_rank {', '.join(map(str, missing))} of cp_size {cp_size}; "
+                                f"import every context-parallel rank's file")
+        chosen, copies = [], []
+        for cp_rank in range(cp_size):
+            first, *others = by_cp_rank[cp_rank]
+            for other in others:
+                if other.digests != first.digests:
+                    raise GAEInputError(f"{name}: two different files for cp_rank {cp_rank}: {first.path} and "
+                                        f"{other.path} (their data differ, so they are no tensor-parallel copies); "
+                                        f"import one of them")
+                copies.append((other, first))
+            chosen.append(first)
+        for member in chosen[1:]:
+            differ = [key for key in full_length_keys if member.digests.get(key) != chosen[0].digests.get(key)]
+            if differ:
+                raise GAEInputError(f"{name}: {member.path} and {chosen[0].path} hold the same samples but "
+                                    f"different {', '.join(differ)} (whole on every context-parallel rank); "
+                                    f"import files of one run")
+        groups.append(_Group(rollout_id, 0, chosen, copies))
+    groups.sort(key=lambda g: g.lowest_rank)
+    for data_parallel_rank, group in enumerate(groups):
+        group.data_parallel_rank = data_parallel_rank
+    if any(g.copies for g in groups):
+        count = sum(len(g.copies) for g in groups)
+        notes.append(f"rollout {rollout_id}: {count} dump(s) equal to another rank's (tensor-parallel copies) "
+                     f"read once")
+    return groups, skipped
+
+
+def _assembled_data(group: _Group, loaded: list[Any]) -> dict[str, Any]:
+    """One context-parallel group as one ``cp_size = 1`` rollout_data: whole-length keys from
+    cp_rank 0, rank-local keys reassembled."""
+    first = loaded[0]["rollout_data"]
+    member = group.members[0]
+    data = {key: first[key] for key in member.keys}
+    totals = _integers(first, "total_lengths", member.path)
+    responses = _integers(first, "response_lengths", member.path)
+    cp_size = member.cp_size
+    if member.qkv_format == "bshd":
+        lengths = _integers(first, MAX_SEQ_LENS_KEY, member.path)
+    else:
+        lengths = totals
+    chunk_sizes = (lengths + 2 * cp_size - 1) // (2 * cp_size)
+    parts = [zigzag_response_parts(totals, responses, chunk_sizes, cp_size, cp_rank) for cp_rank in range(cp_size)]
+    for key in RANK_LOCAL_KEYS:
+        if key not in member.keys:
+            continue
+        data[key] = assemble_shares(
+            [dump["rollout_data"][key] for dump in loaded], [p[0] for p in parts], [p[1] for p in parts], responses,
+            [_where(d.path)(key) for d in group.members],
+        )
+    return data
 
 
 # ----------------------------------------------------------------------------- import
 
 
-def _plan(paths: Sequence[str | Path], output: Path, overwrite: bool) -> list[Path]:
-    found, _ = discover_inputs([str(p) for p in paths], patterns=DUMP_PATTERNS)
-    remote = [source for source, _ in found if not isinstance(source, Path)]
-    if remote:
-        raise GAEUsageError(f"{remote[0]}: gae import reads local files only (copy the dumps here first)")
-    sources: list[Path] = []
-    seen: set[Path] = set()
-    for source, _ in found:
-        resolved = source.resolve()
-        if resolved not in seen:
-            seen.add(resolved)
-            sources.append(source)
-    if output.resolve() in seen:
-        raise GAEUsageError(f"{output}: the output would replace an input; choose another output path")
-    if output.is_dir():
-        raise GAEUsageError(f"{output}: is a directory; name the Parquet file to write (e.g. {output / 'rollouts.parquet'})")
-    if output.exists() and not overwrite:
-        raise GAEUsageError(f"{output} exists; give --overwrite to replace it")
-    return sources
+@dataclass
+class _Unit:
+    """One output row group: a ``cp_size = 1`` dump, or a context-parallel group."""
+
+    rollout_id: int
+    rank: int
+    dumps: list[_Dump]
+    group: Optional[_Group] = None
+
+
+def _units(facts: list[_Dump], notes: list[str]) -> tuple[list[_Unit], list[_Dump]]:
+    """Order the dumps into output units; also the dumps skipped."""
+    units: list[_Unit] = []
+    skipped: list[_Dump] = []
+    by_rollout: dict[int, list[_Dump]] = {}
+    for dump in facts:
+        by_rollout.setdefault(dump.rollout_id, []).append(dump)
+    for rollout_id, dumps in by_rollout.items():
+        parallel = [d for d in dumps if d.cp_size > 1]
+        if parallel and len(parallel) < len(dumps):
+            plain = next(d for d in dumps if d.cp_size == 1)
+            raise GAEInputError(f"rollout {rollout_id}: {plain.path} has cp_size 1 and {parallel[0].path} cp_size "
+                                f"{parallel[0].cp_size}; import the files of one run together")
+        if not parallel:
+            units.extend(_Unit(rollout_id, d.rank, [d]) for d in dumps)
+            continue
+        groups, rollout_skipped = _context_parallel_groups(dumps, notes)
+        skipped.extend(rollout_skipped)
+        units.extend(_Unit(rollout_id, g.data_parallel_rank, list(g.members), g) for g in groups)
+    units.sort(key=lambda unit: (unit.rollout_id, unit.rank))
+    return units, skipped
 
 
 def import_miles(
-    paths: Sequence[str | Path],
-    output: str | Path,
+    paths: Sequence[str | Any],
+    output: str | Any,
     *,
     overwrite: bool = False,
     progress: Optional[Progress] = None,
 ) -> ImportReport:
-    """Import miles / slime ``--save-debug-train-data`` dumps into one rollout Parquet file.
+    """Import miles ``--save-debug-train-data`` dumps into one rollout Parquet file.
 
-    ``paths``: dump files, directories (read recursively for ``*.pt`` and ``*.pth``) or
-    globs; a file named twice is read once. Rows are ordered by ``rollout_id``, then
-    ``rank``, then position in the rank's lists; one row group per dump. Columns:
-    ``rollout_id``, ``rank``, then, for each dump key present, ``sample_index``
-    (``sample_indices``), ``values``, ``loss_mask`` (``loss_masks``), ``terminal_reward``
-    (``rewards``), ``response_length``, ``total_length``, ``log_probs``, ``ref_log_probs``,
-    ``trained_advantages`` (``advantages``), ``trained_returns`` (``returns``). There is no
-    per-token ``rewards`` column (the dumps hold none): derive KL rewards with ``--kl-coef``.
+    ``paths``: dump files, directories (read recursively for ``*.pt`` and ``*.pth``), globs
+    or URIs; a file named twice is read once. Rows are ordered by ``rollout_id``, then
+    ``rank``, then position in the rank's lists; one row group per dump (per
+    context-parallel group). Columns: ``rollout_id``, ``rank``, then, for each dump key
+    present, ``sample_index`` (``sample_indices``), ``values``, ``loss_mask``
+    (``loss_masks``), ``terminal_reward`` (``rewards``), ``response_length``,
+    ``total_length``, ``log_probs``, ``ref_log_probs``, ``trained_advantages``
+    (``advantages``), ``trained_returns`` (``returns``). There is no per-token ``rewards``
+    column (the dumps hold none): derive KL rewards with ``--kl-coef``.
+
+    ``cp_size > 1``: the files of a rollout holding the same ``sample_indices`` are one
+    context-parallel group; the shares of its ``cp_size`` files are put back in response
+    order (miles' zigzag layout) and ``rank`` is the group's data-parallel rank (its place
+    among the rollout's groups by lowest global rank), so the rows equal those of the same
+    data dumped with ``cp_size = 1``. Equal files of several tensor-parallel ranks are read
+    once; files without ``values`` holding a group's samples (earlier pipeline stages) are
+    skipped; both are noted.
 
     Every dump is loaded with ``torch.load(weights_only=True)`` twice (first to check and
-    order them, then to convert one at a time, memory-mapped when the file allows), so
-    memory holds one dump at a time. The output is written atomically (zstd).
+    order them, then to convert one dump or group at a time, memory-mapped when the file
+    allows). The output is written whole or not at all (zstd).
 
     Raises :class:`GAEInputError` for dumps that break the documented shape (missing
-    required keys, ``cp_size > 1``, lists of different lengths, non-tensor per-token
-    entries, an arbitrary pickled object, two files for one rollout and rank, files whose
-    optional keys differ) and :class:`GAEUsageError` for paths that name nothing, files
-    that are not ``torch.save`` files, an existing output without ``overwrite``.
+    required keys, lists of different lengths, non-tensor per-token entries, an arbitrary
+    pickled object, two files for one rollout and rank, files whose optional keys differ, a
+    context-parallel group with a missing or duplicate cp_rank, a share of the wrong length)
+    and :class:`GAEUsageError` for paths that name nothing, files that are not
+    ``torch.save`` files, an existing output without ``overwrite``.
     """
-    output = Path(output)
-    progress = progress or NoProgress()
-    sources = _plan(paths, output, overwrite)
-    if not sources:
-        raise GAEUsageError("give at least one dump file, directory or glob")
+    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS)
     facts = [inspect_dump(source, load_dump(source)) for source in sources]
     facts.sort(key=lambda dump: (dump.rollout_id, dump.rank))
     for previous, current in zip(facts, facts[1:]):
         if (previous.rollout_id, previous.rank) == (current.rollout_id, current.rank):
-            raise GAEInputError(f"{previous.path} and {current.path} both hold rollout {current.rollout_id}, rank {current.rank}; "
-                                f"import one of them")
-    keys = facts[0].keys
-    for dump in facts[1:]:
-        if dump.keys != keys:
-            only_first, only_here = sorted(keys - dump.keys), sorted(dump.keys - keys)
-            difference = "; ".join(part for part in (
-                f"only {facts[0].path} has {', '.join(only_first)}" if only_first else "",
-                f"only {dump.path} has {', '.join(only_here)}" if only_here else "",
-            ) if part)
-            raise GAEInputError(f"the dumps differ in their keys ({difference}); import files of one run together")
+            raise GAEInputError(f"{previous.path} and {current.path} both hold rollout {current.rollout_id}, "
+                                f"rank {current.rank}; import one of them")
+    notes: list[str] = []
+    units, skipped = _units(facts, notes)
+    read = [dump for unit in units for dump in unit.dumps]
+    keys = read[0].keys if read else facts[0].keys
+    check_same_keys(read)
     value_types = {
-        dump_field.key: _arrow_value_type(dump_field, set().union(*(dump.dtypes[dump_field.key] for dump in facts)))
+        dump_field.key: arrow_value_type(dump_field, set().union(*(dump.dtypes[dump_field.key] for dump in read)))
         for dump_field in FIELDS if dump_field.per_token and dump_field.key in keys
     }
-    schema = _output_schema(keys, value_types, [dump.path.name for dump in facts])
+    schema = output_schema(keys, value_types, "miles", [dump.path.name for dump in read])
     report = ImportReport(
         output=str(output),
         files=[],
         columns=list(schema.names),
         missing_keys=[key for key in OPTIONAL_KEYS if key not in keys],
-        ignored_keys=sorted(set().union(*(dump.other_keys for dump in facts))),
+        ignored_keys=sorted(set().union(*(dump.other_keys for dump in read))),
+        notes=notes,
     )
-    writer = AtomicParquetWriter(output, schema, compression="zstd")
-    progress.start("import", sum(dump.rows for dump in facts))
-    try:
-        for dump_facts in facts:
-            dump = load_dump(dump_facts.path)
-            again = inspect_dump(dump_facts.path, dump)
-            if (again.rollout_id, again.rank, again.rows, again.keys) != (dump_facts.rollout_id, dump_facts.rank, dump_facts.rows, dump_facts.keys):
-                raise GAEUsageError(f"{dump_facts.path}: the file changed while it was being imported; run the import again")
-            batch, tokens, mismatches = _batch(dump, dump_facts, schema, value_types)
-            del dump
-            writer.write(batch)
-            report.files.append(ImportedFile(str(dump_facts.path), dump_facts.rollout_id, dump_facts.rank, dump_facts.rows, tokens))
+
+    def batches() -> Iterator[tuple[pa.RecordBatch, int]]:
+        for unit in units:
+            loaded = []
+            for dump_facts in unit.dumps:
+                dump = load_dump(dump_facts.path)
+                if not inspect_dump(dump_facts.path, dump).same_place(dump_facts):
+                    raise GAEUsageError(f"{dump_facts.path}: the file changed while it was being imported; "
+                                        f"run the import again")
+                loaded.append(dump)
+            first = unit.dumps[0]
+            data = _assembled_data(unit.group, loaded) if unit.group else loaded[0]["rollout_data"]
+            del loaded
+            ranks = np.full(first.rows, unit.rank, dtype=np.int64)
+            batch, tokens, mismatches = fields_batch(data, unit.rollout_id, ranks, keys, schema, value_types,
+                                                     _where(first.path))
+            del data
+            yield batch, tokens
             report.length_mismatch_rows += mismatches
-            progress.advance(dump_facts.rows, tokens)
-        writer.commit()
-    except BaseException:
-        writer.abort()
-        raise
-    finally:
-        progress.finish()
+            if unit.group is None:
+                report.files.append(ImportedFile(str(first.path), unit.rollout_id, first.rank, first.rows, tokens))
+            else:
+                for member in unit.group.members:
+                    counted = member.cp_rank == 0
+                    report.files.append(ImportedFile(
+                        str(member.path), unit.rollout_id, member.rank, first.rows if counted else 0,
+                        tokens if counted else 0, member.cp_rank, unit.rank,
+                        None if counted else "context-parallel share: its rows are counted with cp_rank 0's file"))
+                for copy, original in unit.group.copies:
+                    report.files.append(ImportedFile(str(copy.path), unit.rollout_id, copy.rank, 0, 0, copy.cp_rank,
+                                                     unit.rank, f"tensor-parallel copy of {original.path}: read once"))
+
+    write_batches(target, schema, batches(), progress, sum(unit.dumps[0].rows for unit in units))
+    for dump in skipped:
+        report.files.append(ImportedFile(str(dump.path), dump.rollout_id, dump.rank, 0, 0, dump.cp_rank, None,
+                                         "skipped: no values (an earlier pipeline stage)"))
     return report

@@ -1,0 +1,481 @@
+"""What every ``gae import FORMAT`` shares: finding the inputs, loading ``torch.save`` files
+safely, building Arrow columns from per-sample tensors, the report, and writing the output
+whole or not at all (see docs/import.md)."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import re
+from dataclasses import dataclass, field, fields
+from functools import reduce
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from gaecli._version import __version__
+from gaecli.errors import GAEInputError, GAEUsageError
+from gaecli.io.filesystem import AnyPath, RemotePath, to_path
+from gaecli.io.paths import discover_inputs
+from gaecli.io.writer import AtomicParquetWriter
+from gaecli.progress import NoProgress, Progress
+
+METADATA_PREFIX = "gaecli."
+MAX_LIST_TOKENS = 2**31 - 1  # int32 list offsets
+
+_ARROW_INTEGERS = {
+    torch.bool: pa.bool_(), torch.uint8: pa.uint8(), torch.int8: pa.int8(), torch.int16: pa.int16(),
+    torch.int32: pa.int32(), torch.int64: pa.int64(),
+}
+_TORCH_OF_ARROW = {
+    pa.bool_(): torch.bool, pa.uint8(): torch.uint8, pa.int8(): torch.int8, pa.int16(): torch.int16,
+    pa.int32(): torch.int32, pa.int64(): torch.int64, pa.float32(): torch.float32, pa.float64(): torch.float64,
+}
+
+
+@dataclass(frozen=True)
+class DumpField:
+    """How one dump key becomes an output column. ``kind``: ``"mask"`` or ``"float"``
+    (per-token lists), ``"real"`` or ``"integer"`` (one scalar per sample)."""
+
+    key: str
+    column: str
+    kind: str
+    required: bool = False
+
+    @property
+    def per_token(self) -> bool:
+        return self.kind in ("mask", "float")
+
+
+# The dump keys miles and slime share, in output column order (after rollout_id and rank).
+FIELDS: tuple[DumpField, ...] = (
+    DumpField("sample_indices", "sample_index", "integer"),
+    DumpField("values", "values", "float", required=True),
+    DumpField("loss_masks", "loss_mask", "mask", required=True),
+    DumpField("rewards", "terminal_reward", "real", required=True),
+    DumpField("response_lengths", "response_length", "integer"),
+    DumpField("total_lengths", "total_length", "integer"),
+    DumpField("log_probs", "log_probs", "float"),
+    DumpField("ref_log_probs", "ref_log_probs", "float"),
+    DumpField("advantages", "trained_advantages", "float"),
+    DumpField("returns", "trained_returns", "float"),
+)
+FIELDS_BY_KEY = {f.key: f for f in FIELDS}
+ROWS_KEY = "loss_masks"  # the list whose length is the number of samples
+
+
+# ----------------------------------------------------------------------------- report
+
+
+@dataclass
+class ImportedFile:
+    """One input file read: its rollout, rank and how many samples and tokens it gave.
+    ``cp_rank``, ``data_parallel_rank`` and ``note`` are set only where they apply (a
+    context-parallel miles dump, a file skipped or read as a copy of another)."""
+
+    source: str
+    rollout_id: int
+    rank: Optional[int]
+    rows: int
+    tokens: int
+    cp_rank: Optional[int] = None
+    data_parallel_rank: Optional[int] = None
+    note: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        optional = {"cp_rank", "data_parallel_rank", "note"}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in optional or getattr(self, f.name) is not None}
+
+
+@dataclass
+class ImportReport:
+    """What an import wrote.
+
+    ``files`` in output order; ``columns`` written; ``missing_keys`` the optional dump keys
+    absent (their columns left out); ``ignored_keys`` dump keys that have no column;
+    ``length_mismatch_rows`` rows whose per-token lists differ in length from ``loss_masks``
+    or ``response_lengths`` (imported as they are: ``gae validate`` lists them); ``notes``
+    what the reader decided on the way (files skipped, copies read once).
+    """
+
+    output: str
+    files: list[ImportedFile]
+    columns: list[str]
+    missing_keys: list[str] = field(default_factory=list)
+    ignored_keys: list[str] = field(default_factory=list)
+    length_mismatch_rows: int = 0
+    format: str = "miles"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    @property
+    def tokens(self) -> int:
+        return sum(f.tokens for f in self.files)
+
+    def to_dict(self) -> dict:
+        document = {
+            "version": __version__,
+            "format": self.format,
+            "output": self.output,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "files": [f.to_dict() for f in self.files],
+            "columns": list(self.columns),
+            "missing_keys": list(self.missing_keys),
+            "ignored_keys": list(self.ignored_keys),
+            "length_mismatch_rows": self.length_mismatch_rows,
+            "next_steps": self.next_steps(),
+        }
+        if self.notes:
+            document["notes"] = list(self.notes)
+        return document
+
+    def next_steps(self) -> list[str]:
+        """What to run on the output, one sentence each."""
+        steps = []
+        if "values" not in self.columns:
+            steps.append("the file has no values column (no critic): GAE needs values, so run gae recompute / gae diff "
+                         "with --values-col none (critic-free: values taken as 0)")
+        if "log_probs" in self.columns and "ref_log_probs" in self.columns:
+            steps.append("the file has no per-token rewards column: run gae recompute / gae diff with --kl-coef C "
+                         "(KL rewards from log_probs and ref_log_probs) or with --rewards-col none")
+        elif "log_probs" in self.columns:
+            steps.append("the file has no per-token rewards column and no ref_log_probs (no KL rewards): run gae recompute / "
+                         "gae diff with --rewards-col none")
+        else:
+            steps.append("the file has no per-token rewards column and no log-probs: run gae recompute / gae diff "
+                         "with --rewards-col none")
+        if self.length_mismatch_rows:
+            steps.append(f"{self.length_mismatch_rows} row(s) have per-token lists whose lengths differ from loss_mask "
+                         f"or response_length: gae validate {self.output} lists them")
+        if "trained_advantages" in self.columns:
+            steps.append("trained_advantages holds the advantages the run trained on: gae diff --against trained_advantages "
+                         "shows how far they are from masked GAE")
+        return steps
+
+    def summary_lines(self) -> list[str]:
+        """The human summary, one line each (the CLI prints them)."""
+        rollouts = sorted({f.rollout_id for f in self.files})
+        parallel = any(f.data_parallel_rank is not None for f in self.files)
+        ranks = sorted({f.data_parallel_rank if parallel else f.rank for f in self.files} - {None})
+        rank_name = "data-parallel rank" if parallel else "rank"
+        spans = _span("rollout", rollouts) + (f", {_span(rank_name, ranks)}" if ranks else "")
+        lines = [
+            f"imported {self.rows:,} samples ({self.tokens:,} tokens) from {len(self.files)} "
+            f"{'dump ' if self.format != 'nemo-rl' else ''}file(s) ({spans}) into {self.output}",
+            f"columns: {', '.join(self.columns)}",
+        ]
+        if self.missing_keys:
+            lines.append(f"not in the dumps (columns left out): {', '.join(self.missing_keys)}")
+        if self.ignored_keys:
+            lines.append(f"dump keys not imported: {', '.join(self.ignored_keys)}")
+        lines.extend(f"note: {note}" for note in self.notes)
+        lines.extend(f"note: {step}" for step in self.next_steps())
+        return lines
+
+
+def _span(name: str, numbers: list[int]) -> str:
+    if not numbers:
+        return f"no {name}"
+    if len(numbers) == 1:
+        return f"{name} {numbers[0]}"
+    return f"{len(numbers)} {name}s {numbers[0]}–{numbers[-1]}"
+
+
+# ----------------------------------------------------------------------------- inputs and output
+
+
+def plan_import(paths: Sequence[str | Path], output: str | Path, overwrite: bool,
+                patterns: tuple[str, ...]) -> tuple[list[AnyPath], AnyPath]:
+    """The input files (paths, directories read recursively for ``patterns``, globs, URIs;
+    each file once, in the order found) and the output path, checked: :class:`GAEUsageError`
+    for nothing to read, an output that is a directory or an input, or that exists without
+    ``overwrite``."""
+    found, _ = discover_inputs([str(p) for p in paths], patterns=patterns)
+    sources: list[AnyPath] = []
+    seen: set = set()
+    for source, _ in found:
+        resolved = source.resolve()
+        if resolved not in seen:
+            seen.add(resolved)
+            sources.append(source)
+    if not sources:
+        raise GAEUsageError("give at least one dump file, directory or glob")
+    target = to_path(str(output))
+    if target.resolve() in seen:
+        raise GAEUsageError(f"{output}: the output would replace an input; choose another output path")
+    if target.is_dir():
+        raise GAEUsageError(f"{output}: is a directory; name the Parquet file to write (e.g. {target / 'rollouts.parquet'})")
+    if target.exists() and not overwrite:
+        raise GAEUsageError(f"{output} exists; give --overwrite to replace it")
+    return sources, target
+
+
+def open_binary(path: AnyPath):
+    """A readable binary stream of ``path`` (a local file, or an object through its
+    pyarrow file system); :class:`GAEUsageError` when it cannot be opened."""
+    try:
+        if isinstance(path, RemotePath):
+            return path.filesystem.open_input_stream(path.fs_path)
+        return open(path, "rb")
+    except IsADirectoryError:
+        raise GAEUsageError(f"{path}: is a directory, not a dump file") from None
+    except (OSError, pa.ArrowException) as error:
+        raise GAEUsageError(f"{path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+
+
+def schema_metadata(format_name: str, sources: list[str]) -> dict[str, str]:
+    return {
+        f"{METADATA_PREFIX}version": __version__,
+        f"{METADATA_PREFIX}imported_from": format_name,
+        f"{METADATA_PREFIX}import_sources": json.dumps(sources),
+    }
+
+
+def write_batches(target: AnyPath, schema: pa.Schema, batches: Iterable[tuple[pa.RecordBatch, int]],
+                  progress: Optional[Progress], total_rows: int) -> None:
+    """Write ``batches`` (record batch, its token count; each its own row group) to
+    ``target`` atomically (zstd): whole at the end, or nothing when reading or converting
+    any of them fails. ``total_rows`` (0: unknown) sizes the progress bar."""
+    progress = progress or NoProgress()
+    writer = AtomicParquetWriter(target, schema, compression="zstd")
+    progress.start("import", total_rows)
+    try:
+        for batch, tokens in batches:
+            writer.write(batch)
+            progress.advance(batch.num_rows, tokens)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        progress.finish()
+
+
+# ----------------------------------------------------------------------------- loading torch.save files
+
+
+def load_dump(path: AnyPath) -> Any:
+    """``torch.load(path, weights_only=True)`` onto the CPU (memory-mapped when a local file
+    allows), with load failures turned into one-line errors.
+
+    A file that needs more than tensors, numbers, strings, lists, tuples and dicts (an
+    arbitrary pickled object) raises :class:`GAEInputError`: its code is never run. A file
+    that cannot be read or is not a ``torch.save`` file raises :class:`GAEUsageError`.
+    """
+    try:
+        if isinstance(path, RemotePath):
+            with open_binary(path) as stream:
+                return torch.load(io.BytesIO(stream.read()), map_location="cpu", weights_only=True)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as error:
+            if "mmap can only be used" not in str(error):
+                raise
+            return torch.load(path, map_location="cpu", weights_only=True)  # the legacy (pre-zip) format
+    except GAEUsageError:
+        raise
+    except pickle.UnpicklingError as error:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+        if "Weights only load failed" not in text:
+            raise GAEUsageError(f"{path}: cannot read as a torch.save file ({_first_line(error)})") from None
+        detail = _unpickler_detail(text)
+        if not re.search(r"GLOBAL|allowlist|must be imported", detail):  # foreign bytes, not a refused object
+            raise GAEUsageError(f"{path}: cannot read as a torch.save file ({detail})") from None
+        global_name = re.search(r"GLOBAL ([\w.]+)", detail)
+        raise GAEInputError(
+            f"{path}: refused: the dump holds a pickled Python object ({global_name.group(1) if global_name else detail}) besides tensors, "
+            f"numbers, strings, lists and dicts; gaecli loads dumps with torch.load(weights_only=True) and never "
+            f"unpickles arbitrary objects. Re-save the dump with plain types only"
+        ) from None
+    except IsADirectoryError:
+        raise GAEUsageError(f"{path}: is a directory, not a dump file") from None
+    except OSError as error:
+        raise GAEUsageError(f"{path}: cannot read ({error.strerror or error})") from None
+    except Exception as error:  # noqa: BLE001 - the weights-only unpickler fails on foreign bytes in many ways
+        raise GAEUsageError(f"{path}: cannot read as a torch.save file ({type(error).__name__}: {_first_line(error)})") from None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _unpickler_detail(text: str) -> str:
+    """The weights-only unpickler's own reason inside torch's long message (what follows
+    ``WeightsUnpickler error:``, or the lines after the first), one line."""
+    _, marker, after = text.rpartition("WeightsUnpickler error:")
+    body = after if marker else text.partition("\n")[2]
+    lines = [line.strip() for line in body.splitlines() if line.strip() and "torch.load" not in line]
+    return lines[0] if lines else "an object torch will not load safely"
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def integer(value: Any, what: str, path: Any) -> int:
+    """An integer from an int or a one-element integer tensor; else :class:`GAEInputError`."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point and not value.dtype.is_complex:
+        return int(value.item())
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise GAEInputError(f"{path}: {what} is {value!r}, expected an integer")
+
+
+def describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dim()}-D tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def key_list(mapping: dict) -> str:
+    return ", ".join(str(key) for key in mapping) or "no keys"
+
+
+def entry_name(where: str, sample: int) -> str:
+    """Sample ``sample``'s entry of what ``where`` names: ``[*]`` in it stands for the
+    sample's place (``samples[*]['values']``); else the index is appended."""
+    return where.replace("[*]", f"[{sample}]", 1) if "[*]" in where else f"{where}[{sample}]"
+
+
+def check_per_sample(entries: Any, dump_field: DumpField, rows: int, where: str,
+                     rows_name: str = repr(ROWS_KEY)) -> Optional[set[torch.dtype]]:
+    """Check one key's per-sample entries (``where`` names them, e.g. ``file: rollout_data['values']``):
+    one entry per sample (``rows``, as many as ``rows_name`` has), 1-D real tensors for a
+    per-token key (returns their dtypes)."""
+    if not isinstance(entries, (list, tuple)) and not (not dump_field.per_token and isinstance(entries, torch.Tensor)):
+        raise GAEInputError(f"{where} is {describe(entries)}, expected a list with one entry per sample")
+    count = entries.numel() if isinstance(entries, torch.Tensor) else len(entries)
+    if count != rows:
+        raise GAEInputError(f"{where} has {count} entries but {rows_name} has {rows}: one entry per sample expected")
+    if not dump_field.per_token:
+        return None
+    is_vector = [isinstance(entry, torch.Tensor) and entry.dim() == 1 for entry in entries]
+    if not all(is_vector):
+        sample = is_vector.index(False)
+        raise GAEInputError(f"{entry_name(where, sample)} is {describe(entries[sample])}, expected a 1-D tensor "
+                            f"(the sample's per-token {dump_field.key})")
+    dtypes = {entry.dtype for entry in entries}
+    if any(dtype.is_complex for dtype in dtypes):
+        raise GAEInputError(f"{where} holds complex tensors, expected real numbers")
+    return dtypes
+
+
+def check_same_keys(dumps: Sequence[Any]) -> None:
+    """Every dump (``.keys``, ``.path``) has the first one's keys; else :class:`GAEInputError`
+    saying which file has which."""
+    for dump in dumps[1:]:
+        keys = dumps[0].keys
+        if dump.keys != keys:
+            only_first, only_here = sorted(keys - dump.keys), sorted(dump.keys - keys)
+            difference = "; ".join(part for part in (
+                f"only {dumps[0].path} has {', '.join(only_first)}" if only_first else "",
+                f"only {dump.path} has {', '.join(only_here)}" if only_here else "",
+            ) if part)
+            raise GAEInputError(f"the dumps differ in their keys ({difference}); import files of one run together")
+
+
+def arrow_value_type(dump_field: DumpField, dtypes: set[torch.dtype]) -> pa.DataType:
+    """The Arrow element type of a per-token column holding tensors of ``dtypes`` (all
+    files): float64 stays float64, other floats become float32; a mask keeps bool and
+    integer types."""
+    if not dtypes:
+        return pa.int8() if dump_field.kind == "mask" else pa.float32()
+    dtype = reduce(torch.promote_types, sorted(dtypes, key=str))
+    if dump_field.kind == "mask" and dtype in _ARROW_INTEGERS:
+        return _ARROW_INTEGERS[dtype]
+    return pa.float64() if dtype == torch.float64 else pa.float32()
+
+
+def token_column(tensors: Sequence[torch.Tensor], value_type: pa.DataType, where: str) -> tuple[pa.Array, np.ndarray]:
+    """A list column from per-sample 1-D tensors: one ``torch.cat``, offsets from the
+    lengths, no loop over tokens. Also returns the lengths ``[B]``."""
+    lengths = np.array([tensor.numel() for tensor in tensors], dtype=np.int64)
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] > MAX_LIST_TOKENS:
+        raise GAEInputError(f"{where} holds {offsets[-1]:,} tokens, more than one Parquet list column "
+                            f"of a file part can hold ({MAX_LIST_TOKENS:,}); split the dump")
+    dtype = _TORCH_OF_ARROW[value_type]
+    flat = torch.cat([tensor.detach().to(dtype) for tensor in tensors]) if len(tensors) else torch.zeros(0, dtype=dtype)
+    array = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat.numpy()), type=pa.list_(value_type))
+    return array, lengths
+
+
+def scalar_column(entries: Any, dump_field: DumpField, where: str, nullable: bool = False) -> pa.Array:
+    """One number per sample from a list of numbers / one-element tensors, or a tensor;
+    ``None`` entries become nulls when ``nullable``."""
+    integer_kind = dump_field.kind == "integer"
+    numpy_dtype = np.int64 if integer_kind else np.float64
+    if isinstance(entries, torch.Tensor):
+        if entries.dtype.is_complex or integer_kind and entries.dtype.is_floating_point:
+            raise GAEInputError(f"{where} is a {entries.dtype} tensor, expected {'integers' if integer_kind else 'numbers'}")
+        return pa.array(entries.detach().reshape(-1).to(torch.int64 if integer_kind else torch.float64).numpy())
+    numbers = [entry.item() if isinstance(entry, torch.Tensor) and entry.numel() == 1 else entry for entry in entries]
+    allowed = (int,) if integer_kind else (int, float)
+    is_number = [isinstance(number, allowed) or nullable and number is None for number in numbers]
+    if not all(is_number):
+        sample = is_number.index(False)
+        found = describe(numbers[sample]) if isinstance(numbers[sample], torch.Tensor) else repr(numbers[sample])
+        raise GAEInputError(f"{entry_name(where, sample)} is {found}, expected {'an integer' if integer_kind else 'a number'}")
+    nulls = np.array([number is None for number in numbers], dtype=bool)
+    try:
+        array = np.array([0 if number is None else number for number in numbers], dtype=numpy_dtype)
+    except OverflowError as error:
+        raise GAEInputError(f"{where} holds an integer out of the int64 range") from error
+    return pa.array(array, mask=nulls if nulls.any() else None)
+
+
+def output_schema(keys: frozenset[str], value_types: dict[str, pa.DataType], format_name: str,
+                  sources: list[str]) -> pa.Schema:
+    """``rollout_id``, ``rank``, then the column of each of :data:`FIELDS` present in ``keys``."""
+    columns = [pa.field("rollout_id", pa.int64()), pa.field("rank", pa.int64())]
+    for dump_field in FIELDS:
+        if dump_field.key not in keys:
+            continue
+        if dump_field.per_token:
+            arrow_type = pa.list_(value_types[dump_field.key])
+        else:
+            arrow_type = pa.int64() if dump_field.kind == "integer" else pa.float64()
+        columns.append(pa.field(dump_field.column, arrow_type))
+    return pa.schema(columns, metadata=schema_metadata(format_name, sources))
+
+
+def fields_batch(data: dict[str, Any], rollout_id: int, ranks: np.ndarray, keys: frozenset[str], schema: pa.Schema,
+                 value_types: dict[str, pa.DataType], where: Callable[[str], str]) -> tuple[pa.RecordBatch, int, int]:
+    """Per-sample lists keyed by :data:`FIELDS` keys (``data[key][i]``: sample i) as a record
+    batch of ``schema``; also its token count and the rows whose per-token lists differ in
+    length from ``loss_masks`` or ``response_lengths``. ``where(key)`` formats a key for messages."""
+    rows = ranks.size
+    arrays: dict[str, pa.Array] = {
+        "rollout_id": pa.array(np.full(rows, rollout_id, dtype=np.int64)),
+        "rank": pa.array(ranks.astype(np.int64)),
+    }
+    lengths: dict[str, np.ndarray] = {}
+    for dump_field in FIELDS:
+        if dump_field.key not in keys:
+            continue
+        named = where(dump_field.key)
+        if dump_field.per_token:
+            arrays[dump_field.column], lengths[dump_field.key] = token_column(
+                data[dump_field.key], value_types[dump_field.key], named)
+        else:
+            arrays[dump_field.column] = scalar_column(data[dump_field.key], dump_field, named,
+                                                      nullable=dump_field.key == "sample_indices")
+    mask_lengths = lengths[ROWS_KEY]
+    mismatch = np.zeros(rows, dtype=bool)
+    for key_lengths in lengths.values():
+        mismatch |= key_lengths != mask_lengths
+    if "response_lengths" in keys:
+        mismatch |= arrays["response_length"].to_numpy(zero_copy_only=False) != mask_lengths
+    batch = pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema)
+    return batch, int(mask_lengths.sum()), int(mismatch.sum())

@@ -1,0 +1,279 @@
+"""``gae import nemo-rl`` as a library: stream NeMo-RL's training-data JSONL
+(``train_data_step{N}.jsonl``, written by ``nemo_rl/utils/logger.py::Logger.log_batched_dict_as_jsonl``
+from the GRPO and PPO loops) into one rollout Parquet file with the columns of
+``gae import miles`` that the file has (see docs/import.md).
+
+Each line is one sample; every field a one-element list, plus ``idx``: ``rewards``,
+``input_lengths``, ``token_ids``, ``token_loss_mask``, ``sample_loss_mask``, ``advantages``,
+``generation_logprobs``, ``prev_logprobs``, ``content`` (optionally ``filtered_rewards``,
+``agent_ref``). Token lists cover prompt + response + right padding, index t being token t.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from gaecli.errors import GAEInputError, GAEUsageError
+from gaecli.importers.common import (
+    MAX_LIST_TOKENS,
+    ImportedFile,
+    ImportReport,
+    open_binary,
+    plan_import,
+    schema_metadata,
+    write_batches,
+)
+from gaecli.io.filesystem import AnyPath
+from gaecli.progress import Progress
+
+DUMP_PATTERNS = ("train_data_step*.jsonl",)
+STEP_NAME = re.compile(r"^train_data_step(\d+)\.jsonl$")
+BATCH_ROWS = 64  # lines held at once: NeMo-RL's lines hold whole padded sequences
+TOKEN_KEYS = ("token_loss_mask", "advantages", "prev_logprobs")
+SCALAR_KEYS = ("rewards", "input_lengths", "sample_loss_mask")
+REQUIRED_KEYS = (*SCALAR_KEYS, *TOKEN_KEYS, "idx")
+FILTERED_REWARDS = "filtered_rewards"  # with dynamic sampling: the rewards the trainer used
+KNOWN_KEYS = (*REQUIRED_KEYS, FILTERED_REWARDS)
+SCHEMA_FIELDS = (
+    pa.field("rollout_id", pa.int64()),
+    pa.field("sample_index", pa.int64()),
+    pa.field("loss_mask", pa.list_(pa.float32())),
+    pa.field("terminal_reward", pa.float64()),
+    pa.field("response_length", pa.int64()),
+    pa.field("total_length", pa.int64()),
+    pa.field("log_probs", pa.list_(pa.float64())),
+    pa.field("trained_advantages", pa.list_(pa.float64())),
+)
+MISSING_COLUMNS = ("rank", "values", "ref_log_probs", "trained_returns")  # gae import miles' columns the file lacks
+
+
+def step_of(path: AnyPath) -> int:
+    """``N`` of ``train_data_step{N}.jsonl`` (the training step: the rollout_id)."""
+    match = STEP_NAME.match(path.name)
+    if match is None:
+        raise GAEUsageError(f"{path}: cannot tell the training step from the name; NeMo-RL writes "
+                            f"train_data_step{{N}}.jsonl (rename the file so)")
+    return int(match.group(1))
+
+
+@dataclass
+class _Line:
+    """One sample as read: the line number and the fields gaecli imports."""
+
+    number: int
+    sample_index: int
+    reward: float
+    length: int
+    sample_mask: float
+    tokens: dict[str, list]
+    filtered: bool  # the reward is filtered_rewards
+
+
+def _one(record: dict, key: str, where: str) -> Any:
+    value = record.get(key)
+    if key not in record:
+        raise GAEInputError(f"{where}: key {key!r} is missing (NeMo-RL's train data has {', '.join(REQUIRED_KEYS)})")
+    if not isinstance(value, list) or len(value) != 1:
+        found = f"a list of {len(value)}" if isinstance(value, list) else type(value).__name__
+        raise GAEInputError(f"{where}: {key!r} is {found}, expected a one-element list (one sample per line)")
+    return value[0]
+
+
+def _number(value: Any, key: str, where: str, integer: bool = False) -> Any:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise GAEInputError(f"{where}: {key!r} holds {value!r}, expected {'an integer' if integer else 'a number'}")
+    return value
+
+
+def parse_line(text: bytes, number: int, source: AnyPath, ignored: set[str]) -> Optional[_Line]:
+    """One JSONL line checked (keys, one-element lists, numbers, token lists covering
+    ``input_lengths``); ``None`` for a blank line. Unknown keys are added to ``ignored``."""
+    where = f"{source}:{number}"
+    if not text.strip():
+        return None
+    try:
+        record = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise GAEInputError(f"{where}: not a JSON line ({error})") from None
+    if not isinstance(record, dict):
+        raise GAEInputError(f"{where}: holds a {type(record).__name__}, expected a JSON object (one sample)")
+    ignored.update(str(key) for key in record if key not in KNOWN_KEYS)
+    if "idx" not in record:
+        raise GAEInputError(f"{where}: key 'idx' is missing (NeMo-RL's train data has {', '.join(REQUIRED_KEYS)})")
+    sample_index = _number(record["idx"], "idx", where, integer=True)
+    reward_key = FILTERED_REWARDS if FILTERED_REWARDS in record else "rewards"
+    if reward_key != "rewards":
+        _one(record, "rewards", where)
+    reward = _number(_one(record, reward_key, where), reward_key, where)
+    length = _number(_one(record, "input_lengths", where), "input_lengths", where, integer=True)
+    if length < 0:
+        raise GAEInputError(f"{where}: 'input_lengths' is {length}, expected a length ≥ 0")
+    sample_mask = _number(_one(record, "sample_loss_mask", where), "sample_loss_mask", where)
+    tokens = {}
+    for key in TOKEN_KEYS:
+        values = _one(record, key, where)
+        if not isinstance(values, list):
+            raise GAEInputError(f"{where}: {key!r} holds {type(values).__name__}, expected a list of per-token numbers")
+        if len(values) < length:
+            raise GAEInputError(f"{where}: {key!r} has {len(values)} entries, fewer than input_lengths ({length})")
+        tokens[key] = values[:length]
+    return _Line(number, sample_index, float(reward), length, float(sample_mask), tokens, reward_key != "rewards")
+
+
+def _flat(lines: list[_Line], key: str, source: AnyPath, total: int) -> np.ndarray:
+    """One key's token lists of a batch as one float64 array (no Python loop over tokens:
+    the types are collected by ``map``); a non-number (a string, null, true) is named with
+    its line."""
+    values = list(chain.from_iterable(line.tokens[key] for line in lines))
+    if not set(map(type, values)) <= {int, float}:
+        for line in lines:
+            bad = [v for v in line.tokens[key] if type(v) not in (int, float)]
+            if bad:
+                raise GAEInputError(f"{source}:{line.number}: {key!r} holds {json.dumps(bad[0])}, expected numbers")
+    return np.fromiter(values, dtype=np.float64, count=total)
+
+
+def lines_batch(lines: list[_Line], rollout_id: int, source: AnyPath, schema: pa.Schema) -> tuple[pa.RecordBatch, int]:
+    """A batch of samples as a record batch; also its token count. The response is
+    ``[s, input_lengths)`` with s the first token whose ``token_loss_mask`` is not 0 (none:
+    an empty response), found for the whole batch at once."""
+    lengths = np.array([line.length for line in lines], dtype=np.int64)
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    mask, advantages, log_probs = (_flat(lines, key, source, total) for key in TOKEN_KEYS)
+    position = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
+    first = np.full(lengths.size, -1, dtype=np.int64)
+    trainable = np.flatnonzero(mask != 0)
+    rows_of = np.searchsorted(offsets[1:], trainable, side="right")
+    # the first trainable token of each row: the first hit of each row among the sorted hits
+    is_first = np.ones(trainable.size, dtype=bool)
+    is_first[1:] = rows_of[1:] != rows_of[:-1]
+    first[rows_of[is_first]] = position[trainable[is_first]]
+    starts = np.where(first < 0, lengths, first)
+    keep = position >= np.repeat(starts, lengths)
+    response_lengths = lengths - starts
+    out_offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(response_lengths, out=out_offsets[1:])
+    if out_offsets[-1] > MAX_LIST_TOKENS:
+        raise GAEInputError(f"{source}: lines {lines[0].number}–{lines[-1].number} hold more tokens than one Parquet "
+                            f"list column of a file part can ({MAX_LIST_TOKENS:,})")
+    sample_masks = np.array([line.sample_mask for line in lines], dtype=np.float64)
+    loss_mask = (mask[keep] * np.repeat(sample_masks, response_lengths)).astype(np.float32)
+    list_offsets = pa.array(out_offsets.astype(np.int32))
+
+    def token_list(values: np.ndarray, value_type: pa.DataType) -> pa.Array:
+        return pa.ListArray.from_arrays(list_offsets, pa.array(values), type=pa.list_(value_type))
+
+    arrays = [
+        pa.array(np.full(lengths.size, rollout_id, dtype=np.int64)),
+        pa.array(np.array([line.sample_index for line in lines], dtype=np.int64)),
+        token_list(loss_mask, pa.float32()),
+        pa.array(np.array([line.reward for line in lines], dtype=np.float64)),
+        pa.array(response_lengths),
+        pa.array(lengths),
+        token_list(log_probs[keep], pa.float64()),
+        token_list(advantages[keep], pa.float64()),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema), int(response_lengths.sum())
+
+
+def _lines(stream, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """The lines of a binary stream (a local file or an object store's), read in chunks."""
+    parts: list[bytes] = []
+    while chunk := stream.read(chunk_bytes):
+        *complete, rest = chunk.split(b"\n")
+        if complete:
+            yield b"".join(parts) + complete[0]
+            yield from complete[1:]
+            parts = []
+        parts.append(rest)
+    if any(parts):
+        yield b"".join(parts)
+
+
+def _count_lines(path: AnyPath) -> int:
+    """The number of lines (for the progress bar): bytes counted, nothing parsed."""
+    count = 0
+    with open_binary(path) as stream:
+        while chunk := stream.read(1 << 20):
+            count += chunk.count(b"\n")
+    return count
+
+
+def import_nemo_rl(
+    paths: Sequence[str | Any],
+    output: str | Any,
+    *,
+    overwrite: bool = False,
+    progress: Optional[Progress] = None,
+    batch_rows: int = BATCH_ROWS,
+) -> ImportReport:
+    """Import NeMo-RL ``train_data_step{N}.jsonl`` files into one rollout Parquet file.
+
+    ``paths``: files, directories (read recursively for ``train_data_step*.jsonl``), globs
+    or URIs. Rows are ordered by step N (numerically), then line. Per line: the response
+    is ``[s, input_lengths)`` with s the first token whose ``token_loss_mask`` is not 0;
+    ``loss_mask = token_loss_mask[s:L] · sample_loss_mask``, ``trained_advantages =
+    advantages[s:L]``, ``log_probs = prev_logprobs[s:L]``, ``terminal_reward`` =
+    ``filtered_rewards`` when the line has it (the rewards the trainer used under dynamic
+    sampling), else ``rewards``; ``rollout_id`` = N, ``sample_index`` = ``idx``. There is no
+    ``values`` column (GRPO runs without a critic): recompute with ``--values-col none``.
+
+    The files are streamed: memory holds ``batch_rows`` lines at a time. The output is
+    written whole or not at all.
+
+    Raises :class:`GAEInputError` naming file, line and key for a line that breaks the
+    documented shape; :class:`GAEUsageError` for unreadable inputs, a file name without
+    the step, an existing output without ``overwrite``.
+    """
+    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS)
+    steps = sorted(((step_of(source), source) for source in sources), key=lambda pair: pair[0])
+    for (step, previous), (next_step, current) in zip(steps, steps[1:]):
+        if step == next_step:
+            raise GAEInputError(f"{previous} and {current} both hold step {step}; import one of them")
+    schema = pa.schema(list(SCHEMA_FIELDS), metadata=schema_metadata("nemo-rl", [source.name for _, source in steps]))
+    ignored: set[str] = set()
+    report = ImportReport(output=str(output), files=[], columns=list(schema.names), format="nemo-rl",
+                          missing_keys=[], notes=[])
+    used_filtered = False
+
+    def batches() -> Iterator[tuple[pa.RecordBatch, int]]:
+        nonlocal used_filtered
+        for step, source in steps:
+            rows = tokens = 0
+            with open_binary(source) as stream:
+                pending: list[_Line] = []
+                for number, text in enumerate(_lines(stream), start=1):
+                    line = parse_line(text, number, source, ignored)
+                    if line is None:
+                        continue
+                    used_filtered = used_filtered or line.filtered
+                    pending.append(line)
+                    if len(pending) == batch_rows:
+                        batch, batch_tokens = lines_batch(pending, step, source, schema)
+                        rows, tokens = rows + batch.num_rows, tokens + batch_tokens
+                        pending = []
+                        yield batch, batch_tokens
+                if pending:
+                    batch, batch_tokens = lines_batch(pending, step, source, schema)
+                    rows, tokens = rows + batch.num_rows, tokens + batch_tokens
+                    yield batch, batch_tokens
+            report.files.append(ImportedFile(str(source), step, None, rows, tokens))
+
+    total_rows = sum(_count_lines(source) for _, source in steps) if progress else 0
+    write_batches(target, schema, batches(), progress, total_rows)
+    report.ignored_keys = sorted(ignored)
+    report.missing_keys = list(MISSING_COLUMNS)
+    if used_filtered:
+        report.notes.append("terminal_reward is filtered_rewards (dynamic sampling: the rewards the trainer used); "
+                            "rewards (before filtering) is not imported")
+    return report

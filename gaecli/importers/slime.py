@@ -1,0 +1,193 @@
+"""``gae import slime`` as a library: read slime's training-side dumps (format 2, one
+``torch.save``'d file per rollout written by
+``slime/observability/train_data_utils.py::save_debug_train_data`` / ``_build_dump_payload``,
+already gathered to full length) without ever unpickling arbitrary objects, and write one
+rollout Parquet file with the columns of ``gae import miles`` (see docs/import.md).
+
+A dump is ``{"format_version": 2, "rollout_id", "rank", "samples": [...], "dp_shards", ...}``;
+each sample is a dict with ``data_parallel_rank``, ``sample_index`` (may be ``None``),
+``rollout_position`` and the per-sample columns under their plural keys (``values``,
+``loss_masks``, ``rewards``, ``log_probs``…).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from gaecli.errors import GAEInputError, GAEUsageError
+from gaecli.importers.common import (
+    FIELDS,
+    FIELDS_BY_KEY,
+    DumpField,
+    ImportedFile,
+    ImportReport,
+    arrow_value_type,
+    check_per_sample,
+    check_same_keys,
+    describe,
+    fields_batch,
+    integer,
+    key_list,
+    load_dump,
+    output_schema,
+    plan_import,
+    scalar_column,
+    write_batches,
+)
+from gaecli.io.filesystem import AnyPath
+from gaecli.progress import Progress
+
+DUMP_PATTERNS = ("*.pt", "*.pth")
+FORMAT_VERSION = 2
+TOP_LEVEL_KEYS = ("format_version", "rollout_id", "samples")
+SAMPLE_INDEX_KEY = "sample_index"      # a sample's own key; the column of miles' sample_indices
+RANK_KEY = "data_parallel_rank"        # a sample's data-parallel rank: the rank column
+# The per-sample keys read (miles' rollout_data keys minus sample_indices); values is
+# optional here: slime dumps it only when a critic ran.
+SAMPLE_FIELDS = tuple(f for f in FIELDS if f.key != "sample_indices")
+REQUIRED_KEYS = ("loss_masks", "rewards")
+OPTIONAL_KEYS = tuple(f.key for f in SAMPLE_FIELDS if f.key not in REQUIRED_KEYS)
+ID_KEYS = (RANK_KEY, SAMPLE_INDEX_KEY)
+
+
+@dataclass
+class _Dump:
+    """A dump's facts from the first pass."""
+
+    path: AnyPath
+    rollout_id: int
+    rows: int
+    keys: frozenset[str]        # FIELDS keys present (sample_indices when samples carry sample_index)
+    other_keys: frozenset[str]
+    dtypes: dict[str, set[torch.dtype]]
+
+
+def _where(path: AnyPath):
+    return lambda key: f"{path}: samples[*][{(SAMPLE_INDEX_KEY if key == 'sample_indices' else key)!r}]"
+
+
+def inspect_dump(path: AnyPath, dump: Any) -> tuple[_Dump, dict[str, list], np.ndarray]:
+    """Check a loaded slime dump and return its facts, its per-sample columns keyed like
+    miles' rollout_data, and the data-parallel rank of each sample; :class:`GAEInputError`
+    names the file, the sample and the key that is wrong."""
+    expected = f"expected format_version {FORMAT_VERSION}, rollout_id, rank, samples, dp_shards"
+    if not isinstance(dump, dict):
+        raise GAEInputError(f"{path}: holds {describe(dump)}, not a slime train-data dump (a dict; {expected})")
+    if "format_version" not in dump and "rollout_data" in dump:
+        raise GAEInputError(f"{path}: has no format_version but a rollout_data key: a per-rank dump in miles' "
+                            f"layout (older slime, or miles); read it with gae import miles")
+    missing = [key for key in TOP_LEVEL_KEYS if key not in dump]
+    if missing:
+        raise GAEInputError(f"{path}: not a slime train-data dump: missing {', '.join(missing)}; "
+                            f"the file has {key_list(dump)}; {expected}")
+    version = dump["format_version"]
+    if version != FORMAT_VERSION:
+        raise GAEInputError(f"{path}: format_version is {version!r}; gae import slime reads format_version "
+                            f"{FORMAT_VERSION} (slime's _build_dump_payload); other layouts are not supported")
+    rollout_id = integer(dump["rollout_id"], "rollout_id", path)
+    samples = dump["samples"]
+    if not isinstance(samples, (list, tuple)):
+        raise GAEInputError(f"{path}: samples is {describe(samples)}, expected a list of per-sample dicts")
+    not_dict = [i for i, sample in enumerate(samples) if not isinstance(sample, dict)]
+    if not_dict:
+        raise GAEInputError(f"{path}: samples[{not_dict[0]}] is {describe(samples[not_dict[0]])}, expected a dict")
+    first_keys = set(samples[0]) if samples else set(REQUIRED_KEYS) | {RANK_KEY}
+    for i, sample in enumerate(samples):
+        if set(sample) != first_keys:
+            extra, lacking = sorted(map(str, set(sample) - first_keys)), sorted(map(str, first_keys - set(sample)))
+            difference = "; ".join(part for part in (f"has {', '.join(extra)}" if extra else "",
+                                                     f"lacks {', '.join(lacking)}" if lacking else "") if part)
+            raise GAEInputError(f"{path}: samples[{i}] {difference}, unlike samples[0]: "
+                                f"every sample needs the same keys")
+    lacking = [key for key in (*REQUIRED_KEYS, RANK_KEY) if key not in first_keys]
+    if lacking:
+        raise GAEInputError(f"{path}: samples[0] lacks the required key(s) {', '.join(lacking)}; it has "
+                            f"{', '.join(map(str, samples[0]))}; required: {', '.join((*REQUIRED_KEYS, RANK_KEY))}; "
+                            f"optional: {', '.join(OPTIONAL_KEYS)}")
+    rows = len(samples)
+    columns: dict[str, list] = {f.key: [s[f.key] for s in samples] for f in SAMPLE_FIELDS if f.key in first_keys}
+    if SAMPLE_INDEX_KEY in first_keys:
+        columns["sample_indices"] = [s[SAMPLE_INDEX_KEY] for s in samples]
+    where = _where(path)
+    ranks = scalar_column([s[RANK_KEY] for s in samples], DumpField(RANK_KEY, "rank", "integer"),
+                          f"{path}: samples[*][{RANK_KEY!r}]").to_numpy(zero_copy_only=False)
+    dtypes: dict[str, set[torch.dtype]] = {}
+    for key, entries in columns.items():
+        dump_field = FIELDS_BY_KEY[key]
+        found = check_per_sample(entries, dump_field, rows, where(key))
+        if found is not None:
+            dtypes[key] = found
+        elif key != "sample_indices":
+            scalar_column(entries, dump_field, where(key))
+        else:
+            scalar_column(entries, dump_field, where(key), nullable=True)
+    other = frozenset(str(key) for key in first_keys if key not in FIELDS_BY_KEY and key not in ID_KEYS)
+    other |= frozenset(f"(top level) {key}" for key in dump if key not in (*TOP_LEVEL_KEYS, "rank", "dp_shards"))
+    return _Dump(path, rollout_id, rows, frozenset(columns), other, dtypes), columns, ranks
+
+
+def import_slime(
+    paths: Sequence[str | Any],
+    output: str | Any,
+    *,
+    overwrite: bool = False,
+    progress: Optional[Progress] = None,
+) -> ImportReport:
+    """Import slime ``--save-debug-train-data`` dumps (format 2) into one rollout Parquet file.
+
+    ``paths``: dump files, directories (read recursively for ``*.pt`` and ``*.pth``), globs
+    or URIs. Rows are ordered by ``rollout_id``, then as the file holds them (slime sorts a
+    rollout's samples by ``rollout_position``); one row group per file. Columns: those of
+    ``gae import miles`` (``rank`` is each sample's ``data_parallel_rank``, ``sample_index``
+    its ``sample_index``, null where ``None``); ``values`` is optional (runs without a
+    critic have none).
+
+    Every dump is loaded with ``torch.load(weights_only=True)`` twice (check, then convert
+    one file at a time). The output is written whole or not at all.
+
+    Raises :class:`GAEInputError` for a ``format_version`` other than 2, a missing key, a
+    sample of another shape than the others, two files of one rollout, files whose keys
+    differ; :class:`GAEUsageError` for unreadable inputs and an existing output without
+    ``overwrite``.
+    """
+    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS)
+    facts = [inspect_dump(source, load_dump(source))[0] for source in sources]
+    facts.sort(key=lambda dump: dump.rollout_id)
+    for previous, current in zip(facts, facts[1:]):
+        if previous.rollout_id == current.rollout_id:
+            raise GAEInputError(f"{previous.path} and {current.path} both hold rollout {current.rollout_id}; "
+                                f"import one of them")
+    keys = facts[0].keys
+    check_same_keys(facts)
+    value_types = {
+        f.key: arrow_value_type(f, set().union(*(dump.dtypes[f.key] for dump in facts)))
+        for f in FIELDS if f.per_token and f.key in keys
+    }
+    schema = output_schema(keys, value_types, "slime", [dump.path.name for dump in facts])
+    report = ImportReport(
+        output=str(output), files=[], columns=list(schema.names), format="slime",
+        missing_keys=[key for key in OPTIONAL_KEYS if key not in keys],
+        ignored_keys=sorted(set().union(*(dump.other_keys for dump in facts))),
+    )
+
+    def batches() -> Iterator[tuple[pa.RecordBatch, int]]:
+        for dump_facts in facts:
+            again, columns, ranks = inspect_dump(dump_facts.path, load_dump(dump_facts.path))
+            if (again.rollout_id, again.rows, again.keys) != (dump_facts.rollout_id, dump_facts.rows, dump_facts.keys):
+                raise GAEUsageError(f"{dump_facts.path}: the file changed while it was being imported; "
+                                    f"run the import again")
+            batch, tokens, mismatches = fields_batch(columns, dump_facts.rollout_id, ranks, keys, schema, value_types,
+                                                     _where(dump_facts.path))
+            del columns
+            yield batch, tokens
+            report.length_mismatch_rows += mismatches
+            report.files.append(ImportedFile(str(dump_facts.path), dump_facts.rollout_id, None, dump_facts.rows,
+                                             tokens))
+
+    write_batches(target, schema, batches(), progress, sum(dump.rows for dump in facts))
+    return report
