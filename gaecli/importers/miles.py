@@ -26,7 +26,7 @@ import torch
 
 from gaecli._version import __version__
 from gaecli.errors import GAEInputError, GAEUsageError
-from gaecli.io.paths import discover_inputs
+from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_writes
 from gaecli.io.writer import AtomicParquetWriter
 from gaecli.progress import NoProgress, Progress
 
@@ -424,7 +424,7 @@ def _batch(dump: Any, facts: _Dump, schema: pa.Schema, value_types: dict[str, pa
 # ----------------------------------------------------------------------------- import
 
 
-def _plan(paths: Sequence[str | Path], output: Path, overwrite: bool) -> list[Path]:
+def _plan(paths: Sequence[str | Path], output: Path, overwrite: bool, report_paths: Sequence[ReportPath]) -> list[Path]:
     found, _ = discover_inputs([str(p) for p in paths], patterns=DUMP_PATTERNS)
     remote = [source for source, _ in found if not isinstance(source, Path)]
     if remote:
@@ -436,10 +436,9 @@ def _plan(paths: Sequence[str | Path], output: Path, overwrite: bool) -> list[Pa
         if resolved not in seen:
             seen.add(resolved)
             sources.append(source)
-    if output.resolve() in seen:
-        raise GAEUsageError(f"{output}: the output would replace an input; choose another output path")
     if output.is_dir():
         raise GAEUsageError(f"{output}: is a directory; name the Parquet file to write (e.g. {output / 'rollouts.parquet'})")
+    check_writes(sources, [("output", output), *report_writes(report_paths)])
     if output.exists() and not overwrite:
         raise GAEUsageError(f"{output} exists; give --overwrite to replace it")
     return sources
@@ -451,6 +450,7 @@ def import_miles(
     *,
     overwrite: bool = False,
     progress: Optional[Progress] = None,
+    report_paths: Sequence[ReportPath] = (),
 ) -> ImportReport:
     """Import miles / slime ``--save-debug-train-data`` dumps into one rollout Parquet file.
 
@@ -471,11 +471,13 @@ def import_miles(
     required keys, ``cp_size > 1``, lists of different lengths, non-tensor per-token
     entries, an arbitrary pickled object, two files for one rollout and rank, files whose
     optional keys differ) and :class:`GAEUsageError` for paths that name nothing, files
-    that are not ``torch.save`` files, an existing output without ``overwrite``.
+    that are not ``torch.save`` files, an existing output without ``overwrite``, and an
+    output or one of ``report_paths`` (files the caller writes reports to, e.g. ``--json``)
+    that is an input or another of them (:func:`gaecli.io.paths.check_writes`).
     """
     output = Path(output)
     progress = progress or NoProgress()
-    sources = _plan(paths, output, overwrite)
+    sources = _plan(paths, output, overwrite, report_paths)
     if not sources:
         raise GAEUsageError("give at least one dump file, directory or glob")
     facts = [inspect_dump(source, load_dump(source)) for source in sources]

@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from gaecli.errors import GAEUsageError
-from gaecli.io.filesystem import AnyPath, RemotePath, temp_beside, to_path
+from gaecli.io.filesystem import AnyPath, RemotePath, is_stream, remove_dead_temps, temp_beside, to_path
 
 
 def _holds_floats(arrow_type: pa.DataType) -> bool:
@@ -58,12 +58,17 @@ class AtomicParquetWriter:
             self._open_remote(schema, compression)
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
             return
+        if is_stream(self.target):  # a character device or FIFO: written directly, never replaced
+            self._open_direct(schema, compression)
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
+            return
         # the directories this writer creates, deepest first: abort removes them when empty
         self._created_dirs = [d for d in (self.target.parent, *self.target.parent.parents) if not d.exists()]
         try:
             self.target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise GAEUsageError(f"{self.target.parent}: cannot create the output directory ({error.strerror})") from error
+        remove_dead_temps(self.target)  # a killed run's leftovers (only those whose owner is gone)
         self.temp = temp_beside(self.target)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
         try:
@@ -73,6 +78,21 @@ class AtomicParquetWriter:
             )
         except (pa.ArrowException, OSError) as error:
             self._remove_temp()
+            self._remove_created_dirs()
+            raise GAEUsageError(f"{self.target}: cannot write ({error})") from error
+
+    def _open_direct(self, schema: pa.Schema, compression: str) -> None:
+        """Stream to a character device or FIFO itself (``-o /dev/null``, a pipe): it is no
+        file to rename over; :meth:`commit` closes it, :meth:`abort` closes it without a
+        footer."""
+        try:
+            self._stream = pa.OSFile(str(self.target), mode="wb")
+            self._writer = pq.ParquetWriter(
+                self._stream, schema, compression=compression, write_statistics=False,
+                use_dictionary=dictionary_columns(schema),
+            )
+        except (pa.ArrowException, OSError) as error:
+            self._drop_remote()
             raise GAEUsageError(f"{self.target}: cannot write ({error})") from error
 
     def _open_remote(self, schema: pa.Schema, compression: str) -> None:
@@ -146,7 +166,7 @@ class AtomicParquetWriter:
     def abort(self) -> None:
         """Drop everything written so far, and the directories this writer created if they
         are empty (abort writers in reverse order of creation so that nested ones go too)."""
-        if isinstance(self.target, RemotePath):
+        if isinstance(self.target, RemotePath) or self._stream is not None:
             self._abort_remote()
             return
         try:
@@ -154,6 +174,9 @@ class AtomicParquetWriter:
         except Exception:  # noqa: BLE001 - the temp file goes anyway
             pass
         self._remove_temp()
+        self._remove_created_dirs()
+
+    def _remove_created_dirs(self) -> None:
         for directory in self._created_dirs:
             try:
                 directory.rmdir()
@@ -189,6 +212,8 @@ class AtomicParquetWriter:
         self._delete_remote()
 
     def _delete_remote(self) -> None:
+        if not isinstance(self.target, RemotePath):
+            return  # a device or FIFO written directly: nothing to delete
         try:
             filesystem = self.target.filesystem
             if filesystem.get_file_info(self.target.fs_path).type != pafs.FileType.NotFound:
