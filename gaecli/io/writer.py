@@ -32,6 +32,35 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     return [field.name for field in schema if not _holds_floats(field.type)]
 
 
+class _CountingSink:
+    """A file that cannot seek (a FIFO, a device) with the position Parquet asks for: the
+    bytes written so far."""
+
+    def __init__(self, file) -> None:
+        self.file, self.position = file, 0
+
+    def write(self, data) -> int:
+        self.file.write(data)
+        self.position += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.position
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.file.closed
+
+    def writable(self) -> bool:
+        return True
+
+
 class AtomicParquetWriter:
     """Write record batches to ``target`` atomically.
 
@@ -86,7 +115,7 @@ class AtomicParquetWriter:
         file to rename over; :meth:`commit` closes it, :meth:`abort` closes it without a
         footer."""
         try:
-            self._stream = pa.OSFile(str(self.target), mode="wb")
+            self._stream = pa.PythonFile(_CountingSink(open(self.target, "wb", buffering=1 << 20)), mode="w")
             self._writer = pq.ParquetWriter(
                 self._stream, schema, compression=compression, write_statistics=False,
                 use_dictionary=dictionary_columns(schema),
