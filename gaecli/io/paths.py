@@ -201,26 +201,26 @@ def check_writes(inputs: Iterable[Union[str, AnyPath]], writes: Iterable[tuple[s
     bytes are refused. Raises :class:`GAEUsageError` naming both paths of a collision.
     Character devices and FIFOs pass: they are written directly (see
     :func:`gaecli.io.filesystem.write_whole`)."""
-    known: list[tuple[set, str, str]] = []  # (identity, role, path as given)
+    owners: dict = {}  # identity key → (role, path as given) of the first path with it
     for item in inputs:
-        path = to_path(item)
-        known.append((_identity(path), "input", str(item)))
-    input_count = len(known)
+        for key in _identity(to_path(item)):
+            owners.setdefault(key, ("input", str(item)))
     for role, item in writes:
         if item is None or str(item) == "-":
             continue
         path = to_path(item)
         identity = _identity(path)
-        for index, (other, other_role, other_item) in enumerate(known):
-            if not identity & other:
-                continue
-            if index < input_count:
+        clashes = sorted((owners[key] for key in identity if key in owners), key=lambda owner: owner[0] != "input")
+        if clashes:  # an input first
+            other_role, other_item = clashes[0]
+            if other_role == "input":
                 raise GAEUsageError(f"{item}: the {role} would replace an input file ({other_item}); "
                                     f"choose another path")
             raise GAEUsageError(f"{item}: the {role} and the {other_role} ({other_item}) are the same file; "
                                 f"give each its own path")
         _check_writable(role, item, path)
-        known.append((identity, role, str(item)))
+        for key in identity:
+            owners[key] = (role, str(item))
 
 
 def _check_writable(role: str, item, path: AnyPath) -> None:
