@@ -190,7 +190,8 @@ def _identity(path: AnyPath) -> set:
     return keys | {("inode", status.st_dev, status.st_ino)}
 
 
-def check_writes(inputs: Iterable[Union[str, AnyPath]], writes: Iterable[tuple[str, Union[str, AnyPath, None]]]) -> None:
+def check_writes(inputs: Iterable[Union[str, AnyPath]],
+                 writes: Iterable[tuple[str, Union[str, AnyPath, None]]]) -> None:
     """The one rule every command applies before any work: each path the run will write
     (``writes``: (role, path) pairs — outputs, rejects files, JSON, Markdown, HTML and
     per-sample files; None and '-' (stdout) are skipped) must be none of the ``inputs`` and
@@ -239,4 +240,5 @@ def _check_writable(role: str, item, path: AnyPath) -> None:
         if kind is None and not path.parent.is_dir():
             raise GAEUsageError(f"{item}: the directory {path.parent} does not exist")
     if len(path.name.encode("utf-8", "surrogateescape")) > NAME_MAX:
-        raise GAEUsageError(f"{item}: the {role}'s file name is longer than {NAME_MAX} bytes; choose a shorter output name")
+        raise GAEUsageError(f"{item}: the {role}'s file name is longer than {NAME_MAX} bytes; "
+                            f"choose a shorter output name")

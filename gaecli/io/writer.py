@@ -64,9 +64,11 @@ class _CountingSink:
 class AtomicParquetWriter:
     """Write record batches to ``target`` atomically.
 
-    The temp file is ``.<name>.gaecli-<random>.tmp`` in the target's directory (created if
-    needed), so the final rename never crosses file systems. :meth:`commit` renames it into
-    place; :meth:`abort` (also on any exception in a ``with`` block) deletes it.
+    The temp file is :func:`gaecli.io.filesystem.temp_beside`'s, in the target's directory
+    (created if needed), so the final rename never crosses file systems; dead runs' temp
+    files of the target are removed first. :meth:`commit` renames it into place;
+    :meth:`abort` (also on any exception in a ``with`` block) deletes it. A character
+    device or FIFO target is written directly (it is no file to rename over).
 
     Encoding and compressing a batch runs on a background thread (Arrow releases the GIL)
     while the caller reads and computes the next one; at most one batch is in flight, and a
