@@ -215,8 +215,8 @@ def check_writes(inputs: Iterable[Union[str, AnyPath]],
         if clashes:  # an input first
             other_role, other_item = clashes[0]
             if other_role == "input":
-                raise GAEUsageError(f"{item}: the {role} would replace an input file ({other_item}); "
-                                    f"choose another path")
+                raise GAEUsageError(f"{item}: this is an input file ({other_item}); the {role} would replace "
+                                    f"an input: choose another path")
             raise GAEUsageError(f"{item}: the {role} and the {other_role} ({other_item}) are the same file; "
                                 f"give each its own path")
         _check_writable(role, item, path)
