@@ -70,6 +70,12 @@ def write_json(document: Any, path: str | None) -> None:
         fail(f"{error} (the JSON report)", EXIT_USAGE)
 
 
+def reports(**paths: Optional[str]) -> tuple[tuple[str, str], ...]:
+    """(role, path) pairs of the report options given, for the library's path check:
+    ``reports(JSON=…)`` → (("JSON report", …),)."""
+    return tuple((f"{kind} report", path) for kind, path in paths.items() if path is not None)
+
+
 def _version_callback(value: bool) -> None:
     if value:
         typer.echo(f"gae {__version__}")
@@ -303,6 +309,7 @@ def recompute(
                                  logprobs_col=logprobs_col, ref_logprobs_col=ref_logprobs_col, advantages=advantages_col, returns=returns_col),
             normalize=normalize, normalize_by=normalize_by, replace=replace, keep_baseline=keep_baseline,
             on_invalid=on_invalid, overwrite=overwrite, tolerance=tol, skip_existing=skip_existing,
+            report_paths=reports(JSON=json_path),
         )
         report = recompute_files(inputs, output, options, make_progress(quiet), make_engine(engine, workers, ray_address)).to_dict()
     write_json(report, json_path)
@@ -356,7 +363,7 @@ def validate(
                                logprobs_col=logprobs_col, ref_logprobs_col=ref_logprobs_col)
         report = validate_files(inputs, columns, id_columns=id_columns,
                                 max_findings=max_findings, batch_rows=batch_rows, progress=make_progress(quiet),
-                                engine=make_engine(engine, workers, ray_address))
+                                engine=make_engine(engine, workers, ray_address), report_paths=reports(JSON=json_path))
     document = report.to_dict()
     write_json(document, json_path)
     if not quiet:
@@ -383,7 +390,8 @@ def _run_import(import_function, inputs: list[str], output: str, overwrite: bool
                 quiet: bool, debug: bool) -> None:
     """What every ``gae import FORMAT`` does: call the importer, write the JSON, print the summary."""
     with errors_to_exit(debug):
-        report = import_function(inputs, output, overwrite=overwrite, progress=make_progress(quiet))
+        report = import_function(inputs, output, overwrite=overwrite, progress=make_progress(quiet),
+                                 report_paths=reports(JSON=json_path))
     write_json(report.to_dict(), json_path)
     if not quiet:
         from rich.markup import escape
@@ -495,7 +503,7 @@ def diff(
             kernel=kernel, device=device, batch_rows=batch_rows,
             columns=make_columns(values_col, rewards_col, mask_col, terminal_col, kl_coef=kl_coef, kl_estimator=kl_estimator,
                                  logprobs_col=logprobs_col, ref_logprobs_col=ref_logprobs_col),
-            per_sample=per_sample, report_paths=tuple(p for p in (json_path, markdown, html) if p is not None),
+            per_sample=per_sample, report_paths=reports(JSON=json_path, Markdown=markdown, HTML=html),
         )
         report = diff_files(inputs, options, make_progress(quiet), make_engine(engine, workers, ray_address))
         document = report.to_dict()

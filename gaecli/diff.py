@@ -24,9 +24,9 @@ from gaecli._version import __version__
 from gaecli.checks import masked_tail_lengths
 from gaecli.errors import GAEUsageError, InvalidOptionError
 from gaecli.flat import BASELINES, check_discount
-from gaecli.io.filesystem import is_local, to_path, total_size
+from gaecli.io.filesystem import to_path, total_size
 from gaecli.io.format import Columns
-from gaecli.io.paths import discover_inputs
+from gaecli.io.paths import check_writes, discover_inputs, report_writes
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
 from gaecli.engines import EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.pipeline import (
@@ -629,7 +629,8 @@ class DiffOptions:
     ``unmasked``), or with ``against`` the stored column (and ``against_returns`` the
     stored returns); ``baseline`` and ``against`` together are refused. ``normalize`` /
     ``normalize_by`` whiten new and old the same way, each with its own statistics.
-    ``report_paths``: files the caller will write reports to (refused when one is an input).
+    ``report_paths``: files the caller will write reports to, paths or (role, path) pairs
+    (refused when one is an input or another output).
     Every value is checked when the options are made (:meth:`check`).
     """
 
@@ -649,7 +650,7 @@ class DiffOptions:
     batch_rows: int = DEFAULT_BATCH_ROWS
     columns: Columns = field(default_factory=Columns)
     per_sample: Optional[str] = None
-    report_paths: tuple[str, ...] = ()
+    report_paths: tuple = ()
     scatter_sample: int = SCATTER_SAMPLE
 
     def __post_init__(self) -> None:
@@ -986,25 +987,10 @@ def _input_files(inputs: list[str | Path]) -> list[Path]:
 
 
 def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
-    """Refuse a report path that names an input file or a directory, one path given twice,
-    and a report (not ``--per-sample``, whose directories are created) in a directory that
-    does not exist — before any work is done."""
-    inputs = {path.resolve() for path in paths}
-    outputs = [p for p in (*options.report_paths, options.per_sample) if p is not None and p != "-"]
-    seen: set = set()
-    for output in outputs:
-        located = to_path(output)
-        resolved = located.resolve()
-        if resolved in inputs:
-            raise GAEUsageError(f"{output}: this is an input file; write the report elsewhere")
-        if resolved in seen:
-            raise GAEUsageError(f"{output}: given for two reports; give each its own path")
-        if located.is_dir():
-            raise GAEUsageError(f"{output}: is a directory; give a file path")
-        # (object stores have no directories to check: a key's prefix needs no creating)
-        if is_local(located) and output != options.per_sample and not located.parent.is_dir():
-            raise GAEUsageError(f"{output}: the directory {located.parent} does not exist")
-        seen.add(resolved)
+    """The report paths and ``--per-sample`` through the one rule of
+    :func:`gaecli.io.paths.check_writes` (none may be an input or another report; no
+    directory; a report's directory must exist) — before any work is done."""
+    check_writes(paths, [*report_writes(options.report_paths), ("per-sample file", options.per_sample)])
 
 
 def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optional[Progress] = None,

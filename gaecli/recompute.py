@@ -11,7 +11,6 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from gaecli._version import __version__
 from gaecli.checks import row_reasons
@@ -19,9 +18,9 @@ from gaecli.diff import DiffAccumulator
 from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.errors import FilesFailedError, GAEUsageError, InvalidFilesError, InvalidOptionError, UnusableFilesError
 from gaecli.flat import BASELINES, check_discount
-from gaecli.io.filesystem import total_size
+from gaecli.io.filesystem import is_stream, remove_dead_temps, total_size
 from gaecli.io.format import Columns, list_type_like, output_float_type
-from gaecli.io.paths import FileJob, plan_outputs, with_suffix
+from gaecli.io.paths import FileJob, plan_outputs, report_writes, with_suffix
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile, read_metadata, read_schema
 from gaecli.io.writer import AtomicParquetWriter
 from gaecli.pipeline import (  # noqa: F401 - PackedBatch, pack_batch, compute_packed: re-exported
@@ -46,6 +45,8 @@ class RecomputeOptions:
     normalize). ``on_invalid``: ``"stop"`` (first invalid row stops the run) or ``"skip"``
     (invalid rows go whole to ``<output>.rejected.parquet`` with a ``reason`` column).
     Every value is checked when the options are made (:meth:`check`).
+    ``report_paths``: files the caller will write reports to (e.g. ``--json``), refused
+    before any work when one is an input or an output (:func:`gaecli.io.paths.check_writes`).
     """
 
     gamma: float
@@ -63,6 +64,7 @@ class RecomputeOptions:
     overwrite: bool = False
     tolerance: float = 1e-6
     skip_existing: bool = False
+    report_paths: tuple = ()  # paths (or (role, path) pairs) the caller writes reports to: checked, never written here
 
     def __post_init__(self) -> None:
         self.check()
@@ -352,17 +354,13 @@ def _total_rows(paths: list[Path]) -> int:
 
 
 def _remove_leftovers(target: Path) -> None:
-    """Temp files a killed worker left beside ``target`` (ours by their name). Object
+    """Temp files of ``target`` and its rejects file whose owner process is gone (a killed
+    worker, a kill -9 of an earlier run); a concurrent run's temp files stay. Object
     stores have none (the output is streamed to its key, which appears only when whole)."""
-    if not isinstance(target, Path):
+    if not isinstance(target, Path) or is_stream(target):
         return
-    for suffix in ("", REJECTS_SUFFIX):
-        candidate = with_suffix(target, suffix) if suffix else target
-        for temp in candidate.parent.glob(f".{candidate.name}.gaecli-*.tmp"):
-            try:
-                temp.unlink()
-            except OSError:
-                pass
+    for candidate in (target, with_suffix(target, REJECTS_SUFFIX)):
+        remove_dead_temps(candidate)
 
 
 SKIPPED = object()  # a job left alone under --skip-existing
@@ -431,7 +429,10 @@ def recompute_files(
         options = replace(options, normalize=True)
     kernel = resolve_kernel(options.kernel, options.device)
     suffixes = (REJECTS_SUFFIX,) if options.on_invalid == "skip" else ()
-    jobs = plan_outputs([str(i) for i in inputs], str(output), overwrite=options.overwrite or options.skip_existing, suffixes=suffixes)
+    jobs = plan_outputs([str(i) for i in inputs], str(output), overwrite=options.overwrite or options.skip_existing,
+                        suffixes=suffixes, reports=report_writes(options.report_paths))
+    for job in jobs:
+        _remove_leftovers(job.target)
     skipped = [options.skip_existing and _existing_output(job, options, kernel) for job in jobs]
     progress = progress or NoProgress()
 

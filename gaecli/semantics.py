@@ -17,7 +17,7 @@ from typing import Literal, Union
 import torch
 
 from gaecli.errors import GAEInputError
-from gaecli.flat import BASELINES, WHITEN_EPSILON, apply_semantics, check_discount
+from gaecli.flat import WHITEN_EPSILON, apply_semantics, check_discount
 from gaecli.kernels import get_kernel
 from gaecli.kernels.layout import next_trainable_index, segment_ids
 

@@ -24,7 +24,7 @@ from gaecli.engines import EngineOptions, TaskFailure, map_units
 from gaecli.errors import GAEUsageError, InvalidOptionError, UnreadableFileError
 from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_parts
-from gaecli.io.paths import discover_inputs
+from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_writes
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
 from gaecli.options import check_count
 from gaecli.progress import NoProgress, Progress
@@ -341,6 +341,7 @@ def validate_files(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     progress: Optional[Progress] = None,
     engine: Optional[EngineOptions] = None,
+    report_paths: Sequence[ReportPath] = (),
 ) -> ValidationReport:
     """Check rollout files against every rule in :data:`gaecli.checks.RULES`.
 
@@ -357,9 +358,12 @@ def validate_files(
     Files are streamed ``batch_rows`` rows at a time, reading only the columns the rules
     need. Files are checked by ``engine`` (default: in this process; ``gae validate``
     defaults to local worker processes); the findings are concatenated in input order, so
-    the report is the same for any engine and worker count. Raises
+    the report is the same for any engine and worker count. ``report_paths``: files the
+    caller will write reports to (e.g. ``--json``), refused before any file is checked when
+    one is an input (:func:`gaecli.io.paths.check_writes`). Raises
     :class:`gaecli.errors.InvalidOptionError` (a :class:`GAEUsageError`) for a bad option
-    value, before any file is read; never for bad data.
+    value, before any file is read, and :class:`GAEUsageError` for refused report paths;
+    never for bad data.
     """
     columns = columns or Columns()
     id_columns = list(dict.fromkeys(id_columns or ()))
@@ -369,6 +373,7 @@ def validate_files(
         raise InvalidOptionError("--id-col: a column name is empty")
     progress = progress or NoProgress()
     report = ValidationReport(files=_discover(inputs), max_findings=max_findings)
+    check_writes([result.file for result in report.files], report_writes(report_paths))
     readable = [result for result in report.files if result.status != UNREADABLE]
     progress.start("validate", sum(result.rows for result in readable))
     try:

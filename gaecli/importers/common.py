@@ -20,7 +20,7 @@ import torch
 from gaecli._version import __version__
 from gaecli.errors import GAEInputError, GAEUsageError
 from gaecli.io.filesystem import AnyPath, RemotePath, to_path
-from gaecli.io.paths import discover_inputs
+from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_writes
 from gaecli.io.writer import AtomicParquetWriter
 from gaecli.progress import NoProgress, Progress
 
@@ -195,11 +195,12 @@ def _span(name: str, numbers: list[int]) -> str:
 
 
 def plan_import(paths: Sequence[str | Path], output: str | Path, overwrite: bool,
-                patterns: tuple[str, ...]) -> tuple[list[AnyPath], AnyPath]:
+                patterns: tuple[str, ...], report_paths: Sequence[ReportPath] = ()) -> tuple[list[AnyPath], AnyPath]:
     """The input files (paths, directories read recursively for ``patterns``, globs, URIs;
     each file once, in the order found) and the output path, checked: :class:`GAEUsageError`
-    for nothing to read, an output that is a directory or an input, or that exists without
-    ``overwrite``."""
+    for nothing to read, an output that is a directory, that exists without ``overwrite``,
+    or that (like any of ``report_paths``, the files the caller writes reports to) is an
+    input or another written path (:func:`gaecli.io.paths.check_writes`)."""
     found, _ = discover_inputs([str(p) for p in paths], patterns=patterns)
     sources: list[AnyPath] = []
     seen: set = set()
@@ -211,10 +212,9 @@ def plan_import(paths: Sequence[str | Path], output: str | Path, overwrite: bool
     if not sources:
         raise GAEUsageError("give at least one dump file, directory or glob")
     target = to_path(str(output))
-    if target.resolve() in seen:
-        raise GAEUsageError(f"{output}: the output would replace an input; choose another output path")
     if target.is_dir():
         raise GAEUsageError(f"{output}: is a directory; name the Parquet file to write (e.g. {target / 'rollouts.parquet'})")
+    check_writes(sources, [("output", target), *report_writes(report_paths)])
     if target.exists() and not overwrite:
         raise GAEUsageError(f"{output} exists; give --overwrite to replace it")
     return sources, target

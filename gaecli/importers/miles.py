@@ -45,6 +45,7 @@ from gaecli.importers.common import (
     write_batches,
 )
 from gaecli.io.filesystem import AnyPath
+from gaecli.io.paths import ReportPath
 from gaecli.progress import Progress
 
 DUMP_PATTERNS = ("*.pt", "*.pth")
@@ -391,6 +392,7 @@ def import_miles(
     *,
     overwrite: bool = False,
     progress: Optional[Progress] = None,
+    report_paths: Sequence[ReportPath] = (),
 ) -> ImportReport:
     """Import miles ``--save-debug-train-data`` dumps into one rollout Parquet file.
 
@@ -421,9 +423,11 @@ def import_miles(
     pickled object, two files for one rollout and rank, files whose optional keys differ, a
     context-parallel group with a missing or duplicate cp_rank, a share of the wrong length)
     and :class:`GAEUsageError` for paths that name nothing, files that are not
-    ``torch.save`` files, an existing output without ``overwrite``.
+    ``torch.save`` files, an existing output without ``overwrite``, and an output or one of
+    ``report_paths`` (files the caller writes reports to, e.g. ``--json``) that is an input
+    or another of them (:func:`gaecli.io.paths.check_writes`).
     """
-    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS)
+    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS, report_paths)
     facts = [inspect_dump(source, load_dump(source)) for source in sources]
     facts.sort(key=lambda dump: (dump.rollout_id, dump.rank))
     for previous, current in zip(facts, facts[1:]):

@@ -31,6 +31,7 @@ from gaecli.importers.common import (
     write_batches,
 )
 from gaecli.io.filesystem import AnyPath
+from gaecli.io.paths import ReportPath
 from gaecli.progress import Progress
 
 DUMP_PATTERNS = ("train_data_step*.jsonl",)
@@ -215,6 +216,7 @@ def import_nemo_rl(
     *,
     overwrite: bool = False,
     progress: Optional[Progress] = None,
+    report_paths: Sequence[ReportPath] = (),
     batch_rows: int = BATCH_ROWS,
 ) -> ImportReport:
     """Import NeMo-RL ``train_data_step{N}.jsonl`` files into one rollout Parquet file.
@@ -235,7 +237,7 @@ def import_nemo_rl(
     documented shape; :class:`GAEUsageError` for unreadable inputs, a file name without
     the step, an existing output without ``overwrite``.
     """
-    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS)
+    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS, report_paths)
     steps = sorted(((step_of(source), source) for source in sources), key=lambda pair: pair[0])
     for (step, previous), (next_step, current) in zip(steps, steps[1:]):
         if step == next_step:

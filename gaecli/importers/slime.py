@@ -40,6 +40,7 @@ from gaecli.importers.common import (
     write_batches,
 )
 from gaecli.io.filesystem import AnyPath
+from gaecli.io.paths import ReportPath
 from gaecli.progress import Progress
 
 DUMP_PATTERNS = ("*.pt", "*.pth")
@@ -137,6 +138,7 @@ def import_slime(
     *,
     overwrite: bool = False,
     progress: Optional[Progress] = None,
+    report_paths: Sequence[ReportPath] = (),
 ) -> ImportReport:
     """Import slime ``--save-debug-train-data`` dumps (format 2) into one rollout Parquet file.
 
@@ -155,7 +157,7 @@ def import_slime(
     differ; :class:`GAEUsageError` for unreadable inputs and an existing output without
     ``overwrite``.
     """
-    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS)
+    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS, report_paths)
     facts = [inspect_dump(source, load_dump(source))[0] for source in sources]
     facts.sort(key=lambda dump: dump.rollout_id)
     for previous, current in zip(facts, facts[1:]):

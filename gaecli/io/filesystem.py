@@ -9,10 +9,12 @@ and takes gaecli's local code paths (globs, temp file + rename). Any other URI t
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import threading
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -198,27 +200,172 @@ def resolve(item: Union[str, Path, RemotePath]) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(path)
 
 
+# ----------------------------------------------------------------------------- temp files
+
+TEMP_MARK = ".gaecli-"
+NAME_MAX = 255  # bytes in one file name on the file systems gaecli writes to
+# .<name>.gaecli-<host>-<pid>-<start>-<random>.tmp: the owner (host, process id and the
+# process's start time, which survives pid reuse) is in the name
+_TEMP_OWNER = re.compile(r"^([0-9a-f]{6})-(\d+)-(\d+)-[0-9a-f]{8}\.tmp$")
+_TEMP_OWNER_ROOM = 64  # bytes kept for TEMP_MARK + owner + random + ".tmp" (at most ~50)
+
+
+def _start_time(pid: int) -> Optional[int]:
+    """The start time of process ``pid`` in clock ticks since boot (Linux /proc), None
+    where there is no /proc or no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            fields = file.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # field 22 of stat(5); fields here start at field 3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _host_id() -> str:
+    import hashlib
+    import socket
+
+    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
+
+
+def _owner() -> str:
+    """This process as a temp file's owner: host, pid, start time (0 without /proc)."""
+    pid = os.getpid()
+    return f"{_host_id()}-{pid}-{_start_time(pid) or 0}"
+
+
+def _temp_stem(target: Path) -> str:
+    """``.<name>`` of ``target``'s temp files; a name too long to leave room for the owner
+    is cut and given a hash of the whole name (so the temp name stays within NAME_MAX)."""
+    import hashlib
+
+    name = target.name.encode("utf-8", "surrogateescape")
+    room = NAME_MAX - 1 - _TEMP_OWNER_ROOM
+    if len(name) <= room:
+        return "." + target.name
+    digest = hashlib.sha1(name).hexdigest()[:16]
+    cut = name[: room - len(digest) - 1].decode("utf-8", "ignore")
+    return f".{cut}~{digest}"
+
+
 def temp_beside(target: Path) -> Path:
     """The hidden temp file an output is written to before it is renamed over ``target``:
-    ``.<name>.gaecli-<random>.tmp`` in the same directory (so the rename is atomic and a
-    leftover is recognisably ours)."""
+    ``.<name>.gaecli-<host>-<pid>-<start>-<random>.tmp`` in the same directory (so the rename
+    is atomic, a leftover is recognisably ours and its owner process is named); a long
+    ``<name>`` is shortened with a hash, so the temp name never exceeds NAME_MAX bytes."""
     import uuid
 
-    return target.parent / f".{target.name}.gaecli-{uuid.uuid4().hex[:8]}.tmp"
+    return target.parent / f"{_temp_stem(target)}{TEMP_MARK}{_owner()}-{uuid.uuid4().hex[:8]}.tmp"
+
+
+def _owner_gone(host: str, pid: int, start: int) -> bool:
+    """True when the process that made a temp file has ended (on this host; a pid reused
+    by a process that started later counts as ended). Another host's files stay."""
+    if host != _host_id():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    now = _start_time(pid)
+    return bool(start) and now is not None and now != start
+
+
+def remove_dead_temps(target: AnyPath) -> list[Path]:
+    """Remove the temp files of ``target`` whose owner process is gone (a kill -9's
+    leftovers); temp files of live runs, of other hosts and of unknown owners stay.
+    Returns the files removed. Object stores have none (nothing is renamed there)."""
+    if not isinstance(target, Path):
+        return []
+    prefix = _temp_stem(target) + TEMP_MARK
+    removed = []
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        owner = _TEMP_OWNER.match(entry.name[len(prefix):])
+        if owner is None or not _owner_gone(owner[1], int(owner[2]), int(owner[3])):
+            continue
+        try:
+            os.unlink(entry.path)
+        except OSError:
+            continue
+        removed.append(Path(entry.path))
+    return removed
+
+
+# ----------------------------------------------------------------------------- special files
+
+
+def file_kind(path: Path) -> Optional[str]:
+    """What ``path`` is (links followed): "file", "directory", "character device", "FIFO",
+    "socket", "block device", or None when nothing is there."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:
+        return "file"  # unreadable: the write will say why
+    for test, kind in ((stat.S_ISDIR, "directory"), (stat.S_ISCHR, "character device"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return kind
+    return "file"
+
+
+def is_stream(path: AnyPath) -> bool:
+    """True for a character device or a FIFO (a pipe): written directly, never replaced by
+    a rename (``--json /dev/null``, ``--json >(jq .)``)."""
+    return isinstance(path, Path) and file_kind(path) in ("character device", "FIFO")
+
+
+_DESCRIPTOR = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d+)$")
+
+
+def _descriptor(path: Path) -> Optional[int]:
+    """The descriptor ``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N`` or
+    ``/proc/self/fd/N`` names in this process."""
+    text = str(path)
+    if text in ("/dev/stdout", "/dev/stderr"):
+        return 1 if text == "/dev/stdout" else 2
+    match = _DESCRIPTOR.match(text)
+    return int(match[1]) if match else None
+
+
+def _write_descriptor(descriptor: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(descriptor, view):]
 
 
 def write_whole(target: Union[str, Path, RemotePath], data: bytes) -> None:
     """Write ``data`` as the file ``target`` (a path or a URI), whole or not at all: locally a
     hidden temp file beside it (:func:`temp_beside`) renamed over it; on an object store one
-    upload, which appears when it completes. Raises :class:`OSError` (or an Arrow error)
-    when it cannot."""
-    import os
-
+    upload, which appears when it completes. A character device or FIFO (``/dev/null``,
+    ``/dev/stdout``, a shell's ``>(…)``) is written directly, never replaced. Raises
+    :class:`OSError` (or an Arrow error) when it cannot."""
     path = to_path(target)
     if isinstance(path, RemotePath):
         with path.filesystem.open_output_stream(path.fs_path) as stream:
             stream.write(data)
         return
+    descriptor = _descriptor(path)
+    if descriptor is not None:  # this process's own descriptor, whatever it is open on
+        _write_descriptor(descriptor, data)
+        return
+    if is_stream(path):
+        descriptor = os.open(path, os.O_WRONLY | os.O_NOCTTY)
+        try:
+            _write_descriptor(descriptor, data)
+        finally:
+            os.close(descriptor)
+        return
+    remove_dead_temps(path)
     temp = temp_beside(path)
     try:
         with open(temp, "xb") as file:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
 
 from gaecli.errors import GAEUsageError
-from gaecli.io.filesystem import AnyPath, RemotePath, is_uri, list_parquet, to_path
+from gaecli.io.filesystem import NAME_MAX, AnyPath, RemotePath, file_kind, is_uri, list_parquet, to_path
 
 GLOB_CHARACTERS = set("*?[")
 
@@ -71,7 +73,7 @@ def discover_inputs(inputs: list[str], patterns: tuple[str, ...] = ("*.parquet",
             root = _glob_root(item)
             found.extend((match, root) for match in matches)
         elif path.is_dir():
-            matches = sorted({p for pattern in patterns for p in path.rglob(pattern) if p.is_file()})
+            matches = _list_directory(path, patterns)
             if not matches:
                 raise GAEUsageError(f"{item}: directory holds no {' or '.join(patterns)} file")
             found.extend((match, path) for match in matches)
@@ -79,19 +81,54 @@ def discover_inputs(inputs: list[str], patterns: tuple[str, ...] = ("*.parquet",
             found.append((path, path.parent))
         else:
             raise GAEUsageError(f"{item}: no such file or directory")
+    found = _first_of_each(found)
     single = len(inputs) == 1 and len(found) == 1 and to_path(inputs[0]).is_file()
     return found, single
 
 
-def plan_outputs(inputs: list[str], output: str, *, overwrite: bool = False, suffixes: tuple[str, ...] = ()) -> list[FileJob]:
+def _list_directory(directory: Path, patterns: tuple[str, ...]) -> list[Path]:
+    """Files below ``directory`` (recursively, symlinked directories not followed) whose
+    names match ``patterns``, sorted. A directory that cannot be listed is an error
+    (:class:`GAEUsageError` naming it), never skipped."""
+    def unreadable(error: OSError) -> None:
+        raise GAEUsageError(f"{error.filename}: cannot read this directory below the input {directory} "
+                            f"({error.strerror or error})")
+
+    matches = set()
+    for root, _dirs, names in os.walk(directory, onerror=unreadable):
+        for name in names:
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+                candidate = Path(root) / name
+                if candidate.is_file():
+                    matches.add(candidate)
+    return sorted(matches)
+
+
+def _first_of_each(found: list[tuple[AnyPath, AnyPath]]) -> list[tuple[AnyPath, AnyPath]]:
+    """Each file once, by its resolved path (a directory and its subdirectory given
+    together, a file named twice, through a symlink or ``..``); the first root is kept."""
+    seen: set = set()
+    unique = []
+    for source, root in found:
+        key = source.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append((source, root))
+    return unique
+
+
+def plan_outputs(inputs: list[str], output: str, *, overwrite: bool = False, suffixes: tuple[str, ...] = (),
+                 reports: Sequence[tuple[str, Optional[str]]] = ()) -> list[FileJob]:
     """Map every input file to its output path.
 
     One plain file in → ``output`` is a file (or, when ``output`` is an existing directory,
     the file of the same name inside it). Otherwise ``output`` is a directory and each
     input's path relative to its root (the directory given, the fixed part of a glob, or
-    the file's own directory) is mirrored under it. Refuses (:class:`GAEUsageError`) an
-    output equal to an input, two inputs landing on one output, and an existing output
-    (also ``output`` with each of ``suffixes``, e.g. a rejects file) unless ``overwrite``.
+    the file's own directory) is mirrored under it. Every output, each output with each of
+    ``suffixes`` (e.g. a rejects file) and the ``reports`` ((role, path) pairs, e.g. the
+    JSON report) go through :func:`check_writes` against the inputs and each other; then
+    an existing output (or suffixed file) is refused (:class:`GAEUsageError`) unless
+    ``overwrite``.
     """
     found, single = discover_inputs(inputs)
     out = to_path(output)
@@ -106,15 +143,11 @@ def plan_outputs(inputs: list[str], output: str, *, overwrite: bool = False, suf
         for source, root in found:
             relative = Path(source.relative_to(root) if isinstance(source, RemotePath) else os.path.relpath(source, root))
             jobs.append(FileJob(source, out / relative, relative))
-    sources = {job.source.resolve() for job in jobs}
-    seen: dict[AnyPath, AnyPath] = {}
+    writes: list[tuple[str, AnyPath]] = [(f"output of {job.source}", job.target) for job in jobs]
+    for suffix in suffixes:
+        writes += [(f"{suffix.lstrip('.')} rows file of {job.source}", with_suffix(job.target, suffix)) for job in jobs]
+    check_writes([job.source for job in jobs], [*writes, *reports])
     for job in jobs:
-        resolved = job.target.resolve()
-        if resolved in sources:
-            raise GAEUsageError(f"{job.target}: the output would replace an input; choose another output path")
-        if resolved in seen:
-            raise GAEUsageError(f"{seen[resolved]} and {job.source} would both be written to {job.target}")
-        seen[resolved] = job.source
         if not overwrite:
             for candidate in (job.target, *(with_suffix(job.target, s) for s in suffixes)):
                 if candidate.exists():
@@ -127,3 +160,85 @@ def with_suffix(target: AnyPath, suffix: str) -> AnyPath:
     if target.suffix == ".parquet":
         return target.with_name(target.stem + suffix + ".parquet")
     return target.with_name(target.name + suffix + ".parquet")
+
+
+# ----------------------------------------------------------------------------- the one rule
+
+REPORT_ROLES = ("report", "JSON report", "Markdown report", "HTML report")
+DATA_SUFFIXES = (".parquet", ".pt", ".pth")  # what gaecli reads; never the name of a report
+
+
+ReportPath = Union[str, tuple[str, str]]  # a path, or (role, path): ("JSON report", "r.json")
+
+
+def report_writes(report_paths: Sequence[ReportPath]) -> list[tuple[str, str]]:
+    """(role, path) pairs of the report paths a library call is given (a bare path is a
+    "report")."""
+    return [item if isinstance(item, tuple) else ("report", item) for item in report_paths]
+
+
+def _identity(path: AnyPath) -> set:
+    """What makes two names one file: the resolved path (symlinks, ``..``, ``file://``) and,
+    for a file that exists, its device and inode (hard links)."""
+    if isinstance(path, RemotePath):
+        return {("uri", str(path))}
+    keys: set = {("path", str(path.resolve()))}
+    try:
+        status = os.stat(path)
+    except OSError:
+        return keys
+    return keys | {("inode", status.st_dev, status.st_ino)}
+
+
+def check_writes(inputs: Iterable[Union[str, AnyPath]],
+                 writes: Iterable[tuple[str, Union[str, AnyPath, None]]]) -> None:
+    """The one rule every command applies before any work: each path the run will write
+    (``writes``: (role, path) pairs — outputs, rejects files, JSON, Markdown, HTML and
+    per-sample files; None and '-' (stdout) are skipped) must be none of the ``inputs`` and
+    none of the other writes — compared as resolved paths and, for files that exist, by
+    device and inode, so a symlink, ``..``, a hard link or a ``file://`` URI is caught.
+    A directory, socket or block device is no file to write; a report named like a data
+    file (``--json d/*.parquet`` expanded by the shell) and a name longer than NAME_MAX
+    bytes are refused. Raises :class:`GAEUsageError` naming both paths of a collision.
+    Character devices and FIFOs pass: they are written directly (see
+    :func:`gaecli.io.filesystem.write_whole`)."""
+    owners: dict = {}  # identity key → (role, path as given) of the first path with it
+    for item in inputs:
+        for key in _identity(to_path(item)):
+            owners.setdefault(key, ("input", str(item)))
+    for role, item in writes:
+        if item is None or str(item) == "-":
+            continue
+        path = to_path(item)
+        identity = _identity(path)
+        clashes = sorted((owners[key] for key in identity if key in owners), key=lambda owner: owner[0] != "input")
+        if clashes:  # an input first
+            other_role, other_item = clashes[0]
+            if other_role == "input":
+                raise GAEUsageError(f"{item}: this is an input file ({other_item}); the {role} would replace "
+                                    f"an input: choose another path")
+            raise GAEUsageError(f"{item}: the {role} and the {other_role} ({other_item}) are the same file; "
+                                f"give each its own path")
+        _check_writable(role, item, path)
+        for key in identity:
+            owners[key] = (role, str(item))
+
+
+def _check_writable(role: str, item, path: AnyPath) -> None:
+    """Refuse what no write can go to (see :func:`check_writes`)."""
+    if isinstance(path, RemotePath):
+        if path.is_dir():
+            raise GAEUsageError(f"{item}: the {role} is a directory; give a file path")
+        return
+    kind = file_kind(path)
+    if kind in ("directory", "socket", "block device"):
+        raise GAEUsageError(f"{item}: the {role} is a {kind}; give a file path")
+    if role in REPORT_ROLES:
+        if path.suffix.lower() in DATA_SUFFIXES:
+            raise GAEUsageError(f"{item}: the {role} would be named like a data file ({path.suffix}); "
+                                f"did a shell glob expand into the option? give a report path")
+        if kind is None and not path.parent.is_dir():
+            raise GAEUsageError(f"{item}: the directory {path.parent} does not exist")
+    if len(path.name.encode("utf-8", "surrogateescape")) > NAME_MAX:
+        raise GAEUsageError(f"{item}: the {role}'s file name is longer than {NAME_MAX} bytes; "
+                            f"choose a shorter output name")

@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from gaecli.errors import GAEUsageError
-from gaecli.io.filesystem import AnyPath, RemotePath, temp_beside, to_path
+from gaecli.io.filesystem import AnyPath, RemotePath, is_stream, remove_dead_temps, temp_beside, to_path
 
 
 def failure_reason(error: BaseException) -> str:
@@ -42,12 +42,43 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     return [field.name for field in schema if not _holds_floats(field.type)]
 
 
+class _CountingSink:
+    """A file that cannot seek (a FIFO, a device) with the position Parquet asks for: the
+    bytes written so far."""
+
+    def __init__(self, file) -> None:
+        self.file, self.position = file, 0
+
+    def write(self, data) -> int:
+        self.file.write(data)
+        self.position += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.position
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.file.closed
+
+    def writable(self) -> bool:
+        return True
+
+
 class AtomicParquetWriter:
     """Write record batches to ``target`` atomically.
 
-    The temp file is ``.<name>.gaecli-<random>.tmp`` in the target's directory (created if
-    needed), so the final rename never crosses file systems. :meth:`commit` renames it into
-    place; :meth:`abort` (also on any exception in a ``with`` block) deletes it.
+    The temp file is :func:`gaecli.io.filesystem.temp_beside`'s, in the target's directory
+    (created if needed), so the final rename never crosses file systems; dead runs' temp
+    files of the target are removed first. :meth:`commit` renames it into place;
+    :meth:`abort` (also on any exception in a ``with`` block) deletes it. A character
+    device or FIFO target is written directly (it is no file to rename over).
 
     Encoding and compressing a batch runs on a background thread (Arrow releases the GIL)
     while the caller reads and computes the next one; at most one batch is in flight, and a
@@ -68,12 +99,17 @@ class AtomicParquetWriter:
             self._open_remote(schema, compression)
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
             return
+        if is_stream(self.target):  # a character device or FIFO: written directly, never replaced
+            self._open_direct(schema, compression)
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
+            return
         # the directories this writer creates, deepest first: abort removes them when empty
         self._created_dirs = [d for d in (self.target.parent, *self.target.parent.parents) if not d.exists()]
         try:
             self.target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise GAEUsageError(f"{self.target.parent}: cannot create the output directory ({error.strerror})") from error
+        remove_dead_temps(self.target)  # a killed run's leftovers (only those whose owner is gone)
         self.temp = temp_beside(self.target)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
         try:
@@ -83,6 +119,21 @@ class AtomicParquetWriter:
             )
         except (pa.ArrowException, OSError) as error:
             self._remove_temp()
+            self._remove_created_dirs()
+            raise GAEUsageError(f"{self.target}: cannot write ({failure_reason(error)})") from error
+
+    def _open_direct(self, schema: pa.Schema, compression: str) -> None:
+        """Stream to a character device or FIFO itself (``-o /dev/null``, a pipe): it is no
+        file to rename over; :meth:`commit` closes it, :meth:`abort` closes it without a
+        footer."""
+        try:
+            self._stream = pa.PythonFile(_CountingSink(open(self.target, "wb", buffering=1 << 20)), mode="w")
+            self._writer = pq.ParquetWriter(
+                self._stream, schema, compression=compression, write_statistics=False,
+                use_dictionary=dictionary_columns(schema),
+            )
+        except (pa.ArrowException, OSError) as error:
+            self._drop_remote()
             raise GAEUsageError(f"{self.target}: cannot write ({failure_reason(error)})") from error
 
     def _open_remote(self, schema: pa.Schema, compression: str) -> None:
@@ -160,7 +211,7 @@ class AtomicParquetWriter:
     def abort(self) -> None:
         """Drop everything written so far, and the directories this writer created if they
         are empty (abort writers in reverse order of creation so that nested ones go too)."""
-        if isinstance(self.target, RemotePath):
+        if isinstance(self.target, RemotePath) or self._stream is not None:
             self._abort_remote()
             return
         try:
@@ -168,6 +219,9 @@ class AtomicParquetWriter:
         except Exception:  # noqa: BLE001 - the temp file goes anyway
             pass
         self._remove_temp()
+        self._remove_created_dirs()
+
+    def _remove_created_dirs(self) -> None:
         for directory in self._created_dirs:
             try:
                 directory.rmdir()
@@ -203,6 +257,8 @@ class AtomicParquetWriter:
         self._delete_remote()
 
     def _delete_remote(self) -> None:
+        if not isinstance(self.target, RemotePath):
+            return  # a device or FIFO written directly: nothing to delete
         try:
             filesystem = self.target.filesystem
             if filesystem.get_file_info(self.target.fs_path).type != pafs.FileType.NotFound:
