@@ -288,3 +288,18 @@ def test_grouped_reduction_is_exact_under_any_partition(batch, cut, seed):
             numbers = advantages[in_group] * (1 if operand == "new" else -1)
             assert moments.count == numbers.size
             assert moments.total.value() == pytest.approx(float(np.sum(numbers)), abs=1e-9 * (1 + np.abs(numbers).sum()))
+
+
+def test_the_python_api_example_of_compute_advantages():
+    # docs/python-api.md, "compute_advantages": hand-worked there (γ = 0.5, λ = 1).
+    values = [torch.tensor([1.0, 2.0]), torch.tensor([0.5, 0.5, 0.5]), torch.tensor([3.0, 1.0])]
+    rewards = [torch.zeros(2), torch.zeros(3), torch.zeros(2)]
+    loss_mask = [torch.tensor([1, 1]), torch.tensor([1, 0, 1]), torch.tensor([1, 0])]
+    spec = AdvantageSpec(0.5, 1.0, normalize="by", normalize_by="prompt")
+    advantages, returns = gaecli.compute_advantages(
+        values, rewards, loss_mask, [1.0, 0.0, 2.0], spec=spec, row_inputs={"prompt": ["a", "a", "b"]}
+    )
+    root = (0.0625 + 1e-8) ** 0.5
+    expected = [[0.125 / root, -0.375 / root], [0.125 / root, 0.0, 0.125 / root], [0.0, 0.0]]
+    assert_close("advantages", [torch.tensor(x) for x in expected], advantages)
+    assert [r.tolist() for r in returns] == [[0.5, 1.0], [0.0, 0.0, 0.0], [2.0, 0.0]]
