@@ -273,7 +273,8 @@ def file_reduction(path: str, computation: Computation, reduction: Reduction, pr
         check_file(rollout.schema, str(path), computation)
         check_scalar_column(rollout.schema, str(path), "the reduction key", reduction.key)
         result = ReductionResult(reduction)
-        for computed in computed_batches(rollout, computation, statistics_columns(rollout.schema, computation, reduction.key)):
+        read = statistics_columns(rollout.schema, computation, reduction.key)
+        for computed in computed_batches(rollout, computation, read):
             packed = computed.packed
             operands = {operand: getattr(computed, operand) for operand in reduction.operands}
             result.add(operands, packed.trainable, packed.offsets, computed.keys(reduction.key))

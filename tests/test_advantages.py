@@ -14,6 +14,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from helpers import (
+    FAST_KERNEL_NAMES,
+    assert_bitwise,
+    assert_close,
+    make_batch,
+    oracle_batch,
+    ragged_batches,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,8 +30,11 @@ from gaecli import AdvantageSpec, GAEInputError, KernelUnavailableError
 from gaecli.advantages import kernels as kernel_table
 from gaecli.advantages import layout
 from gaecli.advantages.dispatch import compute
-from gaecli.advantages.reduction import ReductionResult, merge_results, normalize_reduction
-from helpers import FAST_KERNEL_NAMES, assert_bitwise, assert_close, make_batch, oracle_batch, ragged_batches
+from gaecli.advantages.reduction import (
+    ReductionResult,
+    merge_results,
+    normalize_reduction,
+)
 
 SEMANTICS = ["masked", *gaecli.BASELINES]
 
@@ -100,13 +111,15 @@ def gae_less_native(monkeypatch):
     """The kernel table with ``native`` declaring it cannot run GAE (as a critic-free
     kernel would)."""
     supports = frozenset({"estimator:grpo", "timestep:token"})
-    monkeypatch.setitem(kernel_table.KERNELS, "native", dataclasses.replace(kernel_table.KERNELS["native"], supports=supports))
+    limited = dataclasses.replace(kernel_table.KERNELS["native"], supports=supports)
+    monkeypatch.setitem(kernel_table.KERNELS, "native", limited)
 
 
 @pytest.mark.skipif("native" not in gaecli.available_kernels(), reason="needs numba")
 def test_a_kernel_that_lacks_a_feature_is_refused_and_auto_skips_it(gae_less_native):
     spec = AdvantageSpec(0.9, 0.95)
-    message = "kernel 'native' does not support estimator:gae; kernels that do: auto, reference, vanilla, chunked, scan$"
+    message = ("kernel 'native' does not support estimator:gae; "
+               "kernels that do: auto, reference, vanilla, chunked, scan$")
     with pytest.raises(KernelUnavailableError, match=message):
         kernel_table.resolve_kernel("native", "cpu", spec)
     assert kernel_table.resolve_kernel("auto", "cpu", spec) == "scan"
@@ -138,7 +151,8 @@ def test_compute_advantages_matches_the_oracles(semantics, batch, kernel):
     assert_close(f"{semantics} advantages ({kernel})", expected_advantages, advantages)
     assert_close(f"{semantics} returns ({kernel})", expected_returns, returns)
     # The simple functions are this one with a spec: the same bits.
-    simple = gaecli.baseline_gae(*batch.args(), gamma=batch.gamma, lambd=batch.lambd, semantics=semantics, kernel=kernel)
+    simple = gaecli.baseline_gae(*batch.args(), gamma=batch.gamma, lambd=batch.lambd, semantics=semantics,
+                                 kernel=kernel)
     for name, got, expected in (("advantages", advantages, simple[0]), ("returns", returns, simple[1])):
         for index, (a, b) in enumerate(zip(got, expected)):
             assert_bitwise(f"{semantics} {name} sample {index}", b, a)
@@ -179,7 +193,8 @@ def test_compute_advantages_hand_worked_whitening():
     rewards = [torch.tensor([1.0, 7.0, 3.0], dtype=torch.float64), torch.tensor([2.0], dtype=torch.float64)]
     masks = [torch.tensor([1, 0, 1]), torch.tensor([1])]
     terminal = [1.0, 0.0]
-    whole, _ = gaecli.compute_advantages(values, rewards, masks, terminal, spec=AdvantageSpec(0.0, 1.0, normalize="all"))
+    spec = AdvantageSpec(0.0, 1.0, normalize="all")
+    whole, _ = gaecli.compute_advantages(values, rewards, masks, terminal, spec=spec)
     f64 = lambda xs: torch.tensor(xs, dtype=torch.float64)  # noqa: E731
     root = (3.0 + 1e-8) ** 0.5
     assert_close("whole", [f64([-1 / root, 0.0, 2 / root]), f64([-1 / root])], whole, 1e-15)
@@ -242,7 +257,9 @@ def test_layout_helpers_agree_on_numpy_and_torch_and_with_a_loop(batch):
         "segment_ids": [s for s, (a, b) in enumerate(spans) for _ in range(a, b)],
         "trainable_counts": [int(mask[a:b].sum()) for a, b in spans],
         "last_trainable_index": [max((t for t in range(a, b) if mask[t]), default=-1) for a, b in spans],
-        "next_trainable_index": [next((u for u in range(t + 1, b) if mask[u]), -1) for a, b in spans for t in range(a, b)],
+        "next_trainable_index": [
+            next((u for u in range(t + 1, b) if mask[u]), -1) for a, b in spans for t in range(a, b)
+        ],
     }
     for form, (m, o) in (("numpy", (mask.numpy(), offsets.numpy())), ("torch", (mask, offsets))):
         got = {
@@ -287,7 +304,8 @@ def test_grouped_reduction_is_exact_under_any_partition(batch, cut, seed):
             in_group = np.repeat(np.array(keys.to_pylist()) == key, np.diff(offsets)) & trainable
             numbers = advantages[in_group] * (1 if operand == "new" else -1)
             assert moments.count == numbers.size
-            assert moments.total.value() == pytest.approx(float(np.sum(numbers)), abs=1e-9 * (1 + np.abs(numbers).sum()))
+            allowed = 1e-9 * (1 + np.abs(numbers).sum())
+            assert moments.total.value() == pytest.approx(float(np.sum(numbers)), abs=allowed)
 
 
 def test_the_python_api_example_of_compute_advantages():

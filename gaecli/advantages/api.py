@@ -85,7 +85,8 @@ def compute_advantages(
     """List form of :func:`compute_advantages_packed`: one 1-D tensor of length R_i per
     sample for values, rewards and loss_mask, one terminal reward per sample (and one value
     per sample in each ``row_inputs`` entry). Returns lists of ``[R_i]`` tensors."""
-    flat_values, flat_rewards, flat_mask, offsets, terminal, lengths = pack_lists(values, rewards, loss_mask, terminal_rewards)
+    packed = pack_lists(values, rewards, loss_mask, terminal_rewards)
+    flat_values, flat_rewards, flat_mask, offsets, terminal, lengths = packed
     advantages, returns = compute_advantages_packed(
         flat_values, flat_rewards, flat_mask, offsets, terminal, spec=spec, kernel=kernel, row_inputs=row_inputs
     )

@@ -7,6 +7,7 @@ or the kernel has no numpy form."""
 from __future__ import annotations
 
 import warnings
+
 import numpy as np
 
 from gaecli.advantages.baselines import apply_semantics
