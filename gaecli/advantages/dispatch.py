@@ -37,6 +37,7 @@ def compute(spec: AdvantageSpec, values, rewards, trainable, offsets, terminal_r
         entry = KERNELS[resolve_kernel(kernel, device, spec)]
         if entry.flat_function is not None and device_type(device) == "cpu":
             return _run(spec, entry.flat_function, values, rewards, trainable, offsets, terminal_rewards)
+        offsets = offsets.astype(np.int64, copy=False)  # the torch kernels index with it
         return _on_tensors(spec, entry.function, device, values, rewards, trainable, offsets, terminal_rewards)
     entry = KERNELS[resolve_kernel(kernel, values.device, spec)]
     return _run(spec, entry.function, values, rewards, trainable, offsets, terminal_rewards)
