@@ -278,6 +278,8 @@ def file_reduction(path: str, computation: Computation, reduction: Reduction, pr
             packed = computed.packed
             operands = {operand: getattr(computed, operand) for operand in reduction.operands}
             result.add(operands, packed.trainable, packed.offsets, computed.keys(reduction.key))
+            result.rows += computed.batch.num_rows
+            result.tokens += packed.tokens
             if progress is not None:
                 progress.advance(computed.batch.num_rows, packed.tokens)
         return result

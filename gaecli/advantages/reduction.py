@@ -48,11 +48,14 @@ def normalize_reduction(key: Optional[str]) -> Reduction:
 
 @dataclass
 class ReductionResult:
-    """A reduction over some rows: one exact accumulator per operand. :meth:`merge` adds
-    another part's (exact, so any partition gives the same result)."""
+    """A reduction over some rows: one exact accumulator per operand, and the rows and
+    tokens read for it (the pass counts them; engines report progress with them).
+    :meth:`merge` adds another part's (exact, so any partition gives the same result)."""
 
     reduction: Reduction
     groups: dict[str, GroupedMoments] = field(default_factory=dict)
+    rows: int = 0
+    tokens: int = 0
 
     def __post_init__(self) -> None:
         accumulator = ROW_QUANTITIES[self.reduction.quantity][1]
@@ -70,6 +73,8 @@ class ReductionResult:
     def merge(self, other: "ReductionResult") -> None:
         for operand in self.reduction.operands:
             self.groups[operand].merge(other.groups[operand])
+        self.rows += other.rows
+        self.tokens += other.tokens
 
 
 def merge_results(reduction: Reduction, parts: list[ReductionResult]) -> ReductionResult:
