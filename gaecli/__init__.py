@@ -12,13 +12,16 @@ from gaecli._version import __version__
 from gaecli.errors import GAEError, GAEInputError, InvalidOptionError, KernelUnavailableError
 
 _LAZY = {
-    "masked_gae": "gaecli.semantics",
-    "masked_gae_packed": "gaecli.semantics",
-    "unmasked_gae": "gaecli.semantics",
-    "baseline_gae": "gaecli.semantics",
-    "baseline_gae_packed": "gaecli.semantics",
-    "whiten": "gaecli.semantics",
-    "BASELINES": "gaecli.semantics",
+    "masked_gae": "gaecli.advantages.api",
+    "masked_gae_packed": "gaecli.advantages.api",
+    "unmasked_gae": "gaecli.advantages.api",
+    "baseline_gae": "gaecli.advantages.api",
+    "baseline_gae_packed": "gaecli.advantages.api",
+    "compute_advantages": "gaecli.advantages.api",
+    "compute_advantages_packed": "gaecli.advantages.api",
+    "AdvantageSpec": "gaecli.advantages.spec",
+    "whiten": "gaecli.advantages.whiten",
+    "BASELINES": "gaecli.advantages.contract",
     "recompute_file": "gaecli.recompute",
     "recompute_files": "gaecli.recompute",
     "RecomputeOptions": "gaecli.recompute",
@@ -32,8 +35,8 @@ _LAZY = {
     "diff_files": "gaecli.diff",
     "DiffOptions": "gaecli.diff",
     "kl_rewards": "gaecli.kl",
-    "available_kernels": "gaecli.kernels",
-    "resolve_kernel": "gaecli.kernels",
+    "available_kernels": "gaecli.advantages.kernels",
+    "resolve_kernel": "gaecli.advantages.kernels",
 }
 
 __all__ = ["__version__", "GAEError", "GAEInputError", "InvalidOptionError", "KernelUnavailableError", *_LAZY]

@@ -10,6 +10,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
+from gaecli.advantages.layout import masked_tail_lengths, trainable_counts
 from gaecli.io.format import (
     Columns,
     is_list_type,
@@ -150,24 +151,6 @@ class BatchCheck:
 
 def _rows_of_flat_positions(offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return np.searchsorted(offsets, positions, side="right") - 1
-
-
-def trainable_counts(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Trainable (nonzero) tokens per row of a flat ``mask`` ``[N]``. int64 ``[B]``."""
-    return np.diff(np.searchsorted(np.flatnonzero(mask), offsets))
-
-
-def masked_tail_lengths(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Masked tokens after each row's last trainable token (its whole length when fully
-    masked, 0 when empty). int64 ``[B]``."""
-    starts, ends = offsets[:-1], offsets[1:]
-    positions = np.flatnonzero(trainable)
-    if positions.size == 0:
-        return ends - starts
-    before = np.searchsorted(positions, offsets)  # trainable tokens before each row boundary
-    has_trainable = before[1:] > before[:-1]
-    last = np.where(has_trainable, positions[np.maximum(before[1:] - 1, 0)], starts - 1)
-    return ends - 1 - last
 
 
 VALUE_WEIGHT = 3.0  # |returns| <= sum |delta| + |V| and |delta| <= |r| + |V'| + |V|: each value counts 3 times

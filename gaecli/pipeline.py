@@ -1,6 +1,7 @@
 """What ``gae recompute`` and ``gae diff`` share: the device and per-file checks, the
-streamed, checked and packed batches with new (masked) and old advantages computed, the
-``--normalize`` statistics pass (one file at a time, exact and mergeable), and whitening.
+streamed, checked and packed batches with new (masked) and old advantages computed by the
+one dispatch (:mod:`gaecli.advantages.dispatch`), and the grouped-reduction pass (one file
+at a time, exact and mergeable) that ``--normalize`` runs for its statistics.
 
 Everything here works on one file at a time and takes only picklable arguments, so the
 engines (:mod:`gaecli.engines`) can run it in other processes or on other machines.
@@ -8,20 +9,23 @@ engines (:mod:`gaecli.engines`) can run it in other processes or on other machin
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
 
+from gaecli.advantages.dispatch import compute
+from gaecli.advantages.reduction import Reduction, ReductionResult, merge_results, normalize_reduction
+from gaecli.advantages.spec import AdvantageSpec
+from gaecli.advantages.whiten import whiten_rows  # noqa: F401 - where diff and recompute take it from
 from gaecli.checks import BatchCheck, Finding, check_batch, check_schema, first_error
 from gaecli.errors import GAEInputError, GAEUsageError, InvalidDataError, InvalidOptionError
-from gaecli.flat import WHITEN_EPSILON, gae_flat
 from gaecli.io.format import Columns, is_list_type, is_real_type, list_parts, numeric_numpy, output_float_type
 from gaecli.io.reader import RolloutFile
 from gaecli.kl import kl_rewards
-from gaecli.stats import GroupedMoments, row_moments
+from gaecli.stats import GroupedMoments
 
 
 # ----------------------------------------------------------------------------- checks
@@ -111,27 +115,13 @@ def pack_batch(batch: pa.RecordBatch, columns: Columns, dtype: np.dtype) -> Pack
     return PackedBatch(floats(columns.values), rewards, trainable, offsets, terminal)
 
 
-def compute_packed(packed: PackedBatch, gamma: float, lambd: float, kernel: str, device: str, semantics: str) -> tuple[np.ndarray, np.ndarray]:
+def compute_packed(packed: PackedBatch, spec: AdvantageSpec, kernel: str, device: str) -> tuple[np.ndarray, np.ndarray]:
     """Advantages and returns (flat numpy, the values' dtype) of a packed batch under
-    ``semantics`` ("masked" or a baseline). The ``native`` kernel on the CPU runs without
-    torch (:func:`gaecli.flat.gae_flat`); every other kernel and device through
-    :func:`gaecli.semantics.baseline_gae_packed` — the same bits where both can run."""
-    if kernel == "native" and device == "cpu":
-        return gae_flat(packed.values, packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards,
-                        gamma=gamma, lambd=lambd, semantics=semantics)
-    import torch
-
-    from gaecli.semantics import baseline_gae_packed
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        tensors = [torch.from_numpy(a) for a in (packed.values, packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards)]
-    if device != "cpu":
-        tensors = [t.to(device) for t in tensors]
-    advantages, returns = baseline_gae_packed(
-        *tensors, gamma=gamma, lambd=lambd, semantics=semantics, kernel=kernel, validate=False
-    )
-    return advantages.cpu().numpy(), returns.cpu().numpy()
+    ``spec``, by the one dispatch (:func:`gaecli.advantages.dispatch.compute`): the
+    ``native`` kernel on the CPU runs without torch, every other kernel and device on
+    tensors, the same bits where both can run."""
+    return compute(spec, packed.values, packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards,
+                   kernel=kernel, device=device)
 
 
 def stored_column(batch: pa.RecordBatch, name: str, mask_offsets: np.ndarray, mask_name: str, file: str, first_row: int) -> np.ndarray:
@@ -184,6 +174,16 @@ class Computation:
     on_invalid: str = "stop"
     normalize_by: Optional[str] = None
 
+    @cached_property
+    def new_spec(self) -> AdvantageSpec:
+        """What the new advantages are: the masked contract with γ and λ (not whitened here)."""
+        return AdvantageSpec(self.gamma, self.lambd)
+
+    @cached_property
+    def old_spec(self) -> Optional[AdvantageSpec]:
+        """What the old advantages are when recomputed: the ``old_semantics`` baseline."""
+        return None if self.old_semantics is None else AdvantageSpec(self.gamma, self.lambd, self.old_semantics)
+
 
 @dataclass
 class ComputedBatch:
@@ -223,10 +223,10 @@ def computed_batches(rollout: RolloutFile, computation: Computation, read: Optio
                 raise InvalidDataError(first_error(check.findings))
             valid = batch.filter(pa.array(~check.invalid))
         packed = pack_batch(valid, columns, dtype)
-        gamma, lambd, kernel, device = computation.gamma, computation.lambd, computation.kernel, computation.device
-        new, new_returns = compute_packed(packed, gamma, lambd, kernel, device, "masked")
+        kernel, device = computation.kernel, computation.device
+        new, new_returns = compute_packed(packed, computation.new_spec, kernel, device)
         if computation.against is None:
-            old, old_returns = compute_packed(packed, gamma, lambd, kernel, device, computation.old_semantics)
+            old, old_returns = compute_packed(packed, computation.old_spec, kernel, device)
         else:
             old = stored_column(valid, computation.against, packed.offsets, columns.loss_mask, file, first_row)
             old_returns = None
@@ -312,42 +312,32 @@ def check_file(schema: pa.Schema, file: str, computation: "Computation") -> None
             raise GAEUsageError(f"{file}: {flag} column {name!r} is {arrow_type}, expected a list of float32 or float64")
 
 
-# ----------------------------------------------------------------------------- normalize
+# ----------------------------------------------------------------------------- grouped reductions
 
 
-@dataclass
-class FileMoments:
-    """The statistics pass over one file: exact moments of new and old advantages (per
-    group), and the rows and tokens read. Merge files' moments with
-    :meth:`GroupedMoments.merge` (exact, so any partition gives the same statistics)."""
-
-    new: GroupedMoments
-    old: GroupedMoments
-    rows: int = 0
-    tokens: int = 0
-
-
-def statistics_columns(schema: pa.Schema, computation: Computation) -> list[str]:
-    """The columns the statistics pass reads, in file order."""
+def statistics_columns(schema: pa.Schema, computation: Computation, key: Optional[str] = None) -> list[str]:
+    """The columns a reduction pass reads (the data, the stored comparison, ``key``), in
+    file order."""
     columns = computation.columns
     needed = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
-    needed |= {name for name in (computation.normalize_by, computation.against, computation.against_returns) if name is not None}
+    named = (computation.normalize_by, computation.against, computation.against_returns, key)
+    needed |= {name for name in named if name is not None}
     return [name for name in schema.names if name in needed]
 
 
-def file_moments(path: str, computation: Computation, progress=None) -> FileMoments:
-    """First pass of ``--normalize`` over one file: per-row moments of the new and old
-    advantages over trainable tokens (:func:`gaecli.stats.row_moments`), added exactly per
-    group. ``progress`` (optional) is advanced per batch."""
+def file_reduction(path: str, computation: Computation, reduction: Reduction, progress=None) -> ReductionResult:
+    """A grouped-reduction pass (:class:`gaecli.advantages.reduction.Reduction`) over one
+    file's computed batches. ``progress`` (optional) is advanced per batch."""
     rollout = RolloutFile(path)
     try:
         check_file(rollout.schema, str(path), computation)
-        result = FileMoments(GroupedMoments(), GroupedMoments())
-        for computed in computed_batches(rollout, computation, statistics_columns(rollout.schema, computation)):
-            keys = computed.keys(computation.normalize_by)
+        check_scalar_column(rollout.schema, str(path), "the reduction key", reduction.key)
+        result = ReductionResult(reduction)
+        read = statistics_columns(rollout.schema, computation, reduction.key)
+        for computed in computed_batches(rollout, computation, read):
             packed = computed.packed
-            result.new.add(keys, *row_moments(computed.new, packed.trainable, packed.offsets))
-            result.old.add(keys, *row_moments(computed.old, packed.trainable, packed.offsets))
+            operands = {operand: getattr(computed, operand) for operand in reduction.operands}
+            result.add(operands, packed.trainable, packed.offsets, computed.keys(reduction.key))
             result.rows += computed.batch.num_rows
             result.tokens += packed.tokens
             if progress is not None:
@@ -357,39 +347,41 @@ def file_moments(path: str, computation: Computation, progress=None) -> FileMome
         rollout.close()
 
 
-def merge_moments(parts: list[FileMoments], normalize_by: Optional[str]) -> tuple[GroupedMoments, GroupedMoments]:
-    """Merge files' moments in input order; refuse (:class:`GAEInputError`) a group
-    without any trainable token."""
-    new, old = GroupedMoments(), GroupedMoments()
-    for part in parts:
-        new.merge(part.new)
-        old.merge(part.old)
-    for key, group in new.groups.items():
-        if group.count == 0:
-            where = "the input" if key is None else f"group {normalize_by}={key!r}"
-            raise GAEInputError(f"cannot normalize: {where} has no trainable token")
-    return new, old
-
-
-def engine_moments(paths: list[str], computation: Computation, engine, progress, total_rows: int,
-                   session=None) -> tuple[GroupedMoments, GroupedMoments]:
-    """The ``--normalize`` statistics pass over ``paths`` on ``engine`` (an
+def engine_reduction(paths: list[str], computation: Computation, reduction: Reduction, engine, progress,
+                     total_rows: int, session=None) -> ReductionResult:
+    """A grouped-reduction pass over ``paths`` on ``engine`` (an
     :class:`gaecli.engines.EngineOptions`, with the command's
-    :class:`gaecli.engines.EngineSession` if any): one :func:`file_moments` unit per file, stopped
-    at the first failure (raised as for one file), merged in input order. Every per-file
-    part is exact, so the statistics are the same for any engine and worker count."""
+    :class:`gaecli.engines.EngineSession` if any): one :func:`file_reduction` unit per file,
+    stopped at the first failure (raised as for one file), merged in input order. Every
+    per-file part is exact, so the result is the same for any engine and worker count."""
     from gaecli.engines import TaskFailure, map_units
 
     progress.start("statistics", total_rows)
     try:
-        parts = map_units(file_moments, [(str(path), computation) for path in paths], [str(path) for path in paths], engine,
+        tasks = [(str(path), computation, reduction) for path in paths]
+        parts = map_units(file_reduction, tasks, [str(path) for path in paths], engine,
                           stop_on_failure=True, progress=progress, session=session)
     finally:
         progress.finish()
     for part in parts:
         if isinstance(part, TaskFailure):
             part.raise_error()
-    return merge_moments(parts, computation.normalize_by)
+    return merge_results(reduction, parts)
+
+
+def engine_moments(paths: list[str], computation: Computation, engine, progress, total_rows: int,
+                   session=None) -> tuple[GroupedMoments, GroupedMoments]:
+    """The ``--normalize`` statistics (:func:`gaecli.advantages.reduction.normalize_reduction`)
+    by :func:`engine_reduction`: the moments of the new and the old advantages; refuses
+    (:class:`GAEInputError`) a group without any trainable token."""
+    reduction = normalize_reduction(computation.normalize_by)
+    merged = engine_reduction(paths, computation, reduction, engine, progress, total_rows, session)
+    new, old = merged.groups["new"], merged.groups["old"]
+    for key, group in new.groups.items():
+        if group.count == 0:
+            where = "the input" if key is None else f"group {computation.normalize_by}={key!r}"
+            raise GAEInputError(f"cannot normalize: {where} has no trainable token")
+    return new, old
 
 
 def normalize_label(options) -> str:
@@ -398,13 +390,3 @@ def normalize_label(options) -> str:
     if options.normalize_by is not None:
         return f"by:{options.normalize_by}"
     return "all" if options.normalize else "none"
-
-
-def whiten_rows(advantages: np.ndarray, offsets: np.ndarray, moments: GroupedMoments, keys: Optional[pa.Array]) -> np.ndarray:
-    """``(A − mean) / sqrt(var + 1e-8)`` at every position, with each row's group
-    statistics (float64; callers zero the masked positions where the contract says so)."""
-    means, stds = moments.row_stats(keys, offsets.size - 1, WHITEN_EPSILON)
-    lengths = np.diff(offsets)
-    return (advantages.astype(np.float64) - np.repeat(means, lengths)) / np.repeat(stds, lengths)
-
-

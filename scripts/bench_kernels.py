@@ -139,7 +139,7 @@ def render_table(header: list[str], rows: list[list[str]]) -> str:
 def chunked_gemm_gae(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma, lambd, chunk_size=64):
     """The trainers' chunked scan: compress, pad, intra-chunk GEMM with the decay matrix,
     serial carry between chunks, scatter. Same results as ``chunked`` up to rounding."""
-    from gaecli.kernels.layout import compress, pad_compressed, scatter_compressed
+    from gaecli.advantages.layout import compress, pad_compressed, scatter_compressed
 
     layout = compress(loss_mask, offsets)
     padded_values, padded_rewards = pad_compressed(values, rewards, terminal_rewards, layout, layout.width)

@@ -4,7 +4,7 @@ are held against (``reference_gae`` on the data as stored, plain Python GAE loop
 whitening).
 
 Kept apart from ``helpers.py`` (the kernel tests' module); nothing here calls the code
-under test except the float64 oracle ``gaecli.kernels.reference.reference_gae``.
+under test except the float64 oracle ``gaecli.advantages.kernels.reference.reference_gae``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from gaecli.kernels.reference import reference_gae
+from gaecli.advantages.kernels.reference import reference_gae
 
 # |got - ref| <= TOLERANCE[type] * (1 + max |ref| of the sample)
 TOLERANCE = {"float": 2e-5, "double": 1e-12}

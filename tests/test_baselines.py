@@ -11,7 +11,7 @@ from hypothesis import given
 import gaecli
 from gaecli import GAEInputError
 from gaecli.flat import gae_flat, last_trainable_index, next_trainable_index
-from gaecli.kernels import layout
+from gaecli.advantages import layout
 from helpers import (
     FAST_KERNEL_NAMES,
     KERNEL_NAMES,

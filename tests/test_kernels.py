@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gaecli
-from gaecli.kernels.chunked import chunked_gae
-from gaecli.kernels.reference import reference_gae
+from gaecli.advantages.kernels.chunked import chunked_gae
+from gaecli.advantages.kernels.reference import reference_gae
 from helpers import (
     FAST_KERNEL_NAMES,
     KERNEL_NAMES,

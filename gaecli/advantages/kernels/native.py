@@ -2,7 +2,7 @@
 backward pass per sample, samples spread over the cores. The CPU fast path.
 
 Every sample is computed alone, in float64 whatever the input dtype, with the operations of
-:func:`gaecli.kernels.reference.reference_gae` in the same order (``δ = (r + z) + γ·V' − V``,
+:func:`gaecli.advantages.kernels.reference.reference_gae` in the same order (``δ = (r + z) + γ·V' − V``,
 ``A = δ + γλ·A'``, ``z`` on the last trainable token and ``+ 0.0`` elsewhere), and rounded
 once on output. The result is therefore bitwise batch invariant, and bitwise equal to the
 reference for float64 inputs (for float32 inputs, to the reference's float64 result rounded
@@ -212,7 +212,7 @@ def native_gae_flat(
 def native_gae(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma: float, lambd: float):
     """Masked GAE by a compiled serial pass per sample (CPU tensors only).
 
-    Same signature and semantics as :func:`gaecli.kernels.reference.reference_gae`; the
+    Same signature and semantics as :func:`gaecli.advantages.kernels.reference.reference_gae`; the
     tensors share memory with the numpy buffers of :func:`native_gae_flat`.
     """
     import torch

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from gaecli.kernels.layout import next_trainable_index, segment_ids
+from gaecli.advantages.layout import next_trainable_index, segment_ids
 
 
 def scan_gae(
@@ -33,7 +33,7 @@ def scan_gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked GAE by a segmented log-step scan over the flat buffer.
 
-    Same signature and semantics as :func:`gaecli.kernels.reference.reference_gae`:
+    Same signature and semantics as :func:`gaecli.advantages.kernels.reference.reference_gae`:
     flat ``[N]`` inputs, ``offsets`` ``[B + 1]``, ``terminal_rewards`` ``[B]``; masked
     positions 0, fully masked samples all 0 (terminal dropped), empty samples own nothing.
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from gaecli.kernels.layout import compress, pad_compressed, scatter_compressed
+from gaecli.advantages.layout import compress, pad_compressed, scatter_compressed
 
 
 def vanilla_scan(padded_values: torch.Tensor, padded_rewards: torch.Tensor, gamma: float, lambd: float) -> torch.Tensor:
@@ -39,7 +39,7 @@ def vanilla_gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked GAE: compress to trainable tokens, pad to ``[B, max K]``, serial scan, scatter.
 
-    Same signature and semantics as :func:`gaecli.kernels.reference.reference_gae`
+    Same signature and semantics as :func:`gaecli.advantages.kernels.reference.reference_gae`
     (masked positions 0, fully masked samples all 0, empty samples own no position).
     """
     layout = compress(loss_mask, offsets)

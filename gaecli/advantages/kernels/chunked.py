@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from gaecli.kernels.layout import compress, pad_compressed, scatter_compressed
+from gaecli.advantages.layout import compress, pad_compressed, scatter_compressed
 
 DEFAULT_CHUNK_SIZE = 64
 
@@ -76,7 +76,7 @@ def chunked_gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked GAE: compress, pad to ``[B, max K]``, chunked scan with ``chunk_size``, scatter.
 
-    Same signature and semantics as :func:`gaecli.kernels.reference.reference_gae`.
+    Same signature and semantics as :func:`gaecli.advantages.kernels.reference.reference_gae`.
     """
     layout = compress(loss_mask, offsets)
     padded_values, padded_rewards = pad_compressed(values, rewards, terminal_rewards, layout, layout.width)

@@ -1,0 +1,198 @@
+"""The Python API on torch tensors: masked GAE (the simple case), the baselines, and
+:func:`compute_advantages`, which takes a spec. Every function checks its arguments
+(:mod:`gaecli.advantages.inputs`) and calls the one dispatch
+(:func:`gaecli.advantages.dispatch.compute`). What they compute: docs/semantics.md; how to
+call them: docs/python-api.md.
+
+Two forms of every function:
+- packed: flat 1-D tensors ``values``, ``rewards``, ``loss_mask`` of N tokens plus
+  ``offsets`` (B + 1 entries, as an Arrow list column's offsets) and ``terminal_rewards``
+  (B entries); returns flat ``[N]`` tensors;
+- list: one 1-D tensor per sample; a thin wrapper that concatenates, calls the packed form
+  and splits (the pieces are views of one flat result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Optional, Union
+
+import torch
+
+from gaecli.advantages.dispatch import compute
+from gaecli.advantages.inputs import pack_lists, prepare_packed, split
+from gaecli.advantages.spec import AdvantageSpec
+from gaecli.advantages.whiten import whiten, whiten_by_group
+from gaecli.errors import GAEInputError
+
+Semantics = Literal["masked", "unmasked", "skip-masked", "zero-masked"]
+TerminalRewards = Union[Sequence[float], torch.Tensor]
+
+
+# ----------------------------------------------------------------------------- with a spec
+
+
+def compute_advantages_packed(
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    loss_mask: torch.Tensor,
+    offsets: torch.Tensor,
+    terminal_rewards: TerminalRewards,
+    *,
+    spec: AdvantageSpec,
+    kernel: str = "auto",
+    row_inputs: Optional[Mapping[str, Any]] = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns of ``spec`` on packed input: flat ``[N]`` ``values``,
+    ``rewards``, ``loss_mask`` (bool, integer or float 0/1), ``offsets`` ``[B + 1]``,
+    ``terminal_rewards`` ``[B]``. Returns flat ``[N]`` tensors in the values' dtype and
+    device; the advantages whitened as ``spec.normalize`` says (returns never).
+
+    ``row_inputs`` maps the name of each per-row input the spec reads
+    (``spec.row_inputs``; today the ``normalize_by`` key) to ``[B]`` values (a tensor or a
+    sequence). ``kernel``: ``auto`` (a capable kernel) or a name that supports the spec (else
+    :class:`gaecli.KernelUnavailableError`). Raises :class:`gaecli.GAEInputError` naming the
+    sample for bad data, and for a missing per-row input.
+    """
+    if not isinstance(spec, AdvantageSpec):
+        raise GAEInputError(f"spec must be a gaecli.AdvantageSpec, got {type(spec).__name__}")
+    row_inputs = dict(row_inputs or {})
+    missing = [needed.name for needed in spec.row_inputs if needed.name not in row_inputs]
+    if missing:
+        raise GAEInputError(f"spec reads per-row input {missing[0]!r}: pass row_inputs={{{missing[0]!r}: ...}}")
+    values, rewards, mask, offsets, terminal = prepare_packed(
+        values, rewards, loss_mask, offsets, terminal_rewards, validate
+    )
+    advantages, returns = compute(spec, values, rewards, mask, offsets, terminal, kernel=kernel)
+    if spec.normalize == "all":
+        advantages = whiten(advantages, mask)
+    elif spec.normalize == "by":
+        advantages = whiten_by_group(advantages, mask, offsets, row_inputs[spec.normalize_by])
+    return advantages, returns
+
+
+def compute_advantages(
+    values: Sequence[torch.Tensor],
+    rewards: Sequence[torch.Tensor],
+    loss_mask: Sequence[torch.Tensor],
+    terminal_rewards: TerminalRewards,
+    *,
+    spec: AdvantageSpec,
+    kernel: str = "auto",
+    row_inputs: Optional[Mapping[str, Any]] = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """List form of :func:`compute_advantages_packed`: one 1-D tensor of length R_i per
+    sample for values, rewards and loss_mask, one terminal reward per sample (and one value
+    per sample in each ``row_inputs`` entry). Returns lists of ``[R_i]`` tensors."""
+    packed = pack_lists(values, rewards, loss_mask, terminal_rewards)
+    flat_values, flat_rewards, flat_mask, offsets, terminal, lengths = packed
+    advantages, returns = compute_advantages_packed(
+        flat_values, flat_rewards, flat_mask, offsets, terminal, spec=spec, kernel=kernel, row_inputs=row_inputs
+    )
+    return split(advantages, lengths), split(returns, lengths)
+
+
+# ----------------------------------------------------------------------------- masked GAE
+
+
+def masked_gae_packed(
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    loss_mask: torch.Tensor,
+    offsets: torch.Tensor,
+    terminal_rewards: TerminalRewards,
+    *,
+    gamma: float,
+    lambd: float,
+    kernel: str = "auto",
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked GAE (the contract of docs/semantics.md) on packed ragged input.
+
+    Shapes: ``values``, ``rewards``, ``loss_mask`` flat ``[N]`` (mask bool, integer or float
+    0/1); ``offsets`` ``[B + 1]`` with ``offsets[0] = 0`` and ``offsets[-1] = N``;
+    ``terminal_rewards`` ``[B]`` (ints or floats). Returns flat ``[N]`` ``(advantages,
+    returns)`` in the values' dtype and device: 0 at masked positions, a fully masked sample
+    all 0, an empty sample owns no position.
+
+    ``validate=False`` skips the finiteness scan (for callers that checked already); mask
+    values are always checked. Raises :class:`gaecli.GAEInputError` naming the sample.
+    """
+    return baseline_gae_packed(values, rewards, loss_mask, offsets, terminal_rewards, gamma=gamma, lambd=lambd,
+                               semantics="masked", kernel=kernel, validate=validate)
+
+
+def masked_gae(
+    values: Sequence[torch.Tensor],
+    rewards: Sequence[torch.Tensor],
+    loss_mask: Sequence[torch.Tensor],
+    terminal_rewards: TerminalRewards,
+    *,
+    gamma: float,
+    lambd: float,
+    kernel: str = "auto",
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Masked GAE on a list of samples: one 1-D tensor of length R_i per sample for values,
+    rewards and loss_mask, one terminal reward per sample. Returns ``(advantages, returns)``
+    as lists of ``[R_i]`` tensors in the values' dtype and device (R = 0 → empty tensor,
+    empty batch → empty lists); otherwise as :func:`masked_gae_packed`."""
+    return baseline_gae(values, rewards, loss_mask, terminal_rewards, gamma=gamma, lambd=lambd, semantics="masked",
+                        kernel=kernel)
+
+
+# ----------------------------------------------------------------------------- baselines
+
+
+def baseline_gae_packed(
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    loss_mask: torch.Tensor,
+    offsets: torch.Tensor,
+    terminal_rewards: TerminalRewards,
+    *,
+    gamma: float,
+    lambd: float,
+    semantics: Semantics = "unmasked",
+    kernel: str = "auto",
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE under ``semantics``, packed form (shapes as :func:`masked_gae_packed`):
+    ``masked`` (the contract) or one of the trainers' baselines ``unmasked``,
+    ``skip-masked``, ``zero-masked``, defined in docs/semantics.md#the-baselines. Returns
+    what that semantics computes at every position (non-zero at masked positions where it
+    makes them so)."""
+    spec = AdvantageSpec(gamma, lambd, semantics)
+    return compute_advantages_packed(values, rewards, loss_mask, offsets, terminal_rewards, spec=spec, kernel=kernel,
+                                     validate=validate)
+
+
+def baseline_gae(
+    values: Sequence[torch.Tensor],
+    rewards: Sequence[torch.Tensor],
+    loss_mask: Sequence[torch.Tensor],
+    terminal_rewards: TerminalRewards,
+    *,
+    gamma: float,
+    lambd: float,
+    semantics: Semantics = "unmasked",
+    kernel: str = "auto",
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """List form of :func:`baseline_gae_packed` (arguments as :func:`masked_gae`)."""
+    return compute_advantages(values, rewards, loss_mask, terminal_rewards, spec=AdvantageSpec(gamma, lambd, semantics),
+                              kernel=kernel)
+
+
+def unmasked_gae(
+    values: Sequence[torch.Tensor],
+    rewards: Sequence[torch.Tensor],
+    loss_mask: Sequence[torch.Tensor],
+    terminal_rewards: TerminalRewards,
+    *,
+    gamma: float,
+    lambd: float,
+    kernel: str = "auto",
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The old behaviour: ``baseline_gae(..., semantics="unmasked")`` (docs/semantics.md)."""
+    return baseline_gae(values, rewards, loss_mask, terminal_rewards, gamma=gamma, lambd=lambd, semantics="unmasked",
+                        kernel=kernel)

@@ -1,0 +1,83 @@
+"""The one dispatch: a spec (:class:`gaecli.advantages.spec.AdvantageSpec`) computed on one
+packed batch by a kernel that supports it. The Python API (torch tensors) and the commands
+(numpy buffers, :func:`gaecli.pipeline.compute_packed`) both call :func:`compute`; so does
+:func:`gae_flat`, the public numpy form. Imports torch only when the batch is made of tensors
+or the kernel has no numpy form."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from gaecli.advantages.baselines import apply_semantics
+from gaecli.advantages.kernels import KERNELS, device_type, resolve_kernel
+from gaecli.advantages.spec import AdvantageSpec
+
+
+def compute(spec: AdvantageSpec, values, rewards, trainable, offsets, terminal_rewards, *, kernel: str = "auto",
+            device=None):
+    """Advantages and returns of one packed batch under ``spec``, before normalisation
+    (whitening needs statistics over the whole input: :mod:`gaecli.advantages.whiten`).
+
+    Shapes: flat ``[N]`` ``values``, ``rewards`` (one float dtype, which the outputs take)
+    and bool ``trainable``; int64 ``offsets`` ``[B + 1]``; ``terminal_rewards`` ``[B]`` in the
+    values' dtype. Returns flat ``(advantages, returns)`` ``[N]`` (docs/semantics.md).
+
+    numpy arrays in, numpy arrays out: on the CPU a kernel with a numpy form (``native``)
+    runs without importing torch; any other kernel, or ``device`` other than cpu, runs on
+    tensors there and comes back. Torch tensors in, tensors out on their device (``device``
+    is then theirs). ``kernel`` is resolved for the device and the spec
+    (:func:`gaecli.advantages.kernels.resolve_kernel`: a kernel that cannot run the spec is
+    refused, ``auto`` picks one that can). The inputs are not checked (the API and the
+    commands check them first) and not modified.
+    """
+    if isinstance(values, np.ndarray):
+        device = "cpu" if device is None else device
+        entry = KERNELS[resolve_kernel(kernel, device, spec)]
+        if entry.flat_function is not None and device_type(device) == "cpu":
+            return _run(spec, entry.flat_function, values, rewards, trainable, offsets, terminal_rewards)
+        offsets = offsets.astype(np.int64, copy=False)  # the torch kernels index with it
+        return _on_tensors(spec, entry.function, device, values, rewards, trainable, offsets, terminal_rewards)
+    entry = KERNELS[resolve_kernel(kernel, values.device, spec)]
+    return _run(spec, entry.function, values, rewards, trainable, offsets, terminal_rewards)
+
+
+def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, terminal_rewards):
+    def run(v, r, m, z):
+        return function(v, r, m, offsets, z, gamma=spec.gamma, lambd=spec.lambd)
+
+    return apply_semantics(run, values, rewards, trainable, offsets, terminal_rewards, gamma=spec.gamma,
+                           lambd=spec.lambd, semantics=spec.semantics)
+
+
+def _on_tensors(spec: AdvantageSpec, function, device, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Numpy buffers through a torch kernel on ``device``, back as numpy."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        tensors = [torch.from_numpy(array) for array in arrays]
+    if device_type(device) != "cpu":
+        tensors = [tensor.to(device) for tensor in tensors]
+    advantages, returns = _run(spec, function, *tensors)
+    return advantages.cpu().numpy(), returns.cpu().numpy()
+
+
+def gae_flat(
+    values: np.ndarray,
+    rewards: np.ndarray,
+    trainable: np.ndarray,
+    offsets: np.ndarray,
+    terminal_rewards: np.ndarray,
+    *,
+    gamma: float,
+    lambd: float,
+    semantics: str = "masked",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Advantages and returns ``[N]`` (the values' dtype) on flat numpy buffers with the
+    ``native`` kernel, without torch: :func:`compute` of ``AdvantageSpec(gamma, lambd,
+    semantics)``. Shapes as :func:`compute`; the inputs are not checked (the commands check
+    every batch before) and not modified."""
+    spec = AdvantageSpec(gamma, lambd, semantics)
+    return compute(spec, values, rewards, trainable, offsets, terminal_rewards, kernel="native", device="cpu")

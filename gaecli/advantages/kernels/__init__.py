@@ -1,0 +1,145 @@
+"""The advantage kernels and the one table that maps their names to functions and says what
+each can run.
+
+Every GAE kernel has the signature of :func:`gaecli.advantages.kernels.reference.reference_gae`:
+``kernel(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma, lambd)`` on flat
+1-D tensors (bool ``loss_mask``, int64 ``offsets`` of B + 1 entries) and returns flat
+``(advantages, returns)`` under the masked contract (docs/semantics.md). A kernel with a
+numpy form (``flat_attribute``) also runs on numpy buffers without torch. Adding a kernel: one
+module here, one entry in :data:`KERNELS`, its tests (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from gaecli.errors import KernelUnavailableError
+
+if TYPE_CHECKING:
+    from gaecli.advantages.spec import AdvantageSpec
+
+GAE_FEATURES = frozenset({"estimator:gae", "timestep:token"})
+"""The features of :attr:`gaecli.advantages.spec.AdvantageSpec.features` every GAE kernel supports."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel: where its function lives (loaded on first use, so that naming or resolving
+    a kernel imports neither torch nor numba), whether it runs on CUDA, a one-line
+    description for ``gae kernels``, the spec features it supports, its numpy form (a
+    function of the same module on numpy buffers, or None), and the module it needs to be
+    importable to run (None: torch only)."""
+
+    module: str
+    attribute: str
+    cuda: bool
+    description: str
+    supports: frozenset[str] = GAE_FEATURES
+    flat_attribute: Optional[str] = None
+    needs: Optional[str] = None
+
+    @property
+    def function(self) -> Callable[..., tuple[Any, Any]]:
+        """The torch form."""
+        return getattr(importlib.import_module(self.module), self.attribute)
+
+    @property
+    def flat_function(self) -> Optional[Callable[..., tuple[Any, Any]]]:
+        """The numpy form (no torch), or None."""
+        if self.flat_attribute is None:
+            return None
+        return getattr(importlib.import_module(self.module), self.flat_attribute)
+
+    @cached_property
+    def usable(self) -> bool:
+        """Whether it can run here: the module it needs (numba for ``native``) imports."""
+        if self.needs is None:
+            return True
+        try:
+            importlib.import_module(self.needs)
+        except ImportError:
+            return False
+        return True
+
+    def missing(self, spec: Optional["AdvantageSpec"]) -> frozenset[str]:
+        """The features of ``spec`` this kernel does not support (empty: it can run it)."""
+        return frozenset() if spec is None else spec.features - self.supports
+
+
+_PACKAGE = "gaecli.advantages.kernels"
+KERNELS: dict[str, Kernel] = {
+    "reference": Kernel(f"{_PACKAGE}.reference", "reference_gae", True, "float64 serial loop per sample (the oracle)"),
+    "vanilla": Kernel(f"{_PACKAGE}.vanilla", "vanilla_gae", True, "padded [B, T] batched serial scan (trainers' way)"),
+    "chunked": Kernel(f"{_PACKAGE}.chunked", "chunked_gae", True,
+                      "padded [B, T] FLA-style chunked scan (trainers' way)"),
+    "scan": Kernel(f"{_PACKAGE}.scan", "scan_gae", True, "ragged log-step segmented scan, no padding (torch)"),
+    "native": Kernel(f"{_PACKAGE}.native", "native_gae", False,
+                     "ragged compiled pass per sample, no padding (numba, CPU)",
+                     flat_attribute="native_gae_flat", needs="numba"),
+}
+
+# Fastest batch-invariant kernel first, per device type; then any other capable one.
+AUTO_ORDER = {"cpu": ("native", "scan"), "cuda": ("scan",)}
+AUTO_FALLBACK = "vanilla"
+
+
+def device_type(device) -> str:
+    """``cpu``, ``cuda``... of a device name (``"cuda:1"``) or a ``torch.device``."""
+    return device.type if hasattr(device, "type") else str(device).split(":", 1)[0]
+
+
+def available_kernels(device="cpu") -> list[str]:
+    """Names of the concrete kernels usable on ``device`` (a name or a ``torch.device``)
+    here (``auto`` excluded)."""
+    kind = device_type(device)
+    return [
+        name
+        for name, kernel in KERNELS.items()
+        if kernel.usable and (kind == "cpu" or kernel.cuda)
+    ]
+
+
+def resolve_kernel(name: str, device="cpu", spec: Optional["AdvantageSpec"] = None) -> str:
+    """The concrete kernel ``name`` stands for on ``device`` (``auto`` resolved to the first
+    usable kernel there that supports ``spec``).
+
+    Raises :class:`KernelUnavailableError` for an unknown name, one that cannot run there,
+    or one that cannot compute ``spec`` (a usage error).
+    """
+    kind = device_type(device)
+    usable = available_kernels(device)
+    if name == "auto":
+        capable = [candidate for candidate in usable if not KERNELS[candidate].missing(spec)]
+        for candidate in (*AUTO_ORDER.get(kind, ("scan",)), AUTO_FALLBACK, *capable):
+            if candidate in capable:
+                return candidate
+        raise KernelUnavailableError(f"no kernel usable on {kind} here computes {_describe(spec)}")
+    if name not in KERNELS:
+        raise KernelUnavailableError(f"unknown kernel {name!r}; choose one of: auto, {', '.join(KERNELS)}")
+    if name not in usable:
+        raise KernelUnavailableError(
+            f"kernel {name!r} cannot run on {kind} here; usable: {', '.join(usable)}"
+        )
+    missing = KERNELS[name].missing(spec)
+    if missing:
+        capable = [candidate for candidate in usable if not KERNELS[candidate].missing(spec)]
+        raise KernelUnavailableError(
+            f"kernel {name!r} does not support {', '.join(sorted(missing))}; "
+            f"kernels that do: auto, {', '.join(capable) or 'none here'}"
+        )
+    return name
+
+
+def _describe(spec: Optional["AdvantageSpec"]) -> str:
+    return "anything" if spec is None else ", ".join(sorted(spec.features))
+
+
+def get_kernel(name: str, device="cpu", spec: Optional["AdvantageSpec"] = None) -> Callable[..., tuple[Any, Any]]:
+    """The kernel function for ``name`` (``auto`` resolved for ``device`` and ``spec``)."""
+    return KERNELS[resolve_kernel(name, device, spec)].function
+
+
+__all__ = ["KERNELS", "Kernel", "available_kernels", "device_type", "get_kernel", "resolve_kernel"]

@@ -1,0 +1,175 @@
+"""The ragged layout, written once: where samples start and end, which token is the last
+trainable one, which trainable token follows a position, and the padded ``[B, T]`` layout of
+the compressed (trainable-only) sequences, all vectorised over the flat buffer.
+
+Conventions used throughout gaecli: a batch of B samples is flat 1-D arrays of N tokens
+(values, rewards, a bool trainable mask) plus ``offsets`` (int64, B + 1 entries,
+``offsets[0] == 0``, ``offsets[-1] == N``; an Arrow list column's offsets, FLA's
+``cu_seqlens``). Every helper that both paths use takes numpy arrays (the commands' CPU path,
+which never imports torch) or torch tensors (the Python API, any device) and answers in the
+same kind; the two implementations sit side by side and give the same integers. The padded
+layout (:func:`compress` and what follows) is torch only: the padded kernels use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+def array_module(array):
+    """``numpy`` for a numpy array, ``torch`` for a tensor (imported only then)."""
+    if isinstance(array, np.ndarray):
+        return np
+    import torch
+
+    return torch
+
+
+def segment_ids(offsets, total: int):
+    """Sample index of every flat position: int64 ``[N]``; empty samples own no position."""
+    if isinstance(offsets, np.ndarray):
+        return np.repeat(np.arange(offsets.size - 1, dtype=np.int64), np.diff(offsets))
+    import torch
+
+    lengths = offsets[1:] - offsets[:-1]
+    return torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=offsets.device), lengths, output_size=total
+    )
+
+
+def trainable_counts(trainable, offsets):
+    """Trainable (nonzero) tokens per sample of a flat mask ``[N]``. int64 ``[B]``."""
+    if isinstance(trainable, np.ndarray):
+        return np.diff(np.searchsorted(np.flatnonzero(trainable), offsets))
+    import torch
+
+    return torch.diff(torch.searchsorted(trainable.nonzero().flatten(), offsets))
+
+
+def last_trainable_index(trainable, offsets):
+    """Flat index of each sample's last trainable token, -1 when it has none. int64 ``[B]``."""
+    if isinstance(trainable, np.ndarray):
+        positions = np.flatnonzero(trainable)
+        # positions[index] is the last trainable position before each sample's end.
+        index = np.searchsorted(positions, offsets[1:], side="left") - 1
+        candidate = np.append(positions, -1)[index]  # index -1 (none before) picks the -1
+        return np.where(candidate >= offsets[:-1], candidate, -1)
+    import torch
+
+    batch = offsets.numel() - 1
+    positions = torch.where(trainable, torch.arange(trainable.numel(), device=trainable.device), -1)
+    last = torch.full((batch,), -1, dtype=torch.int64, device=trainable.device)
+    return last.scatter_reduce(0, segment_ids(offsets, trainable.numel()), positions, reduce="amax")
+
+
+def next_trainable_index(trainable, offsets):
+    """For every flat position t, the index of the first trainable position after t in the
+    same sample, or -1 when there is none. int64 ``[N]``."""
+    total = trainable.size if isinstance(trainable, np.ndarray) else trainable.numel()
+    if isinstance(trainable, np.ndarray):
+        positions = np.flatnonzero(trainable)
+        following = np.append(positions, total)[np.searchsorted(positions, np.arange(total), side="right")]
+        sample_end = np.repeat(offsets[1:], np.diff(offsets))
+        return np.where(following < sample_end, following, -1)
+    import torch
+
+    positions = torch.arange(total, device=trainable.device)
+    candidates = torch.where(trainable, positions, total)
+    # Minimum over candidates[t:]: a reverse cumulative minimum; shifted by one for "after t".
+    suffix_min = candidates.flip(0).cummin(0).values.flip(0)
+    following = torch.cat([suffix_min[1:], suffix_min.new_full((1,), total)])
+    sample_end = offsets[1:][segment_ids(offsets, total)]
+    return torch.where(following < sample_end, following, -1)
+
+
+def masked_tail_lengths(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Masked tokens after each sample's last trainable token (its whole length when fully
+    masked, 0 when empty). int64 ``[B]``; numpy only (the checks use it)."""
+    starts, ends = offsets[:-1], offsets[1:]
+    positions = np.flatnonzero(trainable)
+    if positions.size == 0:
+        return ends - starts
+    before = np.searchsorted(positions, offsets)  # trainable tokens before each row boundary
+    has_trainable = before[1:] > before[:-1]
+    last = np.where(has_trainable, positions[np.maximum(before[1:] - 1, 0)], starts - 1)
+    return ends - 1 - last
+
+
+@dataclass(frozen=True)
+class CompressedLayout:
+    """Where each trainable token sits in the padded ``[B, T]`` layout of the compressed
+    (trainable-only) sequences.
+
+    ``flat_index``: int64 ``[K_total]`` flat positions of the trainable tokens;
+    ``row``, ``col``: their row and column in the padded layout;
+    ``trainable_lengths``: int64 ``[B]`` (K per sample); ``width``: T = max K (0 if none).
+    """
+
+    flat_index: torch.Tensor
+    row: torch.Tensor
+    col: torch.Tensor
+    trainable_lengths: torch.Tensor
+    width: int
+
+
+def compress(loss_mask: torch.Tensor, offsets: torch.Tensor) -> CompressedLayout:
+    """Locate every sample's trainable tokens in a padded ``[B, max K]`` layout."""
+    import torch
+
+    total = loss_mask.numel()
+    batch = offsets.numel() - 1
+    flat_index = loss_mask.nonzero().flatten()
+    row = segment_ids(offsets, total)[flat_index]
+    trainable_lengths = torch.bincount(row, minlength=batch)
+    compressed_offsets = torch.zeros(batch + 1, dtype=torch.int64, device=offsets.device)
+    torch.cumsum(trainable_lengths, 0, out=compressed_offsets[1:])
+    col = torch.arange(flat_index.numel(), device=offsets.device) - compressed_offsets[row]
+    width = int(trainable_lengths.max()) if batch > 0 and flat_index.numel() > 0 else 0
+    return CompressedLayout(flat_index, row, col, trainable_lengths, width)
+
+
+def pad_compressed(
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    terminal_rewards: torch.Tensor,
+    layout: CompressedLayout,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded ``[B, width]`` values and rewards of the compressed sequences, terminal reward
+    added to the last trainable token of each sample, zeros in the padding. A fully masked
+    sample is a row of zeros (its terminal reward is dropped)."""
+    import torch
+
+    batch = terminal_rewards.numel()
+    padded_values = values.new_zeros(batch, width)
+    padded_rewards = values.new_zeros(batch, width)
+    padded_values[layout.row, layout.col] = values[layout.flat_index]
+    padded_rewards[layout.row, layout.col] = rewards[layout.flat_index]
+    has_trainable = layout.trainable_lengths > 0
+    rows = torch.arange(batch, device=values.device)[has_trainable]
+    last_cols = layout.trainable_lengths[has_trainable] - 1
+    padded_rewards[rows, last_cols] += terminal_rewards[has_trainable]
+    return padded_values, padded_rewards
+
+
+def scatter_compressed(
+    padded_advantages: torch.Tensor,
+    values: torch.Tensor,
+    layout: CompressedLayout,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat ``[N]`` advantages and returns from padded compressed advantages; exactly 0 at
+    masked positions, returns = advantages + values at trainable positions."""
+    import torch
+
+    advantages = torch.zeros_like(values)
+    returns = torch.zeros_like(values)
+    trainable_advantages = padded_advantages[layout.row, layout.col]
+    advantages[layout.flat_index] = trainable_advantages
+    returns[layout.flat_index] = trainable_advantages + values[layout.flat_index]
+    return advantages, returns

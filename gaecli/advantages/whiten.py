@@ -1,0 +1,98 @@
+"""Whitening of advantages, ``(A − mean) / sqrt(var + ε)`` over trainable tokens
+(docs/semantics.md): over a torch input (:func:`whiten`), per group of rows in a torch input
+(:func:`whiten_by_group`), and per row from grouped statistics gathered over many files
+(:func:`whiten_rows`, the commands' ``--normalize``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+from gaecli.advantages.contract import WHITEN_EPSILON
+from gaecli.errors import GAEInputError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from gaecli.stats import GroupedMoments
+
+
+def whiten(advantages, loss_mask):
+    """Whiten advantages over all trainable tokens: ``(A − mean) / sqrt(var + 1e-8)`` with
+    the mask-weighted mean and Bessel-corrected variance (statistics in float64).
+
+    ``advantages`` and ``loss_mask`` are both flat tensors or both lists of 1-D tensors;
+    the result has the same form and the advantages' dtype. Masked positions stay 0. One
+    trainable token whitens to 0 (its variance is taken as 0); no trainable token at all
+    raises :class:`gaecli.GAEInputError`.
+    """
+    import torch
+
+    from gaecli.advantages.inputs import as_mask, pack_lists, split
+
+    if isinstance(advantages, torch.Tensor):
+        flat_advantages, flat_mask, lengths = advantages, loss_mask, None
+        if flat_mask.numel() != flat_advantages.numel():
+            raise GAEInputError(f"loss_mask has {flat_mask.numel()} tokens, advantages has {flat_advantages.numel()}")
+    else:
+        terminal = [0.0] * len(advantages)
+        flat_advantages, _, flat_mask, _, _, lengths = pack_lists(advantages, advantages, loss_mask, terminal)
+    offsets = torch.tensor([0, flat_mask.numel()], device=flat_advantages.device)
+    mask = as_mask(flat_mask.to(flat_advantages.device), offsets)
+    count = int(mask.sum())
+    if count == 0:
+        raise GAEInputError("whiten: no trainable token (loss_mask is all zeros)")
+    as_double = flat_advantages.double()
+    mean = as_double[mask].sum() / count
+    variance = ((as_double[mask] - mean) ** 2).sum() / (count - 1) if count > 1 else as_double.new_zeros(())
+    whitened = torch.where(mask, (as_double - mean) / torch.sqrt(variance + WHITEN_EPSILON), 0.0).to(flat_advantages.dtype)
+    return whitened if lengths is None else split(whitened, lengths)
+
+
+def whiten_by_group(advantages, mask, offsets, keys):
+    """Whiten flat advantages ``[N]`` per group of rows: rows with equal ``keys`` (``[B]``: a
+    tensor or a sequence of scalars) share a mean and a Bessel variance over their trainable
+    tokens (``mask`` bool ``[N]``, ``offsets`` ``[B + 1]``), in float64; masked positions
+    stay 0. A group without a trainable token raises :class:`gaecli.GAEInputError`."""
+    import torch
+
+    from gaecli.advantages.layout import segment_ids
+
+    batch = offsets.numel() - 1
+    if isinstance(keys, torch.Tensor):
+        if keys.dim() != 1 or keys.numel() != batch:
+            raise GAEInputError(f"group keys must hold one key per sample ({batch}), got shape {tuple(keys.shape)}")
+        uniques, codes = torch.unique(keys.cpu(), return_inverse=True)
+        uniques = uniques.tolist()
+    else:
+        if len(keys) != batch:
+            raise GAEInputError(f"group keys must hold one key per sample ({batch}), got {len(keys)}")
+        uniques, codes = np.unique(np.asarray(keys), return_inverse=True)
+        uniques, codes = uniques.tolist(), torch.from_numpy(codes.reshape(-1).astype(np.int64))
+    groups = len(uniques)
+    token_group = codes.to(advantages.device)[segment_ids(offsets, advantages.numel())][mask]
+    as_double = advantages.double()
+    trainable = as_double[mask]
+    counts = torch.zeros(groups, dtype=torch.float64, device=advantages.device).index_add_(
+        0, token_group, torch.ones_like(trainable))
+    empty = (counts == 0).nonzero().flatten()
+    if empty.numel():
+        raise GAEInputError(f"cannot normalize: group {uniques[int(empty[0])]!r} has no trainable token")
+    means = torch.zeros_like(counts).index_add_(0, token_group, trainable) / counts
+    squares = torch.zeros_like(counts).index_add_(0, token_group, (trainable - means[token_group]) ** 2)
+    variances = torch.where(counts > 1, squares / (counts - 1).clamp(min=1), 0.0)
+    whitened = torch.zeros_like(as_double)
+    whitened[mask] = (trainable - means[token_group]) / torch.sqrt(variances[token_group] + WHITEN_EPSILON)
+    return whitened.to(advantages.dtype)
+
+
+def whiten_rows(advantages: np.ndarray, offsets: np.ndarray, moments: "GroupedMoments",
+                keys: Optional["pa.Array"]) -> np.ndarray:
+    """``(A − mean) / sqrt(var + ε)`` at every position of flat ``advantages`` ``[N]``, with
+    each row's group statistics from ``moments`` (rows grouped by ``keys``, one per row, or
+    one group when None); float64 ``[N]`` (callers zero the masked positions where the
+    contract says so)."""
+    means, stds = moments.row_stats(keys, offsets.size - 1, WHITEN_EPSILON)
+    lengths = np.diff(offsets)
+    return (advantages.astype(np.float64) - np.repeat(means, lengths)) / np.repeat(stds, lengths)
