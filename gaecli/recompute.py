@@ -15,8 +15,10 @@ import pyarrow.parquet as pq
 from gaecli._version import __version__
 from gaecli.checks import row_reasons
 from gaecli.diff import DiffAccumulator
-from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, map_units
-from gaecli.errors import FilesFailedError, GAEInputError, GAEUsageError, InvalidFilesError, UnusableFilesError
+from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, FINISHED, EngineOptions, EngineSession, TaskFailure, map_units
+from gaecli.errors import (
+    FilesFailedError, GAEInputError, GAEUsageError, InvalidFilesError, RunInterrupted, UnusableFilesError,
+)
 from gaecli.flat import check_discount
 from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_type_like, output_float_type
@@ -351,6 +353,27 @@ def _failed_run(jobs: list[FileJob], results: list, stopped: bool) -> FilesFaile
     return error_class(message, written, not_written)
 
 
+def _interrupted_run(jobs: list[FileJob], per_job: list) -> RunInterrupted:
+    """The error of a run stopped by Ctrl-C or SIGTERM: which outputs are in place (whole)
+    and which are not (absent; their temp files removed)."""
+    written, not_written, lines = [], [], []
+    for job, result in zip(jobs, per_job):
+        if result is SKIPPED:
+            written.append(str(job.target))
+            lines.append(f"  skipped (whole already): {job.target}")
+        elif isinstance(result, FileResult) or result is FINISHED:
+            written.append(str(job.target))
+            lines.append(f"  written: {job.target}")
+        else:
+            _remove_leftovers(job.target)  # a worker killed after the grace period
+            not_written.append(str(job.target))
+            why = result.message if isinstance(result, TaskFailure) else "stopped or not started"
+            lines.append(f"  not written: {job.target} ({why})")
+    message = (f"interrupted; {len(written)} of {len(jobs)} outputs written (whole), {len(not_written)} not written "
+               f"(no partial output left):\n" + "\n".join(lines))
+    return RunInterrupted(message, written=written, not_written=not_written)
+
+
 # ----------------------------------------------------------------------------- the run
 
 
@@ -404,18 +427,27 @@ def recompute_files(
 
     todo = [job for job, skip in zip(jobs, skipped) if not skip]
     engine = engine.for_inputs(total_size([job.source for job in todo]))
-    with EngineSession() as session:  # one pool (or Ray) for both passes
-        moments = None
-        if options.whitening:
-            moments = engine_moments([job.source for job in jobs], computation_of(options, kernel), engine, progress,
-                                     _total_rows([job.source for job in jobs]), session)
-        progress.start("recompute", _total_rows([job.source for job in todo]))
-        try:
-            results = map_units(recompute_job, [(job, options, kernel, moments) for job in todo],
-                                [str(job.source) for job in todo], engine,
-                                stop_on_failure=options.on_invalid == "stop", progress=progress, session=session)
-        finally:
-            progress.finish()
+    results: list = [None] * len(todo)
+    writing = False  # the statistics pass writes nothing
+    try:
+        with EngineSession() as session:  # one pool (or Ray) for both passes
+            moments = None
+            if options.whitening:
+                moments = engine_moments([job.source for job in jobs], computation_of(options, kernel), engine,
+                                         progress, _total_rows([job.source for job in jobs]), session)
+            progress.start("recompute", _total_rows([job.source for job in todo]))
+            try:
+                writing = True
+                results = map_units(recompute_job, [(job, options, kernel, moments) for job in todo],
+                                    [str(job.source) for job in todo], engine,
+                                    stop_on_failure=options.on_invalid == "stop", progress=progress, session=session)
+            finally:
+                progress.finish()
+    except KeyboardInterrupt as error:
+        if writing and isinstance(error, RunInterrupted) and error.results is not None:
+            results = error.results
+        done = iter(results)
+        raise _interrupted_run(jobs, [SKIPPED if skip else next(done) for skip in skipped]) from error
     done = iter(results)
     per_job = [SKIPPED if skip else next(done) for skip in skipped]
     failures = [result for result in results if not isinstance(result, FileResult)]

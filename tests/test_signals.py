@@ -1,0 +1,214 @@
+"""Signals, kill -9 and a stalled object store, for real: ``gae recompute`` runs as its own
+process group (``python -m gaecli``), gets SIGINT or SIGTERM (the whole group, as Ctrl-C
+sends, or the parent alone) once it is writing, or a kill -9, and must then have stopped at
+once: exit 130, no temp file left under the output, every output whole (and listed as
+written) or absent (listed as not written), no output of a file that had not started, and
+no worker process left.
+
+The inputs are small but read one row per batch, so each file takes seconds: the signal
+always lands while files are being written. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from rollout_files import random_rollouts, rollout_table, write_table
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES, ROWS = 6, 120  # rows per file; read one per batch, a file takes seconds
+WAIT_SECONDS = 120.0  # bound on every wait: start-up, stop
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("signals") / "in"
+    for index in range(FILES):
+        write_table(rollout_table(random_rollouts(ROWS, seed=700 + index)), directory / f"f{index}.parquet")
+    return directory
+
+
+def start(*arguments) -> subprocess.Popen:
+    """``gae`` as a process of its own group (as a shell starts a command)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen([sys.executable, "-m", "gaecli", *map(str, arguments)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True, cwd=ROOT)
+
+
+def recompute(inputs: Path, output: Path, *options) -> subprocess.Popen:
+    return start("recompute", inputs, "-o", output, "--gamma", 0.99, "--lambd", 0.95, "--batch-rows", 1, "--quiet",
+                 *options)
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str]:
+    """Exit code and stderr; kills the group if it does not end in time (then fails)."""
+    try:
+        _, stderr = process.communicate(timeout=WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail("gae did not exit after the signal")
+    return process.returncode, stderr
+
+
+def files_under(directory: Path) -> set[Path]:
+    return {path for path in directory.rglob("*") if path.is_file()} if directory.exists() else set()
+
+
+def wait_until(condition, process: subprocess.Popen, what: str):
+    """Poll ``condition`` until it returns something true; fail if ``process`` ends first."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        if process.poll() is not None:
+            pytest.fail(f"gae exited ({process.returncode}) before {what}: {process.stderr.read()}")
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """pid -> start time of every process below ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        starts[int(entry.name)] = fields[19]
+    found, todo = {}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = starts[child]
+            todo.append(child)
+    return found
+
+
+def alive(processes: dict[int, str]) -> list[int]:
+    """Those of ``processes`` still running (not a zombie, not a new process on a reused pid)."""
+    living = []
+    for pid, start_time in processes.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[19] == start_time and fields[0] != "Z":
+            living.append(pid)
+    return living
+
+
+def wait_gone(processes: dict[int, str], seconds: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive(processes)
+
+
+def expected_outputs(inputs: Path, output: Path) -> set[Path]:
+    return {output / path.relative_to(inputs) for path in inputs.rglob("*.parquet")}
+
+
+def check_stopped(inputs: Path, output: Path, code: int, stderr: str, before: set[Path], running: int) -> set[Path]:
+    """The promises after a signal; returns the outputs written. ``before``: the files under
+    ``output`` when the signal was sent; ``running``: how many units were writing then."""
+    assert code == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    targets = expected_outputs(inputs, output)
+    left = files_under(output)
+    assert left <= targets, f"temp files left: {sorted(map(str, left - targets))}"
+    written = {Path(line.split("written: ", 1)[1]) for line in stderr.splitlines() if line.strip().startswith("written: ")}
+    not_written = {Path(re.sub(r" \(.*", "", line.split("not written: ", 1)[1]))
+                   for line in stderr.splitlines() if line.strip().startswith("not written: ")}
+    assert written | not_written == targets and not written & not_written, stderr
+    assert left == written, stderr  # listed as written exactly when in place
+    for path in written:  # whole: every row there, the new columns too
+        table = pq.read_table(path)
+        assert table.num_rows == ROWS and "advantages" in table.column_names
+    # no file started after the signal: only those finished or running then can have finished
+    assert len(written - (before & targets)) <= running, (sorted(map(str, before)), stderr)
+    assert not_written, "the signal came too late to test anything"
+    return written
+
+
+def wait_for_writing(process: subprocess.Popen, output: Path, inputs: Path) -> tuple[set[Path], int]:
+    """Wait until a unit is writing (a temp file under ``output``); the files there then
+    and the number of temp files."""
+    targets = expected_outputs(inputs, output)
+    temps = wait_until(lambda: files_under(output) - targets, process, "a temp file appeared")
+    return files_under(output), len(temps)
+
+
+# ----------------------------------------------------------------------------- local engine
+
+
+@pytest.mark.parametrize("workers, signum, group", [
+    (2, signal.SIGINT, True),
+    (2, signal.SIGTERM, True),
+    (2, signal.SIGINT, False),
+    (2, signal.SIGTERM, False),
+    (1, signal.SIGINT, True),
+    (1, signal.SIGTERM, False),
+], ids=["2-workers-SIGINT-group", "2-workers-SIGTERM-group", "2-workers-SIGINT-parent", "2-workers-SIGTERM-parent",
+        "in-process-SIGINT-group", "in-process-SIGTERM-parent"])
+def test_a_signal_stops_the_run(inputs, tmp_path, workers, signum, group):
+    output = tmp_path / "out"
+    process = recompute(inputs, output, "--workers", workers)
+    before, running = wait_for_writing(process, output, inputs)
+    workers_then = descendants(process.pid)
+    assert len(workers_then) >= (workers if workers > 1 else 0)
+    (os.killpg if group else os.kill)(process.pid, signum)
+    code, stderr = finish(process)
+    check_stopped(inputs, output, code, stderr, before, max(running, workers))
+    assert wait_gone(workers_then) == []
+
+
+def test_ctrl_c_while_workers_start_prints_no_traceback(inputs, tmp_path):
+    output = tmp_path / "out"
+    process = recompute(inputs, output, "--workers", 2)
+    wait_until(lambda: len(descendants(process.pid)) >= 2, process, "the workers were started")
+    started = descendants(process.pid)
+    os.killpg(process.pid, signal.SIGINT)
+    code, stderr = finish(process)
+    assert code == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert files_under(output) <= expected_outputs(inputs, output)
+    assert wait_gone(started) == []
+
+
+def test_kill_9_of_the_parent_takes_the_workers_and_a_resume_completes(inputs, tmp_path):
+    output = tmp_path / "out"
+    process = recompute(inputs, output, "--workers", 2)
+    wait_for_writing(process, output, inputs)
+    workers = descendants(process.pid)
+    assert len(workers) >= 2
+    os.kill(process.pid, signal.SIGKILL)
+    process.communicate(timeout=WAIT_SECONDS)
+    assert wait_gone(workers) == [], "worker processes outlived their parent"
+    targets = expected_outputs(inputs, output)
+    assert files_under(output) <= targets, "a worker left its temp file"  # they abort on the parent's death
+    resumed = recompute(inputs, output, "--workers", 2, "--skip-existing", "--json", "-")
+    try:
+        stdout, stderr = resumed.communicate(timeout=WAIT_SECONDS * 2)
+    except subprocess.TimeoutExpired:
+        os.killpg(resumed.pid, signal.SIGKILL)
+        raise
+    assert resumed.returncode == 0, stderr
+    assert files_under(output) == targets
+    for path in targets:
+        assert pq.read_table(path).num_rows == ROWS
