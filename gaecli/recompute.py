@@ -353,15 +353,26 @@ def _failed_run(jobs: list[FileJob], results: list, stopped: bool) -> FilesFaile
     return error_class(message, written, not_written)
 
 
-def _interrupted_run(jobs: list[FileJob], per_job: list) -> RunInterrupted:
+def _stamp(target) -> Optional[tuple]:
+    """What identifies the local file at ``target`` now (None: none there, or remote)."""
+    try:
+        status = target.stat() if isinstance(target, Path) else None
+    except OSError:
+        return None
+    return None if status is None else (status.st_ino, status.st_mtime_ns, status.st_size)
+
+
+def _interrupted_run(jobs: list[FileJob], per_job: list, stamps: list) -> RunInterrupted:
     """The error of a run stopped by Ctrl-C or SIGTERM: which outputs are in place (whole)
-    and which are not (absent; their temp files removed)."""
+    and which are not (absent; their temp files removed). ``stamps``: each target's
+    :func:`_stamp` before the run; a local output renamed into place by a unit stopped
+    before it could report it counts as written (a rename puts only whole files there)."""
     written, not_written, lines = [], [], []
-    for job, result in zip(jobs, per_job):
+    for job, result, stamp in zip(jobs, per_job, stamps):
         if result is SKIPPED:
             written.append(str(job.target))
             lines.append(f"  skipped (whole already): {job.target}")
-        elif isinstance(result, FileResult) or result is FINISHED:
+        elif isinstance(result, FileResult) or result is FINISHED or _stamp(job.target) not in (stamp, None):
             written.append(str(job.target))
             lines.append(f"  written: {job.target}")
         else:
@@ -428,6 +439,7 @@ def recompute_files(
     todo = [job for job, skip in zip(jobs, skipped) if not skip]
     engine = engine.for_inputs(total_size([job.source for job in todo]))
     results: list = [None] * len(todo)
+    stamps = [_stamp(job.target) for job in jobs]
     writing = False  # the statistics pass writes nothing
     try:
         with EngineSession() as session:  # one pool (or Ray) for both passes
@@ -447,7 +459,7 @@ def recompute_files(
         if writing and isinstance(error, RunInterrupted) and error.results is not None:
             results = error.results
         done = iter(results)
-        raise _interrupted_run(jobs, [SKIPPED if skip else next(done) for skip in skipped]) from error
+        raise _interrupted_run(jobs, [SKIPPED if skip else next(done) for skip in skipped], stamps) from error
     done = iter(results)
     per_job = [SKIPPED if skip else next(done) for skip in skipped]
     failures = [result for result in results if not isinstance(result, FileResult)]

@@ -113,6 +113,19 @@ def alive(processes: dict[int, str]) -> list[int]:
     return living
 
 
+def importing(processes: dict[int, str]) -> list[int]:
+    """Those of ``processes`` that have loaded a compiled module of an installed package (a
+    worker under way through its imports)."""
+    found = []
+    for pid in processes:
+        try:
+            if "site-packages" in Path(f"/proc/{pid}/maps").read_text():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
 def wait_gone(processes: dict[int, str], seconds: float = 30.0) -> list[int]:
     deadline = time.monotonic() + seconds
     while alive(processes) and time.monotonic() < deadline:
@@ -181,7 +194,7 @@ def test_a_signal_stops_the_run(inputs, tmp_path, workers, signum, group):
 def test_ctrl_c_while_workers_start_prints_no_traceback(inputs, tmp_path):
     output = tmp_path / "out"
     process = recompute(inputs, output, "--workers", 2)
-    wait_until(lambda: len(descendants(process.pid)) >= 2, process, "the workers were started")
+    wait_until(lambda: len(importing(descendants(process.pid))) >= 2, process, "the workers were importing")
     started = descendants(process.pid)
     os.killpg(process.pid, signal.SIGINT)
     code, stderr = finish(process)
@@ -212,3 +225,135 @@ def test_kill_9_of_the_parent_takes_the_workers_and_a_resume_completes(inputs, t
     assert files_under(output) == targets
     for path in targets:
         assert pq.read_table(path).num_rows == ROWS
+
+
+# ----------------------------------------------------------------------------- Ray
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM-group", "SIGINT-group"])
+def test_a_signal_stops_a_ray_run(inputs, tmp_path, signum):
+    pytest.importorskip("ray", reason="ray is not installed")
+    output = tmp_path / "out"
+    process = recompute(inputs, output, "--engine", "ray", "--workers", 2)
+    before, running = wait_for_writing(process, output, inputs)
+    os.killpg(process.pid, signum)
+    code, stderr = finish(process)
+    check_stopped(inputs, output, code, stderr, before, max(running, 2))
+
+
+# ----------------------------------------------------------------------------- a stalled object store
+
+
+class StallingProxy:
+    """A loopback TCP proxy to the S3 server that passes ``allowed`` upload requests for a
+    ``.parquet`` key (a multipart upload is three: start, part, complete) and then stalls: from the next one on it reads and answers nothing,
+    on any connection (a store that hangs mid-run). Its threads end when it is closed."""
+
+    UPLOAD = re.compile(rb"(PUT|POST) /[^ ?]*\.parquet")
+
+    def __init__(self, upstream: tuple[str, int], allowed: int) -> None:
+        self.upstream, self.allowed = upstream, allowed
+        self.stalled = threading.Event()
+        self.closed = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.sockets.append(client)
+            if self.stalled.is_set():
+                continue  # accepted, never answered
+            server = socket.create_connection(self.upstream)
+            self.sockets.append(server)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, requests: bool) -> None:
+        try:
+            while not self.stalled.is_set() and (data := source.recv(1 << 16)):
+                if requests:
+                    self.allowed -= len(self.UPLOAD.findall(data))
+                    if self.allowed < 0:
+                        self.stalled.set()
+                        break
+                sink.sendall(data)
+        except OSError:
+            pass
+        self.closed.wait(WAIT_SECONDS)  # stalled: hold the connection open, silent
+
+    def close(self) -> None:
+        self.closed.set()
+        for each in [self.server, *self.sockets]:
+            each.close()
+
+
+@pytest.fixture
+def s3_endpoint():
+    moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto: pip install 'moto[s3,server]'")
+    import pyarrow.fs as pafs
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    filesystem = pafs.S3FileSystem(access_key="key", secret_key="secret", endpoint_override=f"{host}:{port}",
+                                   scheme="http", region="us-east-1", allow_bucket_creation=True)
+    filesystem.create_dir("rollouts")
+    yield (host, port), filesystem
+    server.stop()
+
+
+def s3_uri(port: int, key: str, **query) -> str:
+    extra = "".join(f"&{name}={value}" for name, value in query.items())
+    return f"s3://key:secret@rollouts/{key}?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1{extra}"
+
+
+def test_a_stalled_store_times_out(inputs, s3_endpoint):
+    upstream, filesystem = s3_endpoint
+    proxy = StallingProxy(upstream, allowed=0)
+    try:
+        process = recompute(inputs / "f0.parquet", s3_uri(proxy.port, "out/f0.parquet", connect_timeout=1,
+                                                           request_timeout=1), "--batch-rows", 64)
+        code, stderr = finish(process)
+    finally:
+        proxy.close()
+    assert proxy.stalled.is_set()
+    assert code == 2 and "Traceback" not in stderr, stderr
+    assert "out/f0.parquet" in stderr and ("timeout" in stderr.lower() or "too slow" in stderr.lower()), stderr
+    import pyarrow.fs as pafs
+
+    assert filesystem.get_file_info("rollouts/out/f0.parquet").type == pafs.FileType.NotFound
+
+
+def test_sigterm_during_a_stalled_upload_stops_and_says_what_was_written(inputs, s3_endpoint):
+    """The first output goes up whole; the store stalls on the second; SIGTERM to the
+    parent alone: exit 130, the first listed as written (and whole), the others not (and
+    absent)."""
+    import pyarrow.fs as pafs
+
+    upstream, filesystem = s3_endpoint
+    proxy = StallingProxy(upstream, allowed=3)  # the first output, whole
+    output = s3_uri(proxy.port, "out", connect_timeout=1, request_timeout=1)
+    try:
+        process = recompute(inputs, output, "--workers", 1, "--batch-rows", 64)
+        wait_until(proxy.stalled.is_set, process, "the store stalled")
+        os.kill(process.pid, signal.SIGTERM)
+        code, stderr = finish(process)
+    finally:
+        proxy.close()
+    assert code == 130 and "Traceback" not in stderr, stderr
+    names = sorted(path.name for path in inputs.glob("*.parquet"))
+    written = [line for line in stderr.splitlines() if line.strip().startswith("written: ")]
+    not_written = [line for line in stderr.splitlines() if line.strip().startswith("not written: ")]
+    assert len(written) == 1 and written[0].strip().startswith(f"written: {s3_uri(proxy.port, 'out')}".split("?")[0]), stderr
+    assert len(not_written) == len(names) - 1, stderr
+    keys = sorted(info.path for info in filesystem.get_file_info(
+        pafs.FileSelector("rollouts/out", recursive=True, allow_not_found=True)) if info.type == pafs.FileType.File)
+    assert keys == [f"rollouts/out/{names[0]}"], keys
+    with filesystem.open_input_file(keys[0]) as file:
+        assert pq.read_table(file).num_rows == ROWS
