@@ -249,9 +249,7 @@ class errors_to_exit:
             signal.signal(signum, previous)
         if exc_type is None or issubclass(exc_type, typer.Exit) or self.debug and not issubclass(exc_type, KeyboardInterrupt):
             return False
-        from gaecli.errors import GAEInputError, GAEUsageError, KernelUnavailableError
-
-        from gaecli.errors import RunInterrupted
+        from gaecli.errors import GAEInputError, GAEUsageError, KernelUnavailableError, RunInterrupted
 
         if isinstance(exc, RunInterrupted) and exc.written + exc.not_written:
             fail(str(exc), 130)  # lists the outputs written and not written

@@ -15,7 +15,9 @@ import pyarrow.parquet as pq
 from gaecli._version import __version__
 from gaecli.checks import row_reasons
 from gaecli.diff import DiffAccumulator
-from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, FINISHED, EngineOptions, EngineSession, TaskFailure, map_units
+from gaecli.engines import (
+    EXIT_INVALID_DATA, EXIT_UNUSABLE, FINISHED, EngineOptions, EngineSession, TaskFailure, map_units,
+)
 from gaecli.errors import (
     FilesFailedError, GAEInputError, GAEUsageError, InvalidFilesError, RunInterrupted, UnusableFilesError,
 )

@@ -254,7 +254,8 @@ def map_units_local(
     broken = False
     try:
         with _stop_signals_blocked():
-            futures = {pool.executor.submit(_pool_unit, function, args, index): index for index, args in enumerate(tasks)}
+            futures = {pool.executor.submit(_pool_unit, function, args, index): index
+                       for index, args in enumerate(tasks)}
         pending = set(futures)
         stopping = False
         while pending:
