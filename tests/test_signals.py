@@ -352,7 +352,7 @@ def test_sigterm_during_a_stalled_upload_stops_and_says_what_was_written(inputs,
     names = sorted(path.name for path in inputs.glob("*.parquet"))
     written = [line for line in stderr.splitlines() if line.strip().startswith("written: ")]
     not_written = [line for line in stderr.splitlines() if line.strip().startswith("not written: ")]
-    first = s3_uri(proxy.port, f"out/{names[0]}")
+    first = s3_uri(proxy.port, f"out/{names[0]}", connect_timeout=1, request_timeout=1)
     assert len(written) == 1 and written[0].strip() == f"written: {first}", stderr
     assert len(not_written) == len(names) - 1, stderr
     keys = sorted(info.path for info in filesystem.get_file_info(
