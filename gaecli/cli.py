@@ -239,19 +239,26 @@ class errors_to_exit:
     def __enter__(self) -> None:
         import signal
 
-        def terminate(signum, frame):  # a kill cleans up like Ctrl-C
-            raise KeyboardInterrupt
+        interrupted = []
 
-        self._previous = signal.signal(signal.SIGTERM, terminate)
+        def interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C; a repeat cannot cut the clean-up short
+            if not interrupted:
+                interrupted.append(signum)
+                raise KeyboardInterrupt
+
+        self._previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         import signal
 
-        signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
         if exc_type is None or issubclass(exc_type, typer.Exit) or self.debug and not issubclass(exc_type, KeyboardInterrupt):
             return False
-        from gaecli.errors import GAEInputError, GAEUsageError
+        from gaecli.errors import GAEInputError, GAEUsageError, RunInterrupted
 
+        if isinstance(exc, RunInterrupted) and exc.written + exc.not_written:
+            fail(str(exc), 130)  # lists the outputs written and not written
         if issubclass(exc_type, KeyboardInterrupt):
             fail("interrupted; no partial output was left (outputs finished before are whole)", 130)
         if issubclass(exc_type, GAEUsageError):  # before GAEInputError: an InvalidOptionError is both

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional, Sequence
+
 
 class GAEError(Exception):
     """Base class of every error gaecli raises on purpose."""
@@ -57,3 +59,24 @@ class InvalidFilesError(FilesFailedError, GAEInputError):
 
 class UnusableFilesError(FilesFailedError, GAEUsageError):
     """Files failed, at least one unreadable, unwritable or refused (exit code 2 wins)."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C or SIGTERM (exit code 130 in the CLI); a
+    :class:`KeyboardInterrupt`, so code that catches that still does.
+
+    ``results``: what each work unit of the map that was stopped gave back before the stop
+    (None for a unit not started or stopped while running). A command that writes files
+    raises it again with the message listing the outputs ``written`` (whole) and
+    ``not_written`` (absent: no temp file left)."""
+
+    def __init__(self, message: str = "interrupted", results: Optional[list] = None,
+                 written: Sequence[str] = (), not_written: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.results = results
+        self.written = list(written)
+        self.not_written = list(not_written)
+
+    def __str__(self) -> str:
+        return self.message

@@ -15,9 +15,13 @@ import pyarrow as pa
 from gaecli._version import __version__
 from gaecli.checks import row_reasons
 from gaecli.diff import DiffAccumulator
-from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, map_units
-from gaecli.errors import FilesFailedError, GAEUsageError, InvalidFilesError, InvalidOptionError, UnusableFilesError
-from gaecli.flat import BASELINES, check_discount
+from gaecli.engines import (
+    EXIT_INVALID_DATA, EXIT_UNUSABLE, FINISHED, EngineOptions, EngineSession, TaskFailure, map_units,
+)
+from gaecli.errors import (
+    FilesFailedError, GAEUsageError, InvalidFilesError, InvalidOptionError, RunInterrupted, UnusableFilesError,
+)
+from gaecli.advantages.contract import BASELINES, check_discount
 from gaecli.io.filesystem import is_stream, remove_dead_temps, total_size
 from gaecli.io.format import Columns, list_type_like, output_float_type
 from gaecli.io.paths import FileJob, plan_outputs, report_writes, with_suffix
@@ -393,6 +397,38 @@ def _failed_run(jobs: list[FileJob], results: list, stopped: bool) -> FilesFaile
     return error_class(message, written, not_written)
 
 
+def _stamp(target) -> Optional[tuple]:
+    """What identifies the local file at ``target`` now (None: none there, or remote)."""
+    try:
+        status = target.stat() if isinstance(target, Path) else None
+    except OSError:
+        return None
+    return None if status is None else (status.st_ino, status.st_mtime_ns, status.st_size)
+
+
+def _interrupted_run(jobs: list[FileJob], per_job: list, stamps: list) -> RunInterrupted:
+    """The error of a run stopped by Ctrl-C or SIGTERM: which outputs are in place (whole)
+    and which are not (absent; their temp files removed). ``stamps``: each target's
+    :func:`_stamp` before the run; a local output renamed into place by a unit stopped
+    before it could report it counts as written (a rename puts only whole files there)."""
+    written, not_written, lines = [], [], []
+    for job, result, stamp in zip(jobs, per_job, stamps):
+        if result is SKIPPED:
+            written.append(str(job.target))
+            lines.append(f"  skipped (whole already): {job.target}")
+        elif isinstance(result, FileResult) or result is FINISHED or _stamp(job.target) not in (stamp, None):
+            written.append(str(job.target))
+            lines.append(f"  written: {job.target}")
+        else:
+            _remove_leftovers(job.target)  # a worker killed after the grace period
+            not_written.append(str(job.target))
+            why = result.message if isinstance(result, TaskFailure) else "stopped or not started"
+            lines.append(f"  not written: {job.target} ({why})")
+    message = (f"interrupted; {len(written)} of {len(jobs)} outputs written (whole), {len(not_written)} not written "
+               f"(no partial output left):\n" + "\n".join(lines))
+    return RunInterrupted(message, written=written, not_written=not_written)
+
+
 # ----------------------------------------------------------------------------- the run
 
 
@@ -438,18 +474,28 @@ def recompute_files(
 
     todo = [job for job, skip in zip(jobs, skipped) if not skip]
     engine = engine.for_inputs(total_size([job.source for job in todo]))
-    with EngineSession() as session:  # one pool (or Ray) for both passes
-        moments = None
-        if options.whitening:
-            moments = engine_moments([job.source for job in jobs], computation_of(options, kernel), engine, progress,
-                                     _total_rows([job.source for job in jobs]), session)
-        progress.start("recompute", _total_rows([job.source for job in todo]))
-        try:
-            results = map_units(recompute_job, [(job, options, kernel, moments) for job in todo],
-                                [str(job.source) for job in todo], engine,
-                                stop_on_failure=options.on_invalid == "stop", progress=progress, session=session)
-        finally:
-            progress.finish()
+    results: list = [None] * len(todo)
+    stamps = [_stamp(job.target) for job in jobs]
+    writing = False  # the statistics pass writes nothing
+    try:
+        with EngineSession() as session:  # one pool (or Ray) for both passes
+            moments = None
+            if options.whitening:
+                moments = engine_moments([job.source for job in jobs], computation_of(options, kernel), engine,
+                                         progress, _total_rows([job.source for job in jobs]), session)
+            progress.start("recompute", _total_rows([job.source for job in todo]))
+            try:
+                writing = True
+                results = map_units(recompute_job, [(job, options, kernel, moments) for job in todo],
+                                    [str(job.source) for job in todo], engine,
+                                    stop_on_failure=options.on_invalid == "stop", progress=progress, session=session)
+            finally:
+                progress.finish()
+    except KeyboardInterrupt as error:
+        if writing and isinstance(error, RunInterrupted) and error.results is not None:
+            results = error.results
+        done = iter(results)
+        raise _interrupted_run(jobs, [SKIPPED if skip else next(done) for skip in skipped], stamps) from error
     done = iter(results)
     per_job = [SKIPPED if skip else next(done) for skip in skipped]
     failures = [result for result in results if not isinstance(result, FileResult)]

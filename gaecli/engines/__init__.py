@@ -7,6 +7,11 @@ raises a gaecli error becomes a :class:`TaskFailure` (exit code and message, nam
 file) instead of stopping the others; a worker that dies becomes one too. Results come
 back in input order whatever the completion order, so whatever is merged from them does
 not depend on the engine or the number of workers.
+
+Ctrl-C or SIGTERM (in this process, or to its process group) stops a map on every engine:
+no unit starts after it, running units stop and abort (their temp files removed), and
+:class:`gaecli.errors.RunInterrupted` is raised with what the units finished before gave
+back.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
-from gaecli.errors import GAEInputError, GAEUsageError, InvalidOptionError
+from gaecli.errors import GAEInputError, GAEUsageError, InvalidOptionError, RunInterrupted
 from gaecli.options import check_choice, check_count
 
 ENGINES = ("local", "ray")
@@ -107,6 +112,10 @@ def run_unit(function: Callable, args: tuple, progress=None) -> Any:
         return failure
 
 
+# In RunInterrupted.results: a unit that finished (its output in place) whose result was
+# lost when the workers were stopped.
+FINISHED = object()
+
 # what the parent is told as each unit ends: (index, result or TaskFailure)
 OnResult = Callable[[int, Any], None]
 
@@ -179,10 +188,13 @@ def map_units(
 
 def _map_in_process(function, tasks, stop_on_failure, progress) -> list[Any]:
     results: list[Any] = [None] * len(tasks)
-    for index, args in enumerate(tasks):
-        results[index] = run_unit(function, args, progress)
-        if stop_on_failure and isinstance(results[index], TaskFailure):
-            break
+    try:
+        for index, args in enumerate(tasks):
+            results[index] = run_unit(function, args, progress)
+            if stop_on_failure and isinstance(results[index], TaskFailure):
+                break
+    except KeyboardInterrupt as error:  # the running unit has aborted; the rest never start
+        raise RunInterrupted(results=results) from error
     return results
 
 

@@ -2,31 +2,50 @@
 numba and ``fork`` do not mix), each worker's Arrow, numba (and, if a unit loads it,
 torch) threads set to its share of the cores so that the workers do not oversubscribe
 them. Workers report progress batch by batch through a pipe that a thread of the parent
-drains into the parent's progress, so a long file moves the bar while it runs."""
+drains into the parent's progress, so a long file moves the bar while it runs.
+
+Signals: a worker that gets SIGINT or SIGTERM (Ctrl-C reaches the whole process group; the
+parent sends SIGTERM when it is interrupted alone, and the pool when another worker died)
+stops its unit, which aborts (temp files removed), says so on the pipe and exits; it starts
+no unit after that. Workers start with SIGINT and SIGTERM blocked until their handler is in
+place (no tracebacks from a Ctrl-C during start-up), and die with the parent: SIGTERM on the
+parent's death (``PR_SET_PDEATHSIG`` on Linux, and a thread that watches the parent's pid)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Optional, Sequence
 
-from gaecli.engines import EXIT_UNUSABLE, EngineSession, TaskFailure, run_unit
+from gaecli.engines import EXIT_UNUSABLE, FINISHED, EngineSession, TaskFailure, run_unit
+from gaecli.errors import RunInterrupted
 from gaecli.progress import ForwardingProgress, NoProgress
 
 START_METHOD = "spawn"
 
-# In a worker: the write end of the pipe to the parent, and the unit it is running. On the
-# pipe go ("advance", rows, tokens) batch by batch, ("start", unit) as a unit begins and
-# ("terminated", unit) when the pool stops the worker. A message is one small write
-# (< PIPE_BUF bytes), atomic on a pipe, so the workers share the pipe without a lock (a
-# worker killed mid-message cannot leave a lock held or half a message).
+# In a worker: the write end of the pipe to the parent, the unit it is running, and whether
+# a signal told it to stop. On the pipe go ("advance", rows, tokens) batch by batch,
+# ("start", unit) as a unit begins, ("finished", unit) once its output is in place and
+# ("terminated", unit) when a signal stopped it. A message is one small write (< PIPE_BUF
+# bytes), atomic on a pipe, so the workers share the pipe without a lock (a worker killed
+# mid-message cannot leave a lock held or half a message).
 _progress_pipe = None
 _running_unit = None
+_stopping = False
 _FLUSH, _STOP = "flush", "stop"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_INTERRUPTED = 130
+# How long the parent, interrupted, waits for its workers to abort their units before it
+# kills them (then removes what they left itself).
+STOP_GRACE_SECONDS = 30.0
+PARENT_POLL_SECONDS = 0.5
 
 
 class _Drain:
@@ -40,7 +59,8 @@ class _Drain:
         self.reader, self.writer = context.Pipe(duplex=False)
         self.progress = NoProgress()
         self.started: set[int] = set()  # units a worker began, since clear()
-        self.terminated: set[int] = set()  # units whose worker the pool stopped
+        self.terminated: set[int] = set()  # units a signal stopped (their worker's or another's)
+        self.finished: set[int] = set()  # units whose output is in place
         self._error: BaseException | None = None
         self._flushed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gaecli-progress", daemon=True)
@@ -55,6 +75,8 @@ class _Drain:
                     self.started.add(item[1])
                 elif item[0] == "terminated":
                     self.terminated.add(item[1])
+                elif item[0] == "finished":
+                    self.finished.add(item[1])
                 elif self._error is None:
                     try:
                         self.progress.advance(*item[1:])
@@ -80,17 +102,46 @@ class _Drain:
         self.writer.close()
 
 
-def _on_terminate(signum, frame) -> None:
-    """A worker stopped by the pool (after another one died) says which unit it was running,
-    so that the parent can tell the dead worker's file from the others."""
-    _progress_pipe.send(("terminated", _running_unit))
-    os._exit(128 + signum)
+def _on_stop_signal(signum, frame) -> None:
+    """SIGINT or SIGTERM in a worker: stop. Idle, it exits at once; running a unit, the unit
+    gets a KeyboardInterrupt (it aborts, removing its temp files; :func:`_pool_unit` then
+    exits). Later signals are ignored so that nothing interrupts the abort."""
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
+    if _running_unit is None:
+        os._exit(EXIT_INTERRUPTED)
+    raise KeyboardInterrupt
 
 
-def _init_worker(threads: int, progress_pipe) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGTERM this worker when the parent dies (a kill -9 cannot be caught there)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            PR_SET_PDEATHSIG = 1
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:  # also where prctl is missing, and if the parent died before it
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_SECONDS)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="gaecli-parent-watch", daemon=True).start()
+
+
+def _init_worker(threads: int, progress_pipe, parent_pid: int) -> None:
     global _progress_pipe
     _progress_pipe = progress_pipe
-    signal.signal(signal.SIGTERM, _on_terminate)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _on_stop_signal)
+    if hasattr(signal, "pthread_sigmask"):  # blocked by the parent while it started us
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    _die_with_parent(parent_pid)
     # torch is not imported here (the CPU path runs without it); if a unit imports it, it
     # reads its thread count from the environment.
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -108,15 +159,37 @@ def _init_worker(threads: int, progress_pipe) -> None:
 
 def _pool_unit(function: Callable, args: tuple, unit: int) -> Any:
     global _running_unit
-    _running_unit = unit
-    _progress_pipe.send(("start", unit))
+    if _stopping:  # never start a unit after a signal
+        os._exit(EXIT_INTERRUPTED)
     try:
+        _running_unit = unit
+        _progress_pipe.send(("start", unit))
         result = run_unit(function, args, ForwardingProgress(lambda report: _progress_pipe.send(("advance", *report))))
+        if not isinstance(result, TaskFailure):
+            _progress_pipe.send(("finished", unit))
+    except KeyboardInterrupt:  # a signal: the unit has aborted, its temp files are gone
+        _progress_pipe.send(("terminated", unit))
+        os._exit(EXIT_INTERRUPTED)
     finally:
         _running_unit = None
     if isinstance(result, TaskFailure):
         result.error = None  # exceptions with extra state do not survive pickling; the message does
     return result
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked():
+    """Block SIGINT and SIGTERM in this thread while worker processes are started: they
+    inherit the mask and unblock once their handler is set; a signal that came meanwhile is
+    delivered here when the block ends."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class LocalPool:
@@ -129,7 +202,21 @@ class LocalPool:
         context = multiprocessing.get_context(START_METHOD)
         self.drain = _Drain(context)
         self.executor = ProcessPoolExecutor(processes, mp_context=context, initializer=_init_worker,
-                                            initargs=(threads, self.drain.writer))
+                                            initargs=(threads, self.drain.writer, os.getpid()))
+
+    def stop_workers(self) -> None:
+        """SIGTERM every worker (each stops its unit, which aborts) and wait for them to
+        exit; after :data:`STOP_GRACE_SECONDS` kill those still there."""
+        processes = list((self.executor._processes or {}).values())  # the pool keeps no public list
+        for process in processes:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
 
     def close(self, cancel: bool = False) -> None:
         """Stop the workers (``cancel``: drop the units not started; running ones finish
@@ -166,7 +253,9 @@ def map_units_local(
     futures: dict[Future, int] = {}
     broken = False
     try:
-        futures = {pool.executor.submit(_pool_unit, function, args, index): index for index, args in enumerate(tasks)}
+        with _stop_signals_blocked():
+            futures = {pool.executor.submit(_pool_unit, function, args, index): index
+                       for index, args in enumerate(tasks)}
         pending = set(futures)
         stopping = False
         while pending:
@@ -185,13 +274,26 @@ def map_units_local(
                     for other in pending:
                         other.cancel()
         pool.drain.flush()
-    except BaseException:
-        for future in futures:
-            future.cancel()
+    except BaseException as error:
         if session is not None:
             session.forget(key)
-        pool.close(cancel=True)  # running units finish whole (or abort) before we leave
-        raise
+        if not isinstance(error, KeyboardInterrupt):
+            for future in futures:
+                future.cancel()
+            pool.close(cancel=True)  # running units finish whole (or abort) before we leave
+            raise
+        # No future is cancelled: the pool, broken by its workers' exit, fails every unit
+        # not finished (and would trip over a cancelled one); workers start no unit anyway.
+        with _stop_signals_blocked():  # nothing interrupts the stop
+            pool.stop_workers()
+            pool.close()
+        for future, index in futures.items():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                results[index] = future.result()
+        for index in pool.drain.finished:  # in place, though its result was lost with the pool
+            if results[index] is None:
+                results[index] = FINISHED
+        raise RunInterrupted(results=results) from error
     finally:
         pool.drain.progress = NoProgress()
     if broken and session is not None:

@@ -1,15 +1,22 @@
 """The Ray engine: each work unit is one Ray task (``ray.remote`` over the same function
 the local engine runs), on a local Ray instance started here or on a cluster joined with
-``--ray-address``. Results are gathered as tasks finish and returned in input order."""
+``--ray-address``. Results are gathered as tasks finish and returned in input order.
+
+Ctrl-C or SIGTERM in the driver cancels every task: a running one gets a KeyboardInterrupt
+(its unit aborts, removing its temp files), the driver waits for them to end, then raises
+:class:`gaecli.errors.RunInterrupted` with the results of the tasks that had finished. Ray's
+own handlers would abort the driver on SIGTERM; the driver's are kept across ``ray.init``."""
 
 from __future__ import annotations
 
 import logging
+import signal
 import socket
+import time
 from typing import Any, Callable, Optional, Sequence
 
 from gaecli.engines import EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, advance, run_unit
-from gaecli.errors import GAEUsageError
+from gaecli.errors import GAEUsageError, RunInterrupted
 from gaecli.progress import ForwardingProgress, NoProgress
 
 INSTALL_HINT = "pip install 'gaecli[ray]'"
@@ -26,6 +33,7 @@ def import_ray():
 
 CONNECT_TIMEOUT_SECONDS = 5.0
 PROGRESS_SECONDS = 0.2  # how often the parent applies the tasks' reports
+STOP_GRACE_SECONDS = 30.0  # how long an interrupted driver waits for its cancelled tasks
 
 
 def check_reachable(address: str) -> None:
@@ -47,6 +55,7 @@ def _start_ray(ray, engine: EngineOptions) -> None:
     """Join ``engine.ray_address``, or start Ray here with ``workers`` CPUs and no dashboard.
     Ray's own log lines are kept off stderr (the commands' output, silent with ``--quiet``)
     but for errors, and warnings when joining a cluster."""
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         if engine.ray_address is not None:
             check_reachable(engine.ray_address)
@@ -57,6 +66,41 @@ def _start_ray(ray, engine: EngineOptions) -> None:
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = engine.ray_address or "locally"
         raise GAEUsageError(f"cannot start or join Ray ({where}): {str(error).splitlines()[0]}") from error
+    finally:
+        _restore_handlers(handlers)
+
+
+def _restore_handlers(handlers: dict) -> None:
+    """Put back the Python handlers Ray replaced (its SIGTERM handler aborts the driver)."""
+    for signum, handler in handlers.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            try:
+                signal.signal(signum, handler)
+            except ValueError:  # not the main thread: Ray cannot have set them either
+                pass
+
+
+def _stop_tasks(ray, refs: dict, results: list) -> None:
+    """Cancel every task (a running one gets a KeyboardInterrupt and aborts its unit), wait
+    up to :data:`STOP_GRACE_SECONDS` for them to end, and keep the results of those that had
+    finished. Ray may be half gone (its processes got the signal too): anything it raises
+    here only means there is nothing more to gather."""
+    try:
+        for ref in refs:
+            ray.cancel(ref)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        pending = list(refs)
+        while pending and time.monotonic() < deadline:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, deadline - time.monotonic()))
+            for ref in done:
+                try:
+                    result = ray.get(ref, timeout=1)
+                except Exception:  # noqa: BLE001 - cancelled or lost: not written
+                    continue
+                if not isinstance(result, TaskFailure):
+                    results[refs[ref]] = result
+    except Exception:  # noqa: BLE001 - see above
+        pass
 
 
 def _ray_unit(function: Callable, args: tuple, queue=None) -> Any:
@@ -130,6 +174,9 @@ def map_units_ray(
                         ray.cancel(other)
         if queue is not None:
             _drain(queue, progress)
+    except KeyboardInterrupt as error:
+        _stop_tasks(ray, refs, results)
+        raise RunInterrupted(results=results) from error
     except BaseException:
         for ref in refs:
             ray.cancel(ref)

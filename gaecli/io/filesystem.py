@@ -35,14 +35,52 @@ def is_uri(text: str) -> bool:
     return bool(_URI.match(str(text)))
 
 
+# Object-store timeouts, in seconds: to open a connection, and without a byte read or sent
+# on one (pyarrow's S3 client: ``connect_timeout``, ``request_timeout``; each request is
+# tried up to three times). A stalled store thus fails the file in well under a minute, and
+# a signal is obeyed once the call in flight gives up. ``s3://…?connect_timeout=2&
+# request_timeout=5`` sets them per URI.
+OBJECT_STORE_TIMEOUTS = {"connect_timeout": 5.0, "request_timeout": 10.0}
+
+
+def _without_timeouts(uri: str) -> tuple[str, dict[str, float]]:
+    """``uri`` without gaecli's timeout query parameters, and their values."""
+    parts = urlsplit(uri)
+    kept, timeouts = [], {}
+    for item in parts.query.split("&") if parts.query else []:
+        name, _, value = item.partition("=")
+        if name in OBJECT_STORE_TIMEOUTS:
+            try:
+                timeouts[name] = float(value)
+            except ValueError:
+                raise GAEUsageError(f"{uri}: {name} must be a number of seconds, got {value!r}") from None
+            if not timeouts[name] > 0:
+                raise GAEUsageError(f"{uri}: {name} must be more than 0 seconds, got {value!r}")
+        else:
+            kept.append(item)
+    return parts._replace(query="&".join(kept)).geturl(), timeouts
+
+
+def _with_timeouts(filesystem: pafs.FileSystem, timeouts: dict[str, float]) -> pafs.FileSystem:
+    """An S3 file system with :data:`OBJECT_STORE_TIMEOUTS` (or ``timeouts``) set; any other
+    as it is (pyarrow has no timeout options for them)."""
+    if not isinstance(filesystem, pafs.S3FileSystem):
+        return filesystem
+    rebuild, (options,) = filesystem.__reduce__()  # every option from_uri set, by name
+    return rebuild({**options, **OBJECT_STORE_TIMEOUTS, **timeouts})
+
+
 def _filesystem(base: str, uri: str) -> tuple[pafs.FileSystem, str]:
     """The cached file system of ``base`` and ``uri``'s path in it."""
     with _LOCK:
+        plain_uri, timeouts = _without_timeouts(uri)
         try:
-            fs_from_uri, path = pafs.FileSystem.from_uri(uri)
+            fs_from_uri, path = pafs.FileSystem.from_uri(plain_uri)
         except (pa.ArrowException, OSError, ValueError) as error:
             raise GAEUsageError(f"{uri}: not a path or URI pyarrow's file systems understand ({error})") from error
-        filesystem = _FILESYSTEMS.setdefault(base, fs_from_uri)
+        if base not in _FILESYSTEMS:
+            _FILESYSTEMS[base] = _with_timeouts(fs_from_uri, timeouts)
+        filesystem = _FILESYSTEMS[base]
     return filesystem, path
 
 

@@ -1,0 +1,362 @@
+"""Signals, kill -9 and a stalled object store, for real: ``gae recompute`` runs as its own
+process group (``python -m gaecli``), gets SIGINT or SIGTERM (the whole group, as Ctrl-C
+sends, or the parent alone) once it is writing, or a kill -9, and must then have stopped at
+once: exit 130, no temp file left under the output, every output whole (and listed as
+written) or absent (listed as not written), no output of a file that had not started, and
+no worker process left.
+
+The inputs are small but read one row per batch, so each file takes seconds: the signal
+always lands while files are being written. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from rollout_files import random_rollouts, rollout_table, write_table
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES, ROWS = 6, 120  # rows per file; read one per batch, a file takes seconds
+WAIT_SECONDS = 120.0  # bound on every wait: start-up, stop
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("signals") / "in"
+    for index in range(FILES):
+        write_table(rollout_table(random_rollouts(ROWS, seed=700 + index)), directory / f"f{index}.parquet")
+    return directory
+
+
+def start(*arguments) -> subprocess.Popen:
+    """``gae`` as a process of its own group (as a shell starts a command)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen([sys.executable, "-m", "gaecli", *map(str, arguments)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True, cwd=ROOT)
+
+
+def recompute(inputs: Path, output: Path, *options) -> subprocess.Popen:
+    return start("recompute", inputs, "-o", output, "--gamma", 0.99, "--lambd", 0.95, "--batch-rows", 1, "--quiet",
+                 *options)
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str]:
+    """Exit code and stderr; kills the group if it does not end in time (then fails)."""
+    try:
+        _, stderr = process.communicate(timeout=WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail("gae did not exit after the signal")
+    return process.returncode, stderr
+
+
+def files_under(directory: Path) -> set[Path]:
+    return {path for path in directory.rglob("*") if path.is_file()} if directory.exists() else set()
+
+
+def wait_until(condition, process: subprocess.Popen, what: str):
+    """Poll ``condition`` until it returns something true; fail if ``process`` ends first."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        if process.poll() is not None:
+            pytest.fail(f"gae exited ({process.returncode}) before {what}: {process.stderr.read()}")
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """pid -> start time of every process below ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        starts[int(entry.name)] = fields[19]
+    found, todo = {}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = starts[child]
+            todo.append(child)
+    return found
+
+
+def alive(processes: dict[int, str]) -> list[int]:
+    """Those of ``processes`` still running (not a zombie, not a new process on a reused pid)."""
+    living = []
+    for pid, start_time in processes.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[19] == start_time and fields[0] != "Z":
+            living.append(pid)
+    return living
+
+
+def importing(processes: dict[int, str]) -> list[int]:
+    """Those of ``processes`` that have loaded a compiled module of an installed package (a
+    worker under way through its imports)."""
+    found = []
+    for pid in processes:
+        try:
+            if "site-packages" in Path(f"/proc/{pid}/maps").read_text():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def wait_gone(processes: dict[int, str], seconds: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive(processes)
+
+
+def expected_outputs(inputs: Path, output: Path) -> set[Path]:
+    return {output / path.relative_to(inputs) for path in inputs.rglob("*.parquet")}
+
+
+def check_stopped(inputs: Path, output: Path, code: int, stderr: str, before: set[Path], running: int) -> set[Path]:
+    """The promises after a signal; returns the outputs written. ``before``: the files under
+    ``output`` when the signal was sent; ``running``: how many units were writing then."""
+    assert code == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    targets = expected_outputs(inputs, output)
+    left = files_under(output)
+    assert left <= targets, f"temp files left: {sorted(map(str, left - targets))}"
+    lines = [line.strip() for line in stderr.splitlines()]
+    written = {Path(line.split("written: ", 1)[1]) for line in lines if line.startswith("written: ")}
+    not_written = {Path(re.sub(r" \(.*", "", line.split("not written: ", 1)[1]))
+                   for line in lines if line.startswith("not written: ")}
+    assert written | not_written == targets and not written & not_written, stderr
+    assert left == written, stderr  # listed as written exactly when in place
+    for path in written:  # whole: every row there, the new columns too
+        table = pq.read_table(path)
+        assert table.num_rows == ROWS and "advantages" in table.column_names
+    # no file started after the signal: only those finished or running then can have finished
+    assert len(written - (before & targets)) <= running, (sorted(map(str, before)), stderr)
+    assert not_written, "the signal came too late to test anything"
+    return written
+
+
+def wait_for_writing(process: subprocess.Popen, output: Path, inputs: Path) -> tuple[set[Path], int]:
+    """Wait until a unit is writing (a temp file under ``output``); the files there then
+    and the number of temp files."""
+    targets = expected_outputs(inputs, output)
+    temps = wait_until(lambda: files_under(output) - targets, process, "a temp file appeared")
+    return files_under(output), len(temps)
+
+
+# ----------------------------------------------------------------------------- local engine
+
+
+@pytest.mark.parametrize("workers, signum, group", [
+    (2, signal.SIGINT, True),
+    (2, signal.SIGTERM, True),
+    (2, signal.SIGINT, False),
+    (2, signal.SIGTERM, False),
+    (1, signal.SIGINT, True),
+    (1, signal.SIGTERM, False),
+], ids=["2-workers-SIGINT-group", "2-workers-SIGTERM-group", "2-workers-SIGINT-parent", "2-workers-SIGTERM-parent",
+        "in-process-SIGINT-group", "in-process-SIGTERM-parent"])
+def test_a_signal_stops_the_run(inputs, tmp_path, workers, signum, group):
+    output = tmp_path / "out"
+    process = recompute(inputs, output, "--workers", workers)
+    before, running = wait_for_writing(process, output, inputs)
+    workers_then = descendants(process.pid)
+    assert len(workers_then) >= (workers if workers > 1 else 0)
+    (os.killpg if group else os.kill)(process.pid, signum)
+    code, stderr = finish(process)
+    check_stopped(inputs, output, code, stderr, before, max(running, workers))
+    assert wait_gone(workers_then) == []
+
+
+def test_ctrl_c_while_workers_start_prints_no_traceback(inputs, tmp_path):
+    output = tmp_path / "out"
+    process = recompute(inputs, output, "--workers", 2)
+    wait_until(lambda: len(importing(descendants(process.pid))) >= 2, process, "the workers were importing")
+    started = descendants(process.pid)
+    os.killpg(process.pid, signal.SIGINT)
+    code, stderr = finish(process)
+    assert code == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert files_under(output) <= expected_outputs(inputs, output)
+    assert wait_gone(started) == []
+
+
+def test_kill_9_of_the_parent_takes_the_workers_and_a_resume_completes(inputs, tmp_path):
+    output = tmp_path / "out"
+    process = recompute(inputs, output, "--workers", 2)
+    wait_for_writing(process, output, inputs)
+    workers = descendants(process.pid)
+    assert len(workers) >= 2
+    os.kill(process.pid, signal.SIGKILL)
+    process.communicate(timeout=WAIT_SECONDS)
+    assert wait_gone(workers) == [], "worker processes outlived their parent"
+    targets = expected_outputs(inputs, output)
+    assert files_under(output) <= targets, "a worker left its temp file"  # they abort on the parent's death
+    resumed = recompute(inputs, output, "--workers", 2, "--skip-existing", "--json", "-")
+    try:
+        _, stderr = resumed.communicate(timeout=WAIT_SECONDS * 2)
+    except subprocess.TimeoutExpired:
+        os.killpg(resumed.pid, signal.SIGKILL)
+        raise
+    assert resumed.returncode == 0, stderr
+    assert files_under(output) == targets
+    for path in targets:
+        assert pq.read_table(path).num_rows == ROWS
+
+
+# ----------------------------------------------------------------------------- Ray
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM-group", "SIGINT-group"])
+def test_a_signal_stops_a_ray_run(inputs, tmp_path, signum):
+    pytest.importorskip("ray", reason="ray is not installed")
+    output = tmp_path / "out"
+    process = recompute(inputs, output, "--engine", "ray", "--workers", 2)
+    before, running = wait_for_writing(process, output, inputs)
+    os.killpg(process.pid, signum)
+    code, stderr = finish(process)
+    check_stopped(inputs, output, code, stderr, before, max(running, 2))
+
+
+# ----------------------------------------------------------------------------- a stalled object store
+
+
+class StallingProxy:
+    """A loopback TCP proxy to the S3 server that passes ``allowed`` upload requests for a
+    ``.parquet`` key (a multipart upload is three: start, part, complete) and then stalls:
+    from the next one on it reads and answers nothing, on any connection (a store that hangs
+    mid-run). Its threads end when it is closed."""
+
+    UPLOAD = re.compile(rb"(PUT|POST) /[^ ?]*\.parquet")
+
+    def __init__(self, upstream: tuple[str, int], allowed: int) -> None:
+        self.upstream, self.allowed = upstream, allowed
+        self.stalled = threading.Event()
+        self.closed = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.sockets.append(client)
+            if self.stalled.is_set():
+                continue  # accepted, never answered
+            server = socket.create_connection(self.upstream)
+            self.sockets.append(server)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, requests: bool) -> None:
+        try:
+            while not self.stalled.is_set() and (data := source.recv(1 << 16)):
+                if requests:
+                    self.allowed -= len(self.UPLOAD.findall(data))
+                    if self.allowed < 0:
+                        self.stalled.set()
+                        break
+                sink.sendall(data)
+        except OSError:
+            pass
+        self.closed.wait(WAIT_SECONDS)  # stalled: hold the connection open, silent
+
+    def close(self) -> None:
+        self.closed.set()
+        for each in [self.server, *self.sockets]:
+            each.close()
+
+
+@pytest.fixture
+def s3_endpoint():
+    moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto: pip install 'moto[s3,server]'")
+    import pyarrow.fs as pafs
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    filesystem = pafs.S3FileSystem(access_key="key", secret_key="secret", endpoint_override=f"{host}:{port}",
+                                   scheme="http", region="us-east-1", allow_bucket_creation=True)
+    filesystem.create_dir("rollouts")
+    yield (host, port), filesystem
+    server.stop()
+
+
+def s3_uri(port: int, key: str, **query) -> str:
+    extra = "".join(f"&{name}={value}" for name, value in query.items())
+    return f"s3://key:secret@rollouts/{key}?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1{extra}"
+
+
+def test_a_stalled_store_times_out(inputs, s3_endpoint):
+    upstream, filesystem = s3_endpoint
+    proxy = StallingProxy(upstream, allowed=0)
+    try:
+        process = recompute(inputs / "f0.parquet", s3_uri(proxy.port, "out/f0.parquet", connect_timeout=1,
+                                                           request_timeout=1), "--batch-rows", 64)
+        code, stderr = finish(process)
+    finally:
+        proxy.close()
+    assert proxy.stalled.is_set()
+    assert code == 2 and "Traceback" not in stderr, stderr
+    assert "out/f0.parquet" in stderr and ("timeout" in stderr.lower() or "too slow" in stderr.lower()), stderr
+    import pyarrow.fs as pafs
+
+    assert filesystem.get_file_info("rollouts/out/f0.parquet").type == pafs.FileType.NotFound
+
+
+def test_sigterm_during_a_stalled_upload_stops_and_says_what_was_written(inputs, s3_endpoint):
+    """The first output goes up whole; the store stalls on the second; SIGTERM to the
+    parent alone: exit 130, the first listed as written (and whole), the others not (and
+    absent)."""
+    import pyarrow.fs as pafs
+
+    upstream, filesystem = s3_endpoint
+    proxy = StallingProxy(upstream, allowed=3)  # the first output, whole
+    output = s3_uri(proxy.port, "out", connect_timeout=1, request_timeout=1)
+    try:
+        process = recompute(inputs, output, "--workers", 1, "--batch-rows", 64)
+        wait_until(proxy.stalled.is_set, process, "the store stalled")
+        os.kill(process.pid, signal.SIGTERM)
+        code, stderr = finish(process)
+    finally:
+        proxy.close()
+    assert code == 130 and "Traceback" not in stderr, stderr
+    names = sorted(path.name for path in inputs.glob("*.parquet"))
+    written = [line for line in stderr.splitlines() if line.strip().startswith("written: ")]
+    not_written = [line for line in stderr.splitlines() if line.strip().startswith("not written: ")]
+    first = s3_uri(proxy.port, f"out/{names[0]}", connect_timeout=1, request_timeout=1)
+    assert len(written) == 1 and written[0].strip() == f"written: {first}", stderr
+    assert len(not_written) == len(names) - 1, stderr
+    keys = sorted(info.path for info in filesystem.get_file_info(
+        pafs.FileSelector("rollouts/out", recursive=True, allow_not_found=True)) if info.type == pafs.FileType.File)
+    assert keys == [f"rollouts/out/{names[0]}"], keys
+    with filesystem.open_input_file(keys[0]) as file:
+        assert pq.read_table(file).num_rows == ROWS
