@@ -9,6 +9,8 @@ Every kernel has the signature of :func:`gaecli.kernels.reference.reference_gae`
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable
@@ -33,10 +35,24 @@ class Kernel:
 
     @cached_property
     def usable(self) -> bool:
-        """Whether it can run here: the compiled kernel needs numba."""
+        """Whether it can run here: the compiled kernel needs numba, the Triton kernel Triton."""
         if self.module.endswith(".native"):
             return importlib.import_module(self.module).AVAILABLE
+        if self.module.endswith(".triton"):
+            return importlib.util.find_spec("triton") is not None  # found, not imported: cheap
         return True
+
+    def usable_on(self, kind: str) -> bool:
+        """Whether it can run on devices of type ``kind`` here. Triton kernels run on CPU
+        tensors only under Triton's interpreter (``TRITON_INTERPRET=1``), which is for tests."""
+        if not self.usable or (kind != "cpu" and not self.cuda):
+            return False
+        return kind != "cpu" or not self.module.endswith(".triton") or _triton_interpreted()
+
+
+def _triton_interpreted() -> bool:
+    """Whether ``TRITON_INTERPRET`` is set to a true value (as Triton reads it)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
 KERNELS: dict[str, Kernel] = {
@@ -45,9 +61,11 @@ KERNELS: dict[str, Kernel] = {
     "chunked": Kernel("gaecli.kernels.chunked", "chunked_gae", True, "padded [B, T] FLA-style chunked scan (trainers' way)"),
     "scan": Kernel("gaecli.kernels.scan", "scan_gae", True, "ragged log-step segmented scan, no padding (torch)"),
     "native": Kernel("gaecli.kernels.native", "native_gae", False, "ragged compiled pass per sample, no padding (numba, CPU)"),
+    "triton": Kernel("gaecli.kernels.triton", "triton_gae", True, "ragged chunked scan per sample, no padding (Triton, CUDA)"),
 }
 
-# Fastest batch-invariant kernel first, per device type.
+# Fastest batch-invariant kernel first, per device type. On CUDA the kernels' speeds are not
+# measured yet (scripts/bench_gpu.py), so ``auto`` keeps ``scan`` there.
 AUTO_ORDER = {"cpu": ("native", "scan"), "cuda": ("scan",)}
 
 
@@ -60,11 +78,7 @@ def available_kernels(device="cpu") -> list[str]:
     """Names of the concrete kernels usable on ``device`` (a name or a ``torch.device``)
     here (``auto`` excluded)."""
     kind = device_type(device)
-    return [
-        name
-        for name, kernel in KERNELS.items()
-        if kernel.usable and (kind == "cpu" or kernel.cuda)
-    ]
+    return [name for name, kernel in KERNELS.items() if kernel.usable_on(kind)]
 
 
 def resolve_kernel(name: str, device="cpu") -> str:
@@ -82,8 +96,13 @@ def resolve_kernel(name: str, device="cpu") -> str:
     if name not in KERNELS:
         raise KernelUnavailableError(f"unknown kernel {name!r}; choose one of: auto, {', '.join(KERNELS)}")
     if name not in usable:
+        if name == "triton" and not KERNELS[name].usable:
+            from gaecli.kernels.triton import INSTALL_HINT
+
+            raise KernelUnavailableError(f"kernel 'triton' needs Triton, which is not installed: {INSTALL_HINT}")
+        where = " (it runs on CUDA, and on CPU only under TRITON_INTERPRET=1)" if name == "triton" else ""
         raise KernelUnavailableError(
-            f"kernel {name!r} cannot run on {kind} here; usable: {', '.join(usable)}"
+            f"kernel {name!r} cannot run on {kind} here{where}; usable: {', '.join(usable)}"
         )
     return name
 
