@@ -54,7 +54,8 @@ def machine_header(device: torch.device) -> str:
     return "\n".join(
         [
             f"device: {properties.name}, {properties.total_memory / 2**30:.0f} GiB, "
-            f"{properties.multi_processor_count} SMs; host {platform.machine()}, {platform.system()} {platform.release()}",
+            f"{properties.multi_processor_count} SMs; host {platform.machine()}, "
+            f"{platform.system()} {platform.release()}",
             f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
             f"triton {triton.__version__}",
             f"gamma = {GAMMA}, lambda = {LAMBD}; float32 inputs on the device; best call after one warm-up call",
@@ -150,8 +151,12 @@ def copy_best(num_bytes: int, device: torch.device, repeat: int, min_time: float
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=20, help="least number of timed calls per kernel; default 20")
-    parser.add_argument("--min-time", type=float, default=0.5, help="keep calling a kernel this many seconds; default 0.5")
-    parser.add_argument("--workload", choices=list(WORKLOADS), action="append", help="workload to run (repeatable); default all")
+    parser.add_argument(
+        "--min-time", type=float, default=0.5, help="keep calling a kernel this many seconds; default 0.5"
+    )
+    parser.add_argument(
+        "--workload", choices=list(WORKLOADS), action="append", help="workload to run (repeatable); default all"
+    )
     parser.add_argument("--check", action="store_true", help="verify every kernel against the reference first")
     parser.add_argument("--device", default="cuda", help="CUDA device; default cuda")
     args = parser.parse_args(argv)

@@ -119,6 +119,24 @@ def test_terminal_reward_crosses_masked_chunks_exactly():
     assert_bitwise("returns", torch.tensor([1.125, 2.5] + [0.0] * 14, dtype=torch.float64), returns)
 
 
+def test_same_results_with_the_interpreters_own_scan(monkeypatch):
+    # The suite gives the interpreter a log-step scan (tests/triton_interpreter.py); the
+    # interpreter's own one-element-at-a-time scan must give the same results, to rounding.
+    if DEVICE == "cuda":
+        pytest.skip("compiled on CUDA: no interpreter")
+    from triton.runtime.interpreter import ScanOps
+
+    batch = make_batch(17, [0, 5, 8, 23, 40], ["ones", "random", "blocks", "masked-tail", "blocks"], dtype=torch.float64)
+    packed = batch.packed()
+    log_step = run_triton(packed, 0.97, 0.9, chunk_length=8, carry_block=2)
+    monkeypatch.setattr(ScanOps, "generic_scan", ScanOps.one_at_a_time_scan)
+    one_at_a_time = run_triton(packed, 0.97, 0.9, chunk_length=8, carry_block=2)
+    reference_advantages, _ = run_reference(packed, 0.97, 0.9)
+    assert_close("interpreter's own scan", reference_advantages, one_at_a_time[0])
+    assert_close("log-step scan vs the interpreter's own", one_at_a_time[0], log_step[0])
+    assert_close("log-step scan vs the interpreter's own, returns", one_at_a_time[1], log_step[1])
+
+
 # ----------------------------------------------------------------------------- batch invariance
 
 

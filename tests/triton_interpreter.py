@@ -30,12 +30,15 @@ def interpret_triton_unless_cuda() -> None:
 
 
 def use_log_step_scan() -> bool:
-    """Make the interpreter's generic scan a log-step scan; False when Triton is missing."""
+    """Make the interpreter's generic scan a log-step scan (its own loop stays at hand as
+    ``ScanOps.one_at_a_time_scan``); False when Triton is missing."""
     try:
         from triton.runtime.interpreter import ScanOps
     except ImportError:
         return False
-    ScanOps.generic_scan = _log_step_scan
+    if ScanOps.generic_scan is not _log_step_scan:
+        ScanOps.one_at_a_time_scan = ScanOps.generic_scan
+        ScanOps.generic_scan = _log_step_scan
     return True
 
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import torch
 
+from gaecli.errors import KernelUnavailableError
+
 try:
     import triton
     import triton.language as tl
@@ -107,7 +109,9 @@ if AVAILABLE:
             )
             if start + (chunk + 1) * CHUNK >= end:
                 terminal = tl.load(terminal_rewards + sample).to(ACCUMULATE)
-                _write(advantages, returns, position, inside, trainable, value, surprise, scanned_c, scanned_d, terminal)
+                _write(
+                    advantages, returns, position, inside, trainable, value, surprise, scanned_c, scanned_d, terminal
+                )
             if chunk > 0:
                 # The whole chunk's map: its first position (slot CHUNK - 1) composed with the rest.
                 first = tl.arange(0, CHUNK) == CHUNK - 1
@@ -185,8 +189,6 @@ def triton_gae(
     tests; results are batch invariant for any fixed pair.
     """
     if not AVAILABLE:
-        from gaecli.errors import KernelUnavailableError
-
         raise KernelUnavailableError(f"kernel 'triton' needs Triton: {INSTALL_HINT}")
     values = values.contiguous()
     advantages = torch.empty_like(values)
@@ -206,9 +208,9 @@ def triton_gae(
     chunk_base = (torch.cumsum(chunks, 0) - chunks).contiguous()
     longest, total = (int(x) for x in torch.stack([chunks.max(), chunks.sum()]).tolist())
     if longest > MAX_CHUNKS:
-        from gaecli.errors import GAEInputError
-
-        raise GAEInputError(f"a sample spans {longest} chunks of {chunk_length} tokens; the triton kernel takes {MAX_CHUNKS}")
+        raise KernelUnavailableError(
+            f"the triton kernel takes samples of at most {MAX_CHUNKS * chunk_length:,} tokens; use kernel 'scan'"
+        )
     chunk_c = torch.empty(max(total, 1), dtype=terminal.dtype, device=device)
     chunk_d = torch.empty_like(chunk_c)
     _local_pass[(batch, longest)](
