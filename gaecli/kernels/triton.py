@@ -190,6 +190,9 @@ def triton_gae(
     """
     if not AVAILABLE:
         raise KernelUnavailableError(f"kernel 'triton' needs Triton: {INSTALL_HINT}")
+    for name, size in (("chunk_length", chunk_length), ("carry_block", carry_block)):
+        if size < 1 or size & (size - 1):
+            raise ValueError(f"{name} must be a power of two, got {size}")
     values = values.contiguous()
     advantages = torch.empty_like(values)
     returns = torch.empty_like(values)
@@ -198,8 +201,8 @@ def triton_gae(
         return advantages, returns
     accumulate = tl.float64 if values.dtype == torch.float64 else tl.float32
     device = values.device
-    rewards = rewards.to(values.dtype).contiguous()
-    mask = loss_mask.contiguous().view(torch.uint8)
+    rewards = rewards.to(device=device, dtype=values.dtype).contiguous()
+    mask = loss_mask.to(device=device, dtype=torch.bool).contiguous().view(torch.uint8)
     offsets = offsets.to(device=device, dtype=torch.int64).contiguous()
     terminal = terminal_rewards.to(device=device, dtype=torch.float64 if accumulate == tl.float64 else torch.float32)
     terminal = terminal.contiguous()
