@@ -11,6 +11,10 @@ Triton the tests that run the kernel are skipped, and the others check the error
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,6 +172,46 @@ def test_many_chunk_sample_is_bitwise_the_same_alone_and_in_a_batch(dtype, chunk
         offsets = packed[3]
         assert_bitwise(f"advantages, order {order}", alone[0], split(advantages, offsets)[where])
         assert_bitwise(f"returns, order {order}", alone[1], split(returns, offsets)[where])
+
+
+# ----------------------------------------------------------------------------- compiled for CUDA
+
+# Compiles the three kernels to a cubin for sm_90 (H100/H200) as a launch would, for float32
+# and float64 input, without a GPU; the interpreter does not compile anything.
+COMPILE_FOR_CUDA = """
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import gaecli.kernels.triton as kernels
+
+for data, accumulate in (("fp32", tl.float32), ("fp64", tl.float64)):
+    wide = "fp64" if accumulate == tl.float64 else "fp32"
+    types = {"loss_mask": "*u8", "offsets": "*i64", "chunk_base": "*i64"}
+    types.update({name: "*" + data for name in ("values", "rewards", "advantages", "returns")})
+    types.update({name: "*" + wide for name in ("terminal_rewards", "discounts", "chunk_c", "chunk_d", "carries")})
+    constants = {"CHUNK": kernels.CHUNK_LENGTH, "BLOCK": kernels.CARRY_BLOCK, "ACCUMULATE": accumulate}
+    for function in (kernels._local_pass, kernels._carry_pass, kernels._finish_pass):
+        signature = {name: types.get(name, "constexpr") for name in function.arg_names}
+        used = {name: value for name, value in constants.items() if name in function.arg_names}
+        compiled = triton.compile(
+            ASTSource(function, signature, used), target=GPUTarget("cuda", 90, 32), options=kernels.COMPILE_OPTIONS
+        )
+        assert len(compiled.asm["cubin"]) > 1000, function.__name__
+        print(function.__name__, data, "compiled")
+"""
+
+
+@installed
+def test_kernels_compile_for_cuda():
+    root = Path(__file__).resolve().parent.parent
+    environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    environment["PYTHONPATH"] = os.pathsep.join([str(root), environment.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_CUDA], cwd=root, env=environment, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("compiled") == 6, done.stdout
 
 
 # ----------------------------------------------------------------------------- how it is offered

@@ -47,6 +47,9 @@ INSTALL_HINT = "pip install 'gaecli[gpu]'"
 CHUNK_LENGTH = 1024  # positions per chunk (a power of two); fixed, so results never depend on the batch
 CARRY_BLOCK = 128  # chunk maps composed per scan in pass 2 (a power of two)
 MAX_CHUNKS = 65_535  # chunks per sample: the grid's second axis
+# No fused multiply-adds: every product and sum is rounded on its own, as under the
+# interpreter the tests run, and whatever Triton's default (which is changing).
+COMPILE_OPTIONS = {"enable_fp_fusion": False}
 
 
 if AVAILABLE:
@@ -218,16 +221,16 @@ def triton_gae(
     chunk_d = torch.empty_like(chunk_c)
     _local_pass[(batch, longest)](
         values, rewards, mask, offsets, terminal, discounts, chunk_base, chunk_c, chunk_d, advantages, returns,
-        CHUNK=chunk_length, ACCUMULATE=accumulate,
+        CHUNK=chunk_length, ACCUMULATE=accumulate, **COMPILE_OPTIONS,
     )
     if longest > 1:
         carries = torch.empty_like(chunk_c)
         _carry_pass[(batch,)](
             offsets, terminal, chunk_base, chunk_c, chunk_d, carries,
-            CHUNK=chunk_length, BLOCK=carry_block, ACCUMULATE=accumulate,
+            CHUNK=chunk_length, BLOCK=carry_block, ACCUMULATE=accumulate, **COMPILE_OPTIONS,
         )
         _finish_pass[(batch, longest - 1)](
             values, rewards, mask, offsets, discounts, chunk_base, carries, advantages, returns,
-            CHUNK=chunk_length, ACCUMULATE=accumulate,
+            CHUNK=chunk_length, ACCUMULATE=accumulate, **COMPILE_OPTIONS,
         )
     return advantages, returns
