@@ -1,6 +1,8 @@
 """Shared pytest configuration: one hypothesis profile that keeps the property tests fast
-(a few dozen examples each, no per-example deadline) and reproducible in CI, and one local
-Ray instance for the whole session."""
+(a few dozen examples each, no per-example deadline) and reproducible in CI, one local
+Ray instance for the whole session, and Triton's interpreter on machines without CUDA (set
+before any test module imports a Triton kernel, so that the triton kernel joins the CPU
+kernel grid)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,12 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from triton_interpreter import interpret_triton_unless_cuda, use_log_step_scan
+
+interpret_triton_unless_cuda()
+if os.environ.get("TRITON_INTERPRET") == "1":
+    use_log_step_scan()
 
 settings.register_profile(
     "default",

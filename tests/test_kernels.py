@@ -247,8 +247,10 @@ def long_case():
     return values, rewards, mask, offsets, terminal, references
 
 
+# ``triton`` here runs under Triton's interpreter, too slowly for this sample; test_triton.py
+# holds it to the same tolerances on samples of up to 16,384 tokens (16 chunks).
 @pytest.mark.parametrize("discount", [(0.999, 0.99), (1.0, 1.0)], ids=["g0.999-l0.99", "g1-l1"])
-@pytest.mark.parametrize("kernel", FAST_KERNEL_NAMES)
+@pytest.mark.parametrize("kernel", [name for name in FAST_KERNEL_NAMES if name != "triton"])
 def test_long_sample_accuracy(kernel, discount, long_case):
     values, rewards, mask, offsets, terminal, references = long_case
     reference_advantages, reference_returns = references[discount]

@@ -12,6 +12,8 @@ module here, one entry in :data:`KERNELS`, its tests (docs/architecture.md).
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -55,18 +57,25 @@ class Kernel:
 
     @cached_property
     def usable(self) -> bool:
-        """Whether it can run here: the module it needs (numba for ``native``) imports."""
-        if self.needs is None:
-            return True
-        try:
-            importlib.import_module(self.needs)
-        except ImportError:
+        """Whether it can run here: the module it needs (numba for ``native``, triton for
+        ``triton``) is installed (found, not imported: cheap)."""
+        return self.needs is None or importlib.util.find_spec(self.needs) is not None
+
+    def usable_on(self, kind: str) -> bool:
+        """Whether it can run on devices of type ``kind`` here. A Triton kernel runs on CPU
+        tensors only under Triton's interpreter (``TRITON_INTERPRET=1``), which is for tests."""
+        if not self.usable or (kind != "cpu" and not self.cuda):
             return False
-        return True
+        return kind != "cpu" or self.needs != "triton" or _triton_interpreted()
 
     def missing(self, spec: Optional["AdvantageSpec"]) -> frozenset[str]:
         """The features of ``spec`` this kernel does not support (empty: it can run it)."""
         return frozenset() if spec is None else spec.features - self.supports
+
+
+def _triton_interpreted() -> bool:
+    """Whether ``TRITON_INTERPRET`` is set to a true value (as Triton reads it)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
 _PACKAGE = "gaecli.advantages.kernels"
@@ -79,9 +88,12 @@ KERNELS: dict[str, Kernel] = {
     "native": Kernel(f"{_PACKAGE}.native", "native_gae", False,
                      "ragged compiled pass per sample, no padding (numba, CPU)",
                      flat_attribute="native_gae_flat", needs="numba"),
+    "triton": Kernel(f"{_PACKAGE}.triton", "triton_gae", True,
+                     "ragged chunked scan per sample, no padding (Triton, CUDA)", needs="triton"),
 }
 
-# Fastest batch-invariant kernel first, per device type; then any other capable one.
+# Fastest batch-invariant kernel first, per device type; then any other capable one. On CUDA
+# the kernels' speeds are not measured yet (scripts/bench_gpu.py), so ``auto`` keeps ``scan``.
 AUTO_ORDER = {"cpu": ("native", "scan"), "cuda": ("scan",)}
 AUTO_FALLBACK = "vanilla"
 
@@ -95,11 +107,7 @@ def available_kernels(device="cpu") -> list[str]:
     """Names of the concrete kernels usable on ``device`` (a name or a ``torch.device``)
     here (``auto`` excluded)."""
     kind = device_type(device)
-    return [
-        name
-        for name, kernel in KERNELS.items()
-        if kernel.usable and (kind == "cpu" or kernel.cuda)
-    ]
+    return [name for name, kernel in KERNELS.items() if kernel.usable_on(kind)]
 
 
 def resolve_kernel(name: str, device="cpu", spec: Optional["AdvantageSpec"] = None) -> str:
@@ -120,9 +128,12 @@ def resolve_kernel(name: str, device="cpu", spec: Optional["AdvantageSpec"] = No
     if name not in KERNELS:
         raise KernelUnavailableError(f"unknown kernel {name!r}; choose one of: auto, {', '.join(KERNELS)}")
     if name not in usable:
-        raise KernelUnavailableError(
-            f"kernel {name!r} cannot run on {kind} here; usable: {', '.join(usable)}"
-        )
+        if name == "triton" and not KERNELS[name].usable:
+            from gaecli.advantages.kernels.triton import INSTALL_HINT
+
+            raise KernelUnavailableError(f"kernel 'triton' needs Triton, which is not installed: {INSTALL_HINT}")
+        where = " (it runs on CUDA, and on CPU only under TRITON_INTERPRET=1)" if name == "triton" else ""
+        raise KernelUnavailableError(f"kernel {name!r} cannot run on {kind} here{where}; usable: {', '.join(usable)}")
     missing = KERNELS[name].missing(spec)
     if missing:
         capable = [candidate for candidate in usable if not KERNELS[candidate].missing(spec)]
