@@ -408,49 +408,45 @@ def _run_import(import_function, inputs: list[str], output: str, overwrite: bool
             console.print(escape(line), soft_wrap=True)
 
 
-@import_app.command("miles", epilog=EXIT_CODES_HELP)
-def import_miles_command(
-    inputs: Annotated[list[str], typer.Argument(metavar="DUMP...", help="torch.save dumps, directories (recursive: *.pt, *.pth), globs or URIs.")],
-    output: ImportOutputOption,
-    overwrite: ImportOverwriteOption = False,
-    json_path: JsonOption = None,
-    quiet: QuietOption = False,
-    debug: DebugOption = False,
-) -> None:
-    """Import miles --save-debug-train-data dumps (one per rank and rollout; context-parallel shares reassembled) into one rollout file; loaded with weights_only, never unpickled blindly."""
-    from gaecli.importers import import_miles
+def _import_command(name: str, importer: str, metavar: str, inputs_help: str, summary: str) -> None:
+    """Register ``gae import NAME``: the options every format shares, calling
+    ``gaecli.importers.<importer>``."""
 
-    _run_import(import_miles, inputs, output, overwrite, json_path, quiet, debug)
+    def command(
+        inputs: list[str],
+        output: ImportOutputOption,
+        overwrite: ImportOverwriteOption = False,
+        json_path: JsonOption = None,
+        quiet: QuietOption = False,
+        debug: DebugOption = False,
+    ) -> None:
+        import gaecli.importers
 
+        _run_import(getattr(gaecli.importers, importer), inputs, output, overwrite, json_path, quiet, debug)
 
-@import_app.command("slime", epilog=EXIT_CODES_HELP)
-def import_slime_command(
-    inputs: Annotated[list[str], typer.Argument(metavar="DUMP...", help="torch.save dumps, directories (recursive: *.pt, *.pth), globs or URIs.")],
-    output: ImportOutputOption,
-    overwrite: ImportOverwriteOption = False,
-    json_path: JsonOption = None,
-    quiet: QuietOption = False,
-    debug: DebugOption = False,
-) -> None:
-    """Import slime --save-debug-train-data dumps (format 2: one per rollout, gathered) into one rollout file; loaded with weights_only, never unpickled blindly."""
-    from gaecli.importers import import_slime
-
-    _run_import(import_slime, inputs, output, overwrite, json_path, quiet, debug)
+    # the one annotation that differs per format, as an object (annotations are strings here)
+    command.__annotations__["inputs"] = Annotated[list[str], typer.Argument(metavar=metavar, help=inputs_help)]
+    command.__doc__ = summary
+    command.__name__ = command.__qualname__ = f"{importer}_command"
+    import_app.command(name, epilog=EXIT_CODES_HELP)(command)
 
 
-@import_app.command("nemo-rl", epilog=EXIT_CODES_HELP)
-def import_nemo_rl_command(
-    inputs: Annotated[list[str], typer.Argument(metavar="JSONL...", help="train_data_step{N}.jsonl files, directories (recursive), globs or URIs.")],
-    output: ImportOutputOption,
-    overwrite: ImportOverwriteOption = False,
-    json_path: JsonOption = None,
-    quiet: QuietOption = False,
-    debug: DebugOption = False,
-) -> None:
-    """Import NeMo-RL's train_data_step{N}.jsonl (streamed) into one rollout file; no values column: recompute with --values-col none."""
-    from gaecli.importers import import_nemo_rl
-
-    _run_import(import_nemo_rl, inputs, output, overwrite, json_path, quiet, debug)
+DUMP_HELP = "torch.save dumps, directories (recursive: *.pt, *.pth), globs or URIs."
+_import_command(
+    "miles", "import_miles", "DUMP...", DUMP_HELP,
+    "Import miles --save-debug-train-data dumps (one per rank and rollout; context-parallel shares reassembled) "
+    "into one rollout file; loaded with weights_only, never unpickled blindly.",
+)
+_import_command(
+    "slime", "import_slime", "DUMP...", DUMP_HELP,
+    "Import slime --save-debug-train-data dumps (format 2: one per rollout, gathered) into one rollout file; "
+    "loaded with weights_only, never unpickled blindly.",
+)
+_import_command(
+    "nemo-rl", "import_nemo_rl", "JSONL...", "train_data_step{N}.jsonl files, directories (recursive), globs or URIs.",
+    "Import NeMo-RL's train_data_step{N}.jsonl (streamed) into one rollout file; no values column: recompute with "
+    "--values-col none.",
+)
 
 
 # ----------------------------------------------------------------------------- diff
