@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import torch
 
 from gaecli.advantages.kernels.reference import reference_gae
+from helpers import masked_gae_oracle, unmasked_oracle
 
 # |got - ref| <= TOLERANCE[type] * (1 + max |ref| of the sample)
 TOLERANCE = {"float": 2e-5, "double": 1e-12}
@@ -189,36 +190,15 @@ def reference_outputs(rollouts: Rollouts, gamma: float, lambd: float) -> tuple[l
     return split(advantages), split(returns)
 
 
-def plain_gae(values: Sequence[float], rewards: Sequence[float], gamma: float, lambd: float) -> list[float]:
-    """Textbook GAE over a contiguous sequence with a zero bootstrap (Python floats)."""
-    advantages = [0.0] * len(values)
-    carry, next_value = 0.0, 0.0
-    for t in reversed(range(len(values))):
-        delta = rewards[t] + gamma * next_value - values[t]
-        carry = delta + gamma * lambd * carry
-        advantages[t] = carry
-        next_value = values[t]
-    return advantages
-
-
 def unmasked_advantages(values, rewards, terminal: float, gamma: float, lambd: float) -> list[float]:
-    """The old behaviour: mask ignored, terminal reward on token R-1."""
-    shaped = list(rewards)
-    if shaped:
-        shaped[-1] += terminal
-    return plain_gae(values, shaped, gamma, lambd)
+    """The old behaviour (mask ignored, terminal reward on token R-1): the oracle of
+    :mod:`helpers`."""
+    return unmasked_oracle(values, rewards, None, terminal, gamma, lambd)[0]
 
 
 def masked_advantages(values, rewards, mask, terminal: float, gamma: float, lambd: float) -> list[float]:
-    """The contract by compress / plain GAE / scatter; zeros at masked positions."""
-    kept = [t for t, m in enumerate(mask) if m]
-    shaped = [rewards[t] for t in kept]
-    if shaped:
-        shaped[-1] += terminal
-    out = [0.0] * len(mask)
-    for t, a in zip(kept, plain_gae([values[t] for t in kept], shaped, gamma, lambd)):
-        out[t] = a
-    return out
+    """The contract's advantages (zeros at masked positions): the oracle of :mod:`helpers`."""
+    return masked_gae_oracle(values, rewards, mask, terminal, gamma, lambd)[0]
 
 
 def whiten_numpy(advantages: list[np.ndarray], masks: list[list[int]]) -> list[np.ndarray]:
