@@ -1,4 +1,4 @@
-"""Every masked-GAE kernel against the contract: the six behaviours of DESIGN.md on
+"""Every masked-GAE kernel against the contract (docs/semantics.md): its six behaviours on
 hand-computed numbers, random ragged batches against the float64 reference, bitwise batch
 invariance, and accuracy on one long sample."""
 
