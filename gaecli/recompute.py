@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from gaecli._version import __version__
 from gaecli.checks import row_reasons
-from gaecli.diff import DiffAccumulator
+from gaecli.comparison.figures import DiffAccumulator
 from gaecli.engines import EXIT_INVALID_DATA, EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.errors import FilesFailedError, GAEUsageError, InvalidFilesError, InvalidOptionError, UnusableFilesError
 from gaecli.flat import BASELINES, check_discount
