@@ -233,7 +233,7 @@ class DiffAccumulator:
         self.max_abs_delta = max(self.max_abs_delta, float(rows.max_abs.max(initial=0.0)))
         self._abs_delta_sum.add(rows.sum_abs)
         self.sign_flips += int(rows.sign_flips.sum())
-        for total, column in zip(self._sums, rows.sums.T):
+        for total, column in zip(self._sums, rows.sums.T, strict=True):
             total.add(column)
         if with_returns:
             self.returns_compared = True
@@ -274,7 +274,7 @@ class DiffAccumulator:
         self._abs_delta_sum.merge(other._abs_delta_sum)
         self._abs_delta_return_sum.merge(other._abs_delta_return_sum)
         self._credit_sum.merge(other._credit_sum)
-        for mine, theirs in zip(self._sums, other._sums):
+        for mine, theirs in zip(self._sums, other._sums, strict=True):
             mine.merge(theirs)
         size = max(self._tail_counts.size, other._tail_counts.size)
         tail_counts = np.zeros(size, dtype=np.int64)

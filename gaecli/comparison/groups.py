@@ -84,7 +84,7 @@ class GroupedFigures:
             pass
         groups = []
         for code in order:
-            row = dict(zip(GROUP_SUMS, self.sums[code].tolist()))
+            row = dict(zip(GROUP_SUMS, self.sums[code].tolist(), strict=True))
             samples, trainable = int(row["samples"]), int(row["trainable_tokens"])
             tail = int(row["masked_tail_samples"])
             groups.append({

@@ -11,7 +11,6 @@ from gaecli.comparison.figures import RowFigures
 from gaecli.diff.options import DiffOptions
 from gaecli.errors import GAEUsageError
 
-
 PER_SAMPLE_FIGURES = [
     ("length", pa.int64()), ("trainable_tokens", pa.int64()), ("masked_share", pa.float64()),
     ("masked_tail", pa.int64()), ("fully_masked", pa.bool_()), ("changed", pa.bool_()),
