@@ -14,22 +14,21 @@ import pyarrow as pa
 
 from gaecli._version import __version__
 from gaecli.checks import row_reasons
-from gaecli.diff import DiffAccumulator
+from gaecli.advantages.contract import BASELINES, check_discount
+from gaecli.comparison.figures import DiffAccumulator
 from gaecli.engines import (
     EXIT_INVALID_DATA, EXIT_UNUSABLE, FINISHED, EngineOptions, EngineSession, TaskFailure, map_units,
 )
 from gaecli.errors import (
     FilesFailedError, GAEUsageError, InvalidFilesError, InvalidOptionError, RunInterrupted, UnusableFilesError,
 )
-from gaecli.advantages.contract import BASELINES, check_discount
 from gaecli.io.filesystem import is_stream, remove_dead_temps, total_size
 from gaecli.io.format import Columns, list_type_like, output_float_type
 from gaecli.io.paths import FileJob, plan_outputs, report_writes, with_suffix
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile, read_metadata, read_schema
 from gaecli.io.writer import AtomicParquetWriter
-from gaecli.pipeline import (  # noqa: F401 - PackedBatch, pack_batch, compute_packed: re-exported
-    Computation, PackedBatch, check_device, check_file, compute_packed, computed_batches, engine_moments,
-    normalize_label, pack_batch, whiten_rows,
+from gaecli.pipeline import (
+    Computation, check_device, check_file, computed_batches, engine_moments, normalize_label, whiten_rows,
 )
 from gaecli.options import check_choice, check_count, check_number
 from gaecli.progress import NoProgress, Progress

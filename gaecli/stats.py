@@ -1,12 +1,12 @@
 """Order-independent statistics for streaming work: exact sums (so that results do not
-depend on batch size, partitioning or engine), per-row moments and comparisons, and the
-whitening statistics of ``--normalize``."""
+depend on batch size, partitioning or engine), per-row moments, the whitening statistics of
+``--normalize``, and the per-row comparison, histograms and token sampling of ``gae diff``."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Hashable
+from typing import Hashable, NamedTuple, Optional
 
 import numba
 import numpy as np
@@ -83,28 +83,6 @@ def row_moments(advantages, trainable, offsets):
         sums[row] = total
         squares[row] = total_sq
     return counts, sums, squares
-
-
-@numba.njit(cache=True, nogil=True)
-def compare_rows(new, old, trainable, offsets):
-    """Per row, over trainable tokens: max |new − old|, max |new − old| / (1 + |new|), and
-    the sum of |new − old| (float64, serial in token order)."""
-    rows = offsets.shape[0] - 1
-    max_abs = np.zeros(rows, dtype=np.float64)
-    max_relative = np.zeros(rows, dtype=np.float64)
-    sum_abs = np.zeros(rows, dtype=np.float64)
-    for row in range(rows):
-        for t in range(offsets[row], offsets[row + 1]):
-            if trainable[t]:
-                a = np.float64(new[t])
-                delta = abs(a - np.float64(old[t]))
-                sum_abs[row] += delta
-                if delta > max_abs[row]:
-                    max_abs[row] = delta
-                relative = delta / (1.0 + abs(a))
-                if relative > max_relative[row]:
-                    max_relative[row] = relative
-    return max_abs, max_relative, sum_abs
 
 
 @dataclass
@@ -265,36 +243,91 @@ def _log_bin(delta, histogram, zero, inverse_log_base, first_exponent, bins):
         histogram[bins - 1 - k] += 1
 
 
-@numba.njit(cache=True, nogil=True)
-def diff_rows(new, old, new_returns, old_returns, with_returns, trainable, offsets, tolerance,
-              with_histograms, histogram, return_histogram, zero, inverse_log_base, first_exponent, bins):
-    """Per row, over trainable tokens only (float64, serial in token order, so a row's
-    figures depend on the row alone), the figures of ``gae diff``:
+class RowDiff(NamedTuple):
+    """The ``gae diff`` figures of each row of a batch (arrays ``[B]``), over its trainable
+    tokens only; Δ = new − old. Return figures are 0 unless returns were compared."""
 
-    ``[B, 13]`` float64 columns: 0 max |Δ|, 1 max |Δ| / (1 + |new|), 2 Σ|Δ|, 3 sign flips
-    (new · old < 0), 4 max |Δ return|, 5 Σ|Δ return|, 6 Σ new, 7 Σ old, 8 Σ new², 9 Σ old²,
-    10 Σ new · old, 11 trainable tokens, 12 tokens with |Δ| / (1 + |new|) > ``tolerance``;
-    Δ = new − old. Return columns are 0 unless
-    ``with_returns``. With ``with_histograms``, each trainable token's Δ (and Δ return)
-    is counted into the signed log histograms (layout of :class:`SignedLogHistogram`), in
-    place.
+    max_abs: np.ndarray  # max |Δ|
+    max_relative: np.ndarray  # max |Δ| / (1 + |new|)
+    sum_abs: np.ndarray  # Σ |Δ|
+    sign_flips: np.ndarray  # int64: tokens with new · old < 0
+    max_abs_return: np.ndarray  # max |Δ return|
+    sum_abs_return: np.ndarray  # Σ |Δ return|
+    sum_new: np.ndarray  # Σ new
+    sum_old: np.ndarray  # Σ old
+    sum_new_sq: np.ndarray  # Σ new²
+    sum_old_sq: np.ndarray  # Σ old²
+    sum_cross: np.ndarray  # Σ new · old
+    trainable_tokens: np.ndarray  # int64
+    changed_tokens: np.ndarray  # int64: tokens with |Δ| / (1 + |new|) > tolerance
+
+
+class DeltaHistograms(NamedTuple):
+    """Where :func:`diff_rows` counts each trainable token's Δ advantage and Δ return: two
+    :class:`SignedLogHistogram` of the same bins."""
+
+    advantages: SignedLogHistogram
+    returns: SignedLogHistogram
+
+
+def diff_rows(new: np.ndarray, old: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, tolerance: float, *,
+              returns: Optional[tuple[np.ndarray, np.ndarray]] = None,
+              histograms: Optional[DeltaHistograms] = None) -> RowDiff:
+    """Per row, over trainable tokens only (float64, serial in token order, so a row's
+    figures depend on the row alone), the figures of ``gae diff`` (:class:`RowDiff`).
+
+    Flat ``[N]`` ``new`` and ``old`` advantages and bool ``trainable``, zero-based int64
+    ``offsets`` ``[B + 1]``; ``returns``: (new returns, old returns), flat ``[N]``, or None
+    (return figures 0). With ``histograms``, each trainable token's Δ (and Δ return) is
+    counted into them, in place.
     """
+    with_returns = returns is not None
+    new_returns, old_returns = returns if with_returns else (new, new)
+    if histograms is None:
+        counts = return_counts = np.zeros(0, dtype=np.int64)
+        bins = (0.0, 1.0, 0, 0)  # not read
+    else:
+        first, second = histograms
+        bins = (first.zero, first.inverse_log_base, first.first_exponent, first.bins)
+        if (second.zero, second.inverse_log_base, second.first_exponent, second.bins) != bins:
+            raise ValueError("the Δ advantage and Δ return histograms must have the same bins")
+        counts, return_counts = first.counts, second.counts
+    return RowDiff(*_diff_rows(new, old, new_returns, old_returns, with_returns, trainable, offsets, tolerance,
+                               histograms is not None, counts, return_counts, *bins))
+
+
+@numba.njit(cache=True, nogil=True)
+def _diff_rows(new, old, new_returns, old_returns, with_returns, trainable, offsets, tolerance,
+               with_histograms, histogram, return_histogram, zero, inverse_log_base, first_exponent, bins):
+    # the loop of diff_rows: one pass over each row's tokens, the figures in RowDiff's order
     rows = offsets.shape[0] - 1
-    figures = np.zeros((rows, 13), dtype=np.float64)
+    max_abs = np.zeros(rows, dtype=np.float64)
+    max_relative = np.zeros(rows, dtype=np.float64)
+    sum_abs = np.zeros(rows, dtype=np.float64)
+    sign_flips = np.zeros(rows, dtype=np.int64)
+    max_abs_return = np.zeros(rows, dtype=np.float64)
+    sum_abs_return = np.zeros(rows, dtype=np.float64)
+    sum_new = np.zeros(rows, dtype=np.float64)
+    sum_old = np.zeros(rows, dtype=np.float64)
+    sum_new_sq = np.zeros(rows, dtype=np.float64)
+    sum_old_sq = np.zeros(rows, dtype=np.float64)
+    sum_cross = np.zeros(rows, dtype=np.float64)
+    trainable_tokens = np.zeros(rows, dtype=np.int64)
+    changed_tokens = np.zeros(rows, dtype=np.int64)
     for row in range(rows):
-        max_abs = 0.0
-        max_relative = 0.0
-        sum_abs = 0.0
-        flips = 0.0
-        max_abs_return = 0.0
-        sum_abs_return = 0.0
-        sum_new = 0.0
-        sum_old = 0.0
-        sum_new_sq = 0.0
-        sum_old_sq = 0.0
-        sum_cross = 0.0
-        count = 0.0
-        changed = 0.0
+        row_max_abs = 0.0
+        row_max_relative = 0.0
+        row_sum_abs = 0.0
+        flips = 0
+        row_max_abs_return = 0.0
+        row_sum_abs_return = 0.0
+        row_sum_new = 0.0
+        row_sum_old = 0.0
+        row_sum_new_sq = 0.0
+        row_sum_old_sq = 0.0
+        row_sum_cross = 0.0
+        count = 0
+        changed = 0
         for t in range(offsets[row], offsets[row + 1]):
             if not trainable[t]:
                 continue
@@ -302,46 +335,47 @@ def diff_rows(new, old, new_returns, old_returns, with_returns, trainable, offse
             b = np.float64(old[t])
             delta = a - b
             magnitude = abs(delta)
-            sum_abs += magnitude
-            if magnitude > max_abs:
-                max_abs = magnitude
+            row_sum_abs += magnitude
+            if magnitude > row_max_abs:
+                row_max_abs = magnitude
             relative = magnitude / (1.0 + abs(a))
-            if relative > max_relative:
-                max_relative = relative
+            if relative > row_max_relative:
+                row_max_relative = relative
             if relative > tolerance:
-                changed += 1.0
+                changed += 1
             if a * b < 0.0:
-                flips += 1.0
-            sum_new += a
-            sum_old += b
-            sum_new_sq += a * a
-            sum_old_sq += b * b
-            sum_cross += a * b
-            count += 1.0
+                flips += 1
+            row_sum_new += a
+            row_sum_old += b
+            row_sum_new_sq += a * a
+            row_sum_old_sq += b * b
+            row_sum_cross += a * b
+            count += 1
             if with_histograms:
                 _log_bin(delta, histogram, zero, inverse_log_base, first_exponent, bins)
             if with_returns:
                 return_delta = np.float64(new_returns[t]) - np.float64(old_returns[t])
                 return_magnitude = abs(return_delta)
-                sum_abs_return += return_magnitude
-                if return_magnitude > max_abs_return:
-                    max_abs_return = return_magnitude
+                row_sum_abs_return += return_magnitude
+                if return_magnitude > row_max_abs_return:
+                    row_max_abs_return = return_magnitude
                 if with_histograms:
                     _log_bin(return_delta, return_histogram, zero, inverse_log_base, first_exponent, bins)
-        figures[row, 0] = max_abs
-        figures[row, 1] = max_relative
-        figures[row, 2] = sum_abs
-        figures[row, 3] = flips
-        figures[row, 4] = max_abs_return
-        figures[row, 5] = sum_abs_return
-        figures[row, 6] = sum_new
-        figures[row, 7] = sum_old
-        figures[row, 8] = sum_new_sq
-        figures[row, 9] = sum_old_sq
-        figures[row, 10] = sum_cross
-        figures[row, 11] = count
-        figures[row, 12] = changed
-    return figures
+        max_abs[row] = row_max_abs
+        max_relative[row] = row_max_relative
+        sum_abs[row] = row_sum_abs
+        sign_flips[row] = flips
+        max_abs_return[row] = row_max_abs_return
+        sum_abs_return[row] = row_sum_abs_return
+        sum_new[row] = row_sum_new
+        sum_old[row] = row_sum_old
+        sum_new_sq[row] = row_sum_new_sq
+        sum_old_sq[row] = row_sum_old_sq
+        sum_cross[row] = row_sum_cross
+        trainable_tokens[row] = count
+        changed_tokens[row] = changed
+    return (max_abs, max_relative, sum_abs, sign_flips, max_abs_return, sum_abs_return, sum_new, sum_old, sum_new_sq,
+            sum_old_sq, sum_cross, trainable_tokens, changed_tokens)
 
 
 @numba.njit(cache=True, nogil=True)

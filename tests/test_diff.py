@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gaecli.diff import TokenSample
-from gaecli.stats import SignedLogHistogram
+from gaecli.comparison.token_sample import TokenSample
+from gaecli.stats import DeltaHistograms, SignedLogHistogram, diff_rows
 from helpers import ORACLES
 from rollout_files import gae, Rollouts, random_rollouts, rollout_table, write_table
 
@@ -496,13 +496,10 @@ def test_log_histogram_quantiles_are_within_the_stated_error():
     rng = np.random.default_rng(0)
     numbers = np.concatenate([rng.lognormal(-3, 3, 5000) * rng.choice([-1, 1], 5000), np.zeros(700), [1e-13, -2e-14]])
     histogram = SignedLogHistogram(QUANTILE_ERROR, 1e-12)
-    from gaecli.stats import diff_rows
-
     trainable = np.ones(numbers.size, dtype=bool)
     offsets = np.array([0, numbers.size])
-    diff_rows(numbers, np.zeros_like(numbers), numbers, numbers, False, trainable, offsets, 1e-6, True,
-              histogram.counts, histogram.counts.copy(), histogram.zero, histogram.inverse_log_base,
-              histogram.first_exponent, histogram.bins)
+    diff_rows(numbers, np.zeros_like(numbers), trainable, offsets, 1e-6,
+              histograms=DeltaHistograms(histogram, SignedLogHistogram(QUANTILE_ERROR, 1e-12)))
     magnitudes = np.abs(numbers)
     for q in (0.0, 0.01, 0.1, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0):
         want = nearest_rank(magnitudes.tolist(), q)
@@ -511,6 +508,40 @@ def test_log_histogram_quantiles_are_within_the_stated_error():
             assert got == 0.0
         else:
             assert abs(got - want) <= QUANTILE_ERROR * 1.0001 * want, (q, got, want)
+
+
+def test_row_figures_are_named_and_match_a_loop_per_row():
+    rng = np.random.default_rng(2)
+    lengths = [0, 1, 7, 12, 5, 9]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    size = int(offsets[-1])
+    new, old = rng.normal(size=size), rng.normal(size=size)
+    old[::4] = new[::4]  # unchanged tokens
+    new_returns, old_returns = rng.normal(size=size), rng.normal(size=size)
+    trainable = rng.random(size) < 0.7
+    trainable[offsets[4]:offsets[5]] = False  # a fully masked row
+    tolerance = 0.3
+    rows = diff_rows(new, old, trainable, offsets, tolerance, returns=(new_returns, old_returns))
+    without_returns = diff_rows(new, old, trainable, offsets, tolerance)
+    for row in range(len(lengths)):
+        tokens = [t for t in range(offsets[row], offsets[row + 1]) if trainable[t]]
+        deltas = [abs(float(new[t]) - float(old[t])) for t in tokens]
+        relative = [deltas[i] / (1.0 + abs(float(new[t]))) for i, t in enumerate(tokens)]
+        return_deltas = [abs(float(new_returns[t]) - float(old_returns[t])) for t in tokens]
+        want = {
+            "max_abs": max(deltas, default=0.0), "max_relative": max(relative, default=0.0),
+            "sum_abs": math.fsum(deltas), "sign_flips": sum(float(new[t]) * float(old[t]) < 0 for t in tokens),
+            "max_abs_return": max(return_deltas, default=0.0), "sum_abs_return": math.fsum(return_deltas),
+            "sum_new": math.fsum(new[t] for t in tokens), "sum_old": math.fsum(old[t] for t in tokens),
+            "sum_new_sq": math.fsum(new[t] ** 2 for t in tokens), "sum_old_sq": math.fsum(old[t] ** 2 for t in tokens),
+            "sum_cross": math.fsum(new[t] * old[t] for t in tokens), "trainable_tokens": len(tokens),
+            "changed_tokens": sum(value > tolerance for value in relative),
+        }
+        for name, value in want.items():
+            assert getattr(rows, name)[row] == pytest.approx(value, rel=1e-12, abs=1e-12), (row, name)
+        assert without_returns.max_abs_return[row] == 0.0 and without_returns.sum_abs_return[row] == 0.0
+    assert rows.trainable_tokens.dtype == rows.sign_flips.dtype == rows.changed_tokens.dtype == np.int64
+    assert rows.trainable_tokens[4] == 0 and rows.changed_tokens.sum() > 0
 
 
 def test_token_sample_is_uniform_and_independent_of_batching():

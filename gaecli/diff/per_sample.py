@@ -1,0 +1,70 @@
+"""``gae diff --per-sample``: one Parquet row of figures per sample."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+
+from gaecli.comparison.figures import RowFigures
+from gaecli.diff.options import DiffOptions
+from gaecli.errors import GAEUsageError
+
+PER_SAMPLE_FIGURES = [
+    ("length", pa.int64()), ("trainable_tokens", pa.int64()), ("masked_share", pa.float64()),
+    ("masked_tail", pa.int64()), ("fully_masked", pa.bool_()), ("changed", pa.bool_()),
+    ("max_abs_delta_advantage", pa.float64()), ("mean_abs_delta_advantage", pa.float64()),
+    ("max_relative_delta_advantage", pa.float64()), ("max_abs_delta_return", pa.float64()),
+    ("mean_abs_delta_return", pa.float64()), ("sign_flips", pa.int64()), ("terminal_credit", pa.float64()),
+]
+
+
+def _nullable(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    values = np.asarray(values, dtype=np.float64)
+    return pa.array(values, arrow_type, mask=np.isnan(values))
+
+
+def per_sample_schema(first: pa.Schema, options: DiffOptions) -> pa.Schema:
+    """``--per-sample``'s schema: file, row, id and group (typed as in the first file,
+    dictionaries decoded), then the figures."""
+    fields = [pa.field("file", pa.string()), pa.field("row", pa.int64())]
+    for name, column in (("id", options.id_col), ("group", options.group_by)):
+        if column is not None:
+            arrow_type = first.field(column).type
+            fields.append(pa.field(name, arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type))
+    fields.extend(pa.field(name, arrow_type) for name, arrow_type in PER_SAMPLE_FIGURES)
+    return pa.schema(fields)
+
+
+def per_sample_batch(schema: pa.Schema, file: str, first_row: int, rows: RowFigures, ids: Optional[pa.Array],
+                     groups: Optional[pa.Array]) -> pa.RecordBatch:
+    """One batch's rows of the ``--per-sample`` file (one row per sample)."""
+    count = rows.lengths.size
+    arrays = [pa.array([file] * count, pa.string()), pa.array(np.arange(first_row, first_row + count), pa.int64())]
+    for name, column in (("id", ids), ("group", groups)):
+        if name in schema.names:
+            arrow_type = schema.field(name).type
+            try:
+                arrays.append(column if column.type == arrow_type else column.cast(arrow_type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+                raise GAEUsageError(f"{file}: {name} column has type {column.type}, "
+                                    f"the first file's is {arrow_type}") from error
+    figures = {
+        "length": pa.array(rows.lengths, pa.int64()),
+        "trainable_tokens": pa.array(rows.trainable, pa.int64()),
+        "masked_share": _nullable(rows.masked_share, pa.float64()),
+        "masked_tail": pa.array(rows.masked_tail, pa.int64()),
+        "fully_masked": pa.array(rows.fully_masked, pa.bool_()),
+        "changed": pa.array(rows.changed, pa.bool_()),
+        "max_abs_delta_advantage": pa.array(rows.max_abs, pa.float64()),
+        "mean_abs_delta_advantage": _nullable(rows.mean_abs, pa.float64()),
+        "max_relative_delta_advantage": pa.array(rows.max_relative, pa.float64()),
+        "max_abs_delta_return": _nullable(rows.max_abs_return, pa.float64()),
+        "mean_abs_delta_return": _nullable(rows.mean_abs_return, pa.float64()),
+        "sign_flips": pa.array(rows.sign_flips, pa.int64()),
+        "terminal_credit": _nullable(rows.credit, pa.float64()),
+    }
+    arrays.extend(figures[name] for name, _ in PER_SAMPLE_FIGURES)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+

@@ -1,0 +1,273 @@
+"""The run of ``gae diff``: one work unit per file (the comparison of its batches), merged
+in input order, so the report is the same for any engine and worker count."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+
+from gaecli.comparison.figures import DiffAccumulator, RowFigures
+from gaecli.comparison.groups import GroupedFigures
+from gaecli.comparison.token_sample import TokenSample
+from gaecli.comparison.top_samples import TopSample, TopSamples, finite_or_none
+from gaecli.diff.options import DiffOptions
+from gaecli.diff.per_sample import per_sample_batch, per_sample_schema
+from gaecli.diff.report import DiffReport
+from gaecli.engines import EngineOptions, EngineSession, TaskFailure, map_units
+from gaecli.io.filesystem import to_path, total_size
+from gaecli.io.paths import check_writes, discover_inputs, report_writes
+from gaecli.io.reader import RolloutFile
+from gaecli.pipeline import Computation, check_file, check_scalar_column, computed_batches, engine_moments, whiten_rows
+from gaecli.progress import NoProgress, Progress
+from gaecli.stats import GroupedMoments
+
+
+def computation_of(options: DiffOptions, kernel: str) -> Computation:
+    """The pipeline settings of a diff (``kernel`` resolved)."""
+    return Computation(
+        gamma=options.gamma, lambd=options.lambd, kernel=kernel, device=options.device,
+        batch_rows=options.batch_rows, columns=options.columns, old_semantics=options.old_semantics,
+        against=options.against, against_returns=options.against_returns, normalize_by=options.normalize_by,
+    )
+
+
+def _check_file(schema: pa.Schema, file: str, options: DiffOptions, computation: Computation) -> None:
+    check_file(schema, file, computation)
+    for flag, name in (("--group-by", options.group_by), ("--id-col", options.id_col)):
+        check_scalar_column(schema, file, flag, name)
+
+
+def _read_columns(schema: pa.Schema, options: DiffOptions) -> list[str]:
+    columns = options.columns
+    wanted = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
+    wanted |= {name for name in (options.against, options.against_returns, options.normalize_by,
+                                 options.group_by, options.id_col) if name is not None}
+    return [name for name in schema.names if name in wanted]
+
+
+@dataclass
+class FilePart:
+    """What the work unit of one file sends back, merged in input order by the parent:
+    the figures (:class:`DiffAccumulator`, with its histograms), the groups, the file's top
+    samples and token sample, and its ``--per-sample`` batches (one per read batch)."""
+
+    file: str
+    rows: int
+    tokens: int
+    accumulator: DiffAccumulator
+    groups: Optional[GroupedFigures]
+    top: TopSamples
+    sample: TokenSample
+    per_sample: Optional[list[pa.RecordBatch]] = field(default=None, repr=False)
+
+    @classmethod
+    def empty(cls, file: str, options: DiffOptions) -> "FilePart":
+        """A part without rows yet: empty figures, groups (under ``--group-by``), top
+        samples and token sample."""
+        return cls(
+            file=file, rows=0, tokens=0,
+            accumulator=DiffAccumulator(options.gamma, options.lambd, options.old_semantics, options.tolerance,
+                                        quantiles=True),
+            groups=GroupedFigures(options.old_semantics) if options.group_by is not None else None,
+            top=TopSamples(options.top), sample=TokenSample(options.scatter_sample),
+        )
+
+    def merge(self, other: "FilePart") -> None:
+        """Add the figures, groups, top samples and token sample of ``other`` (each merge
+        exact, so parts merged in input order give the figures of one pass)."""
+        self.accumulator.merge(other.accumulator)
+        if self.groups is not None:
+            self.groups.merge(other.groups)
+        self.top.merge(other.top)
+        self.sample.merge(other.sample)
+
+
+def diff_unit(
+    index: int,
+    path: str,
+    options: DiffOptions,
+    kernel: str,
+    moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
+    per_sample: Optional[pa.Schema] = None,
+    progress: Optional[Progress] = None,
+) -> FilePart:
+    """Diff one file (the work unit of every engine; file ``index`` in the input order,
+    which keys its top samples and token sample). ``moments``: the merged ``--normalize``
+    statistics (new, old); ``per_sample``: the ``--per-sample`` schema, when one is
+    written. ``progress`` (optional) is advanced per batch."""
+    computation = computation_of(options, kernel)
+    part = FilePart.empty(path, options)
+    if per_sample is not None:
+        part.per_sample = []
+    rollout = RolloutFile(path)
+    try:
+        _check_file(rollout.schema, path, options, computation)
+        for computed in computed_batches(rollout, computation, _read_columns(rollout.schema, options)):
+            batch, packed, new, old = computed.batch, computed.packed, computed.new, computed.old
+            first_row, first_token = computed.first_row, computed.first_token
+            if moments is not None:
+                keys = computed.keys(options.normalize_by)
+                new = np.where(packed.trainable, whiten_rows(new, packed.offsets, moments[0], keys), 0.0)
+                old = whiten_rows(old, packed.offsets, moments[1], keys)
+            rows = part.accumulator.update(new, old, packed.trainable, packed.offsets,
+                                           new_returns=computed.new_returns, old_returns=computed.old_returns)
+            group_keys = computed.keys(options.group_by)
+            if part.groups is not None:
+                part.groups.update(group_keys, rows)
+            _offer_top(part.top, options, index, path, batch, packed, new, old, rows, first_row, group_keys)
+            part.sample.update(new, old, packed.trainable, index, first_token)
+            if per_sample is not None:
+                part.per_sample.append(per_sample_batch(per_sample, path, first_row, rows,
+                                                        computed.keys(options.id_col), group_keys))
+            part.rows, part.tokens = first_row + batch.num_rows, first_token + packed.tokens
+            if progress is not None:
+                progress.advance(batch.num_rows, packed.tokens)
+    finally:
+        rollout.close()
+    return part
+
+
+def _offer_top(top: TopSamples, options: DiffOptions, index: int, file: str, batch: pa.RecordBatch, packed, new, old,
+               rows: RowFigures, first_row: int, group_keys: Optional[pa.Array]) -> None:
+    candidates = top.candidates(rows.max_abs)
+    if candidates.size == 0:
+        return
+    entries = []
+    for row in candidates.tolist():
+        start, end = int(packed.offsets[row]), int(packed.offsets[row + 1])
+        entries.append(TopSample(
+            file_index=index, file=file, row=first_row + row,
+            id=batch.column(options.id_col)[row].as_py() if options.id_col is not None else None,
+            group=group_keys[row].as_py() if group_keys is not None else None,
+            length=int(rows.lengths[row]), trainable_tokens=int(rows.trainable[row]),
+            masked_share=float(rows.masked_share[row]), masked_tail=int(rows.masked_tail[row]),
+            max_abs_delta_advantage=float(rows.max_abs[row]), mean_abs_delta_advantage=float(rows.mean_abs[row]),
+            max_abs_delta_return=finite_or_none(rows.max_abs_return[row]), sign_flips=int(rows.sign_flips[row]),
+            terminal_credit=finite_or_none(rows.credit[row]), changed=bool(rows.changed[row]),
+            new=np.array(new[start:end], dtype=np.float64), old=np.array(old[start:end], dtype=np.float64),
+            trainable=np.array(packed.trainable[start:end], dtype=bool),
+        ))
+    top.offer(entries)
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def _raise_first_failure(results: list) -> None:
+    for result in results:
+        if isinstance(result, TaskFailure):
+            result.raise_error()
+
+
+def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: EngineOptions) -> DiffReport:
+    """The diff over ``paths``: every file checked here first, the ``--normalize``
+    statistics pass, then one :func:`diff_unit` per file on ``engine``, merged in input
+    order (so the report is the same for any engine and worker count)."""
+    from gaecli.io.writer import AtomicParquetWriter
+    from gaecli.kernels import resolve_kernel
+
+    kernel = resolve_kernel(options.kernel, options.device)
+    computation = computation_of(options, kernel)
+    files = [str(path) for path in paths]
+    total_rows, schema = 0, None
+    for file in files:
+        rollout = RolloutFile(file)
+        try:
+            _check_file(rollout.schema, file, options, computation)
+            total_rows += rollout.num_rows
+            if file == files[0]:
+                schema = per_sample_schema(rollout.schema, options) if options.per_sample is not None else None
+        finally:
+            rollout.close()
+    engine = engine.for_inputs(total_size(files))
+    writer = AtomicParquetWriter(to_path(options.per_sample), schema) if schema is not None else None
+    try:
+        with EngineSession() as session:  # one pool (or Ray) for both passes
+            moments = None
+            if options.whitening:
+                moments = engine_moments(files, computation, engine, progress, total_rows, session)
+            progress.start("diff", total_rows)
+            try:
+                units = [(index, file, options, kernel, moments, schema) for index, file in enumerate(files)]
+                results = map_units(diff_unit, units, files, engine, stop_on_failure=True, progress=progress,
+                                    session=session)
+            finally:
+                progress.finish()
+        _raise_first_failure(results)
+        # merged into fresh objects (a Ray result's arrays are read-only), in input order
+        merged = FilePart.empty("", options)
+        for part in results:
+            merged.merge(part)
+        if writer is not None:
+            for part in results:
+                for batch in part.per_sample:
+                    writer.write(batch)
+                part.per_sample = None
+            writer.commit()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    return DiffReport(
+        options=options, kernel=kernel,
+        files=[{"file": part.file, "rows": part.rows, "tokens": part.tokens} for part in results],
+        summary=merged.accumulator.figures(), groups=merged.groups.result() if merged.groups is not None else None,
+        top=merged.top.entries, histogram=merged.accumulator.histogram, scatter=merged.sample.points(),
+    )
+
+
+def _input_files(inputs: list[str | Path]) -> list[Path]:
+    """Every input file once, in a stable order."""
+    paths: list[Path] = []
+    seen: set[Path] = set()
+    for item in inputs:
+        found, _ = discover_inputs([str(item)])
+        for path, _root in found:
+            if path.resolve() not in seen:
+                seen.add(path.resolve())
+                paths.append(path)
+    return paths
+
+
+def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
+    """The report paths and ``--per-sample`` through the one rule of
+    :func:`gaecli.io.paths.check_writes` (none may be an input or another report; no
+    directory; a report's directory must exist) — before any work is done."""
+    check_writes(paths, [*report_writes(options.report_paths), ("per-sample file", options.per_sample)])
+
+
+def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optional[Progress] = None,
+               engine: Optional[EngineOptions] = None) -> DiffReport:
+    """Compare masked-GAE advantages with old ones over rollout files, streaming.
+
+    ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs; a
+    file named twice is read once. New advantages: masked GAE (the contract). Old: the
+    ``options.baseline`` semantics recomputed from the same values, rewards and mask, or the
+    stored ``options.against`` column. Only trainable tokens are compared. With
+    ``options.per_sample`` one Parquet row per sample is written (atomically).
+
+    ``engine``: where the files are processed, one work unit per file (default: in this
+    process, one file after the other; ``gae diff`` defaults to a local worker per core, at
+    most one per 256 MB of input).
+    The parts are merged in input order with exact merges, so the report, the plots' data
+    and the per-sample file are identical for any engine and worker count.
+
+    Raises :class:`GAEUsageError` for a missing column named by an option, a report onto an
+    input and unreadable files, and :class:`gaecli.errors.InvalidDataError` for rows that
+    break the format. Bad option values raise :class:`gaecli.errors.InvalidOptionError` (a
+    :class:`GAEInputError` too) when the options are made, before any work.
+    """
+    if options.normalize_by is not None and not options.normalize:
+        options = replace(options, normalize=True)
+    paths = _input_files(list(inputs))
+    _check_outputs(paths, options)
+    return _run(paths, options, progress or NoProgress(), engine or EngineOptions(workers=1))
+
+
+def diff_file(input: str | Path, options: DiffOptions, progress: Optional[Progress] = None) -> DiffReport:
+    """:func:`diff_files` for one file."""
+    return diff_files([input], options, progress)
