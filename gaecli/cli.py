@@ -99,7 +99,7 @@ def kernels(
     quiet: QuietOption = False,
 ) -> None:
     """List the GAE kernels usable here; the one `auto` picks is marked."""
-    from gaecli.kernels import KERNELS, available_kernels, resolve_kernel
+    from gaecli.advantages.kernels import KERNELS, available_kernels, resolve_kernel
     from gaecli.pipeline import check_device
 
     with errors_to_exit():

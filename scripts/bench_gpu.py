@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gaecli.kernels import KERNELS, available_kernels  # noqa: E402
+from gaecli.advantages.kernels import KERNELS, available_kernels  # noqa: E402
 from gaecli.advantages.kernels.reference import reference_gae  # noqa: E402
 from scripts.bench_kernels import Timing, best_of, render_table, traffic_bytes  # noqa: E402
 from scripts.workloads import GAMMA, LAMBD, WORKLOADS, Workload, make_workload  # noqa: E402

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gaecli.kernels import KERNELS, available_kernels  # noqa: E402
+from gaecli.advantages.kernels import KERNELS, available_kernels  # noqa: E402
 from scripts.workloads import GAMMA, LAMBD, WORKLOADS, Workload, make_workload  # noqa: E402
 
 BASELINE = "chunked"

@@ -10,7 +10,8 @@ from hypothesis import given
 
 import gaecli
 from gaecli import GAEInputError
-from gaecli.flat import gae_flat, last_trainable_index, next_trainable_index
+from gaecli.flat import gae_flat  # the documented public path
+from gaecli.advantages.layout import last_trainable_index, next_trainable_index
 from gaecli.advantages import layout
 from helpers import (
     FAST_KERNEL_NAMES,

@@ -23,7 +23,7 @@ import torch
 
 import gaecli
 from gaecli.errors import KernelUnavailableError
-from gaecli.kernels import KERNELS, Kernel
+from gaecli.advantages.kernels import KERNELS
 from gaecli.advantages.kernels.reference import reference_gae
 from helpers import Batch, assert_bitwise, assert_close, make_batch
 from rollout_files import files_under, gae, random_rollouts, rollout_table, write_table

@@ -7,7 +7,7 @@ from typing import Optional
 
 from gaecli.comparison.token_sample import SCATTER_SAMPLE
 from gaecli.errors import InvalidOptionError
-from gaecli.flat import BASELINES, check_discount
+from gaecli.advantages.contract import BASELINES, check_discount
 from gaecli.io.format import Columns
 from gaecli.io.reader import DEFAULT_BATCH_ROWS
 from gaecli.options import check_choice, check_count, check_number
@@ -54,7 +54,7 @@ class DiffOptions:
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
         choices, a kernel or device not usable here, and contradicting options."""
-        from gaecli.kernels import resolve_kernel
+        from gaecli.advantages.kernels import resolve_kernel
 
         check_discount(self.gamma, self.lambd, names=("--gamma", "--lambd"))
         if self.against is not None and self.baseline is not None:

@@ -168,7 +168,7 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
     statistics pass, then one :func:`diff_unit` per file on ``engine``, merged in input
     order (so the report is the same for any engine and worker count)."""
     from gaecli.io.writer import AtomicParquetWriter
-    from gaecli.kernels import resolve_kernel
+    from gaecli.advantages.kernels import resolve_kernel
 
     kernel = resolve_kernel(options.kernel, options.device)
     computation = computation_of(options, kernel)

@@ -116,8 +116,6 @@ def run_unit(function: Callable, args: tuple, progress=None) -> Any:
 # lost when the workers were stopped.
 FINISHED = object()
 
-# what the parent is told as each unit ends: (index, result or TaskFailure)
-OnResult = Callable[[int, Any], None]
 
 
 # ----------------------------------------------------------------------------- sessions

@@ -17,13 +17,11 @@ GLOB_CHARACTERS = set("*?[")
 
 @dataclass(frozen=True)
 class FileJob:
-    """One input file and the output it becomes; ``relative`` is the mirrored path.
-    ``source`` and ``target`` are :class:`Path` or, for object-store URIs,
-    :class:`gaecli.io.filesystem.RemotePath`."""
+    """One input file and the output it becomes. ``source`` and ``target`` are
+    :class:`Path` or, for object-store URIs, :class:`gaecli.io.filesystem.RemotePath`."""
 
     source: AnyPath
     target: AnyPath
-    relative: Path
 
 
 def _glob_root(pattern: str) -> Path:
@@ -136,13 +134,13 @@ def plan_outputs(inputs: list[str], output: str, *, overwrite: bool = False, suf
     if single:
         source = found[0][0]
         target = out / source.name if out.is_dir() else out
-        jobs.append(FileJob(source, target, Path(target.name)))
+        jobs.append(FileJob(source, target))
     else:
         if out.exists() and not out.is_dir():
             raise GAEUsageError(f"{output}: several inputs need a directory as output, and this is a file")
         for source, root in found:
             relative = Path(source.relative_to(root) if isinstance(source, RemotePath) else os.path.relpath(source, root))
-            jobs.append(FileJob(source, out / relative, relative))
+            jobs.append(FileJob(source, out / relative))
     writes: list[tuple[str, AnyPath]] = [(f"output of {job.source}", job.target) for job in jobs]
     for suffix in suffixes:
         writes += [(f"{suffix.lstrip('.')} rows file of {job.source}", with_suffix(job.target, suffix)) for job in jobs]
