@@ -239,11 +239,15 @@ class errors_to_exit:
     def __enter__(self) -> None:
         import signal
 
+        from gaecli.stop import clear_stop, request_stop
+
+        clear_stop()
         interrupted = []
 
         def interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C; a repeat cannot cut the clean-up short
             if not interrupted:
                 interrupted.append(signum)
+                request_stop()  # outlives a KeyboardInterrupt that third-party code swallows
                 raise KeyboardInterrupt
 
         self._previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
@@ -251,8 +255,17 @@ class errors_to_exit:
     def __exit__(self, exc_type, exc, tb) -> bool:
         import signal
 
+        from gaecli.stop import clear_stop, stop_requested
+
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
+        interrupted = stop_requested()
+        clear_stop()
+        if interrupted and (exc_type is None or not issubclass(exc_type, (KeyboardInterrupt, typer.Exit))):
+            # the signal's KeyboardInterrupt was swallowed, or turned into another error, by
+            # third-party code: the run stopped at the next batch or unit, or had finished
+            done = "every output was written whole" if exc_type is None else "no partial output was left"
+            fail(f"interrupted; {done}", 130)
         if exc_type is None or issubclass(exc_type, typer.Exit) or self.debug and not issubclass(exc_type, KeyboardInterrupt):
             return False
         from gaecli.errors import GAEInputError, GAEUsageError, RunInterrupted

@@ -25,6 +25,7 @@ from gaecli.errors import GAEInputError, GAEUsageError, InvalidDataError, Invali
 from gaecli.io.format import Columns, is_list_type, is_real_type, list_parts, numeric_numpy, output_float_type
 from gaecli.io.reader import RolloutFile
 from gaecli.kl import kl_rewards
+from gaecli.stop import check_stop
 from gaecli.stats import GroupedMoments
 
 
@@ -216,6 +217,7 @@ def computed_batches(rollout: RolloutFile, computation: Computation, read: Optio
     dtype = output_float_type(rollout.schema, columns).to_pandas_dtype()
     first_row = first_token = 0
     for batch in rollout.iter_batches(computation.batch_rows, read):
+        check_stop()  # a signal whose KeyboardInterrupt third-party code swallowed (gaecli.stop)
         check = check_batch(batch, columns, file, first_row)
         valid = batch
         if not check.ok:

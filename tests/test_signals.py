@@ -360,3 +360,45 @@ def test_sigterm_during_a_stalled_upload_stops_and_says_what_was_written(inputs,
     assert keys == [f"rollouts/out/{names[0]}"], keys
     with filesystem.open_input_file(keys[0]) as file:
         assert pq.read_table(file).num_rows == ROWS
+
+
+# ----------------------------------------------------------------------------- swallowed interrupts
+
+
+def _unit_that_swallows_the_interrupt(index: int, started: list, progress=None) -> int:
+    """A unit in whose third-party code a signal's KeyboardInterrupt was lost: the handler
+    requested the stop, nothing was raised."""
+    started.append(index)
+    if index == 0:
+        from gaecli.stop import request_stop
+
+        request_stop()
+    return index
+
+
+def test_a_swallowed_interrupt_still_stops_the_run_before_the_next_unit_and_batch(tmp_path):
+    from gaecli.engines import EngineOptions, map_units
+    from gaecli.errors import RunInterrupted
+    from gaecli.io.reader import RolloutFile
+    from gaecli.pipeline import Computation, computed_batches
+    from gaecli.io.format import Columns
+    from gaecli.stop import clear_stop, request_stop
+
+    started: list = []
+    try:
+        with pytest.raises(RunInterrupted) as stopped:
+            map_units(_unit_that_swallows_the_interrupt, [(0, started), (1, started), (2, started)], ["a", "b", "c"],
+                      EngineOptions(workers=1))
+        assert started == [0]  # no unit started after the request
+        assert stopped.value.results == [0, None, None]
+        # within a unit: the next batch does not start either
+        clear_stop()
+        source = write_table(rollout_table(random_rollouts(6, seed=5)), tmp_path / "in.parquet")
+        computation = Computation(gamma=1.0, lambd=0.95, kernel="native", device="cpu", batch_rows=2, columns=Columns())
+        batches = computed_batches(RolloutFile(source), computation)
+        assert next(batches).batch.num_rows == 2
+        request_stop()
+        with pytest.raises(KeyboardInterrupt):
+            next(batches)
+    finally:
+        clear_stop()

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from gaecli.errors import GAEInputError, GAEUsageError, InvalidOptionError, RunInterrupted
 from gaecli.options import check_choice, check_count
+from gaecli.stop import check_stop, stop_requested
 
 ENGINES = ("local", "ray")
 EXIT_INVALID_DATA = 1
@@ -188,11 +189,14 @@ def _map_in_process(function, tasks, stop_on_failure, progress) -> list[Any]:
     results: list[Any] = [None] * len(tasks)
     try:
         for index, args in enumerate(tasks):
+            check_stop()  # an interrupt swallowed by the unit before still stops the run here
             results[index] = run_unit(function, args, progress)
             if stop_on_failure and isinstance(results[index], TaskFailure):
                 break
-    except KeyboardInterrupt as error:  # the running unit has aborted; the rest never start
-        raise RunInterrupted(results=results) from error
+    except BaseException as error:  # the running unit has aborted; the rest never start
+        if isinstance(error, KeyboardInterrupt) or stop_requested():  # or what a signal turned into
+            raise RunInterrupted(results=results) from error
+        raise
     return results
 
 

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Sequence
 from gaecli.engines import EXIT_UNUSABLE, FINISHED, EngineSession, TaskFailure, run_unit
 from gaecli.errors import RunInterrupted
 from gaecli.progress import ForwardingProgress, NoProgress
+from gaecli.stop import request_stop
 
 START_METHOD = "spawn"
 
@@ -112,6 +113,7 @@ def _on_stop_signal(signum, frame) -> None:
     _stopping = True
     if _running_unit is None:
         os._exit(EXIT_INTERRUPTED)
+    request_stop()  # also checked between batches: an interrupt swallowed in a unit still stops it
     raise KeyboardInterrupt
 
 
