@@ -397,7 +397,7 @@ def engine_reduction(paths: list[str], computation: Computation, reduction: Redu
 
 
 def _moments_parts(paths: list[str], computation: Computation, engine, progress, total_rows: int, session,
-                   footers=None) -> tuple[tuple[GroupedMoments, GroupedMoments], list[dict[str, np.ndarray]]]:
+                   footers=None) -> tuple[tuple[GroupedMoments, GroupedMoments], list[dict[str, np.ndarray]], list]:
     reduction = normalize_reduction(computation.normalize_by)
     parts = engine_reduction_parts(paths, computation, reduction, engine, progress, total_rows, session, footers)
     merged = ReductionResult(reduction)
@@ -408,7 +408,7 @@ def _moments_parts(paths: list[str], computation: Computation, engine, progress,
         key = new.key(int(empty[0]))
         where = "the input" if computation.normalize_by is None else f"group {computation.normalize_by}={key!r}"
         raise GAEInputError(f"cannot normalize: {where} has no trainable token")
-    return (new, old), codes
+    return (new, old), codes, parts
 
 
 def engine_moments(paths: list[str], computation: Computation, engine, progress, total_rows: int,
@@ -425,8 +425,9 @@ def engine_file_moments(paths: list[str], computation: Computation, engine, prog
     (new, old) of the groups its rows belong to, and only those, so that each file's unit
     is sent what it needs (a few dozen bytes per group of the file) and not every group.
     ``footers``: the files' footers where read already."""
-    (new, old), codes = _moments_parts(paths, computation, engine, progress, total_rows, session, footers)
-    return [(new.subset(part["new"]), old.subset(part["old"])) for part in codes]
+    (new, old), codes, parts = _moments_parts(paths, computation, engine, progress, total_rows, session, footers)
+    return [(new.subset(code["new"], part.groups["new"].table), old.subset(code["old"], part.groups["old"].table))
+            for code, part in zip(codes, parts)]
 
 
 def normalize_label(options) -> str:

@@ -413,12 +413,16 @@ class GroupedMoments:
         self._stats = None
         return codes
 
-    def subset(self, codes: np.ndarray) -> "GroupedMoments":
-        """The groups ``codes`` (distinct) alone, in that order: what one file's unit needs."""
+    def subset(self, codes: np.ndarray, table: Optional[KeyTable] = None) -> "GroupedMoments":
+        """The groups ``codes`` (distinct) alone, in that order: what one file's unit needs.
+        ``table``: a key table holding exactly those keys in that order (the file's part's,
+        whose codes :meth:`merge` returned), shared rather than rebuilt."""
         part = GroupedMoments()
         if self.table is not None:
-            part.table = KeyTable()
-            part.table.encode(self.table.keys().take(pa.array(codes)))
+            part.table = table
+            if table is None:
+                part.table = KeyTable()
+                part.table.encode(self.table.keys().take(pa.array(codes)))
         part.size = codes.size
         for name in MOMENT_FIELDS:
             setattr(part, name, getattr(self, name)[codes].copy())
