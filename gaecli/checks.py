@@ -136,11 +136,16 @@ class BatchCheck:
     """Row findings of one batch and which rows are invalid (an error finding).
 
     ``counts`` holds every finding per rule code, listed in ``findings`` or not (a
-    ``max_findings`` cap lists fewer); ``invalid`` is bool ``[B]``."""
+    ``max_findings`` cap lists fewer); ``invalid`` is bool ``[B]``. ``flat``: the token
+    columns as the checks turned them into numpy (column name → flat numbers ``[N]``, the
+    mask as stored), and ``offsets`` the mask's zero-based int64 offsets ``[B + 1]``: the
+    one conversion of the batch, which packing reuses when every row is valid."""
 
     findings: list[Finding] = field(default_factory=list)
     invalid: Optional[np.ndarray] = None
     counts: dict[str, int] = field(default_factory=dict)
+    flat: dict[str, np.ndarray] = field(default_factory=dict)
+    offsets: Optional[np.ndarray] = None
 
     @property
     def ok(self) -> bool:
@@ -272,6 +277,7 @@ def check_batch(
     _, mask_offsets, mask_flat = lists["loss_mask"]
     mask_fill = False if pa.types.is_boolean(mask_flat.type) else 0  # a bool array takes no int 0
     mask = numeric_numpy(mask_flat.fill_null(mask_fill) if mask_flat.null_count else mask_flat)
+    flat_numbers = {mask_name: mask}
     if mask.dtype != np.bool_ and mask.size:
         in_range = mask.dtype.kind in "iu" and mask.min() >= 0 and mask.max() <= 1
         if not in_range:
@@ -289,6 +295,7 @@ def check_batch(
             continue
         _, offsets, flat = lists[role]
         numbers = numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat)
+        flat_numbers[name] = numbers
         if not _all_finite(numbers):
             bad_rows, bad_first = _first_per_row(offsets, np.flatnonzero(~np.isfinite(numbers)))
 
@@ -334,7 +341,7 @@ def check_batch(
             _, column, code, message = flagged[which[index]]
             text = message(row) if callable(message) else message
             findings.append(Finding(file, first_row + row, column, code, text, None if ids is None else ids[row]))
-    return BatchCheck(findings, invalid, counts)
+    return BatchCheck(findings, invalid, counts, flat_numbers, mask_offsets)
 
 
 def first_error(findings: list[Finding]) -> Optional[Finding]:

@@ -74,29 +74,44 @@ def check_scalar_column(schema: pa.Schema, file: str, flag: str, name: Optional[
 @dataclass
 class PackedBatch:
     """One batch as flat numpy buffers: values, rewards (float), trainable (bool),
-    zero-based offsets ``[B + 1]``, terminal rewards ``[B]``."""
+    zero-based offsets ``[B + 1]``, terminal rewards ``[B]``; ``arrow_offsets``: the same
+    offsets as the input's Arrow array (the mask column's, reused by the output's list
+    columns), None when the rows were filtered."""
 
     values: np.ndarray
     rewards: np.ndarray
     trainable: np.ndarray
     offsets: np.ndarray
     terminal_rewards: np.ndarray
+    arrow_offsets: Optional[pa.Array] = None
 
     @property
     def tokens(self) -> int:
         return int(self.offsets[-1])
 
 
-def pack_batch(batch: pa.RecordBatch, columns: Columns, dtype: np.dtype) -> PackedBatch:
+def pack_batch(batch: pa.RecordBatch, columns: Columns, dtype: np.dtype,
+               check: Optional[BatchCheck] = None) -> PackedBatch:
     """Flat buffers of a checked batch (zero-copy where Arrow allows); an absent values or
     rewards column (``None``) is taken as zeros. With ``columns.kl_coef`` the rewards are
     the rewards column (if any) plus ``−kl_coef · KL`` of the log-prob columns, summed in
-    float64 and then cast to ``dtype``."""
-    offsets, mask_flat = list_parts(batch.column(columns.loss_mask))
-    mask = numeric_numpy(mask_flat)
+    float64 and then cast to ``dtype``. ``check``: the batch's :func:`check_batch`, whose
+    flat columns are reused (the batch is not converted twice)."""
+    mask_array = batch.column(columns.loss_mask)
+    if check is not None and check.offsets is not None:
+        offsets, flat = check.offsets, check.flat
+        mask = flat[columns.loss_mask]
+    else:
+        offsets, mask_flat = list_parts(mask_array)
+        mask, flat = numeric_numpy(mask_flat), {}
     trainable = mask if mask.dtype == np.bool_ else mask != 0
+    arrow_offsets = mask_array.offsets  # of the rows in the batch (a sliced array's start where it starts)
+    if len(arrow_offsets) and arrow_offsets[0].as_py() != 0:
+        arrow_offsets = None
 
     def stored(name: str) -> np.ndarray:
+        if name in flat:
+            return flat[name]
         return numeric_numpy(list_parts(batch.column(name))[1])
 
     def floats(name: Optional[str]) -> np.ndarray:
@@ -113,7 +128,7 @@ def pack_batch(batch: pa.RecordBatch, columns: Columns, dtype: np.dtype) -> Pack
         with np.errstate(over="ignore"):  # a KL term beyond the float type: the computed outputs are checked
             rewards = rewards.astype(dtype, copy=False)
     terminal = np.asarray(batch.column(columns.terminal_reward)).astype(dtype, copy=False)
-    return PackedBatch(floats(columns.values), rewards, trainable, offsets, terminal)
+    return PackedBatch(floats(columns.values), rewards, trainable, offsets, terminal, arrow_offsets)
 
 
 def compute_packed(packed: PackedBatch, spec: AdvantageSpec, kernel: str, device: str) -> tuple[np.ndarray, np.ndarray]:
@@ -224,7 +239,7 @@ def computed_batches(rollout: RolloutFile, computation: Computation, read: Optio
             if computation.on_invalid == "stop":
                 raise InvalidDataError(first_error(check.findings))
             valid = batch.filter(pa.array(~check.invalid))
-        packed = pack_batch(valid, columns, dtype)
+        packed = pack_batch(valid, columns, dtype, check if valid is batch else None)
         kernel, device = computation.kernel, computation.device
         new, new_returns = compute_packed(packed, computation.new_spec, kernel, device)
         if computation.against is None:
@@ -327,10 +342,12 @@ def statistics_columns(schema: pa.Schema, computation: Computation, key: Optiona
     return [name for name in schema.names if name in needed]
 
 
-def file_reduction(path: str, computation: Computation, reduction: Reduction, progress=None) -> ReductionResult:
+def file_reduction(path: str, computation: Computation, reduction: Reduction, footer=None,
+                   progress=None) -> ReductionResult:
     """A grouped-reduction pass (:class:`gaecli.advantages.reduction.Reduction`) over one
-    file's computed batches. ``progress`` (optional) is advanced per batch."""
-    rollout = RolloutFile(path)
+    file's computed batches. ``footer``: the file's footer if read already; ``progress``
+    (optional) is advanced per batch."""
+    rollout = RolloutFile(path, footer)
     try:
         check_file(rollout.schema, str(path), computation)
         check_scalar_column(rollout.schema, str(path), "the reduction key", reduction.key)
@@ -349,18 +366,19 @@ def file_reduction(path: str, computation: Computation, reduction: Reduction, pr
         rollout.close()
 
 
-def engine_reduction(paths: list[str], computation: Computation, reduction: Reduction, engine, progress,
-                     total_rows: int, session=None) -> ReductionResult:
-    """A grouped-reduction pass over ``paths`` on ``engine`` (an
+def engine_reduction_parts(paths: list[str], computation: Computation, reduction: Reduction, engine, progress,
+                           total_rows: int, session=None, footers: Optional[list] = None) -> list[ReductionResult]:
+    """The per-file parts of a grouped-reduction pass over ``paths`` on ``engine`` (an
     :class:`gaecli.engines.EngineOptions`, with the command's
     :class:`gaecli.engines.EngineSession` if any): one :func:`file_reduction` unit per file,
-    stopped at the first failure (raised as for one file), merged in input order. Every
-    per-file part is exact, so the result is the same for any engine and worker count."""
+    stopped at the first failure (raised as for one file), in input order. ``footers``: the
+    files' footers where read already (None where not)."""
     from gaecli.engines import TaskFailure, map_units
 
     progress.start("statistics", total_rows)
     try:
-        tasks = [(str(path), computation, reduction) for path in paths]
+        footers = footers or [None] * len(paths)
+        tasks = [(str(path), computation, reduction, footer) for path, footer in zip(paths, footers)]
         parts = map_units(file_reduction, tasks, [str(path) for path in paths], engine,
                           stop_on_failure=True, progress=progress, session=session)
     finally:
@@ -368,7 +386,31 @@ def engine_reduction(paths: list[str], computation: Computation, reduction: Redu
     for part in parts:
         if isinstance(part, TaskFailure):
             part.raise_error()
-    return merge_results(reduction, parts)
+    return parts
+
+
+def engine_reduction(paths: list[str], computation: Computation, reduction: Reduction, engine, progress,
+                     total_rows: int, session=None) -> ReductionResult:
+    """A grouped-reduction pass over ``paths`` (:func:`engine_reduction_parts`), merged in
+    input order: every part is computed per file whatever the engine, so the result is the
+    same for any engine and worker count."""
+    return merge_results(reduction, engine_reduction_parts(paths, computation, reduction, engine, progress,
+                                                           total_rows, session))
+
+
+def _moments_parts(paths: list[str], computation: Computation, engine, progress, total_rows: int, session,
+                   footers=None) -> tuple[tuple[GroupedMoments, GroupedMoments], list[dict[str, np.ndarray]], list]:
+    reduction = normalize_reduction(computation.normalize_by)
+    parts = engine_reduction_parts(paths, computation, reduction, engine, progress, total_rows, session, footers)
+    merged = ReductionResult(reduction)
+    codes = [merged.merge(part) for part in parts]
+    new, old = merged.groups["new"], merged.groups["old"]
+    empty = new.empty_groups()
+    if empty.size:
+        key = new.key(int(empty[0]))
+        where = "the input" if computation.normalize_by is None else f"group {computation.normalize_by}={key!r}"
+        raise GAEInputError(f"cannot normalize: {where} has no trainable token")
+    return (new, old), codes, parts
 
 
 def engine_moments(paths: list[str], computation: Computation, engine, progress, total_rows: int,
@@ -376,14 +418,18 @@ def engine_moments(paths: list[str], computation: Computation, engine, progress,
     """The ``--normalize`` statistics (:func:`gaecli.advantages.reduction.normalize_reduction`)
     by :func:`engine_reduction`: the moments of the new and the old advantages; refuses
     (:class:`GAEInputError`) a group without any trainable token."""
-    reduction = normalize_reduction(computation.normalize_by)
-    merged = engine_reduction(paths, computation, reduction, engine, progress, total_rows, session)
-    new, old = merged.groups["new"], merged.groups["old"]
-    for key, group in new.groups.items():
-        if group.count == 0:
-            where = "the input" if key is None else f"group {computation.normalize_by}={key!r}"
-            raise GAEInputError(f"cannot normalize: {where} has no trainable token")
-    return new, old
+    return _moments_parts(paths, computation, engine, progress, total_rows, session)[0]
+
+
+def engine_file_moments(paths: list[str], computation: Computation, engine, progress, total_rows: int,
+                        session=None, footers: Optional[list] = None) -> list[tuple[GroupedMoments, GroupedMoments]]:
+    """:func:`engine_moments`, handed out per file: for each of ``paths`` the merged moments
+    (new, old) of the groups its rows belong to, and only those, so that each file's unit
+    is sent what it needs (a few dozen bytes per group of the file) and not every group.
+    ``footers``: the files' footers where read already."""
+    (new, old), codes, parts = _moments_parts(paths, computation, engine, progress, total_rows, session, footers)
+    return [(new.subset(code["new"], part.groups["new"].table), old.subset(code["old"], part.groups["old"].table))
+            for code, part in zip(codes, parts)]
 
 
 def normalize_label(options) -> str:

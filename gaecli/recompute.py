@@ -11,6 +11,7 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gaecli._version import __version__
 from gaecli.checks import row_reasons
@@ -28,7 +29,7 @@ from gaecli.io.paths import FileJob, plan_outputs, report_writes, with_suffix
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile, read_metadata, read_schema
 from gaecli.io.writer import AtomicParquetWriter
 from gaecli.pipeline import (
-    Computation, check_device, check_file, computed_batches, engine_moments, normalize_label, whiten_rows,
+    Computation, check_device, check_file, computed_batches, engine_file_moments, normalize_label, whiten_rows,
 )
 from gaecli.options import check_choice, check_count, check_number
 from gaecli.progress import NoProgress, Progress
@@ -176,10 +177,10 @@ def computation_of(options: RecomputeOptions, kernel: str) -> Computation:
     )
 
 
-def _check_job(rollout: RolloutFile, job: FileJob, options: RecomputeOptions, computation: Computation) -> None:
-    check_file(rollout.schema, str(job.source), computation)
+def _check_job(schema: pa.Schema, job: FileJob, options: RecomputeOptions, computation: Computation) -> None:
+    check_file(schema, str(job.source), computation)
     new_names = new_column_names(options)
-    clash = [name for name in new_names if name in rollout.schema.names]
+    clash = [name for name in new_names if name in schema.names]
     if clash and not options.replace:
         raise GAEUsageError(
             f"{job.source}: column {clash[0]!r} exists already; pick another name "
@@ -246,12 +247,14 @@ def recompute_job(
     options: RecomputeOptions,
     kernel: str,
     moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
+    footer: Optional[pq.FileMetaData] = None,
     progress: Optional[Progress] = None,
 ) -> FileResult:
     """Recompute one input file into its output (the work unit of every engine).
 
     ``kernel``: the resolved kernel name; ``moments``: the merged ``--normalize``
-    statistics (new, old) when whitening. The output (and its rejects file, written first)
+    statistics (new, old) of this file's groups when whitening; ``footer``: the file's footer
+    when the parent has read it (not read again). The output (and its rejects file, written first)
     goes to a temp file renamed into place once it is whole; any failure removes it.
     ``progress`` (optional) is advanced per batch. Raises the errors of
     :func:`recompute_files` for this one file.
@@ -260,10 +263,10 @@ def recompute_job(
     computation = computation_of(options, kernel)
     outcome = FileOutcome(str(job.source), str(job.target))
     diff = DiffAccumulator(options.gamma, options.lambd, options.baseline, options.tolerance)
-    rollout = RolloutFile(job.source)
+    rollout = RolloutFile(job.source, footer)
     writers: list[AtomicParquetWriter] = []
     try:
-        _check_job(rollout, job, options, computation)
+        _check_job(rollout.schema, job, options, computation)
         schema, list_type = _output_schema(rollout, job, options, kernel)
         offsets_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
         list_class = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
@@ -291,7 +294,9 @@ def recompute_job(
                 advantages = np.where(packed.trainable, whitened, 0.0).astype(advantages.dtype)
                 old_advantages = whiten_rows(old_advantages, packed.offsets, moments[1], keys).astype(old_advantages.dtype)
             diff.update(advantages, old_advantages, packed.trainable, packed.offsets)
-            offsets_array = pa.array(packed.offsets, offsets_type)
+            offsets_array = packed.arrow_offsets  # the input's, reused when no row was dropped
+            if offsets_array is None or offsets_array.type != offsets_type:
+                offsets_array = pa.array(packed.offsets, offsets_type)
             new_columns = {columns.advantages: advantages, columns.returns: returns}
             if options.keep_baseline:
                 new_columns.update(zip(options.baseline_columns, (old_advantages, old_returns)))
@@ -345,15 +350,21 @@ def _existing_output(job: FileJob, options: RecomputeOptions, kernel: str) -> bo
     return True
 
 
-def _total_rows(paths: list[Path]) -> int:
-    """Rows of the readable files (for progress; unreadable ones count 0 and fail later)."""
-    total = 0
+def _read_footers(paths: list[Path]) -> list[Optional[pq.FileMetaData]]:
+    """Each file's footer, read once for the whole run (None for a file that cannot be read:
+    its unit fails with the reason)."""
+    footers = []
     for path in paths:
         try:
-            total += read_metadata(path).num_rows
-        except (pa.ArrowException, OSError):
-            pass
-    return total
+            footers.append(read_metadata(path))
+        except (pa.ArrowException, OSError, GAEUsageError):
+            footers.append(None)
+    return footers
+
+
+def _total_rows(footers: list[Optional[pq.FileMetaData]]) -> int:
+    """Rows of the readable files (for progress; unreadable ones count 0 and fail later)."""
+    return sum(footer.num_rows for footer in footers if footer is not None)
 
 
 def _remove_leftovers(target: Path) -> None:
@@ -472,20 +483,28 @@ def recompute_files(
     progress = progress or NoProgress()
 
     todo = [job for job, skip in zip(jobs, skipped) if not skip]
+    footers = _read_footers([job.source for job in jobs])  # once per file: the units reuse them
+    if options.on_invalid == "stop":  # every schema checked before any output is written
+        computation = computation_of(options, kernel)
+        for job, footer, skip in zip(jobs, footers, skipped):
+            if footer is not None and not skip:
+                _check_job(footer.schema.to_arrow_schema(), job, options, computation)
     engine = engine.for_inputs(total_size([job.source for job in todo]))
     results: list = [None] * len(todo)
     stamps = [_stamp(job.target) for job in jobs]
     writing = False  # the statistics pass writes nothing
     try:
         with EngineSession() as session:  # one pool (or Ray) for both passes
-            moments = None
-            if options.whitening:
-                moments = engine_moments([job.source for job in jobs], computation_of(options, kernel), engine,
-                                         progress, _total_rows([job.source for job in jobs]), session)
-            progress.start("recompute", _total_rows([job.source for job in todo]))
+            moments = [None] * len(jobs)
+            if options.whitening:  # each unit gets the statistics of its file's groups only
+                moments = engine_file_moments([job.source for job in jobs], computation_of(options, kernel), engine,
+                                              progress, _total_rows(footers), session, footers)
+            progress.start("recompute", _total_rows([f for f, skip in zip(footers, skipped) if not skip]))
             try:
                 writing = True
-                results = map_units(recompute_job, [(job, options, kernel, moments) for job in todo],
+                units = [(job, options, kernel, file_moments, footer)
+                         for job, file_moments, footer, skip in zip(jobs, moments, footers, skipped) if not skip]
+                results = map_units(recompute_job, units,
                                     [str(job.source) for job in todo], engine,
                                     stop_on_failure=options.on_invalid == "stop", progress=progress, session=session)
             finally:

@@ -6,6 +6,7 @@ loop) and the grouped reduction (any partition gives the same bits)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from gaecli.advantages.reduction import (
     merge_results,
     normalize_reduction,
 )
+from gaecli.stats import GroupedMoments
 
 SEMANTICS = ["masked", *gaecli.BASELINES]
 
@@ -280,7 +282,7 @@ def test_layout_helpers_agree_on_numpy_and_torch_and_with_a_loop(batch):
 
 
 @given(batch=ragged_batches(dtype=torch.float64), cut=st.integers(0, 6), seed=st.integers(0, 2**16))
-def test_grouped_reduction_is_exact_under_any_partition(batch, cut, seed):
+def test_grouped_reduction_is_batch_invariant_and_accurate(batch, cut, seed):
     values, _, mask, offsets, _ = batch.packed()
     advantages, trainable, offsets = values.numpy(), mask.numpy(), offsets.numpy()
     rows = offsets.size - 1
@@ -288,25 +290,38 @@ def test_grouped_reduction_is_exact_under_any_partition(batch, cut, seed):
     keys = pa.array(np.random.default_rng(seed).choice(["a", "b"], rows).tolist(), pa.string())
     reduction = normalize_reduction("prompt")
 
-    def part(first: int, last: int) -> ReductionResult:
-        result = ReductionResult(reduction)
+    def add(result: ReductionResult, first: int, last: int) -> ReductionResult:
         start, end = offsets[first], offsets[last]
         operands = {"new": advantages[start:end], "old": -advantages[start:end]}
         result.add(operands, trainable[start:end], offsets[first:last + 1] - start, keys[first:last])
         return result
 
-    whole = part(0, rows)
-    split = merge_results(reduction, [part(0, cut), part(cut, rows)])
+    whole = add(ReductionResult(reduction), 0, rows)
+    batched = add(add(ReductionResult(reduction), 0, cut), cut, rows)  # one file read in two batches
+    parts = [add(ReductionResult(reduction), 0, cut), add(ReductionResult(reduction), cut, rows)]
+    split = merge_results(reduction, parts)
     for operand in ("new", "old"):
-        for key, moments in whole.groups[operand].groups.items():
-            other = split.groups[operand].groups[key]
-            assert (moments.count, moments.total.value(), moments.squares.value()) == (
-                other.count, other.total.value(), other.squares.value())
+        moments = whole.groups[operand]
+        codes = batched.groups[operand].merge(GroupedMoments())  # no-op merge: the codes stay
+        assert codes.size == 0
+        assert batched.groups[operand].table.keys().equals(moments.table.keys()) if rows else True
+        for name in ("counts", "sums", "sum_errors", "squares", "square_errors"):  # bitwise, whatever the batches
+            assert np.array_equal(getattr(batched.groups[operand], name)[: moments.size],
+                                  getattr(moments, name)[: moments.size])
+        totals, squares = moments.totals()
+        split_totals, split_squares = split.groups[operand].totals()
+        for code in range(moments.size):
+            key = moments.key(code)
             in_group = np.repeat(np.array(keys.to_pylist()) == key, np.diff(offsets)) & trainable
             numbers = advantages[in_group] * (1 if operand == "new" else -1)
-            assert moments.count == numbers.size
-            allowed = 1e-9 * (1 + np.abs(numbers).sum())
-            assert moments.total.value() == pytest.approx(float(np.sum(numbers)), abs=allowed)
+            assert moments.counts[code] == numbers.size
+            allowed = 1e-12 * (1 + np.abs(numbers).sum())
+            assert totals[code] == pytest.approx(math.fsum(numbers), abs=allowed)
+            squared = numbers * numbers
+            assert squares[code] == pytest.approx(math.fsum(squared), abs=1e-12 * (1 + squared.sum()))
+            other = split.groups[operand].table.keys().to_pylist().index(key)
+            assert split.groups[operand].counts[other] == numbers.size
+            assert split_totals[other] == pytest.approx(math.fsum(numbers), abs=allowed)
 
 
 def test_the_python_api_example_of_compute_advantages():

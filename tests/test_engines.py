@@ -16,7 +16,10 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from rollout_files import assert_rows_close, files_under, gae, random_rollouts, reference_outputs, rollouts_from_table, rollout_table, sha256, write_table
+from rollout_files import (
+    assert_rows_close, files_under, gae, random_rollouts, reference_outputs, rollouts_from_table, rollout_table, sha256,
+    whiten_numpy, write_table,
+)
 
 from gaecli.engines import AUTO_BYTES_PER_WORKER, EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.errors import GAEInputError
@@ -416,3 +419,64 @@ def test_diff_bad_file_among_good_ones_names_it(tmp_path, inputs):
     assert result.exit_code == 1, result.output
     assert "z.parquet" in result.stderr
     assert not (tmp_path / "rows.parquet").exists() and list(tmp_path.glob(".rows.parquet*")) == []
+
+
+def test_normalize_by_many_groups_is_bitwise_equal_for_any_batch_size_and_worker_count(tmp_path):
+    """Integer keys spread over three files (groups span files): the statistics are the
+    same bits for batches of 1, 7 and 256 rows and one or two workers, and each output is
+    whitened per group as an independent float64 loop over the groups has it."""
+    root, tables = tmp_path / "in", []
+    for index, rows in enumerate((45, 38, 29)):
+        data = random_rollouts(rows, seed=70 + index)
+        keys = pa.array([(row * 7 + 13 * index) % 12 for row in range(rows)], pa.int64())
+        tables.append(rollout_table(data, float_type=pa.float64(), extra={"prompt_uid": keys}))
+        write_table(tables[-1], root / f"part{index}.parquet")
+    runs = {}
+    for batch_rows, workers in ((1, 1), (7, 2), (256, 1), (256, 2)):
+        out_dir = tmp_path / f"out{batch_rows}-{workers}"
+        result = recompute(root, out_dir, "--normalize-by", "prompt_uid", "--batch-rows", batch_rows,
+                           "--workers", workers)
+        assert result.exit_code == 0, result.output
+        runs[batch_rows, workers] = output_bits(out_dir)
+    first = runs[1, 1]
+    for key, bits in runs.items():
+        assert bits == first, f"batch rows, workers {key}: outputs differ from batches of one row"
+    data = [rollouts_from_table(table) for table in tables]
+    advantages = [reference_outputs(d, GAMMA, LAMBD)[0] for d in data]
+    keys = [table.column("prompt_uid").to_pylist() for table in tables]
+    expected = [[None] * len(d) for d in data]
+    for group in range(12):
+        members = [(f, r) for f in range(3) for r in range(len(data[f])) if keys[f][r] == group]
+        for (f, r), whitened in zip(members, whiten_numpy([advantages[f][r] for f, r in members],
+                                                          [data[f].masks[r] for f, r in members])):
+            expected[f][r] = whitened
+    for index in range(3):
+        table = pq.read_table(tmp_path / "out1-1" / f"part{index}.parquet")
+        assert_rows_close("advantages whitened per prompt_uid", expected[index], table.column("advantages").to_pylist(),
+                          1e-9)
+
+
+def test_each_file_unit_gets_the_statistics_of_its_own_groups(tmp_path):
+    """engine_file_moments: per file, the merged statistics of the groups its rows hold,
+    only those, equal to the merged statistics of those groups."""
+    from gaecli.pipeline import Computation, engine_file_moments, engine_moments
+    from gaecli.io.format import Columns
+    from gaecli.progress import NoProgress
+
+    paths = []
+    for index, groups in enumerate((("a", "b"), ("b", "c", "d"), ("d",))):
+        data = random_rollouts(12, seed=90 + index)
+        keys = pa.array([groups[row % len(groups)] for row in range(12)])
+        paths.append(str(write_table(rollout_table(data, extra={"prompt": keys}), tmp_path / f"f{index}.parquet")))
+    computation = Computation(gamma=GAMMA, lambd=LAMBD, kernel="native", device="cpu", batch_rows=5,
+                              columns=Columns(), normalize_by="prompt")
+    engine = EngineOptions(workers=1)
+    merged_new, _ = engine_moments(paths, computation, engine, NoProgress(), 36)
+    assert merged_new.table.keys().to_pylist() == ["a", "b", "c", "d"]
+    per_file = engine_file_moments(paths, computation, engine, NoProgress(), 36)
+    all_means, all_stds = merged_new.mean_std(1e-8)
+    for (new, old), groups in zip(per_file, (("a", "b"), ("b", "c", "d"), ("d",))):
+        assert new.table.keys().to_pylist() == list(groups) == old.table.keys().to_pylist()
+        means, stds = new.mean_std(1e-8)
+        where = [["a", "b", "c", "d"].index(group) for group in groups]
+        assert means.tobytes() == all_means[where].tobytes() and stds.tobytes() == all_stds[where].tobytes()

@@ -972,3 +972,43 @@ print(sorted(name for name in sys.modules if name == "torch" or name.startswith(
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
     assert (tmp_path / "out.parquet").exists()
+
+
+# ----------------------------------------------------------------------------- footers
+
+
+def test_a_multi_file_run_reads_each_footer_once(tmp_path, monkeypatch):
+    """Three inputs, --normalize-by (two passes), in this process: three footer reads, and
+    the outputs equal those of a run that reads footers as it likes."""
+    import gaecli.io.reader as reader
+
+    paths = []
+    for index in range(3):
+        data = random_rollouts(11, seed=60 + index)
+        keys = pa.array([f"g{row % 4}" for row in range(11)])
+        paths.append(write_table(rollout_table(data, extra={"prompt": keys}), tmp_path / "in" / f"f{index}.parquet"))
+    reads = []
+    read_footer = reader.read_footer
+
+    def counted(source):
+        reads.append(source)
+        return read_footer(source)
+
+    monkeypatch.setattr(reader, "read_footer", counted)
+    options = RecomputeOptions(gamma=GAMMA, lambd=LAMBD, normalize_by="prompt", batch_rows=4)
+    recompute_files(paths, tmp_path / "out", options)
+    assert len(reads) == 3, reads
+    monkeypatch.undo()
+    recompute_files(paths, tmp_path / "again", options)
+    for index in range(3):
+        assert pq.read_table(tmp_path / "out" / f"f{index}.parquet").equals(
+            pq.read_table(tmp_path / "again" / f"f{index}.parquet"))
+
+
+def test_a_schema_mistake_in_the_last_file_stops_the_run_before_any_output(tmp_path):
+    paths = [write_table(rollout_table(random_rollouts(9, seed=80 + index)), tmp_path / "in" / f"f{index}.parquet")
+             for index in range(3)]
+    pq.write_table(pq.read_table(paths[2]).drop_columns(["values"]), paths[2])
+    result = recompute(paths, tmp_path / "out", "--workers", 1)
+    assert result.exit_code == 1 and "f2.parquet" in result.stderr and "'values'" in result.stderr
+    assert_nothing_written(tmp_path / "out")

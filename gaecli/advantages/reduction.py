@@ -1,6 +1,6 @@
 """Grouped reductions over many files: per-row quantities of each computed batch, added
-exactly per group key and merged in input order, so any batch size, partition, engine or
-worker count gives the same bits. The ``--normalize`` statistics are one
+per group key in row order and merged in input order, so any batch size, engine or worker
+count gives the same bits. The ``--normalize`` statistics are one
 (:func:`normalize_reduction`); estimators that need group statistics (a group's mean score,
 its count) declare their own :class:`Reduction` and reuse the same pass
 (:func:`gaecli.pipeline.engine_reduction`)."""
@@ -16,12 +16,12 @@ from gaecli.stats import GroupedMoments, row_moments
 
 ROW_QUANTITIES: dict[str, tuple[Callable, type]] = {
     # name: (per-row function (per-token array [N], trainable [N], offsets [B + 1]) -> per-row arrays [B],
-    #        exact accumulator of those per group: add(keys, *rows), merge(other), .groups)
+    #        accumulator of those per group in row order: add(keys, *rows), merge(other) -> codes)
     "trainable-moments": (row_moments, GroupedMoments),
 }
 """What a reduction can gather per row. ``trainable-moments``: count, sum and sum of squares
-over the row's trainable tokens (:func:`gaecli.stats.row_moments`), kept as exact sums
-(:class:`gaecli.stats.GroupedMoments`)."""
+over the row's trainable tokens (:func:`gaecli.stats.row_moments`), kept as compensated
+sums in row order (:class:`gaecli.stats.GroupedMoments`)."""
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,9 @@ def normalize_reduction(key: Optional[str]) -> Reduction:
 
 @dataclass
 class ReductionResult:
-    """A reduction over some rows: one exact accumulator per operand, and the rows and
-    tokens read for it (the pass counts them; engines report progress with them).
-    :meth:`merge` adds another part's (exact, so any partition gives the same result)."""
+    """A reduction over some rows: one accumulator per operand, and the rows and tokens read
+    for it (the pass counts them; engines report progress with them). :meth:`merge` adds
+    another part's (parts merged in the same order give the same bits)."""
 
     reduction: Reduction
     groups: dict[str, GroupedMoments] = field(default_factory=dict)
@@ -70,11 +70,13 @@ class ReductionResult:
         for operand in self.reduction.operands:
             self.groups[operand].add(keys, *per_row(operands[operand], trainable, offsets))
 
-    def merge(self, other: "ReductionResult") -> None:
-        for operand in self.reduction.operands:
-            self.groups[operand].merge(other.groups[operand])
+    def merge(self, other: "ReductionResult") -> dict[str, np.ndarray]:
+        """Add ``other``'s groups after ours; returns, per operand, the code here of each of
+        its groups."""
+        codes = {operand: self.groups[operand].merge(other.groups[operand]) for operand in self.reduction.operands}
         self.rows += other.rows
         self.tokens += other.tokens
+        return codes
 
 
 def merge_results(reduction: Reduction, parts: list[ReductionResult]) -> ReductionResult:

@@ -27,10 +27,19 @@ def read_errors(path: Path | str):
         raise UnreadableFileError(f"{path}: cannot read as Parquet ({reason})") from error
 
 
-class RolloutFile:
-    """An open rollout Parquet file: schema, row count, codec, and batch iteration."""
+def read_footer(source) -> pq.FileMetaData:
+    """A Parquet footer (one read; one GET on an object store) from an open file or a local
+    path: the one place gaecli reads footers, so that a run can count them."""
+    return pq.read_metadata(source)
 
-    def __init__(self, path: AnyPath | str) -> None:
+
+class RolloutFile:
+    """An open rollout Parquet file: schema, row count, codec, and batch iteration.
+
+    ``footer``: the file's footer when the caller has read it already
+    (:func:`read_footer`, :func:`read_metadata`); it is then not read again."""
+
+    def __init__(self, path: AnyPath | str, footer: Optional[pq.FileMetaData] = None) -> None:
         try:
             self.path = to_path(path)
         except GAEUsageError as error:
@@ -47,7 +56,10 @@ class RolloutFile:
             else:
                 where = self.path
             try:
-                self.parquet = pq.ParquetFile(where, memory_map=False, pre_buffer=False, buffer_size=1 << 20)
+                if footer is None:
+                    footer = read_footer(where)
+                self.parquet = pq.ParquetFile(where, metadata=footer, memory_map=False, pre_buffer=False,
+                                              buffer_size=1 << 20)
                 self.schema: pa.Schema = self.parquet.schema_arrow
                 self.num_rows: int = self.parquet.metadata.num_rows
             except BaseException:
@@ -90,8 +102,9 @@ def read_schema(path: AnyPath | str) -> pa.Schema:
 
 
 def read_metadata(path: AnyPath | str) -> pq.FileMetaData:
-    """A Parquet file's footer, for a path or a URI."""
+    """A Parquet file's footer, for a path or a URI (:func:`read_footer`)."""
     located = to_path(path)
     if isinstance(located, RemotePath):
-        return pq.read_metadata(located.fs_path, filesystem=located.filesystem)
-    return pq.read_metadata(located)
+        with located.filesystem.open_input_file(located.fs_path) as source:
+            return read_footer(source)
+    return read_footer(str(located))

@@ -1,0 +1,96 @@
+"""Group codes and grouped moments (gaecli.stats.KeyTable, GroupedMoments): codes match a
+plain Python dictionary in first-seen order for every key type, keys come back as given,
+state survives pickling, moments match a float64 loop and do not depend on batching."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from gaecli.stats import GroupedMoments, KeyTable
+
+
+def dictionary_codes(values: list) -> tuple[np.ndarray, list]:
+    """The oracle: first-seen codes by a Python dict (NaN one key, -0.0 == 0.0, None a key)."""
+    codes, seen = [], {}
+    for value in values:
+        marker = "nan" if isinstance(value, float) and value != value else value
+        codes.append(seen.setdefault(marker, len(seen)))
+    return np.array(codes), list(seen)
+
+
+KEY_COLUMNS = [
+    pa.array(["a", "b", None, "a", "", None, "ccc", "b"]),
+    pa.array(["x", "yy", "x"], pa.large_string()),
+    pa.array([b"\x00", b"", b"\x00\x00", b"\x00"], pa.binary()),
+    pa.array([1, 2, None, 1, -5, 2**62], pa.int64()),
+    pa.array([3, 1, 3], pa.int8()),
+    pa.array([2**64 - 1, 0, 2**64 - 1], pa.uint64()),
+    pa.array([0.5, math.nan, None, -0.0, 0.0, math.nan, 0.5], pa.float64()),
+    pa.array([True, False, None, True]),
+    pa.array([10, 20, 10], pa.timestamp("ms")),
+    pa.array(["p", "q", "p", None]).dictionary_encode(),
+]
+
+
+@pytest.mark.parametrize("keys", KEY_COLUMNS, ids=lambda keys: str(keys.type))
+def test_key_codes_follow_first_seen_order(keys):
+    table = KeyTable()
+    values = keys.to_pylist()
+    expected_codes, distinct = dictionary_codes(values)
+    codes = np.concatenate([table.encode(keys[:2]), table.encode(keys[2:])])  # two batches
+    assert codes.tolist() == expected_codes.tolist()
+    got = table.keys().to_pylist()
+    assert [("nan" if isinstance(k, float) and k != k else k) for k in got] == distinct
+    again = pickle.loads(pickle.dumps(table))
+    assert again.encode(keys, insert=False).tolist() == expected_codes.tolist()
+
+
+def test_many_string_keys_match_a_dictionary():
+    rng = np.random.default_rng(5)
+    values = [f"prompt-{n}" for n in rng.integers(0, 20_000, 60_000)]
+    table = KeyTable()
+    codes = np.concatenate([table.encode(pa.array(values[s:s + 999])) for s in range(0, len(values), 999)])
+    expected, distinct = dictionary_codes(values)
+    assert np.array_equal(codes, expected) and table.keys().to_pylist() == distinct
+    assert table.encode(pa.array(["prompt-x", values[3]]), insert=False).tolist() == [-1, expected[3]]
+
+
+def test_grouped_moments_match_a_float64_loop_and_ignore_batching():
+    rng = np.random.default_rng(8)
+    rows = 5_000
+    keys = pa.array(rng.integers(0, 700, rows))
+    counts = rng.integers(0, 9, rows)
+    sums = rng.normal(size=rows) * 10.0 ** rng.integers(-3, 4, rows)
+    squares = sums * sums
+    whole = GroupedMoments()
+    whole.add(keys, counts, sums, squares)
+    for batch_rows in (1, 7, 256):
+        batched = GroupedMoments()
+        for start in range(0, rows, batch_rows):
+            end = start + batch_rows
+            batched.add(keys[start:end], counts[start:end], sums[start:end], squares[start:end])
+        for name in ("counts", "sums", "sum_errors", "squares", "square_errors"):
+            assert getattr(batched, name)[: whole.size].tobytes() == getattr(whole, name)[: whole.size].tobytes()
+    totals, total_squares = whole.totals()
+    key_list = whole.table.keys().to_pylist()
+    key_values = np.asarray(keys)
+    for code in range(0, whole.size, 37):
+        members = key_values == key_list[code]
+        assert whole.counts[code] == counts[members].sum()
+        exact = math.fsum(sums[members])
+        assert abs(totals[code] - exact) <= 4e-16 * abs(exact) + 1e-300
+        assert abs(total_squares[code] - math.fsum(squares[members])) <= 4e-16 * math.fsum(squares[members])
+    means, stds = whole.mean_std(1e-8)
+    code = 5
+    members = key_values == key_list[code]
+    mean = math.fsum(sums[members]) / counts[members].sum()
+    assert means[code] == pytest.approx(mean, rel=1e-14)
+    row_means, row_stds = whole.row_stats(keys[:10], 10, 1e-8)
+    assert row_means.tolist() == means[[key_list.index(k) for k in keys[:10].to_pylist()]].tolist()
+    with pytest.raises(KeyError, match="-1"):
+        whole.row_stats(pa.array([-1]), 1, 1e-8)
