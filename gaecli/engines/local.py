@@ -42,6 +42,8 @@ _running_unit = None
 _stopping = False
 _FLUSH, _STOP = "flush", "stop"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# How long a worker whose parent died may take to abort its unit before it exits regardless.
+ORPHAN_GRACE_SECONDS = 10.0
 EXIT_INTERRUPTED = 130
 # How long the parent, interrupted, waits for its workers to abort their units before it
 # kills them (then removes what they left itself).
@@ -132,6 +134,10 @@ def _die_with_parent(parent_pid: int) -> None:
         while os.getppid() == parent_pid:
             time.sleep(PARENT_POLL_SECONDS)
         os.kill(os.getpid(), signal.SIGTERM)
+        # the unit aborts meanwhile; a worker still here is stuck (e.g. waiting for a task
+        # from the dead parent, the signal already taken): it must not outlive its parent
+        time.sleep(ORPHAN_GRACE_SECONDS)
+        os._exit(EXIT_INTERRUPTED)
 
     threading.Thread(target=watch, name="gaecli-parent-watch", daemon=True).start()
 
@@ -159,6 +165,14 @@ def _init_worker(threads: int, progress_pipe, parent_pid: int) -> None:
         pass
 
 
+def _tell_parent(message: tuple) -> None:
+    """Send ``message`` on the progress pipe if the parent still reads it (on the way out)."""
+    try:
+        _progress_pipe.send(message)
+    except (OSError, EOFError, ValueError):
+        pass
+
+
 def _pool_unit(function: Callable, args: tuple, unit: int) -> Any:
     global _running_unit
     if _stopping:  # never start a unit after a signal
@@ -170,8 +184,13 @@ def _pool_unit(function: Callable, args: tuple, unit: int) -> Any:
         if not isinstance(result, TaskFailure):
             _progress_pipe.send(("finished", unit))
     except KeyboardInterrupt:  # a signal: the unit has aborted, its temp files are gone
-        _progress_pipe.send(("terminated", unit))
+        _tell_parent(("terminated", unit))
         os._exit(EXIT_INTERRUPTED)
+    except BaseException:
+        if _stopping:  # what a signal turned into (a parent gone: its pipe broken): stop here too
+            _tell_parent(("terminated", unit))
+            os._exit(EXIT_INTERRUPTED)
+        raise
     finally:
         _running_unit = None
     if isinstance(result, TaskFailure):
