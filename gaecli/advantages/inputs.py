@@ -4,6 +4,7 @@ form into the packed form (flat ``[N]`` tensors plus ``offsets`` ``[B + 1]``) an
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 import torch
@@ -109,7 +110,11 @@ def prepare_packed(values, rewards, loss_mask, offsets, terminal_rewards, valida
 def as_sample_tensor(array) -> torch.Tensor:
     """A tensor as given; a numpy array or another array-like as a tensor (sharing memory
     where torch can)."""
-    return array if isinstance(array, torch.Tensor) else torch.as_tensor(array)
+    if isinstance(array, torch.Tensor):
+        return array
+    with warnings.catch_warnings():  # a read-only array (from Arrow, pandas) is only read here
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(array)
 
 
 def _concatenate(tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
