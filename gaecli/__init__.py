@@ -35,6 +35,7 @@ _LAZY = {
     "diff_files": "gaecli.diff",
     "DiffOptions": "gaecli.diff",
     "recompute_table": "gaecli.tables",
+    "diff_table": "gaecli.tables",
     "kl_rewards": "gaecli.kl",
     "available_kernels": "gaecli.advantages.kernels",
     "resolve_kernel": "gaecli.advantages.kernels",

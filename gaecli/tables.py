@@ -1,7 +1,8 @@
-"""``gae recompute`` on a table in memory: a pyarrow Table or RecordBatch, a pandas or polars
-DataFrame, or any object exporting ``__arrow_c_stream__``, computed by the command's own
-per-batch pipeline (:func:`gaecli.pipeline.computed_batches`, :func:`gaecli.recompute.output_batch`),
-so the numbers are the command's bits. Docs: docs/python-api.md#tables."""
+"""``gae recompute`` and ``gae diff`` on a table in memory: a pyarrow Table or RecordBatch, a
+pandas or polars DataFrame, or any object exporting ``__arrow_c_stream__``, computed by the
+commands' own code (the recompute's per-batch pipeline, :func:`gaecli.pipeline.computed_batches`
+and :func:`gaecli.recompute.output_batch`; the diff's :func:`gaecli.diff_files`), so the
+numbers are the commands' bits. Docs: docs/python-api.md#tables."""
 
 from __future__ import annotations
 
@@ -146,3 +147,43 @@ def _moments(rollout: TableRollout, computation):
             where = "the table" if key is None else f"group {computation.normalize_by}={key!r}"
             raise GAEInputError(f"cannot normalize: {where} has no trainable token")
     return new, old
+
+
+def diff_table(table: Any, **options: Any):
+    """``gae diff`` on a table (the kinds :func:`recompute_table` takes): the same
+    :class:`gaecli.diff.DiffReport` that :func:`gaecli.diff_files` returns for a file of these
+    rows, with ``file`` None in ``files`` and in the top samples, whose ``row`` is the table
+    row. ``options``: the fields of :class:`gaecli.DiffOptions` but ``per_sample`` and
+    ``report_paths`` (nothing is written). Raises as :func:`recompute_table`.
+
+    The table is written to a temporary Parquet file read by :func:`gaecli.diff_files`
+    itself, so every figure is the command's, bit for bit; error messages name the table
+    where they would name that file."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from gaecli.diff import DiffOptions, diff_files
+    from gaecli.errors import GAEError, InvalidDataError
+
+    for refused in ("per_sample", "report_paths"):
+        if refused in options:
+            raise GAEInputError(f"diff_table writes nothing: {refused} is not an option here")
+    diff_options = DiffOptions(**options)
+    arrow, _ = to_arrow(table)
+    with tempfile.TemporaryDirectory(prefix="gaecli-table-") as directory:
+        path = Path(directory) / f"{TABLE}.parquet"
+        pq.write_table(arrow, path)
+        try:
+            report = diff_files([path], diff_options)
+        except InvalidDataError as error:
+            raise InvalidDataError(dataclasses.replace(error.finding, file=TABLE)) from None
+        except GAEError as error:
+            if str(path) not in str(error) or type(error).__init__ is not Exception.__init__:
+                raise
+            raise type(error)(str(error).replace(str(path), TABLE)) from None
+    report.files = [{**entry, "file": None} for entry in report.files]
+    report.top = [dataclasses.replace(entry, file=None) for entry in report.top]
+    return report

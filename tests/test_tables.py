@@ -135,3 +135,34 @@ def test_invalid_row_named_by_table_row_and_column():
 def test_not_a_table_refused():
     with pytest.raises(GAEInputError, match="table must be a pyarrow Table"):
         gaecli.recompute_table([1, 2, 3], gamma=GAMMA, lambd=LAMBD)
+
+
+def report_without_files(report) -> dict:
+    document = report.to_dict()
+    document["files"] = [{**entry, "file": None} for entry in document["files"]]
+    for entry in document["top_samples"]:
+        entry["file"] = None
+    return document
+
+
+@pytest.mark.parametrize("kind", ["arrow", "pandas"])
+@pytest.mark.parametrize("options", [{}, {"group_by": "group", "id_col": "id", "normalize": True}],
+                         ids=["plain", "grouped"])
+def test_diff_table_is_the_diff_of_a_file_of_the_same_rows(tmp_path, kind, options):
+    _, arrow = table()
+    source = write_table(arrow, tmp_path / "in.parquet")
+    want = gaecli.diff_file(source, gaecli.DiffOptions(gamma=GAMMA, lambd=LAMBD, **options))
+    given = arrow if kind == "arrow" else pytest.importorskip("pandas").DataFrame(arrow.to_pandas())
+    got = gaecli.diff_table(given, gamma=GAMMA, lambd=LAMBD, **options)
+    assert got.files == [{"file": None, "rows": arrow.num_rows, "tokens": want.files[0]["tokens"]}]
+    assert all(entry.file is None for entry in got.top)
+    assert [entry.row for entry in got.top] == [entry.row for entry in want.top]
+    assert report_without_files(got) == report_without_files(want)
+
+
+def test_diff_table_invalid_row_named_by_table_row_and_column():
+    rollouts, _ = table()
+    rollouts.rewards[4][0] = float("inf")
+    with pytest.raises(GAEInputError) as raised:
+        gaecli.diff_table(rollout_table(rollouts), gamma=GAMMA, lambd=LAMBD)
+    assert str(raised.value) == "table, row 4, column 'rewards': 'rewards' is inf at token 0 [non-finite]"
