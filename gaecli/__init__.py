@@ -34,6 +34,8 @@ _LAZY = {
     "diff_file": "gaecli.diff",
     "diff_files": "gaecli.diff",
     "DiffOptions": "gaecli.diff",
+    "recompute_table": "gaecli.tables",
+    "diff_table": "gaecli.tables",
     "kl_rewards": "gaecli.kl",
     "available_kernels": "gaecli.advantages.kernels",
     "resolve_kernel": "gaecli.advantages.kernels",

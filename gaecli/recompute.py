@@ -242,6 +242,32 @@ def first_difference(key: str, have: str, want: str) -> str:
     return f"{key} {have or '(not recorded)'}, not {want}"
 
 
+def output_batch(computed, options: RecomputeOptions, schema: pa.Schema, list_type: pa.DataType,
+                 moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None):
+    """One output batch of ``schema`` from a computed batch (:func:`gaecli.pipeline.computed_batches`):
+    its valid rows with the new columns added, the advantages whitened with ``moments`` when
+    given. Returns ``(batch, advantages, old advantages)`` (flat, as written)."""
+    packed, valid = computed.packed, computed.valid
+    advantages, returns, old_advantages, old_returns = computed.new, computed.new_returns, computed.old, computed.old_returns
+    if moments is not None:
+        keys = computed.keys(options.normalize_by)
+        whitened = whiten_rows(advantages, packed.offsets, moments[0], keys)
+        advantages = np.where(packed.trainable, whitened, 0.0).astype(advantages.dtype)
+        old_advantages = whiten_rows(old_advantages, packed.offsets, moments[1], keys).astype(old_advantages.dtype)
+    offsets_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
+    list_class = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
+    offsets_array = packed.arrow_offsets  # the input's, reused when no row was dropped
+    if offsets_array is None or offsets_array.type != offsets_type:
+        offsets_array = pa.array(packed.offsets, offsets_type)
+    new_columns = {options.columns.advantages: advantages, options.columns.returns: returns}
+    if options.keep_baseline:
+        new_columns.update(zip(options.baseline_columns, (old_advantages, old_returns)))
+    arrays = {name: valid.column(name) for name in valid.schema.names}
+    for name, flat in new_columns.items():
+        arrays[name] = list_class.from_arrays(offsets_array, pa.array(flat), type=list_type)
+    return pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema), advantages, old_advantages
+
+
 def recompute_job(
     job: FileJob,
     options: RecomputeOptions,
@@ -259,7 +285,6 @@ def recompute_job(
     ``progress`` (optional) is advanced per batch. Raises the errors of
     :func:`recompute_files` for this one file.
     """
-    columns = options.columns
     computation = computation_of(options, kernel)
     outcome = FileOutcome(str(job.source), str(job.target))
     diff = DiffAccumulator(options.gamma, options.lambd, options.baseline, options.tolerance)
@@ -268,8 +293,6 @@ def recompute_job(
     try:
         _check_job(rollout.schema, job, options, computation)
         schema, list_type = _output_schema(rollout, job, options, kernel)
-        offsets_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
-        list_class = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
         writer = AtomicParquetWriter(job.target, schema, compression=rollout.compression)
         writers.append(writer)
         rejects: Optional[AtomicParquetWriter] = None
@@ -287,23 +310,9 @@ def recompute_job(
                 reason_array = pa.array([reasons[first_row + int(row)] for row in invalid_rows], pa.string())
                 rejects.write(pa.RecordBatch.from_arrays([*rejected.columns, reason_array], schema=rejects.schema))
                 outcome.rejected_rows += rejected.num_rows
-            advantages, returns, old_advantages, old_returns = computed.new, computed.new_returns, computed.old, computed.old_returns
-            if moments is not None:
-                keys = computed.keys(options.normalize_by)
-                whitened = whiten_rows(advantages, packed.offsets, moments[0], keys)
-                advantages = np.where(packed.trainable, whitened, 0.0).astype(advantages.dtype)
-                old_advantages = whiten_rows(old_advantages, packed.offsets, moments[1], keys).astype(old_advantages.dtype)
+            output, advantages, old_advantages = output_batch(computed, options, schema, list_type, moments)
             diff.update(advantages, old_advantages, packed.trainable, packed.offsets)
-            offsets_array = packed.arrow_offsets  # the input's, reused when no row was dropped
-            if offsets_array is None or offsets_array.type != offsets_type:
-                offsets_array = pa.array(packed.offsets, offsets_type)
-            new_columns = {columns.advantages: advantages, columns.returns: returns}
-            if options.keep_baseline:
-                new_columns.update(zip(options.baseline_columns, (old_advantages, old_returns)))
-            arrays = {name: valid.column(name) for name in valid.schema.names}
-            for name, flat in new_columns.items():
-                arrays[name] = list_class.from_arrays(offsets_array, pa.array(flat), type=list_type)
-            writer.write(pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema))
+            writer.write(output)
             outcome.rows += valid.num_rows
             outcome.tokens += packed.tokens
             if progress is not None:

@@ -19,8 +19,8 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 
-from gaecli.advantages.dispatch import compute
-from gaecli.advantages.inputs import pack_lists, prepare_packed, split
+from gaecli.advantages.dispatch import compute, compute_screened
+from gaecli.advantages.inputs import check_contents, check_packed, check_terminal, pack_lists, split
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.advantages.whiten import whiten, whiten_by_group
 from gaecli.errors import GAEInputError
@@ -61,10 +61,21 @@ def compute_advantages_packed(
     missing = [needed.name for needed in spec.row_inputs if needed.name not in row_inputs]
     if missing:
         raise GAEInputError(f"spec reads per-row input {missing[0]!r}: pass row_inputs={{{missing[0]!r}: ...}}")
-    values, rewards, mask, offsets, terminal = prepare_packed(
-        values, rewards, loss_mask, offsets, terminal_rewards, validate
-    )
-    advantages, returns = compute(spec, values, rewards, mask, offsets, terminal, kernel=kernel)
+    values, rewards, loss_mask, offsets, terminal = check_packed(values, rewards, loss_mask, offsets, terminal_rewards)
+    screened = compute_screened(spec, values, rewards, loss_mask, offsets, terminal, kernel=kernel)
+    if screened is None:
+        mask = check_contents(values, rewards, loss_mask, offsets, terminal, validate)
+        advantages, returns = compute(spec, values, rewards, mask, offsets, terminal, kernel=kernel)
+    else:
+        # The kernel screened every token as it read it; only when it saw a bad one do the
+        # checks run again, to name the first offending sample and token (or, with
+        # validate=False, to let non-finite numbers through while mask values stay checked).
+        advantages, returns, clean = screened
+        if not clean:
+            check_contents(values, rewards, loss_mask, offsets, terminal, validate)
+        elif validate:
+            check_terminal(terminal)
+        mask = loss_mask if loss_mask.dtype == torch.bool or spec.normalize == "none" else loss_mask != 0
     if spec.normalize == "all":
         advantages = whiten(advantages, mask)
     elif spec.normalize == "by":

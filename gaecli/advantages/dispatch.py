@@ -13,6 +13,12 @@ import numpy as np
 from gaecli.advantages.baselines import apply_semantics
 from gaecli.advantages.kernels import KERNELS, device_type, resolve_kernel
 from gaecli.advantages.spec import AdvantageSpec
+from gaecli.errors import KernelUnavailableError
+
+# The torch dtypes (by name: this module does not import torch) a screened kernel reads.
+_SCREENED_VALUES = ("torch.float32", "torch.float64")
+_SCREENED_MASKS = ("torch.bool", "torch.uint8", "torch.int8", "torch.int16", "torch.int32", "torch.int64",
+                   *_SCREENED_VALUES)
 
 
 def compute(spec: AdvantageSpec, values, rewards, trainable, offsets, terminal_rewards, *, kernel: str = "auto",
@@ -41,6 +47,34 @@ def compute(spec: AdvantageSpec, values, rewards, trainable, offsets, terminal_r
         return _on_tensors(spec, entry.function, device, values, rewards, trainable, offsets, terminal_rewards)
     entry = KERNELS[resolve_kernel(kernel, values.device, spec)]
     return _run(spec, entry.function, values, rewards, trainable, offsets, terminal_rewards)
+
+
+def compute_screened(spec: AdvantageSpec, values, rewards, loss_mask, offsets, terminal_rewards, *,
+                     kernel: str = "auto"):
+    """:func:`compute` on CPU tensors by a kernel that screens its input in its own pass (the
+    API's fast path: the checks that read every token cost nothing more). Returns
+    ``(advantages, returns, clean)`` (``clean``: every value and reward finite, every mask
+    value 0 or 1; see :func:`gaecli.advantages.kernels.native.native_gae_screened`), or None
+    when this input cannot take that path: not on the CPU, ``kernel`` not resolved to a
+    kernel with a screened form, a semantics other than ``masked``, or dtypes it does not
+    read (values float32/float64, rewards the same, mask bool, integer or float). The tensors
+    (mask: bool, integer or float 0/1 as given) are read in place and not modified."""
+    if values.device.type != "cpu" or spec.semantics != "masked" or str(values.dtype) not in _SCREENED_VALUES:
+        return None
+    if rewards.dtype != values.dtype or str(loss_mask.dtype) not in _SCREENED_MASKS:
+        return None
+    try:
+        entry = KERNELS[resolve_kernel(kernel, values.device, spec)]
+    except KernelUnavailableError:
+        return None  # the caller's path checks the input first, then raises this
+    screened = entry.screened_function
+    if screened is None:
+        return None
+    import torch
+
+    arrays = [tensor.detach().numpy() for tensor in (values, rewards, loss_mask, offsets, terminal_rewards)]
+    advantages, returns, clean = screened(*arrays, gamma=spec.gamma, lambd=spec.lambd)
+    return torch.from_numpy(advantages), torch.from_numpy(returns), clean
 
 
 def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, terminal_rewards):

@@ -3,6 +3,10 @@ form into the packed form (flat ``[N]`` tensors plus ``offsets`` ``[B + 1]``) an
 
 from __future__ import annotations
 
+import functools
+import warnings
+
+import numpy as np
 import torch
 
 from gaecli.errors import GAEInputError
@@ -42,9 +46,10 @@ def _check_finite(name: str, tensor: torch.Tensor, offsets: torch.Tensor) -> Non
         raise GAEInputError(f"sample {sample}: {name} is {tensor[position].item()} at token {within} (must be finite)")
 
 
-def prepare_packed(values, rewards, loss_mask, offsets, terminal_rewards, validate=True):
-    """Check and normalise packed arguments: float values, rewards and terminal rewards in
-    the values' dtype and device, bool mask, int64 offsets."""
+def check_packed(values, rewards, loss_mask, offsets, terminal_rewards):
+    """The structural checks of packed arguments (types, shapes, offsets, lengths), none that
+    reads every token. Returns float values, rewards and terminal rewards in the values' dtype
+    and device, the mask as given (on that device) and int64 offsets."""
     for name, tensor in (("values", values), ("rewards", rewards), ("loss_mask", loss_mask), ("offsets", offsets)):
         if not isinstance(tensor, torch.Tensor):
             raise GAEInputError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -69,47 +74,109 @@ def prepare_packed(values, rewards, loss_mask, offsets, terminal_rewards, valida
     terminal = torch.as_tensor(terminal_rewards, device=device)
     if terminal.dim() != 1 or terminal.numel() != batch:
         raise GAEInputError(f"terminal_rewards must hold one number per sample ({batch}), got shape {tuple(terminal.shape)}")
-    rewards = rewards.to(device=device, dtype=dtype)
-    terminal = terminal.to(dtype)
-    mask = as_mask(loss_mask.to(device), offsets)
+    if loss_mask.is_complex():
+        raise GAEInputError("loss_mask must be bool, integer or float 0/1, got a complex tensor")
+    return values, rewards.to(device=device, dtype=dtype), loss_mask.to(device), offsets, terminal.to(dtype)
+
+
+def check_contents(values, rewards, loss_mask, offsets, terminal, validate=True) -> torch.Tensor:
+    """The checks that read every token, in this order: mask values 0/1 (always), then with
+    ``validate`` finite values, rewards and terminal rewards; the first failure names its
+    sample and token. Returns the bool mask. Arguments as :func:`check_packed` returns them."""
+    mask = as_mask(loss_mask, offsets)
     if validate:
         _check_finite("values", values, offsets)
         _check_finite("rewards", rewards, offsets)
-        sample = _first_offending(~torch.isfinite(terminal))
-        if sample is not None:
-            raise GAEInputError(f"sample {sample}: terminal reward is {terminal[sample].item()} (must be finite)")
+        check_terminal(terminal)
+    return mask
+
+
+def check_terminal(terminal: torch.Tensor) -> None:
+    """Terminal rewards ``[B]`` must be finite; the first that is not names its sample."""
+    sample = _first_offending(~torch.isfinite(terminal))
+    if sample is not None:
+        raise GAEInputError(f"sample {sample}: terminal reward is {terminal[sample].item()} (must be finite)")
+
+
+def prepare_packed(values, rewards, loss_mask, offsets, terminal_rewards, validate=True):
+    """Check and normalise packed arguments: float values, rewards and terminal rewards in
+    the values' dtype and device, bool mask, int64 offsets (:func:`check_packed`, then
+    :func:`check_contents`)."""
+    values, rewards, loss_mask, offsets, terminal = check_packed(values, rewards, loss_mask, offsets, terminal_rewards)
+    mask = check_contents(values, rewards, loss_mask, offsets, terminal, validate)
     return values, rewards, mask, offsets, terminal
 
 
+def as_sample_tensor(array) -> torch.Tensor:
+    """A tensor as given; a numpy array or another array-like as a tensor (sharing memory
+    where torch can)."""
+    if isinstance(array, torch.Tensor):
+        return array
+    with warnings.catch_warnings():  # a read-only array (from Arrow, pandas) is only read here
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(array)
+
+
+def _concatenate(tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One flat tensor of ``dtype`` on ``device``, each tensor copied once into its place. On
+    the CPU numpy copies (one thread: torch's thread pool would compete with the kernel's)."""
+    if device.type == "cpu" and all(t.dtype == dtype and t.device.type == "cpu" for t in tensors):
+        return torch.from_numpy(np.concatenate([t.detach().numpy() for t in tensors]))
+    return torch.cat([t.to(device=device, dtype=dtype) for t in tensors])
+
+
+def _as_tensors(name: str, seq) -> list[torch.Tensor]:
+    tensors = []
+    for index, array in enumerate(seq):
+        try:
+            tensors.append(as_sample_tensor(array))
+        except (TypeError, ValueError, RuntimeError):
+            raise GAEInputError(f"sample {index}: {name} must be a 1-D tensor or array") from None
+    return tensors
+
+
+def _promoted(tensors: list[torch.Tensor]) -> torch.dtype:
+    """The dtype ``torch.cat`` gives the tensors (type promotion over distinct dtypes)."""
+    return functools.reduce(torch.promote_types, {tensor.dtype for tensor in tensors})
+
+
 def pack_lists(values, rewards, loss_mask, terminal_rewards):
-    """Concatenate per-sample lists into the packed form, checking lengths per sample."""
+    """Concatenate per-sample lists into the packed form, checking lengths per sample. Each
+    entry may be a tensor, a numpy array or another array-like."""
     samples = len(values)
     for name, seq in (("rewards", rewards), ("loss_mask", loss_mask)):
         if len(seq) != samples:
             raise GAEInputError(f"{name} has {len(seq)} samples, values has {samples}")
     if len(terminal_rewards) != samples:
         raise GAEInputError(f"terminal_rewards has {len(terminal_rewards)} entries, values has {samples} samples")
-    lengths = []
-    for index, (value, reward, mask) in enumerate(zip(values, rewards, loss_mask)):
-        for name, tensor in (("values", value), ("rewards", reward), ("loss_mask", mask)):
-            if not isinstance(tensor, torch.Tensor) or tensor.dim() != 1:
-                raise GAEInputError(f"sample {index}: {name} must be a 1-D tensor")
-        if not value.numel() == reward.numel() == mask.numel():
-            raise GAEInputError(
-                f"sample {index}: lengths differ (values {value.numel()}, rewards {reward.numel()}, loss_mask {mask.numel()})"
-            )
-        lengths.append(value.numel())
-    device = values[0].device if samples else torch.device("cpu")
-    dtype = values[0].dtype if samples else torch.get_default_dtype()
-    offsets = torch.zeros(samples + 1, dtype=torch.int64, device=device)
+    columns = {name: [as_sample_tensor(array) for array in seq] if all(isinstance(a, torch.Tensor) for a in seq)
+               else _as_tensors(name, seq)
+               for name, seq in (("values", values), ("rewards", rewards), ("loss_mask", loss_mask))}
+    sizes = {}
+    for name, tensors in columns.items():
+        dims = [tensor.dim() for tensor in tensors]
+        if any(dim != 1 for dim in dims):
+            index = next(index for index, dim in enumerate(dims) if dim != 1)
+            raise GAEInputError(f"sample {index}: {name} must be a 1-D tensor or array")
+        sizes[name] = [tensor.numel() for tensor in tensors]
+    lengths = sizes["values"]
+    if not lengths == sizes["rewards"] == sizes["loss_mask"]:
+        index = next(i for i, n in enumerate(lengths) if not n == sizes["rewards"][i] == sizes["loss_mask"][i])
+        raise GAEInputError(
+            f"sample {index}: lengths differ (values {lengths[index]}, rewards {sizes['rewards'][index]}, "
+            f"loss_mask {sizes['loss_mask'][index]})"
+        )
+    offsets = torch.zeros(samples + 1, dtype=torch.int64)
     if samples:
-        offsets[1:] = torch.tensor(lengths, device=device).cumsum(0)
-        flat_values = torch.cat(values)
-        flat_rewards = torch.cat([r.to(flat_values.dtype) for r in rewards])
-        flat_mask = torch.cat([m.to(device) for m in loss_mask])
+        device = columns["values"][0].device
+        offsets[1:] = torch.tensor(lengths).cumsum(0)
+        offsets = offsets.to(device)
+        flat_values = _concatenate(columns["values"], _promoted(columns["values"]), device)
+        flat_rewards = _concatenate(columns["rewards"], flat_values.dtype, device)
+        flat_mask = _concatenate(columns["loss_mask"], _promoted(columns["loss_mask"]), device)
     else:
-        flat_values = torch.zeros(0, dtype=dtype)
-        flat_rewards = torch.zeros(0, dtype=dtype)
+        flat_values = torch.zeros(0, dtype=torch.get_default_dtype())
+        flat_rewards = torch.zeros(0, dtype=torch.get_default_dtype())
         flat_mask = torch.zeros(0, dtype=torch.bool)
     if isinstance(terminal_rewards, torch.Tensor):
         terminal = terminal_rewards

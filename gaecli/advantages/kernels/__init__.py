@@ -32,8 +32,10 @@ class Kernel:
     """A kernel: where its function lives (loaded on first use, so that naming or resolving
     a kernel imports neither torch nor numba), whether it runs on CUDA, a one-line
     description for ``gae kernels``, the spec features it supports, its numpy form (a
-    function of the same module on numpy buffers, or None), and the module it needs to be
-    importable to run (None: torch only)."""
+    function of the same module on numpy buffers, or None), its screened numpy form (the
+    numpy form that also screens its input in the same pass and says whether it was clean:
+    ``(advantages, returns, clean)``; or None), and the module it needs to be importable to
+    run (None: torch only)."""
 
     module: str
     attribute: str
@@ -42,6 +44,7 @@ class Kernel:
     supports: frozenset[str] = GAE_FEATURES
     flat_attribute: Optional[str] = None
     needs: Optional[str] = None
+    screened_attribute: Optional[str] = None
 
     @property
     def function(self) -> Callable[..., tuple[Any, Any]]:
@@ -54,6 +57,13 @@ class Kernel:
         if self.flat_attribute is None:
             return None
         return getattr(importlib.import_module(self.module), self.flat_attribute)
+
+    @property
+    def screened_function(self) -> Optional[Callable[..., tuple[Any, Any, bool]]]:
+        """The screened numpy form, or None."""
+        if self.screened_attribute is None:
+            return None
+        return getattr(importlib.import_module(self.module), self.screened_attribute)
 
     @cached_property
     def usable(self) -> bool:
@@ -87,7 +97,7 @@ KERNELS: dict[str, Kernel] = {
     "scan": Kernel(f"{_PACKAGE}.scan", "scan_gae", True, "ragged log-step segmented scan, no padding (torch)"),
     "native": Kernel(f"{_PACKAGE}.native", "native_gae", False,
                      "ragged compiled pass per sample, no padding (numba, CPU)",
-                     flat_attribute="native_gae_flat", needs="numba"),
+                     flat_attribute="native_gae_flat", needs="numba", screened_attribute="native_gae_screened"),
     "triton": Kernel(f"{_PACKAGE}.triton", "triton_gae", True,
                      "ragged chunked scan per sample, no padding (Triton, CUDA)", needs="triton"),
 }

@@ -37,29 +37,40 @@ PAGE_BYTES = 4096
 LANE_SEPARATION_BYTES = 512
 
 
-def _step(values, rewards, loss_mask, advantages, returns, t, gamma, decay, carry, next_value, terminal):
+def _step(values, rewards, loss_mask, advantages, returns, t, gamma, decay, carry, next_value, terminal, screen):
     """Position ``t`` of a sample's backward pass; returns the new (carry, next value,
-    terminal reward still to place)."""
+    terminal reward still to place, screen).
+
+    ``screen`` is the input screen: it stays 0 while every value and reward read is finite
+    (``x * 0`` is NaN for an infinite or NaN ``x``) and every mask value is 0 or 1 (the mask
+    may be bool, integer or float: trainable is ``mask != 0``), and becomes NaN otherwise.
+    """
     index = np.uint64(t)  # unsigned: no negative-index test on every load and store
     value = np.float64(values[index])
-    delta = np.float64(rewards[index]) + terminal + gamma * next_value - value
+    reward = np.float64(rewards[index])
+    mask = loss_mask[index]
+    screen += value * 0.0 + reward * 0.0
+    if mask != 0 and mask != 1:
+        screen = np.nan
+    delta = reward + terminal + gamma * next_value - value
     updated = delta + decay * carry
-    if loss_mask[index]:
+    if mask != 0:
         advantages[index] = updated
         returns[index] = updated + value
-        return updated, value, 0.0
+        return updated, value, 0.0, screen
     advantages[index] = 0.0
     returns[index] = 0.0
-    return carry, next_value, terminal
+    return carry, next_value, terminal, screen
 
 
-def _run_alone(values, rewards, loss_mask, advantages, returns, gamma, decay, stop, position, carry, next_value, terminal):
+def _run_alone(values, rewards, loss_mask, advantages, returns, gamma, decay, stop, position, carry, next_value, terminal,
+               screen):
     """Run one sample alone from ``position - 1`` down to ``stop``; returns the new state."""
     for t in range(position - 1, stop - 1, -1):
-        carry, next_value, terminal = _step(
-            values, rewards, loss_mask, advantages, returns, t, gamma, decay, carry, next_value, terminal
+        carry, next_value, terminal, screen = _step(
+            values, rewards, loss_mask, advantages, returns, t, gamma, decay, carry, next_value, terminal, screen
         )
-    return carry, next_value, terminal
+    return carry, next_value, terminal, screen
 
 
 def _too_close(position, lane, itemsize):
@@ -72,10 +83,11 @@ def _too_close(position, lane, itemsize):
 
 
 def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, decay, advantages, returns, order):
-    """Every sample of ``order`` (sample indices, longest first), four at a time.
+    """Every sample of ``order`` (sample indices, longest first), four at a time. Returns
+    the group's input screen (0: every input read was valid; see :func:`_step`).
 
     Lane state: the positions still to run are ``stop .. position - 1``; ``carry``,
-    ``next_value`` and ``terminal`` are the recurrence's state.
+    ``next_value`` and ``terminal`` are the recurrence's state, ``screen`` the lane's screen.
     """
     queued = order.shape[0]
     taken = 0
@@ -85,6 +97,7 @@ def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, dec
     carry = np.zeros(LANES, dtype=np.float64)
     next_value = np.zeros(LANES, dtype=np.float64)
     terminal = np.zeros(LANES, dtype=np.float64)
+    screen = np.zeros(LANES, dtype=np.float64)
     while True:
         # Give every finished lane the next non-empty sample of the queue.
         all_busy = True
@@ -107,9 +120,9 @@ def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, dec
                 if position[lane] == stop[lane] or not _too_close(position, lane, itemsize):
                     break
                 ahead = max(position[lane] - LANE_SEPARATION_BYTES // itemsize, stop[lane])
-                carry[lane], next_value[lane], terminal[lane] = _run_alone(
+                carry[lane], next_value[lane], terminal[lane], screen[lane] = _run_alone(
                     values, rewards, loss_mask, advantages, returns, gamma, decay,
-                    ahead, position[lane], carry[lane], next_value[lane], terminal[lane],
+                    ahead, position[lane], carry[lane], next_value[lane], terminal[lane], screen[lane],
                 )
                 position[lane] = ahead
         steps = min(
@@ -119,35 +132,49 @@ def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, dec
         c0, c1, c2, c3 = carry[0], carry[1], carry[2], carry[3]
         n0, n1, n2, n3 = next_value[0], next_value[1], next_value[2], next_value[3]
         z0, z1, z2, z3 = terminal[0], terminal[1], terminal[2], terminal[3]
+        s0, s1, s2, s3 = screen[0], screen[1], screen[2], screen[3]
         for _ in range(steps):
             t0 -= 1
             t1 -= 1
             t2 -= 1
             t3 -= 1
-            c0, n0, z0 = _step(values, rewards, loss_mask, advantages, returns, t0, gamma, decay, c0, n0, z0)
-            c1, n1, z1 = _step(values, rewards, loss_mask, advantages, returns, t1, gamma, decay, c1, n1, z1)
-            c2, n2, z2 = _step(values, rewards, loss_mask, advantages, returns, t2, gamma, decay, c2, n2, z2)
-            c3, n3, z3 = _step(values, rewards, loss_mask, advantages, returns, t3, gamma, decay, c3, n3, z3)
+            c0, n0, z0, s0 = _step(
+                values, rewards, loss_mask, advantages, returns, t0, gamma, decay, c0, n0, z0, s0
+            )
+            c1, n1, z1, s1 = _step(
+                values, rewards, loss_mask, advantages, returns, t1, gamma, decay, c1, n1, z1, s1
+            )
+            c2, n2, z2, s2 = _step(
+                values, rewards, loss_mask, advantages, returns, t2, gamma, decay, c2, n2, z2, s2
+            )
+            c3, n3, z3, s3 = _step(
+                values, rewards, loss_mask, advantages, returns, t3, gamma, decay, c3, n3, z3, s3
+            )
         position[0], position[1], position[2], position[3] = t0, t1, t2, t3
         carry[0], carry[1], carry[2], carry[3] = c0, c1, c2, c3
         next_value[0], next_value[1], next_value[2], next_value[3] = n0, n1, n2, n3
         terminal[0], terminal[1], terminal[2], terminal[3] = z0, z1, z2, z3
+        screen[0], screen[1], screen[2], screen[3] = s0, s1, s2, s3
     # The queue is empty: finish the samples still in flight one by one.
+    total = 0.0
     for lane in range(LANES):
-        _run_alone(
+        total += _run_alone(
             values, rewards, loss_mask, advantages, returns, gamma, decay,
-            stop[lane], position[lane], carry[lane], next_value[lane], terminal[lane],
-        )
+            stop[lane], position[lane], carry[lane], next_value[lane], terminal[lane], screen[lane],
+        )[3]
+    return total
 
 
 def _masked_gae_batch(
-    values, rewards, loss_mask, offsets, terminal_rewards, gamma, lambd, advantages, returns, order, group_bounds
+    values, rewards, loss_mask, offsets, terminal_rewards, gamma, lambd, advantages, returns, order, group_bounds,
+    screens,
 ):
-    """Fill ``advantages`` and ``returns``; group ``g`` is the samples
-    ``order[group_bounds[g]:group_bounds[g + 1]]``, and the groups run in parallel."""
+    """Fill ``advantages`` and ``returns``, and ``screens[g]`` with group ``g``'s input
+    screen; group ``g`` is the samples ``order[group_bounds[g]:group_bounds[g + 1]]``, and
+    the groups run in parallel."""
     decay = gamma * lambd
     for group in numba.prange(group_bounds.shape[0] - 1):
-        _run_group(
+        screens[group] = _run_group(
             values, rewards, loss_mask, offsets, terminal_rewards, gamma, decay, advantages, returns,
             order[group_bounds[group] : group_bounds[group + 1]],
         )
@@ -196,17 +223,40 @@ def native_gae_flat(
     ``[B]``. Returns flat ``(advantages, returns)`` ``[N]``, 0 at masked positions (so all 0
     for a fully masked sample); empty samples own no position.
     """
+    advantages, returns, _ = native_gae_screened(
+        values, rewards, loss_mask, offsets, terminal_rewards, gamma=gamma, lambd=lambd
+    )
+    return advantages, returns
+
+
+def native_gae_screened(
+    values: np.ndarray,
+    rewards: np.ndarray,
+    loss_mask: np.ndarray,
+    offsets: np.ndarray,
+    terminal_rewards: np.ndarray,
+    *,
+    gamma: float,
+    lambd: float,
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """:func:`native_gae_flat` that also screens its input in the same pass: returns
+    ``(advantages, returns, clean)``, ``clean`` False when a value or reward it read was not
+    finite (at masked positions too) or a mask value was neither 0 nor 1. ``loss_mask`` may
+    then be bool, integer or float (trainable: ``!= 0``). Which sample and token is at fault
+    is for the caller to find (an error path: :mod:`gaecli.advantages.inputs`)."""
     advantages = np.empty_like(values)
     returns = np.empty_like(values)
     batch = offsets.size - 1
     if batch <= 0:
-        return advantages, returns
-    order, group_bounds = _plan_groups(offsets, max(1, min(numba.get_num_threads(), batch)))
+        return advantages, returns, True
+    groups = max(1, min(numba.get_num_threads(), batch))
+    order, group_bounds = _plan_groups(offsets, groups)
+    screens = np.zeros(groups, dtype=np.float64)
     _compiled(
         values, rewards, loss_mask, offsets, terminal_rewards, float(gamma), float(lambd),
-        advantages, returns, order, group_bounds,
+        advantages, returns, order, group_bounds, screens,
     )
-    return advantages, returns
+    return advantages, returns, bool(screens.sum() == 0.0)
 
 
 def native_gae(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma: float, lambd: float):
