@@ -342,28 +342,48 @@ def statistics_columns(schema: pa.Schema, computation: Computation, key: Optiona
     return [name for name in schema.names if name in needed]
 
 
+def rollout_reduction(rollout, computation: Computation, reduction: Reduction, progress=None) -> ReductionResult:
+    """A grouped-reduction pass (:class:`gaecli.advantages.reduction.Reduction`) over the
+    computed batches of an open reader (a file's :class:`RolloutFile`, or a table's);
+    ``progress`` (optional) is advanced per batch."""
+    where = str(rollout.path)
+    check_file(rollout.schema, where, computation)
+    check_scalar_column(rollout.schema, where, "the reduction key", reduction.key)
+    result = ReductionResult(reduction)
+    read = statistics_columns(rollout.schema, computation, reduction.key)
+    for computed in computed_batches(rollout, computation, read):
+        packed = computed.packed
+        operands = {operand: getattr(computed, operand) for operand in reduction.operands}
+        result.add(operands, packed.trainable, packed.offsets, computed.keys(reduction.key))
+        result.rows += computed.batch.num_rows
+        result.tokens += packed.tokens
+        if progress is not None:
+            progress.advance(computed.batch.num_rows, packed.tokens)
+    return result
+
+
 def file_reduction(path: str, computation: Computation, reduction: Reduction, footer=None,
                    progress=None) -> ReductionResult:
-    """A grouped-reduction pass (:class:`gaecli.advantages.reduction.Reduction`) over one
-    file's computed batches. ``footer``: the file's footer if read already; ``progress``
-    (optional) is advanced per batch."""
+    """:func:`rollout_reduction` over one file (the unit of the statistics pass). ``footer``:
+    the file's footer if read already."""
     rollout = RolloutFile(path, footer)
     try:
-        check_file(rollout.schema, str(path), computation)
-        check_scalar_column(rollout.schema, str(path), "the reduction key", reduction.key)
-        result = ReductionResult(reduction)
-        read = statistics_columns(rollout.schema, computation, reduction.key)
-        for computed in computed_batches(rollout, computation, read):
-            packed = computed.packed
-            operands = {operand: getattr(computed, operand) for operand in reduction.operands}
-            result.add(operands, packed.trainable, packed.offsets, computed.keys(reduction.key))
-            result.rows += computed.batch.num_rows
-            result.tokens += packed.tokens
-            if progress is not None:
-                progress.advance(computed.batch.num_rows, packed.tokens)
-        return result
+        return rollout_reduction(rollout, computation, reduction, progress)
     finally:
         rollout.close()
+
+
+def checked_moments(merged: ReductionResult, normalize_by: Optional[str],
+                    whole: str = "the input") -> tuple[GroupedMoments, GroupedMoments]:
+    """The moments (new, old) of a merged ``--normalize`` reduction; refuses
+    (:class:`GAEInputError`) a group, or the ``whole`` input, with no trainable token."""
+    new, old = merged.groups["new"], merged.groups["old"]
+    empty = new.empty_groups()
+    if empty.size:
+        key = new.key(int(empty[0]))
+        where = whole if normalize_by is None else f"group {normalize_by}={key!r}"
+        raise GAEInputError(f"cannot normalize: {where} has no trainable token")
+    return new, old
 
 
 def engine_reduction_parts(paths: list[str], computation: Computation, reduction: Reduction, engine, progress,
@@ -404,13 +424,7 @@ def _moments_parts(paths: list[str], computation: Computation, engine, progress,
     parts = engine_reduction_parts(paths, computation, reduction, engine, progress, total_rows, session, footers)
     merged = ReductionResult(reduction)
     codes = [merged.merge(part) for part in parts]
-    new, old = merged.groups["new"], merged.groups["old"]
-    empty = new.empty_groups()
-    if empty.size:
-        key = new.key(int(empty[0]))
-        where = "the input" if computation.normalize_by is None else f"group {computation.normalize_by}={key!r}"
-        raise GAEInputError(f"cannot normalize: {where} has no trainable token")
-    return (new, old), codes, parts
+    return checked_moments(merged, computation.normalize_by), codes, parts
 
 
 def engine_moments(paths: list[str], computation: Computation, engine, progress, total_rows: int,

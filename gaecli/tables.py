@@ -120,7 +120,7 @@ def recompute_table(
     computation = computation_of(options, kernel)
     rollout = TableRollout(arrow)
     job = _Job()
-    _check_job(rollout, job, options, computation)
+    _check_job(rollout.schema, job, options, computation)
     schema, list_type = _output_schema(rollout, job, options, kernel)
     schema = schema.with_metadata(arrow.schema.metadata)  # the table's own metadata (pandas' index), nothing added
     moments = _moments(rollout, computation) if options.whitening else None
@@ -130,23 +130,15 @@ def recompute_table(
 
 
 def _moments(rollout: TableRollout, computation):
-    """The ``--normalize`` statistics of the whole table (new, old), as the command gathers
-    them over its files (:func:`gaecli.pipeline.engine_moments`, one part)."""
+    """The ``--normalize`` statistics of the whole table (new, old), gathered and merged as
+    the command does for one file (:func:`gaecli.pipeline.engine_moments`)."""
     from gaecli.advantages.reduction import ReductionResult, normalize_reduction
-    from gaecli.pipeline import check_scalar_column, computed_batches
+    from gaecli.pipeline import checked_moments, rollout_reduction
 
     reduction = normalize_reduction(computation.normalize_by)
-    check_scalar_column(rollout.schema, TABLE, "the reduction key", reduction.key)
-    result = ReductionResult(reduction)
-    for computed in computed_batches(rollout, computation):
-        operands = {operand: getattr(computed, operand) for operand in reduction.operands}
-        result.add(operands, computed.packed.trainable, computed.packed.offsets, computed.keys(reduction.key))
-    new, old = result.groups["new"], result.groups["old"]
-    for key, group in new.groups.items():
-        if group.count == 0:
-            where = "the table" if key is None else f"group {computation.normalize_by}={key!r}"
-            raise GAEInputError(f"cannot normalize: {where} has no trainable token")
-    return new, old
+    merged = ReductionResult(reduction)
+    merged.merge(rollout_reduction(rollout, computation, reduction))
+    return checked_moments(merged, computation.normalize_by, whole="the table")
 
 
 def diff_table(table: Any, **options: Any):
