@@ -21,7 +21,7 @@ from gaecli.engines import (
 from gaecli.errors import (
     FilesFailedError, GAEUsageError, InvalidFilesError, InvalidOptionError, RunInterrupted, UnusableFilesError,
 )
-from gaecli.advantages.contract import BASELINES, check_discount
+from gaecli.advantages.contract import check_discount, expand_baselines
 from gaecli.io.filesystem import is_stream, remove_dead_temps, total_size
 from gaecli.io.format import Columns, list_type_like, output_float_type
 from gaecli.io.paths import FileJob, plan_outputs, report_writes, with_suffix
@@ -81,7 +81,8 @@ class RecomputeOptions:
         check_discount(self.gamma, self.lambd, names=("--gamma", "--lambd"))
         check_count("--batch-rows", self.batch_rows, 1)
         check_number("--tol", self.tolerance, 0.0)
-        check_choice("baseline", self.baseline, BASELINES, "baseline")
+        if len(expand_baselines(self.baseline, "baseline")) != 1:
+            raise InvalidOptionError(f"baseline: {self.baseline!r} names several baselines; recompute takes one")
         check_choice("--on-invalid", self.on_invalid, ("stop", "skip"), "mode")
         check_device(self.device)
         resolve_kernel(self.kernel, self.device)
