@@ -7,6 +7,8 @@ torch and the numpy path, the aliases, the names of a baseline list, recompute's
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -21,6 +23,7 @@ from gaecli.advantages.baselines import lost_terminal_abs_sum, lost_terminal_sam
 from gaecli.advantages.contract import ALIASES, BASELINES, PROFILES, expand_baselines, profile_of
 from gaecli.advantages.dispatch import compute, gae_flat
 from gaecli.errors import InvalidOptionError
+from gaecli.recompute import RecomputeOptions, recompute_files
 from helpers import (
     FAST_KERNEL_NAMES,
     KERNEL_NAMES,
@@ -32,7 +35,6 @@ from helpers import (
     oracle_batch,
     ragged_batches,
 )
-from gaecli.recompute import RecomputeOptions, recompute_files
 from rollout_files import random_rollouts, rollout_table, rollouts_from_table, write_table
 
 # The worked example of docs/semantics.md: R = 4, mask [1, 0, 1, 0], V = [1, 2, 3, 4],
@@ -373,3 +375,29 @@ def test_recompute_keeps_a_profile_as_columns(tmp_path, baseline):
 def test_recompute_refuses_a_list_or_an_unknown_baseline(baseline, message):
     with pytest.raises(InvalidOptionError, match=message):
         RecomputeOptions(gamma=0.9, lambd=0.8, keep_baseline=True, baseline=baseline)
+
+
+@pytest.mark.skipif("native" not in gaecli.available_kernels(), reason="needs numba")
+def test_the_numpy_path_of_every_profile_never_imports_torch():
+    script = (
+        "import sys, numpy as np\n"
+        "from gaecli.advantages import AdvantageSpec\n"
+        "from gaecli.advantages.baselines import lost_terminal_abs_sum\n"
+        "from gaecli.advantages.contract import PROFILES\n"
+        "from gaecli.advantages.dispatch import compute\n"
+        "v = np.array([1.0, 2.0, 3.0, 4.0]); r = np.array([0.5, 1.0, 0.25, 2.0])\n"
+        "m = np.array([True, False, True, False]); o = np.array([0, 4]); z = np.array([8.0])\n"
+        "for name in PROFILES:\n"
+        "    a, g = compute(AdvantageSpec(0.5, 1.0, name), v, r, m, o, z)\n"
+        "    lost = lost_terminal_abs_sum(name, m, o, z, gamma=0.5, lambd=1.0)\n"
+        "    print(name, a.tolist(), g.tolist(), lost)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert process.returncode == 0, process.stderr
+    *lines, last = process.stdout.strip().splitlines()
+    assert last == "False"
+    for line, profile in zip(lines, PROFILES):
+        (expected_advantages, expected_returns), _ = WORKED_EXPECTED[profile]
+        lost = 8.0 if profile in ("verl", "roll", "areal") else 0.0
+        assert line == f"{profile} {expected_advantages} {expected_returns} {lost}"
