@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from gaecli._version import __version__
 from gaecli.checks import row_reasons
-from gaecli.advantages.contract import BASELINES, check_discount
+from gaecli.advantages.contract import check_discount, expand_baselines
 from gaecli.comparison.figures import DiffAccumulator
 from gaecli.engines import (
     EXIT_INVALID_DATA, EXIT_UNUSABLE, FINISHED, EngineOptions, EngineSession, TaskFailure, map_units,
@@ -81,7 +81,8 @@ class RecomputeOptions:
         check_discount(self.gamma, self.lambd, names=("--gamma", "--lambd"))
         check_count("--batch-rows", self.batch_rows, 1)
         check_number("--tol", self.tolerance, 0.0)
-        check_choice("baseline", self.baseline, BASELINES, "baseline")
+        if len(expand_baselines(self.baseline, "baseline")) != 1:
+            raise InvalidOptionError(f"baseline: {self.baseline!r} names several baselines; recompute takes one")
         check_choice("--on-invalid", self.on_invalid, ("stop", "skip"), "mode")
         check_device(self.device)
         resolve_kernel(self.kernel, self.device)

@@ -2,8 +2,8 @@
 ragged batches (a seeded builder plus a hypothesis strategy).
 
 The oracles here share no code with gaecli: plain contiguous GAE, the masked contract
-(compress, plain GAE, scatter) and the trainers' baselines written as the trainers' own
-loops, all on Python floats (float64).
+(compress, plain GAE, scatter) and the trainer profiles written as the trainers' own
+loops, one sample at a time, all on Python floats (float64).
 """
 
 from __future__ import annotations
@@ -108,7 +108,9 @@ def masked_gae_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[li
 
 
 def unmasked_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
-    """Pre-fix miles / slime: every token a transition, terminal reward on token R-1."""
+    """slime (``megatron_utils/loss.py``: z added to the last token's reward;
+    ``ppo_utils.vanilla_gae``) and pre-fix miles: every token a transition, terminal reward
+    on token R-1."""
     values, rewards = _floats(values), _floats(rewards)
     if rewards:
         rewards[-1] += float(terminal)
@@ -116,22 +118,83 @@ def unmasked_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list
     return advantages, [a + v for a, v in zip(advantages, values)]
 
 
-def skip_masked_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
-    """verl's ``compute_gae_advantage_return`` loop with ``response_mask``, terminal reward on
-    token R-1: a masked step's output is its own ``delta + γλ·lastgaelam`` while the next
-    value and the carry pass through it unchanged."""
+def verl_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
+    """verl (``core_algos.compute_gae_advantage_return`` with ``response_mask``; the reward
+    managers put z on token ``valid_response_length - 1`` = R-1): a masked step leaves the
+    next value and the carry as they were, and the loop stores the carry it holds after the
+    step, so a masked position gets the next trainable token's advantage (0 after the last).
+    Returns = advantages + values everywhere."""
     values, rewards, mask = _floats(values), _floats(rewards), _floats(mask)
     if rewards:
         rewards[-1] += float(terminal)
     advantages = [0.0] * len(values)
-    next_value, last_gae = 0.0, 0.0
+    next_value, carry = 0.0, 0.0
     for t in reversed(range(len(values))):
-        delta = rewards[t] + gamma * next_value - values[t]
-        step_gae = delta + gamma * lambd * last_gae
-        next_value = values[t] * mask[t] + (1 - mask[t]) * next_value
-        last_gae = step_gae * mask[t] + (1 - mask[t]) * last_gae
-        advantages[t] = step_gae
+        step = rewards[t] + gamma * next_value - values[t] + gamma * lambd * carry
+        if mask[t]:
+            next_value, carry = values[t], step
+        advantages[t] = carry
     return advantages, [a + v for a, v in zip(advantages, values)]
+
+
+def areal_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
+    """AReaL (``trainer/ppo/actor.py``, ``PPOActor._compute_advantages``) without a bootstrap
+    value: z on the last response token, the loop walks back from the end holding
+    ``nextvalues`` and ``lastgaelam``, both blended with the mask, and appends ``lastgaelam``.
+    Returns = advantages + values."""
+    values, rewards, mask = _floats(values), _floats(rewards), _floats(mask)
+    length = len(values)
+    shaped = list(rewards)
+    if length:
+        shaped[length - 1] = shaped[length - 1] + float(terminal)
+    reversed_advantages = []
+    next_values, last_gae = 0.0, 0.0
+    for t in range(length - 1, -1, -1):
+        delta = shaped[t] + gamma * next_values - values[t]
+        new_gae = delta + gamma * lambd * last_gae
+        keep = 1.0 - mask[t]
+        next_values = next_values if keep else values[t]
+        last_gae = last_gae if keep else new_gae
+        reversed_advantages.append(last_gae)
+    advantages = reversed_advantages[::-1]
+    return advantages, [a + v for a, v in zip(advantages, values)]
+
+
+def roll_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
+    """ROLL (``functionals.expand_to_token_level``, ``compute_gae_advantage_return``,
+    ``agentic/utils.agentic_compute_advantage``): z on the last token, then the token
+    rewards times the mask; plain GAE over every token with the values unmasked; returns =
+    advantages + values before the advantages are multiplied by the mask."""
+    values, mask = _floats(values), _floats(mask)
+    token_rewards = _floats(rewards)
+    if token_rewards:
+        token_rewards[-1] += float(terminal)
+    token_rewards = [r * m for r, m in zip(token_rewards, mask)]
+    advantages = plain_gae(values, token_rewards, gamma, lambd)
+    returns = [a + v for a, v in zip(advantages, values)]
+    return [a * m for a, m in zip(advantages, mask)], returns
+
+
+def nemo_rl_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
+    """NeMo-RL (``advantage_estimator.GeneralizedAdvantageEstimator``): z on the last token
+    with mask 1 (dropped when there is none), rewards times the mask, the carry-forward loop
+    (``_compute_gae``), returns = advantages + values, then advantages set to 0 where the
+    mask is 0."""
+    values, mask = _floats(values), _floats(mask)
+    token_rewards = _floats(rewards)
+    trainable = [t for t, m in enumerate(mask) if m]
+    if trainable:
+        token_rewards[trainable[-1]] += float(terminal)
+    token_rewards = [r * m for r, m in zip(token_rewards, mask)]
+    advantages = [0.0] * len(values)
+    next_values, last_gae = 0.0, 0.0
+    for t in reversed(range(len(values))):
+        new_gae = token_rewards[t] + gamma * next_values - values[t] + gamma * lambd * last_gae
+        if mask[t]:
+            next_values, last_gae = values[t], new_gae
+        advantages[t] = last_gae
+    returns = [a + v for a, v in zip(advantages, values)]
+    return [a if m else 0.0 for a, m in zip(advantages, mask)], returns
 
 
 def zero_masked_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
@@ -149,8 +212,15 @@ def zero_masked_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[l
 
 ORACLES = {
     "masked": masked_gae_oracle,
+    "verl": verl_oracle,
+    "openrlhf": zero_masked_oracle,
+    "slime": unmasked_oracle,
+    "roll": roll_oracle,
+    "areal": areal_oracle,
+    "nemo-rl": nemo_rl_oracle,
+    # The generic names of earlier releases, each the trainer's loop it names.
     "unmasked": unmasked_oracle,
-    "skip-masked": skip_masked_oracle,
+    "skip-masked": verl_oracle,
     "zero-masked": zero_masked_oracle,
 }
 

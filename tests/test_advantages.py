@@ -89,7 +89,7 @@ def test_spec_is_immutable_hashable_and_picklable():
     [
         ({"gamma": 1.5}, "gamma must be in"),
         ({"lambd": float("nan")}, "lambd must be a finite number in"),
-        ({"semantics": "token-mean"}, "unknown semantics 'token-mean'; choose one of: masked, unmasked"),
+        ({"semantics": "token-mean"}, "unknown semantics 'token-mean'; choose one of: masked, verl, openrlhf"),
         ({"normalize": "some"}, "unknown normalize 'some'"),
         ({"normalize": "by"}, "normalize='by' needs normalize_by"),
         ({"normalize_by": "prompt"}, "normalize_by needs normalize='by'"),

@@ -1,6 +1,7 @@
-"""The trainers' baselines (``unmasked``, ``skip-masked``, ``zero-masked``) that the diff
-compares against: hand-computed small cases, the trainers' own loops as oracles, and every
-kernel against the reference."""
+"""The generic baseline names (``unmasked``, ``skip-masked``, ``zero-masked``, aliases of the
+slime, verl and OpenRLHF profiles) that the diff compares against: hand-computed small
+cases, the trainers' own loops as oracles, and every kernel against the reference. The six
+profiles themselves: tests/test_profiles.py."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from helpers import (
     ragged_batches,
 )
 
-SEMANTICS = ["masked", *gaecli.BASELINES]
+GENERIC = ["unmasked", "skip-masked", "zero-masked"]
+SEMANTICS = ["masked", *GENERIC]
 
 # One sample, R = 4, mask [1, 0, 1, 0], V = [1, 2, 3, 4], r = [0.5, 1, 0.25, 2], z = 8,
 # γ = 0.5, λ = 1 (γλ = 0.5). Every number is dyadic, so the kernels get them exactly.
@@ -46,13 +48,12 @@ HAND_EXPECTED = {
     #   A0 = (0.5 + 0.5·3 − 1) + 0.5·5.25       = 1 + 2.625     = 3.625
     #   masked positions 0
     "masked": ([3.625, 0.0, 5.25, 0.0], [4.625, 0.0, 8.25, 0.0]),
-    # skip-masked (verl): z on token 3, which is masked, so only its own output sees it.
-    #   t=3 masked:    A3 = (2 + 8 + 0.5·0 − 4) + 0.5·0  = 6      (next value, carry stay 0)
-    #   t=2 trainable: A2 = (0.25 + 0.5·0 − 3) + 0.5·0   = −2.75  (next value 3, carry −2.75)
-    #   t=1 masked:    A1 = (1 + 0.5·3 − 2) + 0.5·(−2.75) = 0.5 − 1.375 = −0.875 (passes through)
-    #   t=0 trainable: A0 = (0.5 + 0.5·3 − 1) + 0.5·(−2.75) = 1 − 1.375 = −0.375
+    # skip-masked (= verl): z on token 3, which is masked, so it reaches no trainable token.
+    #   Trainable tokens: the contract without z: A2 = 0.25 + 0.5·0 − 3 = −2.75,
+    #   A0 = (0.5 + 0.5·3 − 1) + 0.5·(−2.75) = 1 − 1.375 = −0.375.
+    #   Masked tokens store the carry: t=3 (after the last trainable) 0, t=1 A2 = −2.75.
     #   returns = A + V everywhere
-    "skip-masked": ([-0.375, -0.875, -2.75, 6.0], [0.625, 1.125, 0.25, 10.0]),
+    "skip-masked": ([-0.375, -2.75, -2.75, 0.0], [0.625, -0.75, 0.25, 4.0]),
     # zero-masked (OpenRLHF): V = [1, 0, 3, 0], r = [0.5, 0, 0.25 + 8, 0] (z on token 2).
     #   A3 = 0 + 0.5·0 − 0                     = 0
     #   A2 = (8.25 + 0.5·0 − 3) + 0.5·0         = 5.25
@@ -68,9 +69,8 @@ FULLY_MASKED_EXPECTED = {
     "unmasked": ([1.625, 2.25], [2.625, 4.25]),
     # masked: no trainable token, all zeros, z dropped.
     "masked": ([0.0, 0.0], [0.0, 0.0]),
-    # skip-masked: next value and carry stay 0 throughout; each output is its own δ:
-    #   A1 = 0.25 + 4 + 0.5·0 − 2 = 2.25; A0 = 0.5 + 0.5·0 − 1 = −0.5
-    "skip-masked": ([-0.5, 2.25], [0.5, 4.25]),
+    # skip-masked (= verl): the carry stays 0 throughout: A = 0, returns = V, z lost.
+    "skip-masked": ([0.0, 0.0], [1.0, 2.0]),
     # zero-masked: everything zeroed and no last trainable token for z: all zeros.
     "zero-masked": ([0.0, 0.0], [0.0, 0.0]),
 }
@@ -133,7 +133,7 @@ def test_unknown_semantics_raises():
         baseline("token-mean", batch, "auto")
 
 
-@pytest.mark.parametrize("semantics", gaecli.BASELINES)
+@pytest.mark.parametrize("semantics", GENERIC)
 @given(batch=ragged_batches())
 def test_reference_matches_the_trainers_loops(semantics, batch):
     # Oracles are the trainers' own loops in pure Python (tests/helpers.py).
@@ -144,7 +144,7 @@ def test_reference_matches_the_trainers_loops(semantics, batch):
 
 
 @pytest.mark.parametrize("kernel", FAST_KERNEL_NAMES)
-@pytest.mark.parametrize("semantics", gaecli.BASELINES)
+@pytest.mark.parametrize("semantics", GENERIC)
 @given(batch=ragged_batches())
 def test_every_kernel_matches_the_reference(semantics, kernel, batch):
     advantages, returns = baseline(semantics, batch, kernel)
@@ -153,7 +153,7 @@ def test_every_kernel_matches_the_reference(semantics, kernel, batch):
     assert_close(f"{semantics} {kernel} returns", reference_returns, returns)
 
 
-@pytest.mark.parametrize("semantics", gaecli.BASELINES)
+@pytest.mark.parametrize("semantics", GENERIC)
 @given(batch=ragged_batches())
 def test_packed_form_equals_list_form(semantics, batch):
     values, rewards, mask, offsets, terminals = batch.packed()
@@ -165,7 +165,7 @@ def test_packed_form_equals_list_form(semantics, batch):
         assert_bitwise(f"{semantics} output {which}", packed[which], torch.cat(listed[which]) if len(batch) else packed[which][:0])
 
 
-@pytest.mark.parametrize("semantics", gaecli.BASELINES)
+@pytest.mark.parametrize("semantics", GENERIC)
 def test_every_baseline_is_masked_gae_when_nothing_is_masked(semantics):
     batch = make_batch(24, [1, 9, 50, 0], ["ones"] * 4, dtype=torch.float64)
     advantages, returns = baseline(semantics, batch, "reference")

@@ -1,11 +1,21 @@
-"""The baselines: what trainers computed instead of the masked contract, written once around
-any masked-GAE kernel for numpy and torch alike (definitions: docs/semantics.md#the-baselines).
-"""
+"""The trainer profiles: what each trainer computed instead of the masked contract, written
+once around any masked-GAE kernel for numpy and torch alike, and which samples' terminal
+reward each one loses (definitions: docs/semantics.md#the-trainer-profiles)."""
 
 from __future__ import annotations
 
-from gaecli.advantages.contract import BASELINES, MASKED
-from gaecli.advantages.layout import array_module, last_trainable_index, next_trainable_index
+import math
+
+import numpy as np
+
+from gaecli.advantages.contract import BASELINES, MASKED, profile_of
+from gaecli.advantages.layout import (
+    array_module,
+    ends_trainable,
+    last_trainable_index,
+    next_trainable_index,
+    trainable_counts,
+)
 from gaecli.errors import InvalidOptionError
 
 
@@ -19,39 +29,80 @@ def apply_semantics(run, values, rewards, trainable, offsets, terminal_rewards, 
     ``run(values, rewards, trainable, terminal_rewards)`` is the masked-GAE kernel on this
     batch. Shapes: flat ``[N]`` values, rewards (one float dtype, which the outputs take) and
     bool ``trainable``, ``offsets`` ``[B + 1]``, ``terminal_rewards`` ``[B]``. Returns flat
-    ``(advantages, returns)``: what ``semantics`` computes at every position
-    (docs/semantics.md#the-baselines).
+    ``(advantages, returns)``: what ``semantics`` (``masked``, a profile or an alias) computes
+    at every position (docs/semantics.md#the-trainer-profiles).
     """
     xp = array_module(values)
-    if semantics == "masked":
+    if semantics == MASKED:
         return run(values, rewards, trainable, terminal_rewards)
+    profile = profile_of(semantics)
     everywhere = xp.ones_like(trainable)
-    if semantics == "unmasked":
+    if profile == "slime":  # every token a transition, z on token R−1
         return run(values, rewards, everywhere, terminal_rewards)
-    if semantics == "zero-masked":
+    if profile == "openrlhf":  # V·m, r·m, z on the last trainable token, plain GAE everywhere
         zeroed_values = xp.where(trainable, values, 0.0)
         zeroed_rewards = xp.where(trainable, rewards, 0.0)
         last = last_trainable_index(trainable, offsets)
         has_trainable = last >= 0
         zeroed_rewards[last[has_trainable]] += terminal_rewards[has_trainable]
         return run(zeroed_values, zeroed_rewards, everywhere, xp.zeros_like(terminal_rewards))
-    if semantics == "skip-masked":
-        last_position = offsets[1:] - 1
-        nonempty = offsets[1:] > offsets[:-1]
-        ends_trainable = xp.zeros_like(nonempty)
-        ends_trainable[nonempty] = trainable[last_position[nonempty]]
-        kept_terminal = xp.where(ends_trainable, terminal_rewards, 0.0)
+    # z on token R−1 and then r·m (ROLL) or skipped as a masked step's TD error (verl, AReaL):
+    # either way it survives only when token R−1 is trainable.
+    kept_terminal = xp.where(ends_trainable(trainable, offsets), terminal_rewards, 0.0)
+    if profile == "roll":  # r·m, V unmasked, plain GAE everywhere, then A·m; returns before A·m
+        advantages, returns = run(values, xp.where(trainable, rewards, 0.0), everywhere, kept_terminal)
+        return xp.where(trainable, advantages, 0.0), returns
+    if profile in ("verl", "areal"):  # skip recursion; a masked step stores the carry
         advantages, returns = run(values, rewards, trainable, kept_terminal)
-        following = next_trainable_index(trainable, offsets)
-        has_next = following >= 0
-        safe_following = xp.where(has_next, following, 0)
-        next_values = xp.where(has_next, values[safe_following], 0.0)
-        carry = xp.where(has_next, advantages[safe_following], 0.0)
-        lost_terminal = xp.zeros_like(values)
-        lost = nonempty & ~ends_trainable
-        lost_terminal[last_position[lost]] = terminal_rewards[lost]
-        masked_advantages = rewards + lost_terminal + gamma * next_values - values + (gamma * lambd) * carry
-        advantages = xp.where(trainable, advantages, masked_advantages)
-        returns = xp.where(trainable, returns, masked_advantages + values)
-        return advantages, returns
+        carry = next_trainable_carry(advantages, trainable, offsets)
+        return xp.where(trainable, advantages, carry), xp.where(trainable, returns, carry + values)
+    if profile == "nemo-rl":  # z on the last trainable token, skip recursion, then A·m
+        advantages, returns = run(values, rewards, trainable, terminal_rewards)
+        carry = next_trainable_carry(advantages, trainable, offsets)
+        return advantages, xp.where(trainable, returns, carry + values)
     raise InvalidOptionError(f"unknown semantics {semantics!r}; choose one of: {MASKED}, {', '.join(BASELINES)}")
+
+
+def next_trainable_carry(advantages, trainable, offsets):
+    """At every flat position, the advantage of the next trainable token after it in the
+    same sample, 0 when there is none: the carry a skip recursion holds there. ``[N]``."""
+    xp = array_module(advantages)
+    following = next_trainable_index(trainable, offsets)
+    has_next = following >= 0
+    return xp.where(has_next, advantages[xp.where(has_next, following, 0)], 0.0)
+
+
+def lost_terminal_samples(semantics: str, trainable, offsets, terminal_rewards, *, gamma: float, lambd: float):
+    """Which samples' terminal reward z reaches no trainable token under ``semantics``
+    (``masked``, a profile or an alias): bool ``[B]``, numpy or torch as the mask.
+
+    A non-empty sample loses z by its shape alone: ``verl``, ``areal``, ``roll`` when token
+    R−1 is masked (a fully masked sample included); ``openrlhf``, ``nemo-rl`` and ``masked``
+    when nothing is trainable; ``slime`` when nothing is trainable or, with γλ = 0, when the
+    response ends in masked tokens. An empty sample counts as lost when its z ≠ 0.
+    (docs/semantics.md#what-each-profile-loses)
+    """
+    profile = profile_of(semantics)
+    nonempty = offsets[1:] > offsets[:-1]
+    last_masked = nonempty & ~ends_trainable(trainable, offsets)
+    nothing_trainable = nonempty & (trainable_counts(trainable, offsets) == 0)
+    if profile in ("verl", "areal", "roll"):
+        lost = last_masked
+    elif profile in (MASKED, "openrlhf", "nemo-rl"):
+        lost = nothing_trainable
+    elif profile == "slime":
+        lost = last_masked if gamma * lambd == 0 else nothing_trainable
+    else:
+        raise InvalidOptionError(f"unknown semantics {semantics!r}; choose one of: {MASKED}, {', '.join(BASELINES)}")
+    return lost | (~nonempty & (terminal_rewards != 0))
+
+
+def lost_terminal_abs_sum(semantics: str, trainable, offsets, terminal_rewards, *, gamma: float,
+                          lambd: float) -> float:
+    """Σ |z| over the samples of :func:`lost_terminal_samples`, in float64, correctly rounded
+    (``math.fsum``), so that it does not depend on the order of the samples."""
+    lost = lost_terminal_samples(semantics, trainable, offsets, terminal_rewards, gamma=gamma, lambd=lambd)
+    chosen = terminal_rewards[lost]
+    if not isinstance(chosen, np.ndarray):
+        chosen = chosen.detach().double().cpu().numpy()
+    return math.fsum(np.abs(chosen.astype(np.float64, copy=False)))

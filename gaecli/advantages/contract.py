@@ -3,13 +3,24 @@ the check of γ and λ. Imports neither torch nor numba."""
 
 from __future__ import annotations
 
+from gaecli.errors import InvalidOptionError
 from gaecli.options import check_number
 
 MASKED = "masked"
 """The contract's own semantics: GAE over each sample's trainable tokens (docs/semantics.md)."""
 
-BASELINES: tuple[str, ...] = ("unmasked", "skip-masked", "zero-masked")
-"""What trainers computed instead (docs/semantics.md#the-baselines), in documentation order."""
+PROFILES: tuple[str, ...] = ("verl", "openrlhf", "slime", "roll", "areal", "nemo-rl")
+"""The trainer profiles: what each trainer computed at HEAD, at every position
+(docs/semantics.md#the-trainer-profiles), in documentation order."""
+
+ALIASES: dict[str, str] = {"unmasked": "slime", "zero-masked": "openrlhf", "skip-masked": "verl"}
+"""The generic baseline names of earlier releases, each the profile it now names."""
+
+ALL_PROFILES = "all"
+"""In a list of baselines: every profile of :data:`PROFILES`."""
+
+BASELINES: tuple[str, ...] = (*PROFILES, *ALIASES)
+"""Every name of what a trainer computed instead of the contract: the profiles, then the aliases."""
 
 SEMANTICS: tuple[str, ...] = (MASKED, *BASELINES)
 
@@ -32,3 +43,38 @@ def check_discount(gamma: float, lambd: float, names: tuple[str, str] = ("gamma"
     [0, 1]; the message calls them ``names``."""
     check_number(names[0], gamma, 0.0, 1.0)
     check_number(names[1], lambd, 0.0, 1.0)
+
+
+def profile_of(semantics: str) -> str:
+    """The profile an alias names, or ``semantics`` itself (a profile or ``masked``)."""
+    return ALIASES.get(semantics, semantics)
+
+
+def expand_baselines(text: str, option: str = "--baseline") -> tuple[str, ...]:
+    """The baselines of a comma list such as ``verl,openrlhf`` or ``all``: the names in the
+    order given, as written, with ``all`` expanded in place to :data:`PROFILES`.
+
+    Raises :class:`InvalidOptionError` (a usage error, exit 2; the message starts with
+    ``option``) for an empty item, an unknown name, a name given twice, or an alias listed
+    with its target (``unmasked,slime``, or ``all,skip-masked``)."""
+    names: list[str] = []
+    for item in str(text).split(","):
+        name = item.strip()
+        if not name:
+            raise InvalidOptionError(f"{option}: empty name in {text!r}; give names separated by commas")
+        if name == ALL_PROFILES:
+            names.extend(PROFILES)
+        elif name in BASELINES:
+            names.append(name)
+        else:
+            raise InvalidOptionError(
+                f"{option}: unknown baseline {name!r}; choose one of: {ALL_PROFILES}, {', '.join(BASELINES)}")
+    seen: dict[str, str] = {}
+    for name in names:
+        profile = profile_of(name)
+        if profile in seen:
+            earlier = seen[profile]
+            what = f"{name!r} twice" if earlier == name else f"{earlier!r} and {name!r}, which name the same profile"
+            raise InvalidOptionError(f"{option}: {what} (profile {profile!r}); give each once")
+        seen[profile] = name
+    return tuple(names)

@@ -101,6 +101,17 @@ def masked_tail_lengths(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarra
     return ends - 1 - last
 
 
+def ends_trainable(trainable, offsets):
+    """Whether each sample's last token (token R−1) is trainable; False for an empty sample.
+    bool ``[B]``, numpy or torch as the mask."""
+    last_position = offsets[1:] - 1
+    nonempty = offsets[1:] > offsets[:-1]
+    xp = array_module(trainable)
+    ends = xp.zeros_like(nonempty)
+    ends[nonempty] = trainable[last_position[nonempty]]
+    return ends
+
+
 @dataclass(frozen=True)
 class CompressedLayout:
     """Where each trainable token sits in the padded ``[B, T]`` layout of the compressed

@@ -42,8 +42,10 @@ class AdvantageSpec:
     """What is computed (hashable, picklable; checked on construction).
 
     - ``gamma``, ``lambd``: γ and λ, numbers in [0, 1].
-    - ``semantics``: ``"masked"`` (the contract) or a baseline of
-      :data:`gaecli.advantages.contract.BASELINES` (what a trainer computed).
+    - ``semantics``: ``"masked"`` (the contract) or a name of
+      :data:`gaecli.advantages.contract.BASELINES` (what a trainer computed): a trainer
+      profile (``verl``, ``openrlhf``, ``slime``, ``roll``, ``areal``, ``nemo-rl``) or an
+      alias of one (``unmasked``, ``skip-masked``, ``zero-masked``), kept as given.
     - ``normalize``: ``"none"``, ``"all"`` (whiten over every trainable token of the input) or
       ``"by"`` (per group of rows with equal ``normalize_by`` key; ``normalize_by`` names that
       per-row input).
