@@ -1,31 +1,45 @@
-# gaecli developer and user entry points. `make test` and `make demo` work on a fresh machine.
+# gaecli developer and user entry points. `make demo` and `make test` work on a fresh machine.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build of torch; a plain `torch` requirement would pull a multi-GB CUDA build.
+# torch pinned to the version the project is tested with. Where pip would pull a CUDA build
+# and the CPU one is wanted, add PyTorch's CPU wheel index, e.g.
+#   make demo TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
-STAMP := $(VENV)/.gaecli-installed
+# gaecli and its dependencies only (what `make demo` needs)
+BASE_STAMP := $(VENV)/.gaecli-base-installed
+# plus the test and lint tools and every optional extra (what `make test` needs)
+DEV_STAMP := $(VENV)/.gaecli-dev-installed
 
-.PHONY: venv test demo sample-data bench clean
+.PHONY: venv dev-venv test lint demo sample-data bench clean
 
-venv: $(STAMP)
+venv: $(BASE_STAMP)
 
-$(STAMP): pyproject.toml
+dev-venv: $(DEV_STAMP)
+
+$(BASE_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
-	touch $(STAMP)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e .
+	touch $(BASE_STAMP)
 
-test: $(STAMP)
+$(DEV_STAMP): $(BASE_STAMP)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(DEV_STAMP)
+
+lint: $(DEV_STAMP)
+	$(VENV)/bin/ruff check gaecli tests scripts
+
+test: lint
 	$(PY) -m pytest -q
 
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	$(VENV)/bin/gae recompute sample_data -o demo_out --gamma 1 --lambd 0.95 --overwrite
 
-sample-data: $(STAMP)
+sample-data: $(BASE_STAMP)
 	$(PY) scripts/make_sample_data.py sample_data
 
-bench: $(STAMP)
+bench: $(BASE_STAMP)
 	$(PY) scripts/bench_kernels.py
 
 clean:
