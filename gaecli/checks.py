@@ -39,33 +39,83 @@ class Rule:
 RULES: dict[str, Rule] = {
     rule.code: rule
     for rule in (
-        Rule("missing-column", ERROR, "a required column is absent",
-             "rename it with --values-col/--rewards-col/--mask-col/--terminal-col (--logprobs-col/--ref-logprobs-col with --kl-coef), "
-             "or pass 'none' for values or rewards"),
-        Rule("duplicate-column", ERROR, "two or more columns share one name",
-             "rename or drop the copies: a column is looked up by its name, which must be unique"),
-        Rule("wrong-type", ERROR, "a column has a type other than the documented one",
-             "cast it: lists of float32/float64 for values, rewards and log-probs, lists of bool/int/float for the mask, a number for the terminal reward"),
-        Rule("null", ERROR, "a null list, a null inside a list, or a null terminal reward",
-             "drop the row or fill the nulls before training on it"),
-        Rule("length-mismatch", ERROR, "values, rewards, log-probs and loss_mask lists of a row differ in length",
-             "the mask was cut or padded apart from the response: rebuild it to the response length"),
-        Rule("response-length-mismatch", ERROR, "response_length disagrees with the list lengths",
-             "trainers cut a longer mask and drop trailing tokens of a shorter one: align the lists with the response"),
-        Rule("mask-value", ERROR, "a loss_mask value other than 0 or 1",
-             "masks must be 0/1 (bool, int or float); threshold or rebuild the mask"),
-        Rule("non-finite", ERROR, "NaN or ±Inf in values, rewards, log-probs or the terminal reward",
-             "find the step that produced it (critic divergence, log-prob of an impossible token) and drop the row"),
-        Rule("overflow", ERROR, "values, rewards and terminal reward so large that advantages or returns can overflow "
-             "to ±Inf in the output float type (or, in recompute, did)",
-             "the row's magnitudes are far beyond any reward scale: find the step that produced them and drop the row"),
-        Rule("fully-masked", WARNING, "every response token is masked",
-             "the sample trains nothing and its terminal reward is dropped; check the mask builder"),
-        Rule("masked-tail", WARNING, "the response ends in masked tokens",
-             "the old GAE decayed this sample's terminal reward over the tail; recompute with gae recompute"),
+        Rule(
+            "missing-column",
+            ERROR,
+            "a required column is absent",
+            "rename it with --values-col/--rewards-col/--mask-col/--terminal-col "
+            "(--logprobs-col/--ref-logprobs-col with --kl-coef), "
+            "or pass 'none' for values or rewards",
+        ),
+        Rule(
+            "duplicate-column",
+            ERROR,
+            "two or more columns share one name",
+            "rename or drop the copies: a column is looked up by its name, which must be unique",
+        ),
+        Rule(
+            "wrong-type",
+            ERROR,
+            "a column has a type other than the documented one",
+            "cast it: lists of float32/float64 for values, rewards and log-probs, lists of bool/int/float for "
+            "the mask, a number for the terminal reward",
+        ),
+        Rule(
+            "null",
+            ERROR,
+            "a null list, a null inside a list, or a null terminal reward",
+            "drop the row or fill the nulls before training on it",
+        ),
+        Rule(
+            "length-mismatch",
+            ERROR,
+            "values, rewards, log-probs and loss_mask lists of a row differ in length",
+            "the mask was cut or padded apart from the response: rebuild it to the response length",
+        ),
+        Rule(
+            "response-length-mismatch",
+            ERROR,
+            "response_length disagrees with the list lengths",
+            "trainers cut a longer mask and drop trailing tokens of a shorter one: align the lists with the response",
+        ),
+        Rule(
+            "mask-value",
+            ERROR,
+            "a loss_mask value other than 0 or 1",
+            "masks must be 0/1 (bool, int or float); threshold or rebuild the mask",
+        ),
+        Rule(
+            "non-finite",
+            ERROR,
+            "NaN or ±Inf in values, rewards, log-probs or the terminal reward",
+            "find the step that produced it (critic divergence, log-prob of an impossible token) and drop the row",
+        ),
+        Rule(
+            "overflow",
+            ERROR,
+            "values, rewards and terminal reward so large that advantages or returns can overflow "
+            "to ±Inf in the output float type (or, in recompute, did)",
+            "the row's magnitudes are far beyond any reward scale: find the step that produced them and drop the row",
+        ),
+        Rule(
+            "fully-masked",
+            WARNING,
+            "every response token is masked",
+            "the sample trains nothing and its terminal reward is dropped; check the mask builder",
+        ),
+        Rule(
+            "masked-tail",
+            WARNING,
+            "the response ends in masked tokens",
+            "the old GAE decayed this sample's terminal reward over the tail; recompute with gae recompute",
+        ),
         Rule("empty-response", WARNING, "the response has no token", "check the rollout that produced it"),
-        Rule("duplicate-id", WARNING, "the id appears more than once in the file",
-             "deduplicate the rows or name the right id column with --id-col"),
+        Rule(
+            "duplicate-id",
+            WARNING,
+            "the id appears more than once in the file",
+            "deduplicate the rows or name the right id column with --id-col",
+        ),
     )
 }
 
@@ -106,28 +156,57 @@ def check_schema(schema: pa.Schema, columns: Columns, file: str) -> list[Finding
     names, counts = np.unique(np.array(schema.names, dtype=object), return_counts=True) if schema.names else ([], [])
     findings: list[Finding] = [
         Finding(file, None, name, "duplicate-column", f"column {name!r} appears {count} times")
-        for name, count in zip(names, counts) if count > 1
+        for name, count in zip(names, counts)
+        if count > 1
     ]
     if findings:
         return findings  # a name held twice cannot be looked up
 
     def require(name: str, ok, expected: str, why: str = "") -> None:
         if name not in schema.names:
-            findings.append(Finding(file, None, name, "missing-column", f"column {name!r} is missing (have: {', '.join(schema.names)}){why}"))
+            findings.append(
+                Finding(
+                    file,
+                    None,
+                    name,
+                    "missing-column",
+                    f"column {name!r} is missing (have: {', '.join(schema.names)}){why}",
+                )
+            )
         elif not ok(schema.field(name).type):
-            findings.append(Finding(file, None, name, "wrong-type", f"column {name!r} is {schema.field(name).type}, expected {expected}"))
+            findings.append(
+                Finding(
+                    file, None, name, "wrong-type", f"column {name!r} is {schema.field(name).type}, expected {expected}"
+                )
+            )
 
     for role, name in columns.token_columns():
         if role == "loss_mask":
-            require(name, lambda t: is_list_type(t) and is_mask_element_type(t.value_type), "a list of bool, int or float")
+            require(
+                name, lambda t: is_list_type(t) and is_mask_element_type(t.value_type), "a list of bool, int or float"
+            )
         else:
-            why = ("; GAE needs a critic's values: a file without them (critic-free runs) takes --values-col none "
-                   "(values taken as 0)") if role == "values" else ""
+            why = (
+                (
+                    "; GAE needs a critic's values: a file without them (critic-free runs) takes --values-col none "
+                    "(values taken as 0)"
+                )
+                if role == "values"
+                else ""
+            )
             require(name, lambda t: is_list_type(t) and is_real_type(t.value_type), "a list of float32 or float64", why)
     require(columns.terminal_reward, is_scalar_number_type, "a float or int")
     if columns.response_length in schema.names and not pa.types.is_integer(schema.field(columns.response_length).type):
-        findings.append(Finding(file, None, columns.response_length, "wrong-type",
-                                f"column {columns.response_length!r} is {schema.field(columns.response_length).type}, expected an integer"))
+        findings.append(
+            Finding(
+                file,
+                None,
+                columns.response_length,
+                "wrong-type",
+                f"column {columns.response_length!r} is {schema.field(columns.response_length).type}, expected "
+                "an integer",
+            )
+        )
     return findings
 
 
@@ -161,8 +240,9 @@ def _rows_of_flat_positions(offsets: np.ndarray, positions: np.ndarray) -> np.nd
 VALUE_WEIGHT = 3.0  # |returns| <= sum |delta| + |V| and |delta| <= |r| + |V'| + |V|: each value counts 3 times
 
 
-def overflow_bounds(lists: dict[str, tuple[np.ndarray, pa.Array]], columns: Columns,
-                    terminal: np.ndarray) -> tuple[np.ndarray, list[str], np.ndarray]:
+def overflow_bounds(
+    lists: dict[str, tuple[np.ndarray, pa.Array]], columns: Columns, terminal: np.ndarray
+) -> tuple[np.ndarray, list[str], np.ndarray]:
     """A bound (float64 ``[B]``) on every |advantage| and |return| of each row, for any
     γ, λ in [0, 1] and either semantics: Σ|rewards| + 3·Σ|values| + |terminal reward| (each
     TD error is at most |r| + |V'| + |V|, an advantage a sum of TD errors discounted by at
@@ -176,8 +256,11 @@ def overflow_bounds(lists: dict[str, tuple[np.ndarray, pa.Array]], columns: Colu
         for name, (offsets, flat) in lists.items():
             magnitudes = np.abs(numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat).astype(np.float64))
             padded = np.append(magnitudes, 0.0)  # reduceat needs an index for empty rows at the end
-            sums = np.where(np.diff(offsets) > 0, np.add.reduceat(padded, offsets[:-1]), 0.0) if offsets.size > 1 \
+            sums = (
+                np.where(np.diff(offsets) > 0, np.add.reduceat(padded, offsets[:-1]), 0.0)
+                if offsets.size > 1
                 else np.zeros(0)
+            )
             parts.append(sums * (VALUE_WEIGHT if name == columns.values else 1.0))
             names.append(name)
         parts.append(np.abs(terminal.astype(np.float64)))
@@ -263,16 +346,26 @@ def check_batch(
     for role, name in columns.token_columns():
         if role != "loss_mask":
             differ = (lengths[role] != mask_lengths) & ~null_rows
-            flag(differ, name, "length-mismatch",
-                 lambda row, role=role, name=name: f"{name!r} has {lengths[role][row]} tokens, {mask_name!r} has {mask_lengths[row]}")
+            flag(
+                differ,
+                name,
+                "length-mismatch",
+                lambda row, role=role, name=name: (
+                    f"{name!r} has {lengths[role][row]} tokens, {mask_name!r} has {mask_lengths[row]}"
+                ),
+            )
     if columns.response_length in batch.schema.names:
         declared = batch.column(columns.response_length)
         declared_values = np.asarray(declared.fill_null(-1)) if declared.null_count else np.asarray(declared)
         differ = (declared_values != mask_lengths) & ~null_rows
         if declared.null_count:
             differ &= np.asarray(declared.is_valid())
-        flag(differ, columns.response_length, "response-length-mismatch",
-             lambda row: f"response_length is {declared_values[row]} but {mask_name!r} has {mask_lengths[row]} tokens")
+        flag(
+            differ,
+            columns.response_length,
+            "response-length-mismatch",
+            lambda row: f"response_length is {declared_values[row]} but {mask_name!r} has {mask_lengths[row]} tokens",
+        )
 
     _, mask_offsets, mask_flat = lists["loss_mask"]
     mask_fill = False if pa.types.is_boolean(mask_flat.type) else 0  # a bool array takes no int 0
@@ -287,7 +380,8 @@ def check_batch(
 
                 def bad_mask_message(row: int) -> str:
                     position = mask_first[np.searchsorted(mask_rows, row)]
-                    return f"loss_mask value {mask[position].item()!r} at token {position - mask_offsets[row]} is not 0 or 1"
+                    value, token = mask[position].item(), position - mask_offsets[row]
+                    return f"loss_mask value {value!r} at token {token} is not 0 or 1"
 
                 flag(mask_rows, mask_name, "mask-value", bad_mask_message)
     for role, name in columns.token_columns():
@@ -299,35 +393,57 @@ def check_batch(
         if not _all_finite(numbers):
             bad_rows, bad_first = _first_per_row(offsets, np.flatnonzero(~np.isfinite(numbers)))
 
-            def non_finite_message(row: int, name=name, numbers=numbers, offsets=offsets, bad_rows=bad_rows, bad_first=bad_first) -> str:
+            def non_finite_message(
+                row: int, name=name, numbers=numbers, offsets=offsets, bad_rows=bad_rows, bad_first=bad_first
+            ) -> str:
                 position = bad_first[np.searchsorted(bad_rows, row)]
                 return f"{name!r} is {numbers[position].item()} at token {position - offsets[row]}"
 
             flag(bad_rows, name, "non-finite", non_finite_message)
     terminal_numbers = np.asarray(terminal.fill_null(0)) if terminal.null_count else np.asarray(terminal)
     if terminal_numbers.dtype.kind == "f" and not _all_finite(terminal_numbers):
-        flag(~np.isfinite(terminal_numbers), columns.terminal_reward, "non-finite",
-             lambda row: f"terminal reward is {terminal_numbers[row].item()}")
+        flag(
+            ~np.isfinite(terminal_numbers),
+            columns.terminal_reward,
+            "non-finite",
+            lambda row: f"terminal reward is {terminal_numbers[row].item()}",
+        )
     float_type = output_float_type(batch.schema, columns)
     summed = {name: lists[role][1:] for role, name in columns.token_columns() if role in ("values", "rewards")}
     bounds, contributors, largest = overflow_bounds(summed, columns, terminal_numbers)
     too_large = ~(bounds <= float(np.finfo(float_type.to_pandas_dtype()).max)) & ~invalid
     if too_large.any():
         for index, name in enumerate(contributors):
-            flag(too_large & (largest == index), name, "overflow",
-                 lambda row: f"|values|, |rewards| and |terminal reward| add up to {bounds[row]:.3g}: "
-                 f"advantages or returns can overflow {np.dtype(float_type.to_pandas_dtype()).name}")
+            flag(
+                too_large & (largest == index),
+                name,
+                "overflow",
+                lambda row: (
+                    f"|values|, |rewards| and |terminal reward| add up to {bounds[row]:.3g}: "
+                    f"advantages or returns can overflow {np.dtype(float_type.to_pandas_dtype()).name}"
+                ),
+            )
 
     if warnings:
         trainable = mask if mask.dtype == np.bool_ else mask != 0
         any_trainable = trainable_counts(trainable, mask_offsets) > 0
         tails = np.where(any_trainable & ~invalid, masked_tail_lengths(trainable, mask_offsets), 0)
         flag((mask_lengths == 0) & ~invalid, mask_name, "empty-response", "the response has no token")
-        flag((mask_lengths > 0) & ~any_trainable & ~invalid, mask_name, "fully-masked",
-             "every token is masked: the sample trains nothing and its terminal reward is dropped")
-        flag(tails > 0, mask_name, "masked-tail",
-             lambda row: f"the response ends in {tails[row]} masked token{'s' if tails[row] != 1 else ''}: "
-             f"the old GAE decayed the terminal reward over them")
+        flag(
+            (mask_lengths > 0) & ~any_trainable & ~invalid,
+            mask_name,
+            "fully-masked",
+            "every token is masked: the sample trains nothing and its terminal reward is dropped",
+        )
+        flag(
+            tails > 0,
+            mask_name,
+            "masked-tail",
+            lambda row: (
+                f"the response ends in {tails[row]} masked token{'s' if tails[row] != 1 else ''}: "
+                f"the old GAE decayed the terminal reward over them"
+            ),
+        )
 
     findings: list[Finding] = []
     if flagged:
@@ -358,4 +474,3 @@ def row_reasons(check: BatchCheck) -> dict[int, str]:
         if finding.severity == ERROR and finding.row is not None:
             reasons.setdefault(finding.row, []).append(f"{finding.column}: {finding.message} [{finding.code}]")
     return {row: "; ".join(messages) for row, messages in reasons.items()}
-

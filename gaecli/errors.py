@@ -70,8 +70,13 @@ class RunInterrupted(KeyboardInterrupt):
     raises it again with the message listing the outputs ``written`` (whole) and
     ``not_written`` (absent: no temp file left)."""
 
-    def __init__(self, message: str = "interrupted", results: Optional[list] = None,
-                 written: Sequence[str] = (), not_written: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        message: str = "interrupted",
+        results: Optional[list] = None,
+        written: Sequence[str] = (),
+        not_written: Sequence[str] = (),
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.results = results

@@ -25,9 +25,8 @@ from gaecli.errors import GAEInputError, GAEUsageError, InvalidDataError, Invali
 from gaecli.io.format import Columns, is_list_type, is_real_type, list_parts, numeric_numpy, output_float_type
 from gaecli.io.reader import RolloutFile
 from gaecli.kl import kl_rewards
-from gaecli.stop import check_stop
 from gaecli.stats import GroupedMoments
-
+from gaecli.stop import check_stop
 
 # ----------------------------------------------------------------------------- checks
 
@@ -64,8 +63,10 @@ def check_scalar_column(schema: pa.Schema, file: str, flag: str, name: Optional[
     if name not in schema.names:
         raise GAEUsageError(f"{file}: {flag} column {name!r} is missing (have: {', '.join(schema.names)})")
     if pa.types.is_nested(schema.field(name).type):
-        raise GAEUsageError(f"{file}: {flag} column {name!r} is {schema.field(name).type}; "
-                            f"use a column of scalars (ids, strings, numbers)")
+        raise GAEUsageError(
+            f"{file}: {flag} column {name!r} is {schema.field(name).type}; "
+            f"use a column of scalars (ids, strings, numbers)"
+        )
 
 
 # ----------------------------------------------------------------------------- packing
@@ -90,8 +91,9 @@ class PackedBatch:
         return int(self.offsets[-1])
 
 
-def pack_batch(batch: pa.RecordBatch, columns: Columns, dtype: np.dtype,
-               check: Optional[BatchCheck] = None) -> PackedBatch:
+def pack_batch(
+    batch: pa.RecordBatch, columns: Columns, dtype: np.dtype, check: Optional[BatchCheck] = None
+) -> PackedBatch:
     """Flat buffers of a checked batch (zero-copy where Arrow allows); an absent values or
     rewards column (``None``) is taken as zeros. With ``columns.kl_coef`` the rewards are
     the rewards column (if any) plus ``−kl_coef · KL`` of the log-prob columns, summed in
@@ -122,7 +124,9 @@ def pack_batch(batch: pa.RecordBatch, columns: Columns, dtype: np.dtype,
     if columns.kl_coef is None:
         rewards = floats(columns.rewards)
     else:
-        rewards = kl_rewards(stored(columns.log_probs), stored(columns.ref_log_probs), columns.kl_coef, columns.kl_estimator)
+        rewards = kl_rewards(
+            stored(columns.log_probs), stored(columns.ref_log_probs), columns.kl_coef, columns.kl_estimator
+        )
         if columns.rewards is not None:
             rewards += stored(columns.rewards)
         with np.errstate(over="ignore"):  # a KL term beyond the float type: the computed outputs are checked
@@ -136,11 +140,21 @@ def compute_packed(packed: PackedBatch, spec: AdvantageSpec, kernel: str, device
     ``spec``, by the one dispatch (:func:`gaecli.advantages.dispatch.compute`): the
     ``native`` kernel on the CPU runs without torch, every other kernel and device on
     tensors, the same bits where both can run."""
-    return compute(spec, packed.values, packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards,
-                   kernel=kernel, device=device)
+    return compute(
+        spec,
+        packed.values,
+        packed.rewards,
+        packed.trainable,
+        packed.offsets,
+        packed.terminal_rewards,
+        kernel=kernel,
+        device=device,
+    )
 
 
-def stored_column(batch: pa.RecordBatch, name: str, mask_offsets: np.ndarray, mask_name: str, file: str, first_row: int) -> np.ndarray:
+def stored_column(
+    batch: pa.RecordBatch, name: str, mask_offsets: np.ndarray, mask_name: str, file: str, first_row: int
+) -> np.ndarray:
     """The flat numbers of a stored per-token column (``gae diff --against``), checked like
     the data columns: no null, the mask's length on every row, finite."""
     array = batch.column(name)
@@ -154,16 +168,22 @@ def stored_column(batch: pa.RecordBatch, name: str, mask_offsets: np.ndarray, ma
     offsets, flat = list_parts(array)
     lengths, mask_lengths = np.diff(offsets), np.diff(mask_offsets)
     if (lengths != mask_lengths).any():
-        stop(np.flatnonzero(lengths != mask_lengths), "length-mismatch",
-             lambda row: f"{name!r} has {lengths[row]} tokens, {mask_name!r} has {mask_lengths[row]}")
+        stop(
+            np.flatnonzero(lengths != mask_lengths),
+            "length-mismatch",
+            lambda row: f"{name!r} has {lengths[row]} tokens, {mask_name!r} has {mask_lengths[row]}",
+        )
     if flat.null_count:
         positions = np.flatnonzero(np.asarray(flat.is_null()))
         stop(np.searchsorted(offsets, positions, side="right") - 1, "null", lambda row: "the list holds a null")
     numbers = numeric_numpy(flat)
     if not np.isfinite(numbers).all():
         position = int(np.flatnonzero(~np.isfinite(numbers))[0])
-        stop(np.searchsorted(offsets, [position], side="right") - 1, "non-finite",
-             lambda row: f"{name!r} is {numbers[position].item()} at token {position - offsets[row]}")
+        stop(
+            np.searchsorted(offsets, [position], side="right") - 1,
+            "non-finite",
+            lambda row: f"{name!r} is {numbers[position].item()} at token {position - offsets[row]}",
+        )
     return numbers
 
 
@@ -224,7 +244,9 @@ class ComputedBatch:
         return self.valid.column(name) if name is not None else None
 
 
-def computed_batches(rollout: RolloutFile, computation: Computation, read: Optional[list[str]] = None) -> Iterator[ComputedBatch]:
+def computed_batches(
+    rollout: RolloutFile, computation: Computation, read: Optional[list[str]] = None
+) -> Iterator[ComputedBatch]:
     """Every batch of ``rollout`` checked, packed, with new and old advantages computed.
     ``read``: the columns to read (None: all)."""
     columns = computation.columns
@@ -248,7 +270,9 @@ def computed_batches(rollout: RolloutFile, computation: Computation, read: Optio
             old = stored_column(valid, computation.against, packed.offsets, columns.loss_mask, file, first_row)
             old_returns = None
             if computation.against_returns is not None:
-                old_returns = stored_column(valid, computation.against_returns, packed.offsets, columns.loss_mask, file, first_row)
+                old_returns = stored_column(
+                    valid, computation.against_returns, packed.offsets, columns.loss_mask, file, first_row
+                )
         outputs = {columns.advantages: new, columns.returns: new_returns}
         if computation.against is None:
             suffix = computation.old_semantics.replace("-", "_")
@@ -268,8 +292,9 @@ def computed_batches(rollout: RolloutFile, computation: Computation, read: Optio
         first_token += packed.tokens
 
 
-def overflow_findings(outputs: dict[str, Optional[np.ndarray]], offsets: np.ndarray, batch_rows: np.ndarray,
-                      file: str, first_row: int) -> list[Finding]:
+def overflow_findings(
+    outputs: dict[str, Optional[np.ndarray]], offsets: np.ndarray, batch_rows: np.ndarray, file: str, first_row: int
+) -> list[Finding]:
     """``overflow`` findings (one per row, the lowest row first) for rows where a computed
     output (column name → flat array over the valid rows, ``offsets`` theirs) holds NaN
     or ±Inf: inputs that passed the checks but overflowed in the computation. ``batch_rows``
@@ -286,9 +311,16 @@ def overflow_findings(outputs: dict[str, Optional[np.ndarray]], offsets: np.ndar
         rows, first = np.unique(np.searchsorted(offsets, positions, side="right") - 1, return_index=True)
         for row, position in zip(rows.tolist(), positions[first].tolist()):  # only the rows that overflowed
             file_row = first_row + int(batch_rows[row])
-            found.setdefault(file_row, Finding(file, file_row, name, "overflow",
-                                               f"{name!r} overflowed to {flat[position].item()} at token "
-                                               f"{position - offsets[row]}"))
+            found.setdefault(
+                file_row,
+                Finding(
+                    file,
+                    file_row,
+                    name,
+                    "overflow",
+                    f"{name!r} overflowed to {flat[position].item()} at token {position - offsets[row]}",
+                ),
+            )
     return [found[row] for row in sorted(found)]
 
 
@@ -309,8 +341,9 @@ def drop_rows(packed: PackedBatch, keep: np.ndarray, tokens: np.ndarray) -> Pack
     lengths = np.diff(packed.offsets)[keep]
     offsets = np.zeros(lengths.size + 1, dtype=packed.offsets.dtype)
     np.cumsum(lengths, out=offsets[1:])
-    return PackedBatch(packed.values[tokens], packed.rewards[tokens], packed.trainable[tokens], offsets,
-                       packed.terminal_rewards[keep])
+    return PackedBatch(
+        packed.values[tokens], packed.rewards[tokens], packed.trainable[tokens], offsets, packed.terminal_rewards[keep]
+    )
 
 
 def check_file(schema: pa.Schema, file: str, computation: "Computation") -> None:
@@ -326,7 +359,9 @@ def check_file(schema: pa.Schema, file: str, computation: "Computation") -> None
             raise GAEUsageError(f"{file}: {flag} column {name!r} is missing (have: {', '.join(schema.names)})")
         arrow_type = schema.field(name).type
         if not (is_list_type(arrow_type) and is_real_type(arrow_type.value_type)):
-            raise GAEUsageError(f"{file}: {flag} column {name!r} is {arrow_type}, expected a list of float32 or float64")
+            raise GAEUsageError(
+                f"{file}: {flag} column {name!r} is {arrow_type}, expected a list of float32 or float64"
+            )
 
 
 # ----------------------------------------------------------------------------- grouped reductions
@@ -362,8 +397,9 @@ def rollout_reduction(rollout, computation: Computation, reduction: Reduction, p
     return result
 
 
-def file_reduction(path: str, computation: Computation, reduction: Reduction, footer=None,
-                   progress=None) -> ReductionResult:
+def file_reduction(
+    path: str, computation: Computation, reduction: Reduction, footer=None, progress=None
+) -> ReductionResult:
     """:func:`rollout_reduction` over one file (the unit of the statistics pass). ``footer``:
     the file's footer if read already."""
     rollout = RolloutFile(path, footer)
@@ -373,8 +409,9 @@ def file_reduction(path: str, computation: Computation, reduction: Reduction, fo
         rollout.close()
 
 
-def checked_moments(merged: ReductionResult, normalize_by: Optional[str],
-                    whole: str = "the input") -> tuple[GroupedMoments, GroupedMoments]:
+def checked_moments(
+    merged: ReductionResult, normalize_by: Optional[str], whole: str = "the input"
+) -> tuple[GroupedMoments, GroupedMoments]:
     """The moments (new, old) of a merged ``--normalize`` reduction; refuses
     (:class:`GAEInputError`) a group, or the ``whole`` input, with no trainable token."""
     new, old = merged.groups["new"], merged.groups["old"]
@@ -386,8 +423,16 @@ def checked_moments(merged: ReductionResult, normalize_by: Optional[str],
     return new, old
 
 
-def engine_reduction_parts(paths: list[str], computation: Computation, reduction: Reduction, engine, progress,
-                           total_rows: int, session=None, footers: Optional[list] = None) -> list[ReductionResult]:
+def engine_reduction_parts(
+    paths: list[str],
+    computation: Computation,
+    reduction: Reduction,
+    engine,
+    progress,
+    total_rows: int,
+    session=None,
+    footers: Optional[list] = None,
+) -> list[ReductionResult]:
     """The per-file parts of a grouped-reduction pass over ``paths`` on ``engine`` (an
     :class:`gaecli.engines.EngineOptions`, with the command's
     :class:`gaecli.engines.EngineSession` if any): one :func:`file_reduction` unit per file,
@@ -399,8 +444,15 @@ def engine_reduction_parts(paths: list[str], computation: Computation, reduction
     try:
         footers = footers or [None] * len(paths)
         tasks = [(str(path), computation, reduction, footer) for path, footer in zip(paths, footers)]
-        parts = map_units(file_reduction, tasks, [str(path) for path in paths], engine,
-                          stop_on_failure=True, progress=progress, session=session)
+        parts = map_units(
+            file_reduction,
+            tasks,
+            [str(path) for path in paths],
+            engine,
+            stop_on_failure=True,
+            progress=progress,
+            session=session,
+        )
     finally:
         progress.finish()
     for part in parts:
@@ -409,17 +461,20 @@ def engine_reduction_parts(paths: list[str], computation: Computation, reduction
     return parts
 
 
-def engine_reduction(paths: list[str], computation: Computation, reduction: Reduction, engine, progress,
-                     total_rows: int, session=None) -> ReductionResult:
+def engine_reduction(
+    paths: list[str], computation: Computation, reduction: Reduction, engine, progress, total_rows: int, session=None
+) -> ReductionResult:
     """A grouped-reduction pass over ``paths`` (:func:`engine_reduction_parts`), merged in
     input order: every part is computed per file whatever the engine, so the result is the
     same for any engine and worker count."""
-    return merge_results(reduction, engine_reduction_parts(paths, computation, reduction, engine, progress,
-                                                           total_rows, session))
+    return merge_results(
+        reduction, engine_reduction_parts(paths, computation, reduction, engine, progress, total_rows, session)
+    )
 
 
-def _moments_parts(paths: list[str], computation: Computation, engine, progress, total_rows: int, session,
-                   footers=None) -> tuple[tuple[GroupedMoments, GroupedMoments], list[dict[str, np.ndarray]], list]:
+def _moments_parts(
+    paths: list[str], computation: Computation, engine, progress, total_rows: int, session, footers=None
+) -> tuple[tuple[GroupedMoments, GroupedMoments], list[dict[str, np.ndarray]], list]:
     reduction = normalize_reduction(computation.normalize_by)
     parts = engine_reduction_parts(paths, computation, reduction, engine, progress, total_rows, session, footers)
     merged = ReductionResult(reduction)
@@ -427,23 +482,33 @@ def _moments_parts(paths: list[str], computation: Computation, engine, progress,
     return checked_moments(merged, computation.normalize_by), codes, parts
 
 
-def engine_moments(paths: list[str], computation: Computation, engine, progress, total_rows: int,
-                   session=None) -> tuple[GroupedMoments, GroupedMoments]:
+def engine_moments(
+    paths: list[str], computation: Computation, engine, progress, total_rows: int, session=None
+) -> tuple[GroupedMoments, GroupedMoments]:
     """The ``--normalize`` statistics (:func:`gaecli.advantages.reduction.normalize_reduction`)
     by :func:`engine_reduction`: the moments of the new and the old advantages; refuses
     (:class:`GAEInputError`) a group without any trainable token."""
     return _moments_parts(paths, computation, engine, progress, total_rows, session)[0]
 
 
-def engine_file_moments(paths: list[str], computation: Computation, engine, progress, total_rows: int,
-                        session=None, footers: Optional[list] = None) -> list[tuple[GroupedMoments, GroupedMoments]]:
+def engine_file_moments(
+    paths: list[str],
+    computation: Computation,
+    engine,
+    progress,
+    total_rows: int,
+    session=None,
+    footers: Optional[list] = None,
+) -> list[tuple[GroupedMoments, GroupedMoments]]:
     """:func:`engine_moments`, handed out per file: for each of ``paths`` the merged moments
     (new, old) of the groups its rows belong to, and only those, so that each file's unit
     is sent what it needs (a few dozen bytes per group of the file) and not every group.
     ``footers``: the files' footers where read already."""
     (new, old), codes, parts = _moments_parts(paths, computation, engine, progress, total_rows, session, footers)
-    return [(new.subset(code["new"], part.groups["new"].table), old.subset(code["old"], part.groups["old"].table))
-            for code, part in zip(codes, parts)]
+    return [
+        (new.subset(code["new"], part.groups["new"].table), old.subset(code["old"], part.groups["old"].table))
+        for code, part in zip(codes, parts)
+    ]
 
 
 def normalize_label(options) -> str:

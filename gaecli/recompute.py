@@ -14,24 +14,41 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gaecli._version import __version__
-from gaecli.checks import row_reasons
 from gaecli.advantages.contract import check_discount, expand_baselines
+from gaecli.checks import row_reasons
 from gaecli.comparison.figures import DiffAccumulator
 from gaecli.engines import (
-    EXIT_INVALID_DATA, EXIT_UNUSABLE, FINISHED, EngineOptions, EngineSession, TaskFailure, map_units,
+    EXIT_INVALID_DATA,
+    EXIT_UNUSABLE,
+    FINISHED,
+    EngineOptions,
+    EngineSession,
+    TaskFailure,
+    map_units,
 )
 from gaecli.errors import (
-    FilesFailedError, GAEUsageError, InvalidFilesError, InvalidOptionError, RunInterrupted, UnusableFilesError,
+    FilesFailedError,
+    GAEUsageError,
+    InvalidFilesError,
+    InvalidOptionError,
+    RunInterrupted,
+    UnusableFilesError,
 )
 from gaecli.io.filesystem import is_stream, remove_dead_temps, total_size
 from gaecli.io.format import Columns, list_type_like, output_float_type
 from gaecli.io.paths import FileJob, plan_outputs, report_writes, with_suffix
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile, read_metadata, read_schema
 from gaecli.io.writer import AtomicParquetWriter
-from gaecli.pipeline import (
-    Computation, check_device, check_file, computed_batches, engine_file_moments, normalize_label, whiten_rows,
-)
 from gaecli.options import check_choice, check_count, check_number
+from gaecli.pipeline import (
+    Computation,
+    check_device,
+    check_file,
+    computed_batches,
+    engine_file_moments,
+    normalize_label,
+    whiten_rows,
+)
 from gaecli.progress import NoProgress, Progress
 from gaecli.stats import GroupedMoments
 
@@ -87,7 +104,9 @@ class RecomputeOptions:
         check_device(self.device)
         resolve_kernel(self.kernel, self.device)
         if self.skip_existing and self.overwrite:
-            raise InvalidOptionError("--skip-existing keeps existing outputs and --overwrite replaces them: give one of them")
+            raise InvalidOptionError(
+                "--skip-existing keeps existing outputs and --overwrite replaces them: give one of them"
+            )
 
     @property
     def whitening(self) -> bool:
@@ -172,8 +191,14 @@ def new_column_names(options: RecomputeOptions) -> list[str]:
 def computation_of(options: RecomputeOptions, kernel: str) -> Computation:
     """The pipeline settings of a recompute run (``kernel`` resolved)."""
     return Computation(
-        gamma=options.gamma, lambd=options.lambd, kernel=kernel, device=options.device, batch_rows=options.batch_rows,
-        columns=options.columns, old_semantics=options.baseline, on_invalid=options.on_invalid,
+        gamma=options.gamma,
+        lambd=options.lambd,
+        kernel=kernel,
+        device=options.device,
+        batch_rows=options.batch_rows,
+        columns=options.columns,
+        old_semantics=options.baseline,
+        on_invalid=options.on_invalid,
         normalize_by=options.normalize_by,
     )
 
@@ -193,7 +218,9 @@ def _check_job(schema: pa.Schema, job: FileJob, options: RecomputeOptions, compu
         raise GAEUsageError(f"output column {sorted(overlap)[0]!r} is also an input column; choose another name")
 
 
-def _output_schema(rollout: RolloutFile, job: FileJob, options: RecomputeOptions, kernel: str) -> tuple[pa.Schema, pa.DataType]:
+def _output_schema(
+    rollout: RolloutFile, job: FileJob, options: RecomputeOptions, kernel: str
+) -> tuple[pa.Schema, pa.DataType]:
     columns = options.columns
     float_type = output_float_type(rollout.schema, columns)
     list_type = list_type_like(rollout.schema, columns, float_type)
@@ -205,8 +232,13 @@ def _output_schema(rollout: RolloutFile, job: FileJob, options: RecomputeOptions
         else:
             schema = schema.append(new_field)
     metadata = dict(rollout.schema.metadata or {})
-    record = {"version": __version__, **computation_record(options, kernel), "baseline": options.baseline,
-              "on_invalid": options.on_invalid, "source": job.source.name}
+    record = {
+        "version": __version__,
+        **computation_record(options, kernel),
+        "baseline": options.baseline,
+        "on_invalid": options.on_invalid,
+        "source": job.source.name,
+    }
     metadata.update({f"{METADATA_PREFIX}{key}".encode(): value.encode() for key, value in record.items()})
     return schema.with_metadata(metadata), list_type
 
@@ -218,8 +250,11 @@ def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]
     whole output holds the same rows under either mode unless a rejects file exists beside
     it (which the resume checks), and sources are matched by path."""
     record = {
-        "gamma": repr(float(options.gamma)), "lambd": repr(float(options.lambd)), "kernel": kernel,
-        "normalize": normalize_label(options), "columns": options.columns.to_json(),
+        "gamma": repr(float(options.gamma)),
+        "lambd": repr(float(options.lambd)),
+        "kernel": kernel,
+        "normalize": normalize_label(options),
+        "columns": options.columns.to_json(),
         "keep_baseline": json.dumps(options.keep_baseline),
     }
     if options.keep_baseline:  # the baseline's columns are written only then
@@ -243,13 +278,23 @@ def first_difference(key: str, have: str, want: str) -> str:
     return f"{key} {have or '(not recorded)'}, not {want}"
 
 
-def output_batch(computed, options: RecomputeOptions, schema: pa.Schema, list_type: pa.DataType,
-                 moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None):
+def output_batch(
+    computed,
+    options: RecomputeOptions,
+    schema: pa.Schema,
+    list_type: pa.DataType,
+    moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
+):
     """One output batch of ``schema`` from a computed batch (:func:`gaecli.pipeline.computed_batches`):
     its valid rows with the new columns added, the advantages whitened with ``moments`` when
     given. Returns ``(batch, advantages, old advantages)`` (flat, as written)."""
     packed, valid = computed.packed, computed.valid
-    advantages, returns, old_advantages, old_returns = computed.new, computed.new_returns, computed.old, computed.old_returns
+    advantages, returns, old_advantages, old_returns = (
+        computed.new,
+        computed.new_returns,
+        computed.old,
+        computed.old_returns,
+    )
     if moments is not None:
         keys = computed.keys(options.normalize_by)
         whitened = whiten_rows(advantages, packed.offsets, moments[0], keys)
@@ -266,7 +311,11 @@ def output_batch(computed, options: RecomputeOptions, schema: pa.Schema, list_ty
     arrays = {name: valid.column(name) for name in valid.schema.names}
     for name, flat in new_columns.items():
         arrays[name] = list_class.from_arrays(offsets_array, pa.array(flat), type=list_type)
-    return pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema), advantages, old_advantages
+    return (
+        pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema),
+        advantages,
+        old_advantages,
+    )
 
 
 def recompute_job(
@@ -298,11 +347,21 @@ def recompute_job(
         writers.append(writer)
         rejects: Optional[AtomicParquetWriter] = None
         for computed in computed_batches(rollout, computation):
-            batch, valid, check, first_row, packed = computed.batch, computed.valid, computed.check, computed.first_row, computed.packed
+            batch, valid, check, first_row, packed = (
+                computed.batch,
+                computed.valid,
+                computed.check,
+                computed.first_row,
+                computed.packed,
+            )
             if valid.num_rows != batch.num_rows:
                 if rejects is None:
-                    rejects_schema = batch.schema.append(pa.field(REASON_COLUMN, pa.string())).with_metadata(rollout.schema.metadata)
-                    rejects = AtomicParquetWriter(with_suffix(job.target, REJECTS_SUFFIX), rejects_schema, compression=rollout.compression)
+                    rejects_schema = batch.schema.append(pa.field(REASON_COLUMN, pa.string())).with_metadata(
+                        rollout.schema.metadata
+                    )
+                    rejects = AtomicParquetWriter(
+                        with_suffix(job.target, REJECTS_SUFFIX), rejects_schema, compression=rollout.compression
+                    )
                     writers.insert(0, rejects)
                     outcome.rejects_file = str(rejects.target)
                 reasons = row_reasons(check)
@@ -348,15 +407,19 @@ def _existing_output(job: FileJob, options: RecomputeOptions, kernel: str) -> bo
         if options.on_invalid == "skip" and rejects.exists():
             read_schema(rejects)
     except (pa.ArrowException, OSError) as error:
-        raise GAEUsageError(f"{job.target} exists but is not a whole Parquet file ({error}); "
-                            f"remove it or give --overwrite instead of --skip-existing") from error
+        raise GAEUsageError(
+            f"{job.target} exists but is not a whole Parquet file ({error}); "
+            f"remove it or give --overwrite instead of --skip-existing"
+        ) from error
     if f"{METADATA_PREFIX}version".encode() not in metadata:
         raise GAEUsageError(f"{job.target} exists but was not written by gaecli; remove it or give --overwrite")
     for key, value in computation_record(options, kernel).items():
         have = metadata.get(f"{METADATA_PREFIX}{key}".encode(), b"").decode()
         if have != value:
-            raise GAEUsageError(f"{job.target} exists but was written with {first_difference(key, have, value)}; "
-                                f"give --overwrite to replace it")
+            raise GAEUsageError(
+                f"{job.target} exists but was written with {first_difference(key, have, value)}; "
+                f"give --overwrite to replace it"
+            )
     return True
 
 
@@ -410,9 +473,12 @@ def _failed_run(jobs: list[FileJob], results: list, stopped: bool) -> FilesFaile
         else:
             lines.append(f"  not written: {job.target} (not started: the run stopped at the first failure)")
     failed = sum(isinstance(result, TaskFailure) for result in results)
-    message = (f"{failed} of {len(jobs)} files failed; {len(written)} written, {len(not_written)} not written"
-               + (" (--on-invalid stop: files not started were cancelled)" if stopped and failed < len(not_written) else "")
-               + ":\n" + "\n".join(lines))
+    message = (
+        f"{failed} of {len(jobs)} files failed; {len(written)} written, {len(not_written)} not written"
+        + (" (--on-invalid stop: files not started were cancelled)" if stopped and failed < len(not_written) else "")
+        + ":\n"
+        + "\n".join(lines)
+    )
     error_class = UnusableFilesError if worst == EXIT_UNUSABLE else InvalidFilesError
     return error_class(message, written, not_written)
 
@@ -444,8 +510,10 @@ def _interrupted_run(jobs: list[FileJob], per_job: list, stamps: list) -> RunInt
             not_written.append(str(job.target))
             why = result.message if isinstance(result, TaskFailure) else "stopped or not started"
             lines.append(f"  not written: {job.target} ({why})")
-    message = (f"interrupted; {len(written)} of {len(jobs)} outputs written (whole), {len(not_written)} not written "
-               f"(no partial output left):\n" + "\n".join(lines))
+    message = (
+        f"interrupted; {len(written)} of {len(jobs)} outputs written (whole), {len(not_written)} not written "
+        f"(no partial output left):\n" + "\n".join(lines)
+    )
     return RunInterrupted(message, written=written, not_written=not_written)
 
 
@@ -466,8 +534,9 @@ def recompute_files(
     plain file → ``output`` is a file; otherwise a directory mirroring each input's path
     relative to its root. Files are processed by ``engine`` (default: in this process, one
     after the other; ``gae recompute`` defaults to a local worker per core, at most one per
-    256 MB of input); each output appears whole once its file is done, or not at all. With ``options.skip_existing`` outputs in
-    place and whole are left alone (``skipped`` in the report).
+    256 MB of input); each output appears whole once its file is done, or not at all. With
+    ``options.skip_existing`` outputs in place and whole are left alone (``skipped`` in the
+    report).
 
     Raises :class:`gaecli.errors.InvalidDataError` (a :class:`GAEInputError`) for rows that
     break the format (stop mode) and :class:`gaecli.errors.GAEUsageError` for refused
@@ -485,8 +554,13 @@ def recompute_files(
         options = replace(options, normalize=True)
     kernel = resolve_kernel(options.kernel, options.device)
     suffixes = (REJECTS_SUFFIX,) if options.on_invalid == "skip" else ()
-    jobs = plan_outputs([str(i) for i in inputs], str(output), overwrite=options.overwrite or options.skip_existing,
-                        suffixes=suffixes, reports=report_writes(options.report_paths))
+    jobs = plan_outputs(
+        [str(i) for i in inputs],
+        str(output),
+        overwrite=options.overwrite or options.skip_existing,
+        suffixes=suffixes,
+        reports=report_writes(options.report_paths),
+    )
     for job in jobs:
         _remove_leftovers(job.target)
     skipped = [options.skip_existing and _existing_output(job, options, kernel) for job in jobs]
@@ -507,16 +581,32 @@ def recompute_files(
         with EngineSession() as session:  # one pool (or Ray) for both passes
             moments = [None] * len(jobs)
             if options.whitening:  # each unit gets the statistics of its file's groups only
-                moments = engine_file_moments([job.source for job in jobs], computation_of(options, kernel), engine,
-                                              progress, _total_rows(footers), session, footers)
+                moments = engine_file_moments(
+                    [job.source for job in jobs],
+                    computation_of(options, kernel),
+                    engine,
+                    progress,
+                    _total_rows(footers),
+                    session,
+                    footers,
+                )
             progress.start("recompute", _total_rows([f for f, skip in zip(footers, skipped) if not skip]))
             try:
                 writing = True
-                units = [(job, options, kernel, file_moments, footer)
-                         for job, file_moments, footer, skip in zip(jobs, moments, footers, skipped) if not skip]
-                results = map_units(recompute_job, units,
-                                    [str(job.source) for job in todo], engine,
-                                    stop_on_failure=options.on_invalid == "stop", progress=progress, session=session)
+                units = [
+                    (job, options, kernel, file_moments, footer)
+                    for job, file_moments, footer, skip in zip(jobs, moments, footers, skipped)
+                    if not skip
+                ]
+                results = map_units(
+                    recompute_job,
+                    units,
+                    [str(job.source) for job in todo],
+                    engine,
+                    stop_on_failure=options.on_invalid == "stop",
+                    progress=progress,
+                    session=session,
+                )
             finally:
                 progress.finish()
     except KeyboardInterrupt as error:

@@ -140,8 +140,11 @@ def _encode_rows(slots, slot_hashes, stored, stored_offsets, size, null_code, da
                     size += 1
                 codes[row] = code
                 break
-            if slot_hashes[slot] == h and code != null_code and _same_bytes(
-                    data, start, end, stored, stored_offsets[code], stored_offsets[code + 1]):
+            if (
+                slot_hashes[slot] == h
+                and code != null_code
+                and _same_bytes(data, start, end, stored, stored_offsets[code], stored_offsets[code + 1])
+            ):
                 codes[row] = code
                 break
             slot = (slot + np.uint64(1)) & mask
@@ -163,8 +166,12 @@ def _rehash(slots, slot_hashes, stored, stored_offsets, size, null_code):
 
 
 def _is_time_like(arrow_type: pa.DataType) -> bool:
-    return (pa.types.is_date(arrow_type) or pa.types.is_time(arrow_type) or pa.types.is_timestamp(arrow_type)
-            or pa.types.is_duration(arrow_type))
+    return (
+        pa.types.is_date(arrow_type)
+        or pa.types.is_time(arrow_type)
+        or pa.types.is_timestamp(arrow_type)
+        or pa.types.is_duration(arrow_type)
+    )
 
 
 def _storage_type(arrow_type: pa.DataType) -> pa.DataType:
@@ -192,11 +199,15 @@ def _key_bytes(keys: pa.Array) -> tuple[str, pa.DataType, np.ndarray, np.ndarray
         as_integers = keys.view(_storage_type(kind_type)) if _is_time_like(kind_type) else keys
         numbers = np.ascontiguousarray(np.asarray(as_integers.cast(pa.int64()).fill_null(0)), dtype=np.int64)
         return "integer", kind_type, numbers.view(np.uint8), np.arange(len(keys) + 1, dtype=np.int64) * 8, valid
-    if not (pa.types.is_string(kind_type) or pa.types.is_large_string(kind_type) or pa.types.is_binary(kind_type)
-            or pa.types.is_large_binary(kind_type)):
+    if not (
+        pa.types.is_string(kind_type)
+        or pa.types.is_large_string(kind_type)
+        or pa.types.is_binary(kind_type)
+        or pa.types.is_large_binary(kind_type)
+    ):
         keys, kind_type = keys.cast(pa.string()), pa.string()
     binary = keys.cast(pa.large_binary())
-    offsets = np.frombuffer(binary.buffers()[1], dtype=np.int64)[binary.offset: binary.offset + len(binary) + 1]
+    offsets = np.frombuffer(binary.buffers()[1], dtype=np.int64)[binary.offset : binary.offset + len(binary) + 1]
     data = binary.buffers()[2]
     data = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
     return "bytes", kind_type, data, offsets, valid
@@ -253,8 +264,19 @@ class KeyTable:
         rows = len(keys)
         self._reserve(rows if insert else 0, int(offsets[-1] - offsets[0]) if insert else 0)
         codes = np.empty(rows, dtype=np.int64)
-        self.size, self.null_code = _encode_rows(self._slots, self._slot_hashes, self._stored, self._stored_offsets,
-                                                 self.size, self.null_code, data, offsets, valid, insert, codes)
+        self.size, self.null_code = _encode_rows(
+            self._slots,
+            self._slot_hashes,
+            self._stored,
+            self._stored_offsets,
+            self.size,
+            self.null_code,
+            data,
+            offsets,
+            valid,
+            insert,
+            codes,
+        )
         return codes
 
     def keys(self) -> pa.Array:
@@ -267,11 +289,17 @@ class KeyTable:
             valid[self.null_code] = False
             validity = pa.array(valid).buffers()[1]
         if self.kind == "bytes":
-            binary = pa.Array.from_buffers(pa.large_binary(), self.size,
-                                           [validity, pa.py_buffer(offsets.copy()), pa.py_buffer(data.copy())])
-            return binary.cast(self.key_type if pa.types.is_binary(self.key_type)
-                               or pa.types.is_string(self.key_type) or pa.types.is_large_string(self.key_type)
-                               or pa.types.is_large_binary(self.key_type) else pa.string())
+            binary = pa.Array.from_buffers(
+                pa.large_binary(), self.size, [validity, pa.py_buffer(offsets.copy()), pa.py_buffer(data.copy())]
+            )
+            return binary.cast(
+                self.key_type
+                if pa.types.is_binary(self.key_type)
+                or pa.types.is_string(self.key_type)
+                or pa.types.is_large_string(self.key_type)
+                or pa.types.is_large_binary(self.key_type)
+                else pa.string()
+            )
         if self.kind is None:
             return pa.array([], pa.null())
         mask = None if validity is None else ~valid
@@ -490,7 +518,7 @@ class SignedLogHistogram:
     def magnitude_counts(self) -> tuple[int, np.ndarray]:
         """Counts of |x|: the zero bin, and per magnitude bin ``[bins]``."""
         center = self.bins
-        return int(self.counts[center]), self.counts[center + 1:] + self.counts[:center][::-1]
+        return int(self.counts[center]), self.counts[center + 1 :] + self.counts[:center][::-1]
 
     def abs_quantile(self, q: float, maximum: float) -> float | None:
         """The nearest-rank q-quantile of |x| (the ⌈q·n⌉-th smallest, at least the 1st):
@@ -511,7 +539,7 @@ class SignedLogHistogram:
         reps = self.representatives()
         center = self.bins
         values = np.concatenate([-reps[::-1], reps])
-        counts = np.concatenate([self.counts[:center], self.counts[center + 1:]])
+        counts = np.concatenate([self.counts[:center], self.counts[center + 1 :]])
         kept = counts > 0
         return values[kept], counts[kept]
 
@@ -560,9 +588,16 @@ class DeltaHistograms(NamedTuple):
     returns: SignedLogHistogram
 
 
-def diff_rows(new: np.ndarray, old: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, tolerance: float, *,
-              returns: Optional[tuple[np.ndarray, np.ndarray]] = None,
-              histograms: Optional[DeltaHistograms] = None) -> RowDiff:
+def diff_rows(
+    new: np.ndarray,
+    old: np.ndarray,
+    trainable: np.ndarray,
+    offsets: np.ndarray,
+    tolerance: float,
+    *,
+    returns: Optional[tuple[np.ndarray, np.ndarray]] = None,
+    histograms: Optional[DeltaHistograms] = None,
+) -> RowDiff:
     """Per row, over trainable tokens only (float64, serial in token order, so a row's
     figures depend on the row alone), the figures of ``gae diff`` (:class:`RowDiff`).
 
@@ -582,13 +617,42 @@ def diff_rows(new: np.ndarray, old: np.ndarray, trainable: np.ndarray, offsets: 
         if (second.zero, second.inverse_log_base, second.first_exponent, second.bins) != bins:
             raise ValueError("the Δ advantage and Δ return histograms must have the same bins")
         counts, return_counts = first.counts, second.counts
-    return RowDiff(*_diff_rows(new, old, new_returns, old_returns, with_returns, trainable, offsets, tolerance,
-                               histograms is not None, counts, return_counts, *bins))
+    return RowDiff(
+        *_diff_rows(
+            new,
+            old,
+            new_returns,
+            old_returns,
+            with_returns,
+            trainable,
+            offsets,
+            tolerance,
+            histograms is not None,
+            counts,
+            return_counts,
+            *bins,
+        )
+    )
 
 
 @numba.njit(cache=True, nogil=True)
-def _diff_rows(new, old, new_returns, old_returns, with_returns, trainable, offsets, tolerance,
-               with_histograms, histogram, return_histogram, zero, inverse_log_base, first_exponent, bins):
+def _diff_rows(
+    new,
+    old,
+    new_returns,
+    old_returns,
+    with_returns,
+    trainable,
+    offsets,
+    tolerance,
+    with_histograms,
+    histogram,
+    return_histogram,
+    zero,
+    inverse_log_base,
+    first_exponent,
+    bins,
+):
     # the loop of diff_rows: one pass over each row's tokens, the figures in RowDiff's order
     rows = offsets.shape[0] - 1
     max_abs = np.zeros(rows, dtype=np.float64)
@@ -664,8 +728,21 @@ def _diff_rows(new, old, new_returns, old_returns, with_returns, trainable, offs
         sum_cross[row] = row_sum_cross
         trainable_tokens[row] = count
         changed_tokens[row] = changed
-    return (max_abs, max_relative, sum_abs, sign_flips, max_abs_return, sum_abs_return, sum_new, sum_old, sum_new_sq,
-            sum_old_sq, sum_cross, trainable_tokens, changed_tokens)
+    return (
+        max_abs,
+        max_relative,
+        sum_abs,
+        sign_flips,
+        max_abs_return,
+        sum_abs_return,
+        sum_new,
+        sum_old,
+        sum_new_sq,
+        sum_old_sq,
+        sum_cross,
+        trainable_tokens,
+        changed_tokens,
+    )
 
 
 @numba.njit(cache=True, nogil=True)

@@ -67,8 +67,11 @@ def to_arrow(table: Any) -> tuple[pa.Table, str]:
 def from_arrow(table: pa.Table, kind: str) -> Any:
     """``table`` back in the kind :func:`to_arrow` read (a pyarrow Table for ``arrow-stream``)."""
     if kind == "arrow-batch":
-        return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist(
-            [], schema=table.schema)
+        return (
+            table.combine_chunks().to_batches()[0]
+            if table.num_rows
+            else pa.RecordBatch.from_pylist([], schema=table.schema)
+        )
     if kind == "pandas":
         return table.to_pandas()
     if kind == "polars":
@@ -112,9 +115,17 @@ def recompute_table(
     arrow, kind = to_arrow(table)
     settings = {} if batch_rows is None else {"batch_rows": batch_rows}
     options = RecomputeOptions(
-        gamma=gamma, lambd=lambd, kernel=kernel, device=device, columns=columns or Columns(),
-        normalize=normalize or normalize_by is not None, normalize_by=normalize_by, replace=replace,
-        keep_baseline=keep_baseline, baseline=baseline, **settings,
+        gamma=gamma,
+        lambd=lambd,
+        kernel=kernel,
+        device=device,
+        columns=columns or Columns(),
+        normalize=normalize or normalize_by is not None,
+        normalize_by=normalize_by,
+        replace=replace,
+        keep_baseline=keep_baseline,
+        baseline=baseline,
+        **settings,
     )
     kernel = resolve_kernel(options.kernel, options.device)
     computation = computation_of(options, kernel)
@@ -124,8 +135,10 @@ def recompute_table(
     schema, list_type = _output_schema(rollout, job, options, kernel)
     schema = schema.with_metadata(arrow.schema.metadata)  # the table's own metadata (pandas' index), nothing added
     moments = _moments(rollout, computation) if options.whitening else None
-    batches = [output_batch(computed, options, schema, list_type, moments)[0]
-               for computed in computed_batches(rollout, computation)]
+    batches = [
+        output_batch(computed, options, schema, list_type, moments)[0]
+        for computed in computed_batches(rollout, computation)
+    ]
     return from_arrow(pa.Table.from_batches(batches, schema=schema), kind)
 
 

@@ -159,7 +159,11 @@ def _json_value(value):
 
 def rules_document() -> dict:
     """Every rule as JSON: ``{"rules": [{"code", "severity", "summary", "hint"}]}``."""
-    return {"rules": [{"code": r.code, "severity": r.severity, "summary": r.summary, "hint": r.hint} for r in RULES.values()]}
+    return {
+        "rules": [
+            {"code": r.code, "severity": r.severity, "summary": r.summary, "hint": r.hint} for r in RULES.values()
+        ]
+    }
 
 
 # ----------------------------------------------------------------------------- ids
@@ -171,9 +175,16 @@ def _comparable_id_type(arrow_type: pa.DataType) -> bool:
     return any(
         test(arrow_type)
         for test in (
-            pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
-            pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary,
-            pa.types.is_fixed_size_binary, pa.types.is_temporal, pa.types.is_decimal,
+            pa.types.is_integer,
+            pa.types.is_floating,
+            pa.types.is_boolean,
+            pa.types.is_string,
+            pa.types.is_large_string,
+            pa.types.is_binary,
+            pa.types.is_large_binary,
+            pa.types.is_fixed_size_binary,
+            pa.types.is_temporal,
+            pa.types.is_decimal,
         )
     )
 
@@ -184,13 +195,27 @@ def check_id_columns(schema: pa.Schema, id_columns: Sequence[str], file: str) ->
     findings = []
     for name in id_columns:
         if name not in schema.names:
-            findings.append(Finding(file, None, name, "missing-column",
-                                    f"id column {name!r} is missing (have: {', '.join(schema.names)})"))
+            findings.append(
+                Finding(
+                    file,
+                    None,
+                    name,
+                    "missing-column",
+                    f"id column {name!r} is missing (have: {', '.join(schema.names)})",
+                )
+            )
         elif schema.names.count(name) > 1:
             continue  # a duplicate-column finding of check_schema
         elif not _comparable_id_type(schema.field(name).type):
-            findings.append(Finding(file, None, name, "wrong-type",
-                                    f"id column {name!r} is {schema.field(name).type}, expected numbers, strings or dates"))
+            findings.append(
+                Finding(
+                    file,
+                    None,
+                    name,
+                    "wrong-type",
+                    f"id column {name!r} is {schema.field(name).type}, expected numbers, strings or dates",
+                )
+            )
     return findings
 
 
@@ -229,7 +254,9 @@ def duplicate_id_findings(ids: pa.Table, file: str, limit: Optional[int] = None)
     for name in names:
         column = ordered.column(name)
         equal = pc.equal(column.slice(1), column.slice(0, rows - 1)).fill_null(False)
-        same_as_previous &= np.asarray(equal.combine_chunks() if isinstance(equal, pa.ChunkedArray) else equal, dtype=bool)
+        same_as_previous &= np.asarray(
+            equal.combine_chunks() if isinstance(equal, pa.ChunkedArray) else equal, dtype=bool
+        )
     if not same_as_previous.any():
         return 0, []
     order_rows = np.asarray(order)
@@ -247,7 +274,16 @@ def duplicate_id_findings(ids: pa.Table, file: str, limit: Optional[int] = None)
     for index in by_row.tolist():
         row, first = int(duplicate_rows[index]), int(first_rows[index])
         id_value = row_ids[row]
-        findings.append(Finding(file, row, column, "duplicate-id", f"id {_describe_id(id_value)} appears already at row {first}", id_value))
+        findings.append(
+            Finding(
+                file,
+                row,
+                column,
+                "duplicate-id",
+                f"id {_describe_id(id_value)} appears already at row {first}",
+                id_value,
+            )
+        )
     return int(duplicate_rows.size), findings
 
 
@@ -304,7 +340,11 @@ def _validate_file(
         return  # the row rules need the documented columns and types
 
     usable_ids = [name for name in id_columns if not any(f.column == name for f in id_findings)]
-    wanted = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length, *usable_ids}
+    wanted = {name for _, name in columns.token_columns()} | {
+        columns.terminal_reward,
+        columns.response_length,
+        *usable_ids,
+    }
     read = [name for name in rollout.schema.names if name in wanted]
     id_batches: list[pa.RecordBatch] = []
     first_row = 0
@@ -314,7 +354,9 @@ def _validate_file(
             check = check_batch(batch, columns, file, first_row, warnings=True, ids=ids, max_findings=report.room())
             report._add(result, check.findings, check.counts)
             if usable_ids:
-                id_batches.append(pa.RecordBatch.from_arrays([_decoded(batch.column(n)) for n in usable_ids], usable_ids))
+                id_batches.append(
+                    pa.RecordBatch.from_arrays([_decoded(batch.column(n)) for n in usable_ids], usable_ids)
+                )
             first_row += batch.num_rows
             result.rows_checked = first_row
             mask_offsets, _ = list_parts(batch.column(columns.loss_mask))
@@ -377,10 +419,13 @@ def validate_files(
     readable = [result for result in report.files if result.status != UNREADABLE]
     progress.start("validate", sum(result.rows for result in readable))
     try:
-        parts = map_units(_validate_unit, [(result, columns, id_columns, max_findings, batch_rows) for result in readable],
-                          [result.file for result in readable],
-                          (engine or EngineOptions(workers=1)).for_inputs(total_size(result.file for result in readable)),
-                          progress=progress)
+        parts = map_units(
+            _validate_unit,
+            [(result, columns, id_columns, max_findings, batch_rows) for result in readable],
+            [result.file for result in readable],
+            (engine or EngineOptions(workers=1)).for_inputs(total_size(result.file for result in readable)),
+            progress=progress,
+        )
     finally:
         progress.finish()
     merged = {id(result): part for result, part in zip(readable, parts)}
@@ -414,8 +459,14 @@ class _FilePart:
     tokens = 0
 
 
-def _validate_unit(result: FileResult, columns: Columns, id_columns: list[str], max_findings: Optional[int],
-                   batch_rows: int, progress: Optional[Progress] = None) -> _FilePart:
+def _validate_unit(
+    result: FileResult,
+    columns: Columns,
+    id_columns: list[str],
+    max_findings: Optional[int],
+    batch_rows: int,
+    progress: Optional[Progress] = None,
+) -> _FilePart:
     """Validate one file on its own (the work unit of every engine)."""
     report = ValidationReport(files=[result], max_findings=max_findings)
     try:

@@ -113,7 +113,10 @@ def short_rows_table(start: int, rows: int, shortest: int, longest: int, group_r
     position = np.arange(tokens) - np.repeat(offsets[:-1], lengths)
     tail = np.where(rng.random(rows) < 0.1, rng.integers(1, shortest, rows), 0)
     mask = (position < np.repeat(lengths - tail, lengths)).astype(np.int8)
-    as_list = lambda flat, arrow_type: pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, arrow_type))  # noqa: E731
+
+    def as_list(flat, arrow_type):
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, arrow_type))
+
     columns = {
         "values": as_list(rng.normal(size=tokens).astype(np.float32), pa.float32()),
         "rewards": as_list(np.zeros(tokens, np.float32), pa.float32()),
@@ -171,8 +174,12 @@ def main() -> None:
     gae = str(Path(sys.executable).with_name("gae"))
     data = Path(args.data)
     scaled = lambda rows: max(int(rows * args.scale), 2)  # noqa: E731
-    counts = {"small": scaled(args.small_rows), "large": scaled(args.rows), "short": scaled(args.short_rows),
-              "groups": scaled(args.group_rows)}
+    counts = {
+        "small": scaled(args.small_rows),
+        "large": scaled(args.rows),
+        "short": scaled(args.short_rows),
+        "groups": scaled(args.group_rows),
+    }
     names = {"small": "agentic", "large": "agentic", "short": "short_rows", "groups": "million_groups"}
     wanted = [label for label in args.files.split(",") if label]
     files = {label: data / f"{names[label]}_{counts[label]}.parquet" for label in wanted}
@@ -186,7 +193,10 @@ def main() -> None:
             else:
                 write_chunks(path, counts[label], 65_536, lambda start, rows: short_rows_table(start, rows, 2, 8, 2))
 
-    has = {name: subprocess.run([gae, name, "--help"], capture_output=True).returncode == 0 for name in ("validate", "diff")}
+    has = {
+        name: subprocess.run([gae, name, "--help"], capture_output=True).returncode == 0
+        for name in ("validate", "diff")
+    }
     print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, scale {args.scale}")
     rows = []
     with tempfile.TemporaryDirectory(dir=data) as scratch:
@@ -195,21 +205,36 @@ def main() -> None:
             tokens = tokens_of(path)
             size_mb = path.stat().st_size / 1e6
             title = f"{label}: {tokens / 1e6:.1f} M tokens, {size_mb:.0f} MB"
-            recompute = [gae, "recompute", str(path), "-o", str(out / "gae.parquet"), "--gamma", "1", "--lambd", "0.95",
-                         "--overwrite", "--quiet"]
+            recompute = [
+                gae,
+                "recompute",
+                str(path),
+                "-o",
+                str(out / "gae.parquet"),
+                "--gamma",
+                "1",
+                "--lambd",
+                "0.95",
+                "--overwrite",
+                "--quiet",
+            ]
             if label == "groups":
                 normalize_time, normalize_rss = best_of(args.repeat, [*recompute, "--normalize"])
                 by_time, by_rss = best_of(args.repeat, [*recompute, "--normalize-by", "prompt_uid"])
                 rows.append((title, "gae recompute --normalize", normalize_time, normalize_rss, None))
                 rows.append(("", "gae recompute --normalize-by prompt_uid", by_time, by_rss, by_time / normalize_time))
                 continue
-            copy_time, copy_rss = best_of(args.repeat, [sys.executable, "-c", COPY_LIMIT, str(path), str(out / "copy.parquet")])
+            copy_time, copy_rss = best_of(
+                args.repeat, [sys.executable, "-c", COPY_LIMIT, str(path), str(out / "copy.parquet")]
+            )
             gae_time, gae_rss = best_of(args.repeat, recompute)
             rows.append((title, "copy limit (read, append 2 cols, write)", copy_time, copy_rss, None))
             rows.append(("", "gae recompute", gae_time, gae_rss, gae_time / copy_time))
             if label == "short":
                 normalize_time, normalize_rss = best_of(args.repeat, [*recompute, "--normalize"])
-                rows.append(("", "gae recompute --normalize", normalize_time, normalize_rss, normalize_time / copy_time))
+                rows.append(
+                    ("", "gae recompute --normalize", normalize_time, normalize_rss, normalize_time / copy_time)
+                )
                 continue
             if has["validate"]:
                 read_time, read_rss = best_of(args.repeat, [sys.executable, "-c", READ_ONLY, str(path)])
@@ -217,7 +242,9 @@ def main() -> None:
                 rows.append(("", "pyarrow read", read_time, read_rss, None))
                 rows.append(("", "gae validate (vs read)", validate_time, validate_rss, validate_time / read_time))
             if has["diff"]:
-                diff_time, diff_rss = best_of(args.repeat, [gae, "diff", str(path), "--gamma", "1", "--lambd", "0.95", "--quiet"])
+                diff_time, diff_rss = best_of(
+                    args.repeat, [gae, "diff", str(path), "--gamma", "1", "--lambd", "0.95", "--quiet"]
+                )
                 rows.append(("", "gae diff (vs recompute)", diff_time, diff_rss, diff_time / gae_time))
         help_time, help_rss = best_of(5, [gae, "--help"])
         rows.append(("start-up", "gae --help", help_time, help_rss, None))
@@ -227,10 +254,12 @@ def main() -> None:
     for file_label, process, seconds, rss, ratio in rows:
         ratio_text = f"{ratio:.2f}x" if ratio is not None else ""
         print(f"{file_label:<34} {process:<40} {seconds:>8.2f} {rss:>12.0f} {ratio_text:>7}")
-    print("targets: recompute <= 0.76x copy limit and peak RSS <= 512 MB on the large file; "
-          "short rows: recompute <= 1.0x, --normalize <= 1.3x copy limit; "
-          "million groups: --normalize-by <= 2x --normalize and peak RSS <= 1 GB; "
-          "validate <= 2x read; diff <= 2x recompute; gae --help <= 0.5 s")
+    print(
+        "targets: recompute <= 0.76x copy limit and peak RSS <= 512 MB on the large file; "
+        "short rows: recompute <= 1.0x, --normalize <= 1.3x copy limit; "
+        "million groups: --normalize-by <= 2x --normalize and peak RSS <= 1 GB; "
+        "validate <= 2x read; diff <= 2x recompute; gae --help <= 0.5 s"
+    )
 
 
 if __name__ == "__main__":

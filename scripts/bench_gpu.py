@@ -72,7 +72,8 @@ def check_workload(name: str, device: torch.device) -> list[str]:
     inputs = workload.as_tensors()
     reference, _ = reference_gae(
         **{key: (value.double() if value.is_floating_point() else value) for key, value in inputs.items()},
-        gamma=GAMMA, lambd=LAMBD,
+        gamma=GAMMA,
+        lambd=LAMBD,
     )
     offsets = inputs["offsets"]
     lengths = (offsets[1:] - offsets[:-1]).tolist()
@@ -83,7 +84,7 @@ def check_workload(name: str, device: torch.device) -> list[str]:
         advantages, _ = function(**on_device(workload, device), gamma=GAMMA, lambd=LAMBD)
         got = torch.split(advantages.cpu(), lengths)
         worst = 0.0
-        for sample, (ref, actual) in enumerate(zip(expected, got)):
+        for ref, actual in zip(expected, got):
             if ref.numel() == 0:
                 continue
             error = float((actual.double() - ref).abs().max())
@@ -93,8 +94,10 @@ def check_workload(name: str, device: torch.device) -> list[str]:
         for sample in range(min(INVARIANCE_SAMPLES, workload.num_samples)):
             start, end = int(offsets[sample]), int(offsets[sample + 1])
             alone = {
-                "values": inputs["values"][start:end], "rewards": inputs["rewards"][start:end],
-                "loss_mask": inputs["loss_mask"][start:end], "offsets": torch.tensor([0, end - start]),
+                "values": inputs["values"][start:end],
+                "rewards": inputs["rewards"][start:end],
+                "loss_mask": inputs["loss_mask"][start:end],
+                "offsets": torch.tensor([0, end - start]),
                 "terminal_rewards": inputs["terminal_rewards"][sample : sample + 1],
             }
             alone_advantages, _ = function(**{k: v.to(device) for k, v in alone.items()}, gamma=GAMMA, lambd=LAMBD)
@@ -115,7 +118,7 @@ def bench_workload(name: str, device: torch.device, repeat: int, min_time: float
     for kernel in KERNEL_NAMES:
         function = KERNELS[kernel].function
 
-        def call() -> None:
+        def call(function=function) -> None:
             function(**inputs, gamma=GAMMA, lambd=LAMBD)
             torch.cuda.synchronize(device)
 
@@ -163,13 +166,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     if not torch.cuda.is_available():
-        print("bench_gpu.py needs a CUDA device, and torch sees none here (scripts/bench_kernels.py times the CPU)",
-              file=sys.stderr)
+        print(
+            "bench_gpu.py needs a CUDA device, and torch sees none here (scripts/bench_kernels.py times the CPU)",
+            file=sys.stderr,
+        )
         return 2
     missing = [kernel for kernel in KERNEL_NAMES if kernel not in available_kernels("cuda")]
     if missing:
-        print(f"kernels not usable here: {', '.join(missing)} (the triton kernel needs: pip install 'gaecli[gpu]')",
-              file=sys.stderr)
+        print(
+            f"kernels not usable here: {', '.join(missing)} (the triton kernel needs: pip install 'gaecli[gpu]')",
+            file=sys.stderr,
+        )
         return 2
     device = torch.device(args.device)
     workloads = args.workload or list(WORKLOADS)
@@ -183,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check: {', '.join(KERNEL_NAMES)} match the reference and are batch invariant on {', '.join(workloads)}")
     rows = [bench_workload(name, device, args.repeat, args.min_time) for name in workloads]
     header = [
-        "workload", "samples x mean", "tokens",
+        "workload",
+        "samples x mean",
+        "tokens",
         *(f"{kernel} ms" for kernel in KERNEL_NAMES),
         *(f"{kernel}/{BASELINE}" for kernel in KERNEL_NAMES if kernel != BASELINE),
         f"{BASELINE} of copy BW",

@@ -78,7 +78,13 @@ def traffic_bytes(workload: Workload) -> tuple[int, int]:
     values, rewards, loss_mask, offsets, terminal rewards in; advantages, returns out."""
     read = sum(
         array.nbytes
-        for array in (workload.values, workload.rewards, workload.loss_mask, workload.offsets, workload.terminal_rewards)
+        for array in (
+            workload.values,
+            workload.rewards,
+            workload.loss_mask,
+            workload.offsets,
+            workload.terminal_rewards,
+        )
     )
     written = 2 * workload.values.nbytes
     return read, written
@@ -114,7 +120,8 @@ def machine_header() -> str:
         pass
     return "\n".join(
         [
-            f"machine: {cpu}, {os.cpu_count()} logical cores ({usable_cores} usable), {platform.system()} {platform.release()}",
+            f"machine: {cpu}, {os.cpu_count()} logical cores ({usable_cores} usable), {platform.system()} "
+            f"{platform.release()}",
             f"python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
             f"numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads, "
             f"layer {numba.config.THREADING_LAYER}), numpy {np.__version__}",
@@ -139,7 +146,10 @@ def load_line(before_run: bool = True) -> str:
 
 def render_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in [header, *rows]]
+    lines = [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in [header, *rows]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -184,8 +194,9 @@ def bench_api(workload: Workload, inputs: dict, repeat: int, min_time: float) ->
     terminal = inputs["terminal_rewards"]
     packed = (inputs["values"], inputs["rewards"], inputs["loss_mask"], inputs["offsets"], terminal)
     return {
-        API_ROW: best_of(lambda: gaecli.masked_gae(values, rewards, masks, terminal, gamma=GAMMA, lambd=LAMBD),
-                         repeat, min_time),
+        API_ROW: best_of(
+            lambda: gaecli.masked_gae(values, rewards, masks, terminal, gamma=GAMMA, lambd=LAMBD), repeat, min_time
+        ),
         PACKED_API_ROW: best_of(lambda: gaecli.masked_gae_packed(*packed, gamma=GAMMA, lambd=LAMBD), repeat, min_time),
     }
 
@@ -197,7 +208,9 @@ def bench_workload(name: str, repeat: int, min_time: float) -> str:
     timings: dict[str, Timing] = {}
     for kernel in kernels:
         function = KERNELS[kernel].function
-        timings[kernel] = best_of(lambda: function(**inputs, gamma=GAMMA, lambd=LAMBD), repeat, min_time)
+        timings[kernel] = best_of(
+            lambda function=function: function(**inputs, gamma=GAMMA, lambd=LAMBD), repeat, min_time
+        )
     timings[GEMM_BASELINE] = best_of(lambda: chunked_gemm_gae(**inputs, gamma=GAMMA, lambd=LAMBD), repeat, min_time)
     kernels.append(GEMM_BASELINE)
     api_rows = bench_api(workload, inputs, repeat, min_time)
@@ -227,14 +240,18 @@ def bench_workload(name: str, repeat: int, min_time: float) -> str:
         f"workload {name}: {workload.num_samples} samples, {tokens:,} tokens "
         f"({workload.loss_mask.mean():.0%} trainable), lengths {int(lengths.min()):,}..{int(lengths.max()):,} "
         f"(median {int(np.median(lengths)):,})",
-        render_table(["kernel", "best ms", "median ms", "calls", "Mtok/s", f"vs {BASELINE}", f"vs {GEMM_BASELINE}"], rows),
+        render_table(
+            ["kernel", "best ms", "median ms", "calls", "Mtok/s", f"vs {BASELINE}", f"vs {GEMM_BASELINE}"], rows
+        ),
     ]
 
     fastest = ranked[0]
     if baseline and name in FLOORS:
         speedup = min(baseline, gemm_baseline) / timings[fastest].best
         verdict = "meets" if speedup >= FLOORS[name] else "MISSES"
-        lines.append(f"floor: {fastest} is {speedup:.1f}x the faster chunked form; {verdict} the {FLOORS[name]:g}x floor")
+        lines.append(
+            f"floor: {fastest} is {speedup:.1f}x the faster chunked form; {verdict} the {FLOORS[name]:g}x floor"
+        )
     if baseline and name in API_FLOORS and API_KERNEL in timings:
         api = timings[API_ROW].best
         speedup = min(baseline, gemm_baseline) / api
@@ -266,11 +283,18 @@ def bench_workload(name: str, repeat: int, min_time: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=5, help="least number of timed calls per kernel (the best counts); default 5")
     parser.add_argument(
-        "--min-time", type=float, default=0.5, help="keep calling a kernel until this many seconds have passed; default 0.5"
+        "--repeat", type=int, default=5, help="least number of timed calls per kernel (the best counts); default 5"
     )
-    parser.add_argument("--workload", choices=list(WORKLOADS), action="append", help="workload to run (repeatable); default all")
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        default=0.5,
+        help="keep calling a kernel until this many seconds have passed; default 0.5",
+    )
+    parser.add_argument(
+        "--workload", choices=list(WORKLOADS), action="append", help="workload to run (repeatable); default all"
+    )
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")

@@ -116,7 +116,19 @@ def main() -> None:
             best = (float("inf"), 0.0, 0.0)
             for attempt in range(args.repeat):
                 out = Path(scratch) / f"out-{len(times)}-{attempt}"
-                command = [*gae, "recompute", str(data), "-o", str(out), "--gamma", "1", "--lambd", "0.95", "--quiet", *options]
+                command = [
+                    *gae,
+                    "recompute",
+                    str(data),
+                    "-o",
+                    str(out),
+                    "--gamma",
+                    "1",
+                    "--lambd",
+                    "0.95",
+                    "--quiet",
+                    *options,
+                ]
                 best = min(best, launcher.submit(timed, command, cores).result())
                 outputs[name] = output_digests(out)
                 shutil.rmtree(out)
@@ -125,11 +137,17 @@ def main() -> None:
     for name, seconds in times.items():
         # Ray's processes are not the command's children (and some are forked from it)
         peak = "-" if name.startswith("ray") else f"{peaks[name]:,.0f}"
-        print(f"{name:<24} {seconds:>8.2f} {cpus[name]:>7.2f} {cpus[name] / seconds:>10.2f} {rows / seconds:>8,.0f} {peak:>11}")
+        print(
+            f"{name:<24} {seconds:>8.2f} {cpus[name]:>7.2f} {cpus[name] / seconds:>10.2f} "
+            f"{rows / seconds:>8,.0f} {peak:>11}"
+        )
     one, two, pinned = times["local, 1 worker"], times["local, 2 workers"], times["local, 1 worker, 1 core"]
-    print(f"speed-up 1 worker / 2 workers: {one / two:.2f}x (aim >= 1.7x); one worker already keeps "
-          f"{cpus['local, 1 worker'] / one:.2f} cores busy (reading, the kernel's threads and the background "
-          f"writer overlap), so {os.cpu_count()} cores allow at most {os.cpu_count() * one / cpus['local, 1 worker']:.2f}x")
+    print(
+        f"speed-up 1 worker / 2 workers: {one / two:.2f}x (aim >= 1.7x); one worker already keeps "
+        f"{cpus['local, 1 worker'] / one:.2f} cores busy (reading, the kernel's threads and the background "
+        f"writer overlap), so {os.cpu_count()} cores allow at most "
+        f"{os.cpu_count() * one / cpus['local, 1 worker']:.2f}x"
+    )
     print(f"per-core scaling, 1 worker on 1 core / 2 workers on 2 cores: {pinned / two:.2f}x")
     if "ray, 2 CPUs" in times:
         ray_time = times["ray, 2 CPUs"]

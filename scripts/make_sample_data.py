@@ -16,18 +16,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rollout_files import workload_table  # noqa: E402
-from workloads import agentic, single_turn  # noqa: E402
-
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
+
+from rollout_files import workload_table  # noqa: E402
+from workloads import agentic, single_turn  # noqa: E402
 
 
 def main(out_dir: str = "sample_data") -> None:
     root = Path(out_dir)
     for step in range(2):
-        workload = agentic(num_samples=40, seed=100 + step, median_length=900, max_length=6_000,
-                           turn=(30, 250), observation=(10, 400), masked_tail_share=0.15, fully_masked_share=0.025)
+        workload = agentic(
+            num_samples=40,
+            seed=100 + step,
+            median_length=900,
+            max_length=6_000,
+            turn=(30, 250),
+            observation=(10, 400),
+            masked_tail_share=0.15,
+            fully_masked_share=0.025,
+        )
         table = workload_table(workload, rollout_id=step)
         path = root / "agentic" / f"step_{step:04d}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)

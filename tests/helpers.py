@@ -45,7 +45,9 @@ def assert_close(name: str, ref, got, tolerance: float | None = None) -> float:
     assert len(ref_samples) == len(got_samples), f"{name}: {len(got_samples)} samples, expected {len(ref_samples)}"
     worst_ratio, worst_error, worst_sample = 0.0, 0.0, None
     for index, (expected, actual) in enumerate(zip(ref_samples, got_samples)):
-        assert expected.shape == actual.shape, f"{name}: sample {index} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+        assert expected.shape == actual.shape, (
+            f"{name}: sample {index} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+        )
         assert torch.isfinite(expected).all(), f"{name}: sample {index}: the reference is not finite"
         assert torch.isfinite(actual).all(), f"{name}: sample {index}: NaN or inf in the result"
         allowed_tolerance = tolerance if tolerance is not None else TOLERANCE[actual.dtype]
@@ -255,11 +257,21 @@ class Batch:
 
     def subset(self, indices: Sequence[int]) -> "Batch":
         pick = lambda xs: [xs[i] for i in indices]  # noqa: E731
-        return Batch(pick(self.values), pick(self.rewards), pick(self.masks), pick(self.terminals), self.gamma, self.lambd, self.dtype)
+        return Batch(
+            pick(self.values),
+            pick(self.rewards),
+            pick(self.masks),
+            pick(self.terminals),
+            self.gamma,
+            self.lambd,
+            self.dtype,
+        )
 
     def as_float64(self) -> "Batch":
         to64 = lambda xs: [x.double() for x in xs]  # noqa: E731
-        return Batch(to64(self.values), to64(self.rewards), self.masks, self.terminals, self.gamma, self.lambd, torch.float64)
+        return Batch(
+            to64(self.values), to64(self.rewards), self.masks, self.terminals, self.gamma, self.lambd, torch.float64
+        )
 
     def packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(values, rewards, loss_mask, offsets, terminal_rewards)`` flat."""
@@ -337,7 +349,9 @@ def ragged_batches(draw, max_samples: int = 6, max_length: int = 60, dtype: torc
     float64 (unless ``dtype`` is given). The numbers come from a drawn seed (fast); the
     structure is drawn directly."""
     count = draw(st.integers(0, max_samples))
-    lengths = draw(st.lists(st.one_of(st.integers(0, max_length), st.sampled_from([0, 1, 2])), min_size=count, max_size=count))
+    lengths = draw(
+        st.lists(st.one_of(st.integers(0, max_length), st.sampled_from([0, 1, 2])), min_size=count, max_size=count)
+    )
     kinds = draw(st.lists(st.sampled_from(MASK_KINDS), min_size=count, max_size=count))
     seed = draw(st.integers(0, 2**32 - 1))
     if dtype is None:
@@ -349,7 +363,9 @@ def oracle_batch(semantics: str, batch: Batch) -> tuple[list[torch.Tensor], list
     """The pure-Python oracle of ``semantics`` over every sample, as float64 tensors."""
     advantages, returns = [], []
     for values, rewards, mask, terminal in zip(*batch.args()):
-        sample_advantages, sample_returns = ORACLES[semantics](values, rewards, mask, terminal, batch.gamma, batch.lambd)
+        sample_advantages, sample_returns = ORACLES[semantics](
+            values, rewards, mask, terminal, batch.gamma, batch.lambd
+        )
         advantages.append(torch.tensor(sample_advantages, dtype=torch.float64))
         returns.append(torch.tensor(sample_returns, dtype=torch.float64))
     return advantages, returns

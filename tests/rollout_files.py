@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import torch
 
 from gaecli.advantages.kernels.reference import reference_gae
+
 from helpers import masked_gae_oracle, unmasked_oracle
 
 # |got - ref| <= TOLERANCE[type] * (1 + max |ref| of the sample)
@@ -122,7 +123,13 @@ def rollout_table(
 ) -> pa.Table:
     """A rollout table. ``names`` renames the four data columns (role → name; None drops
     that column); ``extra_first`` columns come before them, ``extra`` after."""
-    names = {"values": "values", "rewards": "rewards", "loss_mask": "loss_mask", "terminal_reward": "terminal_reward", **(names or {})}
+    names = {
+        "values": "values",
+        "rewards": "rewards",
+        "loss_mask": "loss_mask",
+        "terminal_reward": "terminal_reward",
+        **(names or {}),
+    }
     columns: dict[str, pa.Array] = dict(extra_first or {})
     data = {
         "values": pa.array(rollouts.values, list_of(float_type, large)),
@@ -172,8 +179,13 @@ def rollouts_from_table(
     column is zeros."""
     masks = [[int(m != 0) for m in row] for row in table.column(loss_mask).to_pylist()]
     zeros = [[0.0] * len(mask) for mask in masks]
-    as_floats = lambda name: zeros if name is None else [[float(x) for x in row] for row in table.column(name).to_pylist()]  # noqa: E731
-    return Rollouts(as_floats(values), as_floats(rewards), masks, [float(x) for x in table.column(terminal_reward).to_pylist()])
+
+    def as_floats(name):
+        return zeros if name is None else [[float(x) for x in row] for row in table.column(name).to_pylist()]
+
+    return Rollouts(
+        as_floats(values), as_floats(rewards), masks, [float(x) for x in table.column(terminal_reward).to_pylist()]
+    )
 
 
 def reference_outputs(rollouts: Rollouts, gamma: float, lambd: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -183,8 +195,13 @@ def reference_outputs(rollouts: Rollouts, gamma: float, lambd: float) -> tuple[l
     flat = lambda rows: torch.tensor([x for row in rows for x in row], dtype=torch.float64)  # noqa: E731
     mask = torch.tensor([bool(m) for row in rollouts.masks for m in row], dtype=torch.bool)
     advantages, returns = reference_gae(
-        flat(rollouts.values), flat(rollouts.rewards), mask, offsets,
-        torch.tensor(rollouts.terminal, dtype=torch.float64), gamma=gamma, lambd=lambd,
+        flat(rollouts.values),
+        flat(rollouts.rewards),
+        mask,
+        offsets,
+        torch.tensor(rollouts.terminal, dtype=torch.float64),
+        gamma=gamma,
+        lambd=lambd,
     )
     split = lambda t: [piece.numpy() for piece in torch.split(t, lengths)]  # noqa: E731
     return split(advantages), split(returns)
@@ -204,10 +221,14 @@ def masked_advantages(values, rewards, mask, terminal: float, gamma: float, lamb
 def whiten_numpy(advantages: list[np.ndarray], masks: list[list[int]]) -> list[np.ndarray]:
     """(A − mean) / sqrt(var + 1e-8) over the trainable tokens of all samples given (mean
     and Bessel-corrected variance in float64); masked positions 0."""
-    trainable = np.concatenate([np.asarray(a, np.float64)[np.asarray(m, bool)] for a, m in zip(advantages, masks) if len(m)])
+    trainable = np.concatenate(
+        [np.asarray(a, np.float64)[np.asarray(m, bool)] for a, m in zip(advantages, masks) if len(m)]
+    )
     mean = trainable.mean()
     std = np.sqrt(trainable.var(ddof=1) + WHITEN_EPSILON)
-    return [np.where(np.asarray(m, bool), (np.asarray(a, np.float64) - mean) / std, 0.0) for a, m in zip(advantages, masks)]
+    return [
+        np.where(np.asarray(m, bool), (np.asarray(a, np.float64) - mean) / std, 0.0) for a, m in zip(advantages, masks)
+    ]
 
 
 def assert_rows_close(name: str, expected: Sequence[np.ndarray], got: Sequence, tolerance: float) -> None:

@@ -15,14 +15,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from helpers import (
-    FAST_KERNEL_NAMES,
-    assert_bitwise,
-    assert_close,
-    make_batch,
-    oracle_batch,
-    ragged_batches,
-)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -38,6 +30,15 @@ from gaecli.advantages.reduction import (
 )
 from gaecli.stats import GroupedMoments
 
+from helpers import (
+    FAST_KERNEL_NAMES,
+    assert_bitwise,
+    assert_close,
+    make_batch,
+    oracle_batch,
+    ragged_batches,
+)
+
 SEMANTICS = ["masked", *gaecli.BASELINES]
 
 
@@ -46,8 +47,9 @@ def whitened_oracle(advantages: list[torch.Tensor], masks: list[torch.Tensor], g
     the trainable tokens, ``(A − mean) / sqrt(var + 1e-8)``, 0 at masked positions."""
     out = [torch.zeros(a.numel(), dtype=torch.float64) for a in advantages]
     for group in set(groups):
-        numbers = [float(a[t]) for a, m, g in zip(advantages, masks, groups) if g == group
-                   for t in range(a.numel()) if m[t]]
+        numbers = [
+            float(a[t]) for a, m, g in zip(advantages, masks, groups) if g == group for t in range(a.numel()) if m[t]
+        ]
         mean = sum(numbers) / len(numbers)
         variance = sum((x - mean) ** 2 for x in numbers) / (len(numbers) - 1) if len(numbers) > 1 else 0.0
         for index, (a, m, g) in enumerate(zip(advantages, masks, groups)):
@@ -64,8 +66,15 @@ def whitened_oracle(advantages: list[torch.Tensor], masks: list[torch.Tensor], g
 def test_spec_defaults_and_fields():
     spec = AdvantageSpec(0.9, 0.95)
     assert spec.to_dict() == {
-        "gamma": 0.9, "lambd": 0.95, "semantics": "masked", "normalize": "none", "normalize_by": None,
-        "estimator": "gae", "timestep": "token", "lambd_critic": None, "lambd_alpha": None,
+        "gamma": 0.9,
+        "lambd": 0.95,
+        "semantics": "masked",
+        "normalize": "none",
+        "normalize_by": None,
+        "estimator": "gae",
+        "timestep": "token",
+        "lambd_critic": None,
+        "lambd_alpha": None,
     }
     assert spec.features == frozenset({"estimator:gae", "timestep:token"})
     assert spec.row_inputs == ()
@@ -154,8 +163,9 @@ def test_compute_advantages_matches_the_oracles(semantics, batch, kernel):
     assert_close(f"{semantics} advantages ({kernel})", expected_advantages, advantages)
     assert_close(f"{semantics} returns ({kernel})", expected_returns, returns)
     # The simple functions are this one with a spec: the same bits.
-    simple = gaecli.baseline_gae(*batch.args(), gamma=batch.gamma, lambd=batch.lambd, semantics=semantics,
-                                 kernel=kernel)
+    simple = gaecli.baseline_gae(
+        *batch.args(), gamma=batch.gamma, lambd=batch.lambd, semantics=semantics, kernel=kernel
+    )
     for name, got, expected in (("advantages", advantages, simple[0]), ("returns", returns, simple[1])):
         for index, (a, b) in enumerate(zip(got, expected)):
             assert_bitwise(f"{semantics} {name} sample {index}", b, a)
@@ -202,8 +212,9 @@ def test_compute_advantages_hand_worked_whitening():
     root = (3.0 + 1e-8) ** 0.5
     assert_close("whole", [f64([-1 / root, 0.0, 2 / root]), f64([-1 / root])], whole, 1e-15)
     spec = AdvantageSpec(0.0, 1.0, normalize="by", normalize_by="prompt")
-    by_group, _ = gaecli.compute_advantages(values, rewards, masks, terminal, spec=spec,
-                                            row_inputs={"prompt": torch.tensor([7, 9])})
+    by_group, _ = gaecli.compute_advantages(
+        values, rewards, masks, terminal, spec=spec, row_inputs={"prompt": torch.tensor([7, 9])}
+    )
     root = (4.5 + 1e-8) ** 0.5
     assert_close("by group", [f64([-1.5 / root, 0.0, 1.5 / root]), f64([0.0])], by_group, 1e-15)
     with pytest.raises(GAEInputError, match="spec reads per-row input 'prompt'"):
@@ -293,7 +304,7 @@ def test_grouped_reduction_is_batch_invariant_and_accurate(batch, cut, seed):
     def add(result: ReductionResult, first: int, last: int) -> ReductionResult:
         start, end = offsets[first], offsets[last]
         operands = {"new": advantages[start:end], "old": -advantages[start:end]}
-        result.add(operands, trainable[start:end], offsets[first:last + 1] - start, keys[first:last])
+        result.add(operands, trainable[start:end], offsets[first : last + 1] - start, keys[first:last])
         return result
 
     whole = add(ReductionResult(reduction), 0, rows)
@@ -306,8 +317,9 @@ def test_grouped_reduction_is_batch_invariant_and_accurate(batch, cut, seed):
         assert codes.size == 0
         assert batched.groups[operand].table.keys().equals(moments.table.keys()) if rows else True
         for name in ("counts", "sums", "sum_errors", "squares", "square_errors"):  # bitwise, whatever the batches
-            assert np.array_equal(getattr(batched.groups[operand], name)[: moments.size],
-                                  getattr(moments, name)[: moments.size])
+            assert np.array_equal(
+                getattr(batched.groups[operand], name)[: moments.size], getattr(moments, name)[: moments.size]
+            )
         totals, squares = moments.totals()
         split_totals, split_squares = split.groups[operand].totals()
         for code in range(moments.size):

@@ -14,6 +14,7 @@ import torch
 
 import gaecli
 from gaecli import GAEInputError
+
 from helpers import assert_close, masked_gae_oracle
 
 GAMMA, LAMBD = 0.9, 0.8
@@ -57,7 +58,13 @@ def call(form, values, rewards, masks, **options):
         return gaecli.masked_gae(values, rewards, masks, TERMINALS, gamma=GAMMA, lambd=LAMBD, **options)
     offsets = torch.tensor([0, 4, 9, 12])
     return gaecli.masked_gae_packed(
-        torch.cat(values), torch.cat(rewards), torch.cat(masks), offsets, TERMINALS, gamma=GAMMA, lambd=LAMBD,
+        torch.cat(values),
+        torch.cat(rewards),
+        torch.cat(masks),
+        offsets,
+        TERMINALS,
+        gamma=GAMMA,
+        lambd=LAMBD,
         **options,
     )
 
@@ -104,8 +111,9 @@ def test_validate_false_still_checks_mask_values():
     assert str(raised.value) == "sample 2: loss_mask value 0.5 at token 1 is not 0 or 1"
 
 
-@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float32,
-                                        torch.float64])
+@pytest.mark.parametrize(
+    "mask_dtype", [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float32, torch.float64]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 def test_every_mask_dtype_gives_the_oracle(dtype, mask_dtype):
     values, rewards, masks = batch(dtype, mask_dtype=mask_dtype)
@@ -120,8 +128,14 @@ def test_every_mask_dtype_gives_the_oracle(dtype, mask_dtype):
 def test_numpy_arrays_and_lists_are_taken_like_tensors():
     values, rewards, masks = batch(torch.float32, mask_dtype=torch.bool)
     from_tensors = gaecli.masked_gae(values, rewards, masks, TERMINALS, gamma=GAMMA, lambd=LAMBD)
-    from_numpy = gaecli.masked_gae([v.numpy() for v in values], [r.numpy() for r in rewards],
-                                   [m.numpy() for m in masks], np.array(TERMINALS), gamma=GAMMA, lambd=LAMBD)
+    from_numpy = gaecli.masked_gae(
+        [v.numpy() for v in values],
+        [r.numpy() for r in rewards],
+        [m.numpy() for m in masks],
+        np.array(TERMINALS),
+        gamma=GAMMA,
+        lambd=LAMBD,
+    )
     for got, want in zip(from_numpy[0] + from_numpy[1], from_tensors[0] + from_tensors[1]):
         assert isinstance(got, torch.Tensor) and torch.equal(got, want)
     from_lists = gaecli.masked_gae([[1.0, 2.0]], [[0.0, 1.0]], [[1, 1]], [0.0], gamma=1.0, lambd=1.0)

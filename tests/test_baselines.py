@@ -11,9 +11,10 @@ from hypothesis import given
 
 import gaecli
 from gaecli import GAEInputError
-from gaecli.flat import gae_flat  # the documented public path
-from gaecli.advantages.layout import last_trainable_index, next_trainable_index
 from gaecli.advantages import layout
+from gaecli.advantages.layout import last_trainable_index, next_trainable_index
+from gaecli.flat import gae_flat  # the documented public path
+
 from helpers import (
     FAST_KERNEL_NAMES,
     KERNEL_NAMES,
@@ -109,8 +110,12 @@ def test_hand_computed_case(semantics, kernel, dtype):
 def test_unmasked_gae_is_the_unmasked_baseline(kernel):
     batch = hand_batch(torch.float64)
     advantages, returns = gaecli.unmasked_gae(*batch.args(), gamma=batch.gamma, lambd=batch.lambd, kernel=kernel)
-    assert_bitwise("unmasked_gae hand case", torch.tensor(HAND_EXPECTED["unmasked"][0], dtype=torch.float64), advantages[0])
-    assert_bitwise("unmasked_gae hand case returns", torch.tensor(HAND_EXPECTED["unmasked"][1], dtype=torch.float64), returns[0])
+    assert_bitwise(
+        "unmasked_gae hand case", torch.tensor(HAND_EXPECTED["unmasked"][0], dtype=torch.float64), advantages[0]
+    )
+    assert_bitwise(
+        "unmasked_gae hand case returns", torch.tensor(HAND_EXPECTED["unmasked"][1], dtype=torch.float64), returns[0]
+    )
     random_batch = make_batch(21, [0, 13, 40, 1])
     expected = baseline("unmasked", random_batch, kernel)
     got = gaecli.unmasked_gae(*random_batch.args(), gamma=random_batch.gamma, lambd=random_batch.lambd, kernel=kernel)
@@ -162,14 +167,18 @@ def test_packed_form_equals_list_form(semantics, batch):
     )
     listed = baseline(semantics, batch, "auto")
     for which in range(2):
-        assert_bitwise(f"{semantics} output {which}", packed[which], torch.cat(listed[which]) if len(batch) else packed[which][:0])
+        assert_bitwise(
+            f"{semantics} output {which}", packed[which], torch.cat(listed[which]) if len(batch) else packed[which][:0]
+        )
 
 
 @pytest.mark.parametrize("semantics", GENERIC)
 def test_every_baseline_is_masked_gae_when_nothing_is_masked(semantics):
     batch = make_batch(24, [1, 9, 50, 0], ["ones"] * 4, dtype=torch.float64)
     advantages, returns = baseline(semantics, batch, "reference")
-    expected_advantages, expected_returns = gaecli.masked_gae(*batch.args(), gamma=batch.gamma, lambd=batch.lambd, kernel="reference")
+    expected_advantages, expected_returns = gaecli.masked_gae(
+        *batch.args(), gamma=batch.gamma, lambd=batch.lambd, kernel="reference"
+    )
     assert_close(f"{semantics} with an all-ones mask", expected_advantages, advantages)
     assert_close(f"{semantics} with an all-ones mask, returns", expected_returns, returns)
 
@@ -192,8 +201,12 @@ def flat(semantics: str, packed: tuple, gamma: float, lambd: float):
 def test_flat_hand_computed_case(semantics, dtype):
     batch = hand_batch(dtype)
     advantages, returns = flat(semantics, batch.packed(), batch.gamma, batch.lambd)
-    expected_advantages = torch.cat([torch.tensor(HAND_EXPECTED[semantics][0]), torch.tensor(FULLY_MASKED_EXPECTED[semantics][0])]).to(dtype)
-    expected_returns = torch.cat([torch.tensor(HAND_EXPECTED[semantics][1]), torch.tensor(FULLY_MASKED_EXPECTED[semantics][1])]).to(dtype)
+    expected_advantages = torch.cat(
+        [torch.tensor(HAND_EXPECTED[semantics][0]), torch.tensor(FULLY_MASKED_EXPECTED[semantics][0])]
+    ).to(dtype)
+    expected_returns = torch.cat(
+        [torch.tensor(HAND_EXPECTED[semantics][1]), torch.tensor(FULLY_MASKED_EXPECTED[semantics][1])]
+    ).to(dtype)
     assert_bitwise(f"flat {semantics} advantages", expected_advantages, advantages)
     assert_bitwise(f"flat {semantics} returns", expected_returns, returns)
 
@@ -203,7 +216,9 @@ def test_flat_hand_computed_case(semantics, dtype):
 def test_flat_path_is_bitwise_the_torch_path(semantics, batch):
     # The commands compute on numpy without torch; the library on tensors: same bits.
     packed = batch.packed()
-    expected = gaecli.baseline_gae_packed(*packed, gamma=batch.gamma, lambd=batch.lambd, semantics=semantics, kernel="native")
+    expected = gaecli.baseline_gae_packed(
+        *packed, gamma=batch.gamma, lambd=batch.lambd, semantics=semantics, kernel="native"
+    )
     got = flat(semantics, packed, batch.gamma, batch.lambd)
     assert_bitwise(f"{semantics} advantages", expected[0], got[0])
     assert_bitwise(f"{semantics} returns", expected[1], got[1])

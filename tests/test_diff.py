@@ -20,15 +20,14 @@ import pytest
 
 from gaecli.comparison.token_sample import TokenSample
 from gaecli.stats import DeltaHistograms, SignedLogHistogram, diff_rows
+
 from helpers import ORACLES
-from rollout_files import gae, Rollouts, random_rollouts, rollout_table, write_table
+from rollout_files import Rollouts, gae, random_rollouts, rollout_table, write_table
 
 QUANTILE_ERROR = 0.005
 BASELINES = ["unmasked", "skip-masked", "zero-masked"]
 # γ = 0, γλ < 1 and γ = λ = 1
 DISCOUNTS = [(0.0, 0.9), (0.9, 0.8), (1.0, 1.0)]
-
-
 
 
 def diff_json(*args, gamma, lambd) -> dict:
@@ -47,7 +46,10 @@ def rollouts(rows: int = 40, seed: int = 7) -> Rollouts:
 def data_table(data: Rollouts, *, extra: dict | None = None) -> pa.Table:
     """float64 rollouts with an id and a step column (4 steps)."""
     rows = len(data)
-    columns = {"sample_id": pa.array([f"s{row:03d}" for row in range(rows)]), "step": pa.array([row % 4 for row in range(rows)])}
+    columns = {
+        "sample_id": pa.array([f"s{row:03d}" for row in range(rows)]),
+        "step": pa.array([row % 4 for row in range(rows)]),
+    }
     return rollout_table(data, float_type=pa.float64(), extra={**columns, **(extra or {})})
 
 
@@ -185,7 +187,9 @@ def assert_figures(summary: dict, expected: dict, *, exact_tol: float = 1e-9) ->
         elif isinstance(want, int) and not isinstance(want, bool) and "credit" not in key:
             assert got == want, f"{key}: {got!r}, expected {want!r}"
         elif key.startswith(("median_abs", "p99_abs")):
-            assert got is not None and abs(got - want) <= QUANTILE_ERROR * 1.01 * abs(want) + 1e-9, f"{key}: {got!r}, expected {want!r}"
+            assert got is not None and abs(got - want) <= QUANTILE_ERROR * 1.01 * abs(want) + 1e-9, (
+                f"{key}: {got!r}, expected {want!r}"
+            )
         else:
             assert got == pytest.approx(want, rel=exact_tol, abs=1e-9), f"{key}: {got!r}, expected {want!r}"
 
@@ -205,7 +209,11 @@ def test_every_figure_against_plain_loops(tmp_path, baseline, gamma, lambd):
     expected = expected_figures(data, new, old, new_returns, old_returns, credits)
     summary = report["summary"]
     assert summary["baseline"] == baseline and report["old"] == {
-        "source": "baseline", "baseline": baseline, "advantages_column": None, "returns_column": None}
+        "source": "baseline",
+        "baseline": baseline,
+        "advantages_column": None,
+        "returns_column": None,
+    }
     assert summary["masked_tail_samples"] > 0 and summary["fully_masked_samples"] > 0 and summary["empty_samples"] > 0
     assert_figures(summary, expected)
     assert summary["trainable_share"] == pytest.approx(expected["trainable_tokens"] / expected["tokens"])
@@ -225,7 +233,9 @@ def test_terminal_credit_per_baseline(tmp_path, gamma, lambd):
     )
     path = write_data(tmp_path, data)
     for baseline, formula in (("unmasked", (gamma * lambd) ** 3), ("skip-masked", 0.0), ("zero-masked", 1.0)):
-        summary = diff_json(path, "--baseline", baseline, "--per-sample", tmp_path / "rows.parquet", gamma=gamma, lambd=lambd)["summary"]
+        summary = diff_json(
+            path, "--baseline", baseline, "--per-sample", tmp_path / "rows.parquet", gamma=gamma, lambd=lambd
+        )["summary"]
         measured = perturbed_credit(baseline, data, gamma, lambd)
         assert measured[0] == pytest.approx(formula, abs=1e-12)
         assert summary["masked_tail_samples"] == 1 and summary["longest_masked_tail"] == 3
@@ -246,15 +256,23 @@ def test_normalize_whitens_new_and_old_each_with_its_own_statistics(tmp_path):
 
     report = diff_json(path, "--normalize", gamma=gamma, lambd=lambd)
     assert report["normalize"] == "all"
-    expected = expected_figures(data, whiten_lists(new, data.masks), whiten_lists(old, data.masks), new_returns, old_returns, credits)
+    expected = expected_figures(
+        data, whiten_lists(new, data.masks), whiten_lists(old, data.masks), new_returns, old_returns, credits
+    )
     assert_figures(report["summary"], expected, exact_tol=1e-7)
     assert report["summary"]["new_advantage_std"] == pytest.approx(1.0, abs=1e-6)
 
     steps = [row % 4 for row in range(len(data))]
     report = diff_json(path, "--normalize-by", "step", gamma=gamma, lambd=lambd)
     assert report["normalize"] == "by:step"
-    expected = expected_figures(data, whiten_lists(new, data.masks, steps), whiten_lists(old, data.masks, steps),
-                                new_returns, old_returns, credits)
+    expected = expected_figures(
+        data,
+        whiten_lists(new, data.masks, steps),
+        whiten_lists(old, data.masks, steps),
+        new_returns,
+        old_returns,
+        credits,
+    )
     assert_figures(report["summary"], expected, exact_tol=1e-7)
 
 
@@ -264,16 +282,26 @@ def test_against_stored_columns(tmp_path):
     rng = np.random.default_rng(0)
     stored, stored_returns = outputs("unmasked", data, gamma, lambd)
     stored = [a + rng.normal(0, 0.01, a.size) for a in stored]  # what a trainer logged, say
-    path = write_data(tmp_path, data, extra={
-        "trained_advantages": pa.array([a.tolist() for a in stored], pa.list_(pa.float32())),
-        "trained_returns": pa.array([r.tolist() for r in stored_returns], pa.list_(pa.float64())),
-    })
+    path = write_data(
+        tmp_path,
+        data,
+        extra={
+            "trained_advantages": pa.array([a.tolist() for a in stored], pa.list_(pa.float32())),
+            "trained_returns": pa.array([r.tolist() for r in stored_returns], pa.list_(pa.float64())),
+        },
+    )
     as_stored = [np.asarray(a, dtype=np.float32).astype(np.float64) for a in stored]
     new, new_returns = outputs("masked", data, gamma, lambd)
 
-    report = diff_json(path, "--against", "trained_advantages", "--against-returns", "trained_returns", gamma=gamma, lambd=lambd)
-    assert report["old"] == {"source": "stored", "baseline": None, "advantages_column": "trained_advantages",
-                             "returns_column": "trained_returns"}
+    report = diff_json(
+        path, "--against", "trained_advantages", "--against-returns", "trained_returns", gamma=gamma, lambd=lambd
+    )
+    assert report["old"] == {
+        "source": "stored",
+        "baseline": None,
+        "advantages_column": "trained_advantages",
+        "returns_column": "trained_returns",
+    }
     expected = expected_figures(data, new, as_stored, new_returns, stored_returns, credits=None)
     assert_figures(report["summary"], expected)
     assert all(entry["terminal_credit"] is None for entry in report["top_samples"])
@@ -297,7 +325,10 @@ def test_grouped_figures(tmp_path):
     for group in groups:
         rows = [row for row in range(len(data)) if row % 4 == group["key"]]
         part = data.take(rows)
-        pick = lambda xs: [xs[row] for row in rows]  # noqa: E731
+
+        def pick(xs, rows=rows):
+            return [xs[row] for row in rows]
+
         expected = expected_figures(part, pick(new), pick(old), pick(new_returns), pick(old_returns), pick(credits))
         assert group["samples"] == expected["samples"] and group["tokens"] == expected["tokens"]
         assert group["trainable_tokens"] == expected["trainable_tokens"]
@@ -306,15 +337,24 @@ def test_grouped_figures(tmp_path):
         assert group["fully_masked_samples"] == expected["fully_masked_samples"]
         assert group["masked_tail_samples"] == expected["masked_tail_samples"]
         assert group["mean_terminal_credit"] == pytest.approx(expected["mean_terminal_credit"], abs=1e-12)
-        for key in ("mean_abs_delta_advantage", "max_abs_delta_advantage", "mean_abs_delta_return", "max_abs_delta_return",
-                    "sign_flip_share", "correlation"):
+        for key in (
+            "mean_abs_delta_advantage",
+            "max_abs_delta_advantage",
+            "mean_abs_delta_return",
+            "max_abs_delta_return",
+            "sign_flip_share",
+            "correlation",
+        ):
             assert group[key] == pytest.approx(expected[key], rel=1e-9, abs=1e-12), key
     assert sum(group["samples"] for group in groups) == report["summary"]["samples"]
 
 
 def test_figures_do_not_depend_on_the_batch_size(tmp_path):
     data = rollouts(rows=50, seed=9)
-    paths = [write_data(tmp_path / "in", data, "a.parquet"), write_data(tmp_path / "in", rollouts(rows=30, seed=10), "b.parquet")]
+    paths = [
+        write_data(tmp_path / "in", data, "a.parquet"),
+        write_data(tmp_path / "in", rollouts(rows=30, seed=10), "b.parquet"),
+    ]
     options = ["--group-by", "step", "--id-col", "sample_id", "--normalize", "--top", "7"]
     reports = [diff_json(*paths, *options, "--batch-rows", rows, gamma=0.99, lambd=0.9) for rows in (1, 7, 1000)]
     assert reports[0] == reports[1] == reports[2]
@@ -328,7 +368,9 @@ def test_top_samples_order_ties_and_fields(tmp_path):
     data = rollouts(rows=30, seed=21)
     first = write_data(tmp_path, data, "a.parquet")
     second = write_data(tmp_path, data, "b.parquet")  # the same rows: every max |Δ| tied across files
-    report = diff_json(first, second, "--top", "6", "--id-col", "sample_id", "--group-by", "step", gamma=gamma, lambd=lambd)
+    report = diff_json(
+        first, second, "--top", "6", "--id-col", "sample_id", "--group-by", "step", gamma=gamma, lambd=lambd
+    )
     new, _ = outputs("masked", data, gamma, lambd)
     old, old_returns = outputs("unmasked", data, gamma, lambd)
     _, new_returns = outputs("masked", data, gamma, lambd)
@@ -345,7 +387,9 @@ def test_top_samples_order_ties_and_fields(tmp_path):
     got = [(entry["file"], entry["row"]) for entry in top]
     # equal maxima (up to rounding) in both files: the first file's row first
     assert got == [(path, row) for _, _, row, path in candidates[:6]]
-    assert [entry["max_abs_delta_advantage"] for entry in top] == sorted((e["max_abs_delta_advantage"] for e in top), reverse=True)
+    assert [entry["max_abs_delta_advantage"] for entry in top] == sorted(
+        (e["max_abs_delta_advantage"] for e in top), reverse=True
+    )
     for entry in top:
         row, mask = entry["row"], data.masks[entry["row"]]
         trainable = [t for t, m in enumerate(mask) if m]
@@ -357,7 +401,8 @@ def test_top_samples_order_ties_and_fields(tmp_path):
         assert entry["max_abs_delta_advantage"] == pytest.approx(max(deltas), rel=1e-12)
         assert entry["mean_abs_delta_advantage"] == pytest.approx(sum(deltas) / len(deltas), rel=1e-9)
         assert entry["max_abs_delta_return"] == pytest.approx(
-            max(abs(new_returns[row][t] - old_returns[row][t]) for t in trainable), rel=1e-9)
+            max(abs(new_returns[row][t] - old_returns[row][t]) for t in trainable), rel=1e-9
+        )
         assert entry["sign_flips"] == sum(1 for t in trainable if new[row][t] * old[row][t] < 0)
         assert entry["terminal_credit"] == pytest.approx(credits[row], abs=1e-12)
         assert entry["changed"] is True
@@ -393,16 +438,57 @@ def assert_markdown_tables(text: str) -> int:
 def test_every_output_parses(tmp_path):
     data = rollouts(seed=4)
     path = write_data(tmp_path, data)
-    json_path, markdown_path, html_path, rows_path = (tmp_path / name for name in ("r.json", "r.md", "r.html", "rows.parquet"))
-    result = gae("diff", path, "--gamma", 0.9, "--lambd", 0.8, "--group-by", "step", "--id-col", "sample_id", "--top", "3",
-                 "--json", json_path, "--markdown", markdown_path, "--html", html_path, "--per-sample", rows_path)
+    json_path, markdown_path, html_path, rows_path = (
+        tmp_path / name for name in ("r.json", "r.md", "r.html", "rows.parquet")
+    )
+    result = gae(
+        "diff",
+        path,
+        "--gamma",
+        0.9,
+        "--lambd",
+        0.8,
+        "--group-by",
+        "step",
+        "--id-col",
+        "sample_id",
+        "--top",
+        "3",
+        "--json",
+        json_path,
+        "--markdown",
+        markdown_path,
+        "--html",
+        html_path,
+        "--per-sample",
+        rows_path,
+    )
     assert result.exit_code == 0, result.output
     assert "gae diff" in result.stderr and "top samples" in result.stderr and "by step" in result.stderr
 
     document = json.loads(json_path.read_text())
-    assert set(document) == {"version", "gamma", "lambd", "kernel", "new", "old", "normalize", "tolerance", "group_by",
-                             "id_col", "top", "files", "quantiles", "summary", "top_samples", "groups", "per_sample"}
-    assert document["quantiles"]["name"] == "log-histogram" and document["quantiles"]["relative_error"] == QUANTILE_ERROR
+    assert set(document) == {
+        "version",
+        "gamma",
+        "lambd",
+        "kernel",
+        "new",
+        "old",
+        "normalize",
+        "tolerance",
+        "group_by",
+        "id_col",
+        "top",
+        "files",
+        "quantiles",
+        "summary",
+        "top_samples",
+        "groups",
+        "per_sample",
+    }
+    assert (
+        document["quantiles"]["name"] == "log-histogram" and document["quantiles"]["relative_error"] == QUANTILE_ERROR
+    )
     assert document["files"] == [{"file": str(path), "rows": len(data), "tokens": sum(len(m) for m in data.masks)}]
 
     markdown = markdown_path.read_text()
@@ -450,7 +536,11 @@ def test_markdown_to_stdout_and_html_without_groups(tmp_path):
 
 
 def test_usage_errors(tmp_path, monkeypatch):
-    path = write_data(tmp_path, rollouts(rows=8, seed=1), extra={"trained": pa.array([[0.0] * len(m) for m in rollouts(rows=8, seed=1).masks])})
+    path = write_data(
+        tmp_path,
+        rollouts(rows=8, seed=1),
+        extra={"trained": pa.array([[0.0] * len(m) for m in rollouts(rows=8, seed=1).masks])},
+    )
 
     def run(*args):
         return gae("diff", path, "--gamma", 1, "--lambd", 1, "--quiet", *args)
@@ -498,8 +588,14 @@ def test_log_histogram_quantiles_are_within_the_stated_error():
     histogram = SignedLogHistogram(QUANTILE_ERROR, 1e-12)
     trainable = np.ones(numbers.size, dtype=bool)
     offsets = np.array([0, numbers.size])
-    diff_rows(numbers, np.zeros_like(numbers), trainable, offsets, 1e-6,
-              histograms=DeltaHistograms(histogram, SignedLogHistogram(QUANTILE_ERROR, 1e-12)))
+    diff_rows(
+        numbers,
+        np.zeros_like(numbers),
+        trainable,
+        offsets,
+        1e-6,
+        histograms=DeltaHistograms(histogram, SignedLogHistogram(QUANTILE_ERROR, 1e-12)),
+    )
     magnitudes = np.abs(numbers)
     for q in (0.0, 0.01, 0.1, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0):
         want = nearest_rank(magnitudes.tolist(), q)
@@ -519,7 +615,7 @@ def test_row_figures_are_named_and_match_a_loop_per_row():
     old[::4] = new[::4]  # unchanged tokens
     new_returns, old_returns = rng.normal(size=size), rng.normal(size=size)
     trainable = rng.random(size) < 0.7
-    trainable[offsets[4]:offsets[5]] = False  # a fully masked row
+    trainable[offsets[4] : offsets[5]] = False  # a fully masked row
     tolerance = 0.3
     rows = diff_rows(new, old, trainable, offsets, tolerance, returns=(new_returns, old_returns))
     without_returns = diff_rows(new, old, trainable, offsets, tolerance)
@@ -529,12 +625,18 @@ def test_row_figures_are_named_and_match_a_loop_per_row():
         relative = [deltas[i] / (1.0 + abs(float(new[t]))) for i, t in enumerate(tokens)]
         return_deltas = [abs(float(new_returns[t]) - float(old_returns[t])) for t in tokens]
         want = {
-            "max_abs": max(deltas, default=0.0), "max_relative": max(relative, default=0.0),
-            "sum_abs": math.fsum(deltas), "sign_flips": sum(float(new[t]) * float(old[t]) < 0 for t in tokens),
-            "max_abs_return": max(return_deltas, default=0.0), "sum_abs_return": math.fsum(return_deltas),
-            "sum_new": math.fsum(new[t] for t in tokens), "sum_old": math.fsum(old[t] for t in tokens),
-            "sum_new_sq": math.fsum(new[t] ** 2 for t in tokens), "sum_old_sq": math.fsum(old[t] ** 2 for t in tokens),
-            "sum_cross": math.fsum(new[t] * old[t] for t in tokens), "trainable_tokens": len(tokens),
+            "max_abs": max(deltas, default=0.0),
+            "max_relative": max(relative, default=0.0),
+            "sum_abs": math.fsum(deltas),
+            "sign_flips": sum(float(new[t]) * float(old[t]) < 0 for t in tokens),
+            "max_abs_return": max(return_deltas, default=0.0),
+            "sum_abs_return": math.fsum(return_deltas),
+            "sum_new": math.fsum(new[t] for t in tokens),
+            "sum_old": math.fsum(old[t] for t in tokens),
+            "sum_new_sq": math.fsum(new[t] ** 2 for t in tokens),
+            "sum_old_sq": math.fsum(old[t] ** 2 for t in tokens),
+            "sum_cross": math.fsum(new[t] * old[t] for t in tokens),
+            "trainable_tokens": len(tokens),
             "changed_tokens": sum(value > tolerance for value in relative),
         }
         for name, value in want.items():

@@ -16,13 +16,22 @@ import time
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from rollout_files import (
-    assert_rows_close, files_under, gae, random_rollouts, reference_outputs, rollouts_from_table, rollout_table, sha256,
-    whiten_numpy, write_table,
-)
 
 from gaecli.engines import AUTO_BYTES_PER_WORKER, EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.errors import GAEInputError
+
+from rollout_files import (
+    assert_rows_close,
+    files_under,
+    gae,
+    random_rollouts,
+    reference_outputs,
+    rollout_table,
+    rollouts_from_table,
+    sha256,
+    whiten_numpy,
+    write_table,
+)
 
 GAMMA, LAMBD = 0.99, 0.95
 OUTPUT_COLUMNS = ("advantages", "returns", "advantages_unmasked", "returns_unmasked")
@@ -40,7 +49,9 @@ def inputs(tmp_path_factory):
 
 
 def recompute(inputs, output, *options):
-    return gae("recompute", inputs, "-o", output, "--gamma", GAMMA, "--lambd", LAMBD, "--quiet", "--keep-baseline", *options)
+    return gae(
+        "recompute", inputs, "-o", output, "--gamma", GAMMA, "--lambd", LAMBD, "--quiet", "--keep-baseline", *options
+    )
 
 
 def output_bits(out_dir) -> dict:
@@ -48,7 +59,9 @@ def output_bits(out_dir) -> dict:
     found = {}
     for name in files_under(out_dir):
         table = pq.read_table(out_dir / name)
-        found[name] = {column: table.column(column).combine_chunks().flatten().to_numpy().tobytes() for column in OUTPUT_COLUMNS}
+        found[name] = {
+            column: table.column(column).combine_chunks().flatten().to_numpy().tobytes() for column in OUTPUT_COLUMNS
+        }
         found[name]["rows"] = table.drop_columns(list(OUTPUT_COLUMNS)).to_pylist()
     return found
 
@@ -56,14 +69,28 @@ def output_bits(out_dir) -> dict:
 ENGINES = [("local", 1, 7), ("local", 2, 3), ("ray", 2, 5)]
 
 
-@pytest.mark.parametrize("normalize", [(), ("--normalize",), ("--normalize-by", "rollout_id")], ids=["plain", "normalize", "normalize-by"])
+@pytest.mark.parametrize(
+    "normalize", [(), ("--normalize",), ("--normalize-by", "rollout_id")], ids=["plain", "normalize", "normalize-by"]
+)
 def test_engines_give_bitwise_equal_outputs(tmp_path, inputs, local_ray, normalize):
     results = {}
     for engine, workers, batch_rows in ENGINES:
         if engine == "ray" and local_ray is None:
             continue
         out_dir = tmp_path / f"{engine}{workers}"
-        result = recompute(inputs, out_dir, "--engine", engine, "--workers", workers, "--batch-rows", batch_rows, "--json", "-", *normalize)
+        result = recompute(
+            inputs,
+            out_dir,
+            "--engine",
+            engine,
+            "--workers",
+            workers,
+            "--batch-rows",
+            batch_rows,
+            "--json",
+            "-",
+            *normalize,
+        )
         assert result.exit_code == 0, result.output
         report = json.loads(result.stdout)
         results[engine, workers] = output_bits(out_dir), report["summary"], [f["rows"] for f in report["files"]]
@@ -109,7 +136,10 @@ def test_skip_existing_resumes_a_run(tmp_path, inputs):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert [(f["output"].removeprefix(str(out_dir) + "/"), f["skipped"]) for f in report["files"]] == [
-        ("a.parquet", True), ("day1/b.parquet", False), ("day2/c.parquet", True)]
+        ("a.parquet", True),
+        ("day1/b.parquet", False),
+        ("day2/c.parquet", True),
+    ]
     assert output_bits(out_dir) == before  # the normalize statistics still cover every input
     assert sha256(out_dir / "a.parquet") == hashes["a.parquet"]
     again = recompute(inputs, out_dir, "--skip-existing", "--overwrite")
@@ -162,7 +192,8 @@ def test_the_dead_workers_file_is_told_from_the_ones_beside_it():
     assert all(isinstance(result, TaskFailure) and result.code == 2 for result in results)
     assert [result.message for result in results] == [
         "one.parquet: stopped when the worker process running two.parquet died; nothing was written for it",
-        "two.parquet: the worker process running this file died (killed, out of memory or crashed); nothing was written for it",
+        "two.parquet: the worker process running this file died (killed, out of memory or crashed); nothing was "
+        "written for it",
         "three.parquet: not started: the worker process running two.parquet died; nothing was written for it",
     ]
 
@@ -202,7 +233,9 @@ def test_progress_moves_batch_by_batch_in_workers(engine, workers, local_ray):
         local_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     progress = _Recording()
     try:
-        results = map_units(_in_steps, [(4,), (-2,), (7,)], ["a", "bad", "c"], EngineOptions(engine, workers), progress=progress)
+        results = map_units(
+            _in_steps, [(4,), (-2,), (7,)], ["a", "bad", "c"], EngineOptions(engine, workers), progress=progress
+        )
     finally:
         if engine == "ray":
             local_ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
@@ -221,7 +254,9 @@ class _FailingProgress(_Recording):
 def test_a_failing_progress_fails_the_run_as_in_process(workers):
     # Raised in the parent as it would be in this process; the workers are not left stalled.
     with pytest.raises(RuntimeError, match="the progress display broke"):
-        map_units(_in_steps, [(4,), (5,), (7,)], ["a", "b", "c"], EngineOptions("local", workers), progress=_FailingProgress())
+        map_units(
+            _in_steps, [(4,), (5,), (7,)], ["a", "b", "c"], EngineOptions("local", workers), progress=_FailingProgress()
+        )
 
 
 def _pid(value: int, progress=None):
@@ -260,7 +295,12 @@ def test_default_worker_count_follows_cores_and_input_size(monkeypatch):
     per_worker = AUTO_BYTES_PER_WORKER
     local = EngineOptions("local")
     assert local.worker_count() == 8
-    assert [local.for_inputs(size).workers for size in (0, per_worker - 1, 3 * per_worker, 100 * per_worker)] == [1, 1, 3, 8]
+    assert [local.for_inputs(size).workers for size in (0, per_worker - 1, 3 * per_worker, 100 * per_worker)] == [
+        1,
+        1,
+        3,
+        8,
+    ]
     assert EngineOptions("local", 5).for_inputs(0).workers == 5  # --workers is taken as given
     assert EngineOptions("ray").for_inputs(0).worker_count() == 8  # Ray's CPUs: the cores
 
@@ -304,9 +344,31 @@ def test_ray_started_by_the_command_is_quiet_and_gives_the_same_bits(tmp_path, i
     # the work, then shut down), and --quiet keeps Ray's own log lines off stderr too.
     pytest.importorskip("ray")
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "gaecli", "recompute", str(inputs), "-o", str(out), "--gamma", str(GAMMA),
-                           "--lambd", str(LAMBD), "--keep-baseline", "--normalize", "--engine", "ray", "--workers", "2", "--quiet"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gaecli",
+            "recompute",
+            str(inputs),
+            "-o",
+            str(out),
+            "--gamma",
+            str(GAMMA),
+            "--lambd",
+            str(LAMBD),
+            "--keep-baseline",
+            "--normalize",
+            "--engine",
+            "ray",
+            "--workers",
+            "2",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr == "" and done.stdout == ""
     reference = tmp_path / "reference"
@@ -320,9 +382,30 @@ def test_ray_address_joins_a_running_ray(tmp_path, inputs, local_ray):
         pytest.skip("ray is not installed")
     address = local_ray.get_runtime_context().gcs_address
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "gaecli", "recompute", str(inputs), "-o", str(out), "--gamma", str(GAMMA),
-                           "--lambd", str(LAMBD), "--keep-baseline", "--engine", "ray", "--ray-address", address, "--quiet"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gaecli",
+            "recompute",
+            str(inputs),
+            "-o",
+            str(out),
+            "--gamma",
+            str(GAMMA),
+            "--lambd",
+            str(LAMBD),
+            "--keep-baseline",
+            "--engine",
+            "ray",
+            "--ray-address",
+            address,
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     reference = tmp_path / "reference"
     assert recompute(inputs, reference, "--workers", 1).exit_code == 0
@@ -336,12 +419,33 @@ def test_an_unreachable_ray_address_is_refused_at_once(tmp_path, inputs):
     with socket.socket() as listener:  # a port nothing listens on: bound, never listening
         listener.bind(("127.0.0.1", 0))
         port = listener.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "gaecli", "recompute", str(inputs), "-o", str(tmp_path / "out"),
-                               "--gamma", "1", "--lambd", "1", "--engine", "ray", "--ray-address", f"127.0.0.1:{port}"],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gaecli",
+                "recompute",
+                str(inputs),
+                "-o",
+                str(tmp_path / "out"),
+                "--gamma",
+                "1",
+                "--lambd",
+                "1",
+                "--engine",
+                "ray",
+                "--ray-address",
+                f"127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 2
-    assert done.stderr == f"error: cannot join Ray at 127.0.0.1:{port}: nothing answers there (Connection refused); " \
-                          f"start the cluster or check --ray-address\n"
+    assert (
+        done.stderr == f"error: cannot join Ray at 127.0.0.1:{port}: nothing answers there (Connection refused); "
+        f"start the cluster or check --ray-address\n"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -367,7 +471,9 @@ def test_engine_usage_errors(tmp_path, inputs):
 DIFF_ENGINES = [("local", 1, 7), ("local", 2, 3), ("ray", 2, 5)]
 
 
-@pytest.mark.parametrize("options", [(), ("--normalize",), ("--normalize-by", "rollout_id")], ids=["plain", "normalize", "normalize-by"])
+@pytest.mark.parametrize(
+    "options", [(), ("--normalize",), ("--normalize-by", "rollout_id")], ids=["plain", "normalize", "normalize-by"]
+)
 def test_diff_engines_give_identical_reports(tmp_path, inputs, local_ray, monkeypatch, options):
     results = {}
     for engine, workers, batch_rows in DIFF_ENGINES:
@@ -376,12 +482,40 @@ def test_diff_engines_give_identical_reports(tmp_path, inputs, local_ray, monkey
         run_dir = tmp_path / f"{engine}{workers}"
         run_dir.mkdir()
         monkeypatch.chdir(run_dir)  # the report names the per-sample file as given: the same relative path
-        result = gae("diff", inputs, "--gamma", GAMMA, "--lambd", LAMBD, "--group-by", "rollout_id", "--id-col", "rollout_id",
-                     "--top", 7, "--engine", engine, "--workers", workers, "--batch-rows", batch_rows, "--quiet",
-                     "--json", "r.json", "--markdown", "r.md", "--per-sample", "rows.parquet", *options)
+        result = gae(
+            "diff",
+            inputs,
+            "--gamma",
+            GAMMA,
+            "--lambd",
+            LAMBD,
+            "--group-by",
+            "rollout_id",
+            "--id-col",
+            "rollout_id",
+            "--top",
+            7,
+            "--engine",
+            engine,
+            "--workers",
+            workers,
+            "--batch-rows",
+            batch_rows,
+            "--quiet",
+            "--json",
+            "r.json",
+            "--markdown",
+            "r.md",
+            "--per-sample",
+            "rows.parquet",
+            *options,
+        )
         assert result.exit_code == 0, result.output
-        results[engine, workers] = (json.loads((run_dir / "r.json").read_text()), (run_dir / "r.md").read_text(),
-                                    pq.read_table(run_dir / "rows.parquet"))
+        results[engine, workers] = (
+            json.loads((run_dir / "r.json").read_text()),
+            (run_dir / "r.md").read_text(),
+            pq.read_table(run_dir / "rows.parquet"),
+        )
     document, markdown, rows = results["local", 1]
     assert len(document["files"]) == 3 and len(document["top_samples"]) == 7 and len(document["groups"]) == 3
     assert rows.num_rows == 23 + 31 + 17
@@ -395,15 +529,19 @@ def test_diff_engines_keep_the_same_token_sample_and_top_arrays(inputs, local_ra
     from gaecli.diff import DiffOptions, diff_files
 
     options = DiffOptions(gamma=GAMMA, lambd=LAMBD, normalize=True, top=4, batch_rows=5, scatter_sample=50)
-    reports = [diff_files([inputs], options, engine=EngineOptions(engine, workers))
-               for engine, workers, _ in DIFF_ENGINES if engine != "ray" or local_ray is not None]
+    reports = [
+        diff_files([inputs], options, engine=EngineOptions(engine, workers))
+        for engine, workers, _ in DIFF_ENGINES
+        if engine != "ray" or local_ray is not None
+    ]
     first = reports[0]
     assert first.scatter[0].size == 50
     for report in reports[1:]:
         for mine, theirs in zip(first.scatter, report.scatter):
             assert mine.tobytes() == theirs.tobytes()
-        assert [(e.file, e.row, e.new.tobytes(), e.old.tobytes(), e.trainable.tobytes()) for e in report.top] == \
-               [(e.file, e.row, e.new.tobytes(), e.old.tobytes(), e.trainable.tobytes()) for e in first.top]
+        assert [(e.file, e.row, e.new.tobytes(), e.old.tobytes(), e.trainable.tobytes()) for e in report.top] == [
+            (e.file, e.row, e.new.tobytes(), e.old.tobytes(), e.trainable.tobytes()) for e in first.top
+        ]
         assert (report.histogram.counts == first.histogram.counts).all()
 
 
@@ -415,7 +553,19 @@ def test_diff_bad_file_among_good_ones_names_it(tmp_path, inputs):
     bad = random_rollouts(8, seed=1)
     bad.masks[2] = [2] * len(bad.masks[2])
     write_table(rollout_table(bad, extra={"rollout_id": pa.array(["x"] * 8)}), source / "day1" / "z.parquet")
-    result = gae("diff", source, "--gamma", GAMMA, "--lambd", LAMBD, "--workers", 2, "--per-sample", tmp_path / "rows.parquet", "--quiet")
+    result = gae(
+        "diff",
+        source,
+        "--gamma",
+        GAMMA,
+        "--lambd",
+        LAMBD,
+        "--workers",
+        2,
+        "--per-sample",
+        tmp_path / "rows.parquet",
+        "--quiet",
+    )
     assert result.exit_code == 1, result.output
     assert "z.parquet" in result.stderr
     assert not (tmp_path / "rows.parquet").exists() and list(tmp_path.glob(".rows.parquet*")) == []
@@ -434,8 +584,9 @@ def test_normalize_by_many_groups_is_bitwise_equal_for_any_batch_size_and_worker
     runs = {}
     for batch_rows, workers in ((1, 1), (7, 2), (256, 1), (256, 2)):
         out_dir = tmp_path / f"out{batch_rows}-{workers}"
-        result = recompute(root, out_dir, "--normalize-by", "prompt_uid", "--batch-rows", batch_rows,
-                           "--workers", workers)
+        result = recompute(
+            root, out_dir, "--normalize-by", "prompt_uid", "--batch-rows", batch_rows, "--workers", workers
+        )
         assert result.exit_code == 0, result.output
         runs[batch_rows, workers] = output_bits(out_dir)
     first = runs[1, 1]
@@ -447,20 +598,22 @@ def test_normalize_by_many_groups_is_bitwise_equal_for_any_batch_size_and_worker
     expected = [[None] * len(d) for d in data]
     for group in range(12):
         members = [(f, r) for f in range(3) for r in range(len(data[f])) if keys[f][r] == group]
-        for (f, r), whitened in zip(members, whiten_numpy([advantages[f][r] for f, r in members],
-                                                          [data[f].masks[r] for f, r in members])):
+        for (f, r), whitened in zip(
+            members, whiten_numpy([advantages[f][r] for f, r in members], [data[f].masks[r] for f, r in members])
+        ):
             expected[f][r] = whitened
     for index in range(3):
         table = pq.read_table(tmp_path / "out1-1" / f"part{index}.parquet")
-        assert_rows_close("advantages whitened per prompt_uid", expected[index], table.column("advantages").to_pylist(),
-                          1e-9)
+        assert_rows_close(
+            "advantages whitened per prompt_uid", expected[index], table.column("advantages").to_pylist(), 1e-9
+        )
 
 
 def test_each_file_unit_gets_the_statistics_of_its_own_groups(tmp_path):
     """engine_file_moments: per file, the merged statistics of the groups its rows hold,
     only those, equal to the merged statistics of those groups."""
-    from gaecli.pipeline import Computation, engine_file_moments, engine_moments
     from gaecli.io.format import Columns
+    from gaecli.pipeline import Computation, engine_file_moments, engine_moments
     from gaecli.progress import NoProgress
 
     paths = []
@@ -468,8 +621,9 @@ def test_each_file_unit_gets_the_statistics_of_its_own_groups(tmp_path):
         data = random_rollouts(12, seed=90 + index)
         keys = pa.array([groups[row % len(groups)] for row in range(12)])
         paths.append(str(write_table(rollout_table(data, extra={"prompt": keys}), tmp_path / f"f{index}.parquet")))
-    computation = Computation(gamma=GAMMA, lambd=LAMBD, kernel="native", device="cpu", batch_rows=5,
-                              columns=Columns(), normalize_by="prompt")
+    computation = Computation(
+        gamma=GAMMA, lambd=LAMBD, kernel="native", device="cpu", batch_rows=5, columns=Columns(), normalize_by="prompt"
+    )
     engine = EngineOptions(workers=1)
     merged_new, _ = engine_moments(paths, computation, engine, NoProgress(), 36)
     assert merged_new.table.keys().to_pylist() == ["a", "b", "c", "d"]

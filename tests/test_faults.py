@@ -18,11 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from rollout_files import files_under, gae, random_rollouts, reference_outputs, rollout_table, write_table
 
 from gaecli.errors import GAEUsageError
 from gaecli.io.format import Columns
 from gaecli.io.writer import AtomicParquetWriter
+
+from rollout_files import files_under, gae, random_rollouts, reference_outputs, rollout_table, write_table
 
 PAGE = 4096
 
@@ -94,8 +95,9 @@ def test_full_disk_while_the_footer_is_written(tmp_path, tmpfs, long_file):
     data, footer = _footer_sizes(long_file, tmp_path, "--batch-rows", 1)
     assert footer > 4 * PAGE  # room to aim between the data pages and the footer
     disk = tmpfs("disk", _pages(data + footer // 2))
-    result = gae("recompute", long_file, "-o", disk / "b.parquet", "--gamma", 1, "--lambd", 1, "--batch-rows", 1,
-                 "--quiet")
+    result = gae(
+        "recompute", long_file, "-o", disk / "b.parquet", "--gamma", 1, "--lambd", 1, "--batch-rows", 1, "--quiet"
+    )
     assert result.exit_code == 2
     message = _one_line_error(result)
     assert message == f"error: {disk / 'b.parquet'}: cannot write (No space left on device)"
@@ -107,8 +109,21 @@ def test_full_disk_with_two_workers_lists_written_and_not_written(tmp_path, tmpf
     data, footer = _footer_sizes(long_file, tmp_path, "--batch-rows", 1)
     small_size = sum(_footer_sizes(small, tmp_path, "--batch-rows", 1))
     disk = tmpfs("disk", _pages(_pages(small_size) + data + footer // 2))
-    result = gae("recompute", tmp_path / "in", "-o", disk / "out", "--gamma", 1, "--lambd", 1, "--batch-rows", 1,
-                 "--workers", 2, "--quiet")
+    result = gae(
+        "recompute",
+        tmp_path / "in",
+        "-o",
+        disk / "out",
+        "--gamma",
+        1,
+        "--lambd",
+        1,
+        "--batch-rows",
+        1,
+        "--workers",
+        2,
+        "--quiet",
+    )
     assert result.exit_code == 2, result.output
     message = _one_line_error(result)
     assert message.startswith("error: 1 of 2 files failed; 1 written, 1 not written")
@@ -121,6 +136,7 @@ def test_full_disk_with_two_workers_lists_written_and_not_written(tmp_path, tmpf
 
 def test_writer_close_failing_is_a_usage_error_and_removes_the_temp(tmp_path, monkeypatch):
     """The guarded footer path without a mount: the Parquet writer's close raises ENOSPC."""
+
     def no_space(self):
         raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
 
@@ -141,8 +157,9 @@ def test_recompute_with_the_footer_failing_leaves_nothing(tmp_path, monkeypatch)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(pq.ParquetWriter, "close", no_space)
-    result = gae("recompute", source, "-o", tmp_path / "out" / "o.parquet", "--gamma", 1, "--lambd", 1, "--quiet",
-                 "--workers", 1)
+    result = gae(
+        "recompute", source, "-o", tmp_path / "out" / "o.parquet", "--gamma", 1, "--lambd", 1, "--quiet", "--workers", 1
+    )
     assert result.exit_code == 2
     assert "cannot write (No space left on device)" in _one_line_error(result)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet"]  # the output directory made goes too
@@ -177,6 +194,7 @@ def test_import_onto_a_read_only_file_system(tmp_path, tmpfs):
 def test_writer_on_a_read_only_directory_without_a_mount(tmp_path, monkeypatch):
     """The guarded open path: the Parquet writer cannot create its temp file and even the
     unlink of the (absent) temp file is refused, as on a read-only file system."""
+
     def read_only(self, *args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
 
@@ -201,8 +219,9 @@ def test_duplicate_column_stops_recompute_and_diff(tmp_path, duplicated, command
     output = ["-o", tmp_path / "o.parquet"] if command == "recompute" else []
     result = gae(command, duplicated, *output, "--gamma", 1, "--lambd", 1, "--quiet")
     assert result.exit_code == 1
-    assert _one_line_error(result) == (f"error: {duplicated}, column 'values': column 'values' appears 2 times "
-                                       f"[duplicate-column]")
+    assert _one_line_error(result) == (
+        f"error: {duplicated}, column 'values': column 'values' appears 2 times [duplicate-column]"
+    )
     assert not (tmp_path / "o.parquet").exists()
 
 
@@ -219,8 +238,10 @@ def test_validate_reports_a_duplicate_column(duplicated):
 
 def _bound_loop(values, rewards, terminal) -> list[float]:
     """Σ|r| + 3·Σ|V| + |terminal| per row, a float64 Python loop."""
-    return [sum(abs(float(r)) for r in rs) + 3.0 * sum(abs(float(v)) for v in vs) + abs(float(t))
-            for vs, rs, t in zip(values, rewards, terminal)]
+    return [
+        sum(abs(float(r)) for r in rs) + 3.0 * sum(abs(float(v)) for v in vs) + abs(float(t))
+        for vs, rs, t in zip(values, rewards, terminal)
+    ]
 
 
 def test_overflow_bound_matches_a_loop_and_bounds_the_reference():
@@ -261,7 +282,9 @@ def test_validate_flags_rows_that_overflow(overflowing):
     assert result.exit_code == 1
     document = json.loads(result.stdout)
     assert [(f["row"], f["column"], f["code"]) for f in document["findings"] if f["severity"] == "error"] == [
-        (1, "values", "overflow"), (3, "terminal_reward", "overflow")]
+        (1, "values", "overflow"),
+        (3, "terminal_reward", "overflow"),
+    ]
 
 
 def test_recompute_stops_on_overflow_and_skips_it_to_the_rejects(tmp_path, overflowing):
@@ -271,8 +294,21 @@ def test_recompute_stops_on_overflow_and_skips_it_to_the_rejects(tmp_path, overf
     message = _one_line_error(result)
     assert message.startswith(f"error: {overflowing}, row 1, column 'values': ") and message.endswith("[overflow]")
     assert not output.exists()
-    result = gae("recompute", overflowing, "-o", output, "--gamma", 1, "--lambd", 1, "--quiet", "--on-invalid", "skip",
-                 "--json", "-")
+    result = gae(
+        "recompute",
+        overflowing,
+        "-o",
+        output,
+        "--gamma",
+        1,
+        "--lambd",
+        1,
+        "--quiet",
+        "--on-invalid",
+        "skip",
+        "--json",
+        "-",
+    )
     assert result.exit_code == 0, result.output
     rejects = pq.read_table(tmp_path / "o.rejected.parquet")
     assert [reason.split(":")[0] for reason in rejects.column("reason").to_pylist()] == ["values", "terminal_reward"]
@@ -310,13 +346,15 @@ def test_computed_overflow_is_invalid_data(tmp_path, kl_overflowing):
     assert gae("validate", kl_overflowing, "--quiet").exit_code == 0  # the inputs themselves are fine
     result = gae("recompute", kl_overflowing, "-o", tmp_path / "o.parquet", *options)
     assert result.exit_code == 1
-    assert _one_line_error(result) == (f"error: {kl_overflowing}, row 2, column 'advantages': "
-                                       f"'advantages' overflowed to -inf at token 0 [overflow]")
+    assert _one_line_error(result) == (
+        f"error: {kl_overflowing}, row 2, column 'advantages': 'advantages' overflowed to -inf at token 0 [overflow]"
+    )
     assert not (tmp_path / "o.parquet").exists()
     result = gae("recompute", kl_overflowing, "-o", tmp_path / "o.parquet", *options, "--on-invalid", "skip")
     assert result.exit_code == 0, result.output
     assert pq.read_table(tmp_path / "o.rejected.parquet").column("reason").to_pylist() == [
-        "advantages: 'advantages' overflowed to -inf at token 0 [overflow]"]
+        "advantages: 'advantages' overflowed to -inf at token 0 [overflow]"
+    ]
     written = pq.read_table(tmp_path / "o.parquet")
     assert written.num_rows == 5
     assert np.isfinite(written.column("advantages").combine_chunks().flatten().to_numpy()).all()
@@ -344,8 +382,9 @@ def test_diff_json_with_statistics_that_overflow(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(report.read_text())["summary"]
     assert summary["new_advantage_std"] == "nan"
-    result = gae("recompute", source, "-o", tmp_path / "o.parquet", "--gamma", 1, "--lambd", 1, "--json", "-",
-                 "--quiet")
+    result = gae(
+        "recompute", source, "-o", tmp_path / "o.parquet", "--gamma", 1, "--lambd", 1, "--json", "-", "--quiet"
+    )
     assert result.exit_code == 0 and json.loads(result.stdout)["rows"] == 6
 
 
@@ -361,24 +400,39 @@ def resumable(tmp_path):
     return write_table(table, tmp_path / "in" / "a.parquet")
 
 
-@pytest.mark.parametrize(("first", "then", "named"), [
-    ((), ("--keep-baseline",), "keep_baseline false, not true"),
-    (("--keep-baseline",), (), "keep_baseline true, not false"),
-    ((), ("--kl-coef", 0.1), "columns.kl_coef null, not 0.1"),
-    (("--kl-coef", 0.1), ("--kl-coef", 0.1, "--kl-estimator", "k3"), 'columns.kl_estimator "k1", not "k3"'),
-    ((), ("--advantages-col", "adv"), 'columns.advantages "advantages", not "adv"'),
-    ((), ("--values-col", "none"), 'columns.values "values", not null'),
-    ((), ("--kernel", "chunked"), "kernel native, not chunked"),
-])
+@pytest.mark.parametrize(
+    ("first", "then", "named"),
+    [
+        ((), ("--keep-baseline",), "keep_baseline false, not true"),
+        (("--keep-baseline",), (), "keep_baseline true, not false"),
+        ((), ("--kl-coef", 0.1), "columns.kl_coef null, not 0.1"),
+        (("--kl-coef", 0.1), ("--kl-coef", 0.1, "--kl-estimator", "k3"), 'columns.kl_estimator "k1", not "k3"'),
+        ((), ("--advantages-col", "adv"), 'columns.advantages "advantages", not "adv"'),
+        ((), ("--values-col", "none"), 'columns.values "values", not null'),
+        ((), ("--kernel", "chunked"), "kernel native, not chunked"),
+    ],
+)
 def test_skip_existing_refuses_another_computation(tmp_path, resumable, first, then, named):
     output = tmp_path / "out"
-    base = ("recompute", resumable.parent, "-o", output, "--gamma", 0.9, "--lambd", 0.8, "--quiet",
-            "--kernel", "native")
+    base = (
+        "recompute",
+        resumable.parent,
+        "-o",
+        output,
+        "--gamma",
+        0.9,
+        "--lambd",
+        0.8,
+        "--quiet",
+        "--kernel",
+        "native",
+    )
     assert gae(*base, *first).exit_code == 0
     result = gae(*base, *then, "--skip-existing")
     assert result.exit_code == 2
-    assert _one_line_error(result) == (f"error: {output / 'a.parquet'} exists but was written with {named}; "
-                                       f"give --overwrite to replace it")
+    assert _one_line_error(result) == (
+        f"error: {output / 'a.parquet'} exists but was written with {named}; give --overwrite to replace it"
+    )
     same = gae(*base, *first, "--skip-existing", "--json", "-")
     assert same.exit_code == 0 and json.loads(same.stdout)["files"][0]["skipped"] is True
 
@@ -389,12 +443,16 @@ def test_outputs_record_the_whole_computation(tmp_path, resumable):
     from gaecli.recompute import RecomputeOptions, recompute_files
 
     output = tmp_path / "o.parquet"
-    options = RecomputeOptions(gamma=1.0, lambd=1.0, kernel="native", keep_baseline=True, baseline="skip-masked",
-                               on_invalid="skip")
+    options = RecomputeOptions(
+        gamma=1.0, lambd=1.0, kernel="native", keep_baseline=True, baseline="skip-masked", on_invalid="skip"
+    )
     recompute_files([resumable], output, options)
     metadata = pq.read_schema(output).metadata
     assert (metadata[b"gaecli.keep_baseline"], metadata[b"gaecli.baseline"], metadata[b"gaecli.on_invalid"]) == (
-        b"true", b"skip-masked", b"skip")
+        b"true",
+        b"skip-masked",
+        b"skip",
+    )
     assert "advantages_skip_masked" in pq.read_schema(output).names
     with pytest.raises(GAEUsageError, match="written with baseline skip-masked, not zero-masked; give --overwrite"):
         recompute_files([resumable], output, replace_options(options, baseline="zero-masked", skip_existing=True))

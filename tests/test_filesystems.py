@@ -11,10 +11,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from rollout_files import files_under, gae, random_rollouts, rollout_table, sha256, write_table
 
 from gaecli.io.filesystem import RemotePath, resolve, to_path
 from gaecli.io.writer import AtomicParquetWriter
+
+from rollout_files import files_under, gae, random_rollouts, rollout_table, sha256, write_table
 
 GAMMA, LAMBD = 0.99, 0.95
 NAMES = ("a.parquet", "day1/b.parquet", "day2/c.parquet")
@@ -38,7 +39,9 @@ def plain(inputs, tmp_path_factory):
 
 
 def recompute(inputs, output, *options):
-    return gae("recompute", inputs, "-o", output, "--gamma", GAMMA, "--lambd", LAMBD, "--quiet", "--batch-rows", 5, *options)
+    return gae(
+        "recompute", inputs, "-o", output, "--gamma", GAMMA, "--lambd", LAMBD, "--quiet", "--batch-rows", 5, *options
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -79,7 +82,9 @@ def object_bytes(filesystem, key: str) -> bytes:
 
 
 def object_keys(filesystem) -> list[str]:
-    return sorted(i.path for i in filesystem.get_file_info(pafs.FileSelector("", recursive=True)) if i.type == pafs.FileType.File)
+    return sorted(
+        i.path for i in filesystem.get_file_info(pafs.FileSelector("", recursive=True)) if i.type == pafs.FileType.File
+    )
 
 
 def test_mock_object_store_round_trip_and_resume(store, plain):

@@ -54,7 +54,7 @@ def test_many_string_keys_match_a_dictionary():
     rng = np.random.default_rng(5)
     values = [f"prompt-{n}" for n in rng.integers(0, 20_000, 60_000)]
     table = KeyTable()
-    codes = np.concatenate([table.encode(pa.array(values[s:s + 999])) for s in range(0, len(values), 999)])
+    codes = np.concatenate([table.encode(pa.array(values[s : s + 999])) for s in range(0, len(values), 999)])
     expected, distinct = dictionary_codes(values)
     assert np.array_equal(codes, expected) and table.keys().to_pylist() == distinct
     assert table.encode(pa.array(["prompt-x", values[3]]), insert=False).tolist() == [-1, expected[3]]

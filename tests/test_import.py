@@ -20,12 +20,19 @@ from typer.testing import CliRunner
 from gaecli.cli import app
 from gaecli.errors import GAEInputError
 from gaecli.importers import ImportReport, import_miles
-from rollout_files import gae, Rollouts, assert_rows_close, files_under, masked_advantages, reference_outputs, unmasked_advantages
+
+from rollout_files import (
+    Rollouts,
+    assert_rows_close,
+    files_under,
+    gae,
+    masked_advantages,
+    reference_outputs,
+    unmasked_advantages,
+)
 
 runner = CliRunner()
 MARKER_NAME = "unpickled.marker"
-
-
 
 
 def import_dumps(*inputs, output, options=()):
@@ -35,7 +42,9 @@ def import_dumps(*inputs, output, options=()):
 # ----------------------------------------------------------------------------- dumps
 
 
-def rollout_data(seed: int, rows: int, *, float_dtype=torch.float32, mask_dtype=torch.int32, first_index: int = 0) -> dict:
+def rollout_data(
+    seed: int, rows: int, *, float_dtype=torch.float32, mask_dtype=torch.int32, first_index: int = 0
+) -> dict:
     """``rows`` samples in miles' rollout_data shape: per-token 1-D tensors, one scalar
     reward per sample, multi-turn masks (some ending masked, one fully masked when rows
     allow), and a ``tokens`` key gaecli does not import."""
@@ -63,9 +72,19 @@ def rollout_data(seed: int, rows: int, *, float_dtype=torch.float32, mask_dtype=
     }
 
 
-def write_dump(path: Path, data: dict, *, rollout_id: int = 0, rank: int = 0, cp_size: int = 1, drop: tuple[str, ...] = (), **extra) -> Path:
+def write_dump(
+    path: Path, data: dict, *, rollout_id: int = 0, rank: int = 0, cp_size: int = 1, drop: tuple[str, ...] = (), **extra
+) -> Path:
     """A ``--save-debug-train-data`` file: top-level keys (minus ``drop``) around ``data``."""
-    dump = {"rollout_id": rollout_id, "rank": rank, "cp_rank": 0, "cp_size": cp_size, "qkv_format": "thd", "rollout_data": data, **extra}
+    dump = {
+        "rollout_id": rollout_id,
+        "rank": rank,
+        "cp_rank": 0,
+        "cp_size": cp_size,
+        "qkv_format": "thd",
+        "rollout_data": data,
+        **extra,
+    }
     for key in drop:
         dump.pop(key)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,8 +111,18 @@ def test_one_rank_columns_types_and_values(tmp_path):
     assert result.exit_code == 0, result.output
     table = pq.read_table(output)
     assert table.column_names == [
-        "rollout_id", "rank", "sample_index", "values", "loss_mask", "terminal_reward", "response_length",
-        "total_length", "log_probs", "ref_log_probs", "trained_advantages", "trained_returns",
+        "rollout_id",
+        "rank",
+        "sample_index",
+        "values",
+        "loss_mask",
+        "terminal_reward",
+        "response_length",
+        "total_length",
+        "log_probs",
+        "ref_log_probs",
+        "trained_advantages",
+        "trained_returns",
     ]
     schema = table.schema
     assert schema.field("values").type == pa.list_(pa.float32())
@@ -106,8 +135,13 @@ def test_one_rank_columns_types_and_values(tmp_path):
     assert table.column("response_length").to_pylist() == data["response_lengths"]
     assert table.column("total_length").to_pylist() == data["total_lengths"]
     assert table.column("loss_mask").to_pylist() == [mask.tolist() for mask in data["loss_masks"]]
-    for column, key in [("values", "values"), ("log_probs", "log_probs"), ("ref_log_probs", "ref_log_probs"),
-                        ("trained_advantages", "advantages"), ("trained_returns", "returns")]:
+    for column, key in [
+        ("values", "values"),
+        ("log_probs", "log_probs"),
+        ("ref_log_probs", "ref_log_probs"),
+        ("trained_advantages", "advantages"),
+        ("trained_returns", "returns"),
+    ]:
         assert table.column(column).to_pylist() == as_lists(data[key]), column
     metadata = schema.metadata
     assert metadata[b"gaecli.imported_from"] == b"miles"
@@ -132,7 +166,9 @@ def test_summary_json_and_the_rewards_note(tmp_path):
     data = rollout_data(3, 4)
     assert document["rows"] == 4
     assert document["tokens"] == sum(mask.numel() for mask in data["loss_masks"])
-    assert document["files"] == [{"source": str(source), "rollout_id": 0, "rank": 0, "rows": 4, "tokens": document["tokens"]}]
+    assert document["files"] == [
+        {"source": str(source), "rollout_id": 0, "rank": 0, "rows": 4, "tokens": document["tokens"]}
+    ]
     assert document["missing_keys"] == [] and document["ignored_keys"] == ["tokens"]
     assert document["length_mismatch_rows"] == 0
     assert "--kl-coef" in result.stderr and "--rewards-col none" in result.stderr
@@ -147,14 +183,21 @@ def test_rows_ordered_by_rollout_then_rank_then_position(tmp_path):
     # (rollout_id, rank) -> first sample index; written and named so that path order is not row order
     layout = {(1, 0): 100, (0, 1): 10, (0, 0): 0, (1, 1): 110}
     for (rollout_id, rank), first in layout.items():
-        write_dump(dumps / f"r{rank}_{9 - rollout_id}.pt", rollout_data(first, 3, first_index=first), rollout_id=rollout_id, rank=rank)
+        write_dump(
+            dumps / f"r{rank}_{9 - rollout_id}.pt",
+            rollout_data(first, 3, first_index=first),
+            rollout_id=rollout_id,
+            rank=rank,
+        )
     (dumps / "notes.txt").write_text("not a dump")
     output = tmp_path / "out.parquet"
     result = import_dumps(dumps, output=output)
     assert result.exit_code == 0, result.output
     table = pq.read_table(output)
-    assert list(zip(table.column("rollout_id").to_pylist(), table.column("rank").to_pylist())) == [
-        (0, 0)] * 3 + [(0, 1)] * 3 + [(1, 0)] * 3 + [(1, 1)] * 3
+    assert (
+        list(zip(table.column("rollout_id").to_pylist(), table.column("rank").to_pylist()))
+        == [(0, 0)] * 3 + [(0, 1)] * 3 + [(1, 0)] * 3 + [(1, 1)] * 3
+    )
     assert table.column("sample_index").to_pylist() == [0, 1, 2, 10, 11, 12, 100, 101, 102, 110, 111, 112]
     expected_values = [row for first in (0, 10, 100, 110) for row in as_lists(rollout_data(first, 3)["values"])]
     assert table.column("values").to_pylist() == expected_values
@@ -178,7 +221,9 @@ def test_mixed_dtypes_are_promoted_across_files(tmp_path):
     table = pq.read_table(output)
     assert table.schema.field("values").type == pa.list_(pa.float64())
     assert table.schema.field("loss_mask").type == pa.list_(pa.int8())
-    expected = as_lists(rollout_data(1, 2, float_dtype=torch.bfloat16)["values"]) + as_lists(rollout_data(2, 2, float_dtype=torch.float64)["values"])
+    expected = as_lists(rollout_data(1, 2, float_dtype=torch.bfloat16)["values"]) + as_lists(
+        rollout_data(2, 2, float_dtype=torch.float64)["values"]
+    )
     assert table.column("values").to_pylist() == expected
 
 
@@ -198,7 +243,9 @@ def test_scalars_as_tensors_and_the_legacy_format(tmp_path):
     data["rewards"] = [torch.tensor(r) for r in data["rewards"]]
     data["response_lengths"] = torch.tensor(data["response_lengths"])
     path = tmp_path / "legacy.pt"
-    torch.save({"rollout_id": torch.tensor(2), "rank": 0, "rollout_data": data}, path, _use_new_zipfile_serialization=False)
+    torch.save(
+        {"rollout_id": torch.tensor(2), "rank": 0, "rollout_data": data}, path, _use_new_zipfile_serialization=False
+    )
     output = tmp_path / "out.parquet"
     result = import_dumps(path, output=output)
     assert result.exit_code == 0, result.output
@@ -221,7 +268,15 @@ def test_empty_rank(tmp_path):
 
 
 def test_missing_optional_keys_are_left_out(tmp_path):
-    optional = ("log_probs", "ref_log_probs", "advantages", "returns", "sample_indices", "response_lengths", "total_lengths")
+    optional = (
+        "log_probs",
+        "ref_log_probs",
+        "advantages",
+        "returns",
+        "sample_indices",
+        "response_lengths",
+        "total_lengths",
+    )
     data = without(rollout_data(1, 3), *optional)
     source = write_dump(tmp_path / "d.pt", data, drop=("cp_rank", "cp_size", "qkv_format"))
     output = tmp_path / "out.parquet"
@@ -229,7 +284,15 @@ def test_missing_optional_keys_are_left_out(tmp_path):
     assert result.exit_code == 0, result.output
     assert pq.read_table(output).column_names == ["rollout_id", "rank", "values", "loss_mask", "terminal_reward"]
     document = json.loads((tmp_path / "r.json").read_text())
-    assert document["missing_keys"] == ["sample_indices", "response_lengths", "total_lengths", "log_probs", "ref_log_probs", "advantages", "returns"]
+    assert document["missing_keys"] == [
+        "sample_indices",
+        "response_lengths",
+        "total_lengths",
+        "log_probs",
+        "ref_log_probs",
+        "advantages",
+        "returns",
+    ]
     assert "--rewards-col none" in result.stderr and "--kl-coef" not in result.stderr
 
 
@@ -250,7 +313,11 @@ def test_missing_top_level_key(tmp_path):
     result = import_dumps(source, output=tmp_path / "out.parquet")
     assert result.exit_code == 1
     message = " ".join(result.stderr.split())
-    assert "missing rank" in message and "the file has rollout_id, cp_rank" in message and "expected rollout_id, rank, rollout_data" in message
+    assert (
+        "missing rank" in message
+        and "the file has rollout_id, cp_rank" in message
+        and "expected rollout_id, rank, rollout_data" in message
+    )
 
 
 def test_files_with_different_keys_are_refused(tmp_path):
@@ -300,8 +367,11 @@ def test_arbitrary_pickled_object_is_refused_and_never_run(tmp_path):
     assert files_under(tmp_path) == ["evil.pt"]
 
 
-@pytest.mark.parametrize("content", [b"hello, this is not a dump", bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8))],
-                         ids=["text", "random-bytes"])
+@pytest.mark.parametrize(
+    "content",
+    [b"hello, this is not a dump", bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8))],
+    ids=["text", "random-bytes"],
+)
 def test_not_a_torch_file(tmp_path, content):
     source = tmp_path / "notes.pt"
     source.write_bytes(content)
@@ -400,7 +470,10 @@ def test_library_api(tmp_path):
         import_miles([write_dump(tmp_path / "cp.pt", rollout_data(1, 2), cp_size=2)], tmp_path / "cp.parquet")
     validated = gae("validate", tmp_path / "out.parquet", "--rewards-col", "none", "--json", "-", "--quiet")
     assert validated.exit_code == 1
-    assert {f["code"] for f in json.loads(validated.stdout)["findings"]} >= {"length-mismatch", "response-length-mismatch"}
+    assert {f["code"] for f in json.loads(validated.stdout)["findings"]} >= {
+        "length-mismatch",
+        "response-length-mismatch",
+    }
 
 
 # ----------------------------------------------------------------------------- round trips
@@ -426,8 +499,21 @@ def two_rank_dumps(tmp_path: Path) -> tuple[Path, list[dict]]:
 def test_import_then_recompute_with_k3_rewards(tmp_path):
     imported, datas = two_rank_dumps(tmp_path)
     recomputed = tmp_path / "recomputed.parquet"
-    result = gae("recompute", imported, "-o", recomputed, "--gamma", GAMMA, "--lambd", LAMBD,
-                 "--kl-coef", KL_COEF, "--kl-estimator", "k3", "--quiet")
+    result = gae(
+        "recompute",
+        imported,
+        "-o",
+        recomputed,
+        "--gamma",
+        GAMMA,
+        "--lambd",
+        LAMBD,
+        "--kl-coef",
+        KL_COEF,
+        "--kl-estimator",
+        "k3",
+        "--quiet",
+    )
     assert result.exit_code == 0, result.output
     values = [row for data in datas for row in as_lists(data["values"])]
     masks = [[int(m) for m in mask.tolist()] for data in datas for mask in data["loss_masks"]]
@@ -459,15 +545,32 @@ def test_import_then_diff_against_trained_advantages(tmp_path):
     # The run trained on masked GAE for every sample but one that ends in masked tokens,
     # which got the old unmasked GAE.
     wrong = next(row for row, mask in enumerate(masks) if any(mask) and not mask[-1])
-    trained = [masked_advantages(v, r, m, z, GAMMA, LAMBD) for v, r, m, z in zip(values, rewards, masks, data["rewards"])]
+    trained = [
+        masked_advantages(v, r, m, z, GAMMA, LAMBD) for v, r, m, z in zip(values, rewards, masks, data["rewards"])
+    ]
     trained[wrong] = unmasked_advantages(values[wrong], rewards[wrong], data["rewards"][wrong], GAMMA, LAMBD)
     data["advantages"] = [torch.tensor(row, dtype=torch.float64) for row in trained]
     data["returns"] = [torch.tensor(row, dtype=torch.float64) for row in trained]
     write_dump(tmp_path / "train_0_0.pt", data)
     imported = tmp_path / "rollouts.parquet"
     assert import_dumps(tmp_path / "train_0_0.pt", output=imported).exit_code == 0
-    result = gae("diff", imported, "--gamma", GAMMA, "--lambd", LAMBD, "--kl-coef", KL_COEF, "--kl-estimator", "k3",
-                 "--against", "trained_advantages", "--json", "-", "--quiet")
+    result = gae(
+        "diff",
+        imported,
+        "--gamma",
+        GAMMA,
+        "--lambd",
+        LAMBD,
+        "--kl-coef",
+        KL_COEF,
+        "--kl-estimator",
+        "k3",
+        "--against",
+        "trained_advantages",
+        "--json",
+        "-",
+        "--quiet",
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)["summary"]
     correct = masked_advantages(values[wrong], rewards[wrong], masks[wrong], data["rewards"][wrong], GAMMA, LAMBD)

@@ -13,11 +13,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from rollout_files import files_under, gae
 
 from gaecli.errors import GAEInputError
 from gaecli.importers import import_miles
 from gaecli.importers.miles import zigzag_response_parts
+
+from rollout_files import files_under, gae
 
 RANK_LOCAL = ("values", "log_probs", "ref_log_probs", "advantages", "returns")
 
@@ -76,15 +77,32 @@ GROUPS = [
 ]
 
 
-def dump(path: Path, rollout_id: int, rank: int, data: dict, cp_rank: int = 0, cp_size: int = 1,
-         qkv_format: str = "thd") -> None:
+def dump(
+    path: Path, rollout_id: int, rank: int, data: dict, cp_rank: int = 0, cp_size: int = 1, qkv_format: str = "thd"
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"rollout_id": rollout_id, "rank": rank, "rollout_data": data, "cp_rank": cp_rank,
-                "cp_size": cp_size, "qkv_format": qkv_format}, path)
+    torch.save(
+        {
+            "rollout_id": rollout_id,
+            "rank": rank,
+            "rollout_data": data,
+            "cp_rank": cp_rank,
+            "cp_size": cp_size,
+            "qkv_format": qkv_format,
+        },
+        path,
+    )
 
 
-def write_run(directory: Path, cp_size: int, *, tp: int = 1, pp: int = 1, qkv_format: str = "thd",
-              rollouts: tuple[int, ...] = (0, 1)) -> None:
+def write_run(
+    directory: Path,
+    cp_size: int,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    qkv_format: str = "thd",
+    rollouts: tuple[int, ...] = (0, 1),
+) -> None:
     """Every rank's file of a run, named ``{rollout_id}_{rank}.pt`` as miles does, with
     rank = tp_rank + tp·(cp_rank + cp·dp_rank) on the last pipeline stage (earlier stages
     first, without values and log-probs)."""
@@ -101,8 +119,9 @@ def write_run(directory: Path, cp_size: int, *, tp: int = 1, pp: int = 1, qkv_fo
                     for stage in range(pp):
                         rank = stage * per_stage + tp_rank + tp * (cp_rank + cp_size * dp_rank)
                         held = local if stage == pp - 1 else {k: v for k, v in local.items() if k not in RANK_LOCAL}
-                        dump(directory / f"{rollout_id}_{rank}.pt", rollout_id, rank, held, cp_rank, cp_size,
-                             qkv_format)
+                        dump(
+                            directory / f"{rollout_id}_{rank}.pt", rollout_id, rank, held, cp_rank, cp_size, qkv_format
+                        )
 
 
 def imported(directory: Path, output: Path, *options) -> tuple[object, dict]:
@@ -161,8 +180,9 @@ def test_zigzag_parts_partition_every_response(tmp_path):
                 chunk = -(-total // (2 * cp_size))
                 held = []
                 for cp_rank in range(cp_size):
-                    starts, stops = zigzag_response_parts(np.array([total]), np.array([response]), np.array([chunk]),
-                                                          cp_size, cp_rank)
+                    starts, stops = zigzag_response_parts(
+                        np.array([total]), np.array([response]), np.array([chunk]), cp_size, cp_rank
+                    )
                     order = [i for start, stop in zip(starts[0], stops[0]) for i in range(start, stop)]
                     assert order == owner_order(total, response, cp_size, cp_rank, chunk)
                     held.extend(order)

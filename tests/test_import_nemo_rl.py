@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from rollout_files import Rollouts, files_under, gae, reference_outputs
 
 from gaecli.importers import import_nemo_rl
+
+from rollout_files import Rollouts, files_under, gae, reference_outputs
 
 PAD = 4
 
@@ -70,13 +71,18 @@ def expected_rows(step: int, samples: list[dict]) -> list[dict]:
         mask = sample["token_loss_mask"][0][:length]
         start = next((t for t, m in enumerate(mask) if m), length)
         reward = sample.get("filtered_rewards", sample["rewards"])[0]
-        rows.append({
-            "rollout_id": step, "sample_index": i,
-            "loss_mask": [float(m) * sample["sample_loss_mask"][0] for m in mask[start:]],
-            "terminal_reward": reward, "response_length": length - start, "total_length": length,
-            "log_probs": sample["prev_logprobs"][0][start:length],
-            "trained_advantages": sample["advantages"][0][start:length],
-        })
+        rows.append(
+            {
+                "rollout_id": step,
+                "sample_index": i,
+                "loss_mask": [float(m) * sample["sample_loss_mask"][0] for m in mask[start:]],
+                "terminal_reward": reward,
+                "response_length": length - start,
+                "total_length": length,
+                "log_probs": sample["prev_logprobs"][0][start:length],
+                "trained_advantages": sample["advantages"][0][start:length],
+            }
+        )
     return rows
 
 
@@ -113,13 +119,37 @@ def test_recompute_needs_values_col_none_and_then_matches_the_reference(tmp_path
     write_step(tmp_path, 3, samples)
     imported = tmp_path / "rollouts.parquet"
     assert gae("import", "nemo-rl", tmp_path / "train_data_step3.jsonl", "-o", imported, "--quiet").exit_code == 0
-    refused = gae("recompute", imported, "-o", tmp_path / "r.parquet", "--gamma", 1, "--lambd", 0.95,
-                  "--rewards-col", "none", "--quiet")
+    refused = gae(
+        "recompute",
+        imported,
+        "-o",
+        tmp_path / "r.parquet",
+        "--gamma",
+        1,
+        "--lambd",
+        0.95,
+        "--rewards-col",
+        "none",
+        "--quiet",
+    )
     assert refused.exit_code == 1
     message = " ".join(refused.stderr.split())
     assert "column 'values' is missing" in message and "--values-col none" in message
-    result = gae("recompute", imported, "-o", tmp_path / "r.parquet", "--gamma", 1, "--lambd", 0.95,
-                 "--rewards-col", "none", "--values-col", "none", "--quiet")
+    result = gae(
+        "recompute",
+        imported,
+        "-o",
+        tmp_path / "r.parquet",
+        "--gamma",
+        1,
+        "--lambd",
+        0.95,
+        "--rewards-col",
+        "none",
+        "--values-col",
+        "none",
+        "--quiet",
+    )
     assert result.exit_code == 0, result.output
     rows = expected_rows(3, samples)
     masks = [[int(m != 0) for m in row["loss_mask"]] for row in rows]
@@ -149,8 +179,16 @@ def sample_line(drop: str = "", **changes) -> str:
         (sample_line(prev_logprobs=[[None] * 40]), "'prev_logprobs' holds null, expected numbers"),
         (sample_line(drop="idx"), "key 'idx' is missing"),
     ],
-    ids=["not-json", "not-an-object", "missing-key", "two-elements", "short-list", "reward-string", "null-token",
-         "no-idx"],
+    ids=[
+        "not-json",
+        "not-an-object",
+        "missing-key",
+        "two-elements",
+        "short-list",
+        "reward-string",
+        "null-token",
+        "no-idx",
+    ],
 )
 def test_bad_lines_are_named_with_file_line_and_key(tmp_path, line, expected):
     path = write_step(tmp_path, 7, batch(7, 2))

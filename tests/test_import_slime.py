@@ -11,14 +11,25 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
-from rollout_files import files_under, gae
 from test_import import rollout_data, write_dump
 
 from gaecli.errors import GAEInputError
 from gaecli.importers import import_slime
 
-PER_SAMPLE = ("values", "log_probs", "ref_log_probs", "loss_masks", "rewards", "response_lengths", "total_lengths",
-              "advantages", "returns", "tokens")
+from rollout_files import files_under, gae
+
+PER_SAMPLE = (
+    "values",
+    "log_probs",
+    "ref_log_probs",
+    "loss_masks",
+    "rewards",
+    "response_lengths",
+    "total_lengths",
+    "advantages",
+    "returns",
+    "tokens",
+)
 
 
 def slime_samples(shards: list[dict]) -> list[dict]:
@@ -27,8 +38,12 @@ def slime_samples(shards: list[dict]) -> list[dict]:
     samples, position = [], 0
     for dp_rank, data in enumerate(shards):
         for i in range(len(data["loss_masks"])):
-            sample = {"data_parallel_rank": dp_rank, "sample_index": data["sample_indices"][i],
-                      "rollout_position": position, "kl": torch.zeros(data["response_lengths"][i])}
+            sample = {
+                "data_parallel_rank": dp_rank,
+                "sample_index": data["sample_indices"][i],
+                "rollout_position": position,
+                "kl": torch.zeros(data["response_lengths"][i]),
+            }
             sample.update({key: data[key][i] for key in PER_SAMPLE})
             samples.append(sample)
             position += 1
@@ -36,9 +51,14 @@ def slime_samples(shards: list[dict]) -> list[dict]:
 
 
 def write_slime(path: Path, rollout_id: int, sample_dicts: list[dict], **changes) -> Path:
-    payload = {"format_version": 2, "rollout_id": rollout_id, "rank": 0, "samples": sample_dicts,
-               "dp_shards": [{"rank": 0, "data_parallel_rank": 0, "sample_index": None, "micro_batch_indices": [[0]]}],
-               "raw_reward": [1.0]}
+    payload = {
+        "format_version": 2,
+        "rollout_id": rollout_id,
+        "rank": 0,
+        "samples": sample_dicts,
+        "dp_shards": [{"rank": 0, "data_parallel_rank": 0, "sample_index": None, "micro_batch_indices": [[0]]}],
+        "raw_reward": [1.0],
+    }
     payload.update(changes)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(payload, path)
@@ -46,8 +66,12 @@ def write_slime(path: Path, rollout_id: int, sample_dicts: list[dict], **changes
 
 
 def test_slime_import_equals_the_miles_import_of_the_same_shards(tmp_path):
-    runs = {rollout_id: [rollout_data(10 * rollout_id + rank, rows, first_index=4 * rank)
-                         for rank, rows in enumerate((4, 3))] for rollout_id in (2, 11)}
+    runs = {
+        rollout_id: [
+            rollout_data(10 * rollout_id + rank, rows, first_index=4 * rank) for rank, rows in enumerate((4, 3))
+        ]
+        for rollout_id in (2, 11)
+    }
     for rollout_id, shards in runs.items():
         write_slime(tmp_path / "slime" / f"{rollout_id}.pt", rollout_id, slime_samples(shards))
         for rank, data in enumerate(shards):

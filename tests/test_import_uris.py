@@ -10,13 +10,14 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import torch
-from rollout_files import gae
 from test_import import rollout_data
 from test_import_context_parallel import write_run
 from test_import_nemo_rl import batch, write_step
 from test_import_slime import slime_samples, write_slime
 
 from gaecli.io.filesystem import resolve
+
+from rollout_files import gae
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import gaecli
 from gaecli.advantages.kernels.chunked import chunked_gae
 from gaecli.advantages.kernels.reference import reference_gae
+
 from helpers import (
     FAST_KERNEL_NAMES,
     KERNEL_NAMES,
@@ -97,7 +98,9 @@ def test_masked_tail_with_gamma_zero_puts_terminal_on_last_trainable_token(kerne
     #   last trainable (token 1): A = z + r − V = 3 + 0.25 − 2 = 1.25
     #   token 0:                  A = r − V = 0.5 − 1 = −0.5
     # (placed on token R-1 = 4, a masked token, the terminal reward would be lost.)
-    batch = one_sample([1.0, 2.0, 5.0, 5.0, 5.0], [0.5, 0.25, 9.0, 9.0, 9.0], [1, 1, 0, 0, 0], 3.0, gamma=0.0, lambd=0.95)
+    batch = one_sample(
+        [1.0, 2.0, 5.0, 5.0, 5.0], [0.5, 0.25, 9.0, 9.0, 9.0], [1, 1, 0, 0, 0], 3.0, gamma=0.0, lambd=0.95
+    )
     advantages, returns = run(kernel, batch)
     assert_close(kernel, torch.tensor([-0.5, 1.25, 0.0, 0.0, 0.0], dtype=torch.float64), advantages[0])
     assert_close(f"{kernel} returns", torch.tensor([0.5, 3.25, 0.0, 0.0, 0.0], dtype=torch.float64), returns[0])
@@ -206,7 +209,9 @@ def test_packed_form_equals_list_form_and_masked_positions_are_zero(kernel, batc
     )
     advantages, returns = run(kernel, batch)
     assert len(advantages) == len(returns) == len(batch)
-    assert_bitwise(f"{kernel} advantages", packed_advantages, torch.cat(advantages) if advantages else packed_advantages[:0])
+    assert_bitwise(
+        f"{kernel} advantages", packed_advantages, torch.cat(advantages) if advantages else packed_advantages[:0]
+    )
     assert_bitwise(f"{kernel} returns", packed_returns, torch.cat(returns) if returns else packed_returns[:0])
     # Exactly 0 at masked positions; returns = advantages + values (up to one rounding) elsewhere.
     assert torch.equal(packed_advantages[~mask], torch.zeros_like(packed_advantages[~mask]))
@@ -241,7 +246,9 @@ def long_case():
     offsets = torch.tensor([0, values.numel()])
     terminal = torch.tensor([1.0])
     references = {
-        discount: reference_gae(values.double(), rewards.double(), mask, offsets, terminal.double(), gamma=discount[0], lambd=discount[1])
+        discount: reference_gae(
+            values.double(), rewards.double(), mask, offsets, terminal.double(), gamma=discount[0], lambd=discount[1]
+        )
         for discount in ((0.999, 0.99), (1.0, 1.0))
     }
     return values, rewards, mask, offsets, terminal, references
@@ -255,7 +262,9 @@ def test_long_sample_accuracy(kernel, discount, long_case):
     values, rewards, mask, offsets, terminal, references = long_case
     reference_advantages, reference_returns = references[discount]
     gamma, lambd = discount
-    advantages, returns = gaecli.masked_gae_packed(values, rewards, mask, offsets, terminal, gamma=gamma, lambd=lambd, kernel=kernel)
+    advantages, returns = gaecli.masked_gae_packed(
+        values, rewards, mask, offsets, terminal, gamma=gamma, lambd=lambd, kernel=kernel
+    )
     assert advantages.dtype == torch.float32
     assert_close(f"{kernel} float32 advantages, 131072 tokens", reference_advantages, advantages, 2e-5)
     assert_close(f"{kernel} float32 returns, 131072 tokens", reference_returns, returns, 2e-5)
@@ -276,7 +285,9 @@ def test_long_sample_accuracy(kernel, discount, long_case):
 def test_chunked_chunk_sizes_match_reference(chunk_size, batch):
     values, rewards, mask, offsets, terminals = batch.packed()
     terminals = terminals.to(batch.dtype)
-    advantages, returns = chunked_gae(values, rewards, mask, offsets, terminals, gamma=batch.gamma, lambd=batch.lambd, chunk_size=chunk_size)
+    advantages, returns = chunked_gae(
+        values, rewards, mask, offsets, terminals, gamma=batch.gamma, lambd=batch.lambd, chunk_size=chunk_size
+    )
     reference_advantages, reference_returns = reference_gae(
         values.double(), rewards.double(), mask, offsets, terminals.double(), gamma=batch.gamma, lambd=batch.lambd
     )
@@ -296,7 +307,9 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def test_cuda_kernels_match_reference_and_are_batch_invariant(kernel):
     batch = make_batch(13, [0, 1, 60, 517, 2048, 33], gamma=0.999, lambd=0.95)
     to_cuda = lambda xs: [x.cuda() for x in xs]  # noqa: E731
-    on_device = Batch(to_cuda(batch.values), to_cuda(batch.rewards), to_cuda(batch.masks), batch.terminals, batch.gamma, batch.lambd)
+    on_device = Batch(
+        to_cuda(batch.values), to_cuda(batch.rewards), to_cuda(batch.masks), batch.terminals, batch.gamma, batch.lambd
+    )
     advantages, returns = run(kernel, on_device)
     assert all(a.is_cuda for a in advantages)
     reference_advantages, _ = run("reference", batch.as_float64())

@@ -15,7 +15,16 @@ import pytest
 from gaecli.errors import GAEInputError
 from gaecli.io.format import Columns
 from gaecli.kl import KL_ESTIMATORS, k1, k2, k3, kl_estimate, kl_rewards, low_var_kl
-from rollout_files import gae, Rollouts, assert_rows_close, random_rollouts, reference_outputs, rollout_table, write_table
+
+from rollout_files import (
+    Rollouts,
+    assert_rows_close,
+    gae,
+    random_rollouts,
+    reference_outputs,
+    rollout_table,
+    write_table,
+)
 
 GAMMA, LAMBD = 0.9, 0.8
 
@@ -47,7 +56,9 @@ def test_estimators_against_a_math_loop(name):
         "k1": lambda x: x,
         "k2": lambda x: x * x / 2.0,
         "k3": lambda x: math.exp(-x) - 1.0 + x,
-        "low_var_kl": lambda x: min(max(math.exp(min(max(-x, -20.0), 20.0)) - 1.0 - min(max(-x, -20.0), 20.0), -10.0), 10.0),
+        "low_var_kl": lambda x: min(
+            max(math.exp(min(max(-x, -20.0), 20.0)) - 1.0 - min(max(-x, -20.0), 20.0), -10.0), 10.0
+        ),
     }
     expected = [formulas[name](float(x)) for x in log_ratio]
     np.testing.assert_allclose(KL_ESTIMATORS[name](log_ratio), expected, rtol=1e-12, atol=1e-13)
@@ -69,9 +80,12 @@ def test_unclamped_estimators_keep_nan_and_signs():
 
 
 def test_rewards_are_minus_coef_times_kl():
-    np.testing.assert_allclose(kl_rewards(LOG_PROBS, REF_LOG_PROBS, 0.1, "k2"), [-0.0, -0.0125, -0.05, -0.2], rtol=1e-14)
-    np.testing.assert_array_equal(kl_rewards(LOG_PROBS.astype(np.float32), REF_LOG_PROBS.astype(np.float32), 1.0, "k1"),
-                                  -np.array(HAND["k1"]))
+    np.testing.assert_allclose(
+        kl_rewards(LOG_PROBS, REF_LOG_PROBS, 0.1, "k2"), [-0.0, -0.0125, -0.05, -0.2], rtol=1e-14
+    )
+    np.testing.assert_array_equal(
+        kl_rewards(LOG_PROBS.astype(np.float32), REF_LOG_PROBS.astype(np.float32), 1.0, "k1"), -np.array(HAND["k1"])
+    )
 
 
 def test_bad_options():
@@ -84,9 +98,9 @@ def test_bad_options():
 # ----------------------------------------------------------------------------- recompute
 
 
-
-
-def kl_table(rows: int = 12, seed: int = 3, **overrides) -> tuple[pa.Table, Rollouts, list[list[float]], list[list[float]]]:
+def kl_table(
+    rows: int = 12, seed: int = 3, **overrides
+) -> tuple[pa.Table, Rollouts, list[list[float]], list[list[float]]]:
     """A rollout table with log_probs / ref_log_probs columns (float64, short decimals) and
     a rewards column of large numbers that must not leak into KL-only rewards."""
     rollouts = random_rollouts(rows, seed)
@@ -106,7 +120,10 @@ def kl_table(rows: int = 12, seed: int = 3, **overrides) -> tuple[pa.Table, Roll
 def hand_rewards(log_probs, ref_log_probs, coef: float, estimator: str) -> list[list[float]]:
     """−coef · KL per token with plain math (k2 and k3 only, as used below)."""
     formulas = {"k2": lambda x: x * x / 2.0, "k3": lambda x: math.exp(-x) - 1.0 + x}
-    return [[-coef * formulas[estimator](lp - ref) for lp, ref in zip(row_lp, row_ref)] for row_lp, row_ref in zip(log_probs, ref_log_probs)]
+    return [
+        [-coef * formulas[estimator](lp - ref) for lp, ref in zip(row_lp, row_ref)]
+        for row_lp, row_ref in zip(log_probs, ref_log_probs)
+    ]
 
 
 def recompute(source, target, *options):
@@ -136,7 +153,9 @@ def test_a_named_rewards_column_is_added_to_the_kl_rewards(tmp_path):
     process = [[round(0.01 * t, 3) for t in range(len(mask))] for mask in random_rollouts(12, 3).masks]
     table, rollouts, log_probs, ref_log_probs = kl_table(process_reward=pa.array(process, pa.list_(pa.float64())))
     source = write_table(table, tmp_path / "in.parquet")
-    result = recompute(source, tmp_path / "out.parquet", "--kl-coef", 0.2, "--kl-estimator", "k2", "--rewards-col", "process_reward")
+    result = recompute(
+        source, tmp_path / "out.parquet", "--kl-coef", 0.2, "--kl-estimator", "k2", "--rewards-col", "process_reward"
+    )
     assert result.exit_code == 0, result.output
     kl = hand_rewards(log_probs, ref_log_probs, 0.2, "k2")
     check_outputs(tmp_path / "out.parquet", rollouts, [[a + b for a, b in zip(x, y)] for x, y in zip(kl, process)])
@@ -144,10 +163,22 @@ def test_a_named_rewards_column_is_added_to_the_kl_rewards(tmp_path):
 
 def test_renamed_log_prob_columns(tmp_path):
     table, rollouts, log_probs, ref_log_probs = kl_table()
-    table = table.rename_columns([{"log_probs": "actor_lp", "ref_log_probs": "ref_lp"}.get(n, n) for n in table.column_names])
+    table = table.rename_columns(
+        [{"log_probs": "actor_lp", "ref_log_probs": "ref_lp"}.get(n, n) for n in table.column_names]
+    )
     source = write_table(table, tmp_path / "in.parquet")
-    result = recompute(source, tmp_path / "out.parquet", "--kl-coef", 0.05, "--kl-estimator", "k3",
-                       "--logprobs-col", "actor_lp", "--ref-logprobs-col", "ref_lp")
+    result = recompute(
+        source,
+        tmp_path / "out.parquet",
+        "--kl-coef",
+        0.05,
+        "--kl-estimator",
+        "k3",
+        "--logprobs-col",
+        "actor_lp",
+        "--ref-logprobs-col",
+        "ref_lp",
+    )
     assert result.exit_code == 0, result.output
     check_outputs(tmp_path / "out.parquet", rollouts, hand_rewards(log_probs, ref_log_probs, 0.05, "k3"))
 
@@ -155,7 +186,9 @@ def test_renamed_log_prob_columns(tmp_path):
 def test_without_kl_coef_log_probs_are_not_read(tmp_path):
     table, rollouts, _, _ = kl_table()
     broken = [[float("nan")] * len(mask) for mask in rollouts.masks]
-    table = table.set_column(table.schema.get_field_index("log_probs"), "log_probs", pa.array(broken, pa.list_(pa.float64())))
+    table = table.set_column(
+        table.schema.get_field_index("log_probs"), "log_probs", pa.array(broken, pa.list_(pa.float64()))
+    )
     source = write_table(table, tmp_path / "in.parquet")
     assert recompute(source, tmp_path / "out.parquet").exit_code == 0
     check_outputs(tmp_path / "out.parquet", rollouts, rollouts.rewards)
@@ -167,7 +200,9 @@ def test_without_kl_coef_log_probs_are_not_read(tmp_path):
 def test_log_prob_columns_are_checked(tmp_path):
     table, rollouts, log_probs, _ = kl_table()
     short = [row[:-1] if row else row for row in log_probs]
-    bad = table.set_column(table.schema.get_field_index("log_probs"), "log_probs", pa.array(short, pa.list_(pa.float64())))
+    bad = table.set_column(
+        table.schema.get_field_index("log_probs"), "log_probs", pa.array(short, pa.list_(pa.float64()))
+    )
     source = write_table(bad, tmp_path / "short.parquet")
     result = recompute(source, tmp_path / "out.parquet", "--kl-coef", 0.1)
     assert result.exit_code == 1 and "[length-mismatch]" in result.stderr
@@ -193,5 +228,8 @@ def test_columns_default_is_unchanged():
     assert columns.kl_coef is None
     assert columns.token_columns() == [("values", "values"), ("rewards", "rewards"), ("loss_mask", "loss_mask")]
     assert Columns(rewards=None, kl_coef=0.1).token_columns() == [
-        ("values", "values"), ("loss_mask", "loss_mask"), ("log_probs", "log_probs"), ("ref_log_probs", "ref_log_probs"),
+        ("values", "values"),
+        ("loss_mask", "loss_mask"),
+        ("log_probs", "log_probs"),
+        ("ref_log_probs", "ref_log_probs"),
     ]

@@ -16,6 +16,7 @@ from gaecli.errors import GAEInputError, GAEUsageError, InvalidOptionError, Kern
 from gaecli.io.format import Columns
 from gaecli.recompute import RecomputeOptions
 from gaecli.validate import validate_files
+
 from rollout_files import files_under, gae, random_rollouts, rollout_table, sha256, write_table
 
 RECOMPUTE, DIFF, VALIDATE = "recompute", "diff", "validate"
@@ -46,8 +47,11 @@ MISTAKES = [
     ("max findings below 0", ["--max-findings", "-1"], (VALIDATE,), "--max-findings"),
     ("empty id column", ["--id-col", "a,,b"], (VALIDATE,), "--id-col"),
 ]
-CASES = [pytest.param(command, args, word, id=f"{command}: {what}")
-         for what, args, commands, word in MISTAKES for command in commands]
+CASES = [
+    pytest.param(command, args, word, id=f"{command}: {what}")
+    for what, args, commands, word in MISTAKES
+    for command in commands
+]
 
 
 def test_every_command_is_in_the_table():
@@ -66,8 +70,20 @@ def command_line(command: str, source, out, args: list[str]) -> list:
     if command == RECOMPUTE:
         return [RECOMPUTE, source, "-o", out / "f.parquet", "--gamma", 1, "--lambd", 0.9, *json_report, *args]
     if command == DIFF:
-        return [DIFF, source, "--gamma", 1, "--lambd", 0.9, *json_report, "--markdown", out / "report.md",
-                "--per-sample", out / "samples.parquet", *args]
+        return [
+            DIFF,
+            source,
+            "--gamma",
+            1,
+            "--lambd",
+            0.9,
+            *json_report,
+            "--markdown",
+            out / "report.md",
+            "--per-sample",
+            out / "samples.parquet",
+            *args,
+        ]
     return [VALIDATE, source, *json_report, *args]
 
 

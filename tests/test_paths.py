@@ -33,8 +33,16 @@ from gaecli.errors import GAEUsageError
 from gaecli.io.filesystem import NAME_MAX, temp_beside
 from gaecli.io.paths import discover_inputs
 from gaecli.io.writer import AtomicParquetWriter
+
 from rollout_files import (
-    assert_rows_close, files_under, gae, random_rollouts, reference_outputs, rollout_table, rollouts_from_table, sha256,
+    assert_rows_close,
+    files_under,
+    gae,
+    random_rollouts,
+    reference_outputs,
+    rollout_table,
+    rollouts_from_table,
+    sha256,
     write_table,
 )
 
@@ -64,8 +72,9 @@ def assert_gae_of(source_table: pa.Table, output: pa.Table) -> None:
 def cli_subprocess(*args, **kwargs) -> subprocess.CompletedProcess:
     """``python -m gaecli …`` in a child process with this tree first on the path."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1", **kwargs.pop("env", {})}
-    return subprocess.run([sys.executable, "-m", "gaecli", *map(str, args)], env=env, capture_output=True,
-                          timeout=300, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "gaecli", *map(str, args)], env=env, capture_output=True, timeout=300, **kwargs
+    )
 
 
 # ----------------------------------------------------------------------------- 1. --json onto inputs and outputs
@@ -108,8 +117,12 @@ def test_recompute_json_onto_its_input_or_output_is_refused_before_any_work(tmp_
     source = rollout(tmp_path / "x.parquet")
     target = tmp_path / "y.parquet"
     before = sha256(source)
-    report = {"input": str(source), "output": str(target), "output-uri": target.as_uri(),
-              "input-hardlink": str(tmp_path / "r.json")}[onto]
+    report = {
+        "input": str(source),
+        "output": str(target),
+        "output-uri": target.as_uri(),
+        "input-hardlink": str(tmp_path / "r.json"),
+    }[onto]
     if onto == "input-hardlink":
         os.link(source, report)
     result = recompute(source, "-o", target, "--json", report)
@@ -130,8 +143,19 @@ def test_import_json_onto_the_dump_is_refused(tmp_path):
 
 def test_diff_refusals_go_through_the_one_rule(tmp_path):
     source = rollout(tmp_path / "x.parquet")
-    result = gae("diff", source, "--gamma", 1, "--lambd", 1, "--quiet", "--json", tmp_path / "r.json",
-                 "--markdown", tmp_path / "." / "r.json")
+    result = gae(
+        "diff",
+        source,
+        "--gamma",
+        1,
+        "--lambd",
+        1,
+        "--quiet",
+        "--json",
+        tmp_path / "r.json",
+        "--markdown",
+        tmp_path / "." / "r.json",
+    )
     assert result.exit_code == 2 and "same file" in result.stderr and "JSON report" in result.stderr
     os.link(source, tmp_path / "samples")
     result = gae("diff", source, "--gamma", 1, "--lambd", 1, "--quiet", "--per-sample", tmp_path / "samples")
@@ -141,11 +165,22 @@ def test_diff_refusals_go_through_the_one_rule(tmp_path):
 
 def test_check_writes_names_roles_and_both_paths(tmp_path):
     source = rollout(tmp_path / "a.parquet")
-    with pytest.raises(GAEUsageError, match=r"out\.parquet: the HTML report and the output \(.*out\.parquet\) are the same file"):
-        gaecli.io.paths.check_writes([source], [("output", tmp_path / "out.parquet"),
-                                                ("HTML report", str(tmp_path / "x" / ".." / "out.parquet"))])
-    gaecli.io.paths.check_writes([source], [("output", tmp_path / "b.parquet"), ("JSON report", "-"),
-                                            ("JSON report", None), ("Markdown report", str(tmp_path / "r.md"))])
+    with pytest.raises(
+        GAEUsageError, match=r"out\.parquet: the HTML report and the output \(.*out\.parquet\) are the same file"
+    ):
+        gaecli.io.paths.check_writes(
+            [source],
+            [("output", tmp_path / "out.parquet"), ("HTML report", str(tmp_path / "x" / ".." / "out.parquet"))],
+        )
+    gaecli.io.paths.check_writes(
+        [source],
+        [
+            ("output", tmp_path / "b.parquet"),
+            ("JSON report", "-"),
+            ("JSON report", None),
+            ("Markdown report", str(tmp_path / "r.md")),
+        ],
+    )
 
 
 # ----------------------------------------------------------------------------- 2. rejects files
@@ -169,7 +204,10 @@ def test_rejects_file_onto_another_output_is_refused(tmp_path, workers):
     result = recompute(tmp_path / "in", "-o", out, "--on-invalid", "skip", "--workers", workers)
     assert result.exit_code == 2, result.output
     assert str(out / "a.rejected.parquet") in result.stderr and "same file" in result.stderr
-    assert str(tmp_path / "in" / "a.parquet") in result.stderr and str(tmp_path / "in" / "a.rejected.parquet") in result.stderr
+    assert (
+        str(tmp_path / "in" / "a.parquet") in result.stderr
+        and str(tmp_path / "in" / "a.rejected.parquet") in result.stderr
+    )
     assert not out.exists()
 
 
@@ -351,8 +389,12 @@ time.sleep(600)
 
 def holder(target: Path) -> tuple[subprocess.Popen, Path]:
     """A process writing ``target`` (its temp file in place), held until killed."""
-    process = subprocess.Popen([sys.executable, "-c", HOLD_A_TEMP, str(target)], stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_TEMP, str(target)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     name = process.stdout.readline().strip()
     assert name, "the holder did not start"
     return process, target.parent / name
@@ -395,8 +437,10 @@ def test_temp_files_of_unknown_owners_stay(tmp_path):
     source = rollout(tmp_path / "x.parquet")
     target = tmp_path / "out" / "x.parquet"
     target.parent.mkdir()
-    foreign = [target.parent / ".x.parquet.gaecli-1a2b3c4d.tmp",  # an older gaecli's name: owner unknown
-               target.parent / ".x.parquet.gaecli-ffffff-1-1-0123abcd.tmp"]  # another host's
+    foreign = [
+        target.parent / ".x.parquet.gaecli-1a2b3c4d.tmp",  # an older gaecli's name: owner unknown
+        target.parent / ".x.parquet.gaecli-ffffff-1-1-0123abcd.tmp",
+    ]  # another host's
     for path in foreign:
         path.write_bytes(b"partial")
     assert recompute(source, "-o", target).exit_code == 0
@@ -460,13 +504,30 @@ def test_an_unreadable_subdirectory_fails_validate_strict():
         (top / "d" / "locked").chmod(0)
         command = ["validate", "--strict", str(top / "d"), "--workers", "1"]
         if as_root:
-            command = [sys.executable, "-c", AS_NOBODY, str(nobody.pw_gid), str(nobody.pw_uid), str(top / "d" / "a.parquet"),
-                       *command]
+            command = [
+                sys.executable,
+                "-c",
+                AS_NOBODY,
+                str(nobody.pw_gid),
+                str(nobody.pw_uid),
+                str(top / "d" / "a.parquet"),
+                *command,
+            ]
         else:
             command = [sys.executable, "-m", "gaecli", *command]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1",
-                                     "HOME": str(top), "COLUMNS": "400"})
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "HOME": str(top),
+                "COLUMNS": "400",
+            },
+        )
         assert result.returncode == 2, result.stderr
         stderr = result.stderr.split("--- as nobody ---")[-1]
         assert str(top / "d" / "locked") in stderr and "cannot read" in stderr and "Traceback" not in stderr
@@ -481,8 +542,15 @@ def test_an_unreadable_subdirectory_fails_validate_strict():
 def test_a_directory_and_its_subdirectory_are_read_once(tmp_path):
     sources = [rollout(tmp_path / "d" / "a.parquet", seed=1), rollout(tmp_path / "d" / "sub" / "b.parquet", seed=2)]
     out = tmp_path / "out"
-    result = recompute(tmp_path / "d", tmp_path / "d" / "sub", tmp_path / "d" / "sub" / ".." / "a.parquet", "-o", out,
-                       "--json", tmp_path / "r.json")
+    result = recompute(
+        tmp_path / "d",
+        tmp_path / "d" / "sub",
+        tmp_path / "d" / "sub" / ".." / "a.parquet",
+        "-o",
+        out,
+        "--json",
+        tmp_path / "r.json",
+    )
     assert result.exit_code == 0, result.output
     assert files_under(out) == ["a.parquet", "sub/b.parquet"]  # the first root (d) is mirrored
     report = json.loads((tmp_path / "r.json").read_text())

@@ -24,6 +24,7 @@ from gaecli.advantages.contract import ALIASES, BASELINES, PROFILES, expand_base
 from gaecli.advantages.dispatch import compute, gae_flat
 from gaecli.errors import InvalidOptionError
 from gaecli.recompute import RecomputeOptions, recompute_files
+
 from helpers import (
     FAST_KERNEL_NAMES,
     KERNEL_NAMES,
@@ -112,35 +113,46 @@ def test_the_six_profiles_and_their_aliases():
     assert ALIASES == {"unmasked": "slime", "zero-masked": "openrlhf", "skip-masked": "verl"}
     assert set(BASELINES) == set(PROFILES) | set(ALIASES)
     assert [profile_of(name) for name in ("unmasked", "zero-masked", "skip-masked", "roll", "masked")] == [
-        "slime", "openrlhf", "verl", "roll", "masked"]
+        "slime",
+        "openrlhf",
+        "verl",
+        "roll",
+        "masked",
+    ]
     for name in NAMES:
         assert AdvantageSpec(0.9, 0.95, name).semantics == name
     assert set(gaecli.BASELINES) == set(BASELINES)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("all", PROFILES),
-    ("verl", ("verl",)),
-    ("openrlhf,verl", ("openrlhf", "verl")),
-    (" slime , nemo-rl ", ("slime", "nemo-rl")),
-    ("unmasked,skip-masked,zero-masked", ("unmasked", "skip-masked", "zero-masked")),
-    ("skip-masked,openrlhf", ("skip-masked", "openrlhf")),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("all", PROFILES),
+        ("verl", ("verl",)),
+        ("openrlhf,verl", ("openrlhf", "verl")),
+        (" slime , nemo-rl ", ("slime", "nemo-rl")),
+        ("unmasked,skip-masked,zero-masked", ("unmasked", "skip-masked", "zero-masked")),
+        ("skip-masked,openrlhf", ("skip-masked", "openrlhf")),
+    ],
+)
 def test_a_baseline_list_expands(text, expected):
     assert expand_baselines(text) == expected
 
 
-@pytest.mark.parametrize("text, message", [
-    ("unmasked,slime", "'unmasked' and 'slime', which name the same profile"),
-    ("verl,skip-masked", "'verl' and 'skip-masked'"),
-    ("all,zero-masked", "'openrlhf' and 'zero-masked'"),
-    ("roll,roll", "'roll' twice"),
-    ("all,all", "twice"),
-    ("verl,half-masked", "unknown baseline 'half-masked'"),
-    ("masked", "unknown baseline 'masked'"),
-    ("verl,,slime", "empty name"),
-    ("", "empty name"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("unmasked,slime", "'unmasked' and 'slime', which name the same profile"),
+        ("verl,skip-masked", "'verl' and 'skip-masked'"),
+        ("all,zero-masked", "'openrlhf' and 'zero-masked'"),
+        ("roll,roll", "'roll' twice"),
+        ("all,all", "twice"),
+        ("verl,half-masked", "unknown baseline 'half-masked'"),
+        ("masked", "unknown baseline 'masked'"),
+        ("verl,,slime", "empty name"),
+        ("", "empty name"),
+    ],
+)
 def test_a_bad_baseline_list_is_refused(text, message):
     with pytest.raises(InvalidOptionError, match=message) as raised:
         expand_baselines(text)
@@ -224,8 +236,14 @@ def test_the_reference_kernel_reproduces_the_trainers_loop(profile, batch):
 @pytest.mark.parametrize("profile", PROFILES)
 def test_long_agentic_samples(profile):
     # Many turns (masked observation blocks), masked tails and heads, fully masked rows.
-    batch = make_batch(7, [300, 517, 1, 0, 64, 1000], ["blocks", "blocks", "zeros", "zeros", "masked-tail", "random"],
-                       gamma=0.999, lambd=0.97, dtype=torch.float64)
+    batch = make_batch(
+        7,
+        [300, 517, 1, 0, 64, 1000],
+        ["blocks", "blocks", "zeros", "zeros", "masked-tail", "random"],
+        gamma=0.999,
+        lambd=0.97,
+        dtype=torch.float64,
+    )
     expected_advantages, expected_returns = oracle_batch(profile, batch)
     for kernel in FAST_KERNEL_NAMES:
         advantages, returns = listed(profile, batch, kernel)
@@ -312,34 +330,49 @@ def test_lost_terminal_samples_are_where_z_moves_no_trainable_advantage(semantic
     # Independent of the rules: with V = r = 0 and z = 1 a trainable advantage is non-zero
     # exactly when z reaches it (the trainers' loops of tests/helpers.py).
     lengths = [0, 1, 1, 2, 5, 9, 12, 30, 7, 3]
-    batch = make_batch(17, lengths, ["ones", "ones", "zeros", "masked-head", "masked-tail", "blocks", "random",
-                                     "blocks", "zeros", "masked-tail"], gamma=gamma, lambd=lambd, dtype=torch.float64)
+    batch = make_batch(
+        17,
+        lengths,
+        ["ones", "ones", "zeros", "masked-head", "masked-tail", "blocks", "random", "blocks", "zeros", "masked-tail"],
+        gamma=gamma,
+        lambd=lambd,
+        dtype=torch.float64,
+    )
     batch.values = [torch.zeros_like(v) for v in batch.values]
     batch.rewards = [torch.zeros_like(r) for r in batch.rewards]
     batch.terminals = [1.0] * len(lengths)
     advantages, _ = oracle_batch(semantics, batch)
     _, _, mask, offsets, terminals = batch.packed()
-    lost = lost_terminal_samples(semantics, mask.numpy(), offsets.numpy(), terminals.numpy(), gamma=gamma,
-                                 lambd=lambd)
+    lost = lost_terminal_samples(semantics, mask.numpy(), offsets.numpy(), terminals.numpy(), gamma=gamma, lambd=lambd)
     for index, (sample_advantages, sample_mask) in enumerate(zip(advantages, batch.masks)):
         if sample_mask.numel() == 0:
             assert lost[index]  # z = 1 on an empty sample
             continue
         reached = bool((sample_advantages[sample_mask] != 0).any())
         assert bool(lost[index]) == (not reached), (semantics, index, batch.kinds[index], sample_mask.tolist())
-    assert lost_terminal_abs_sum(semantics, mask.numpy(), offsets.numpy(), terminals.numpy(), gamma=gamma,
-                                 lambd=lambd) == float(lost.sum())
+    assert lost_terminal_abs_sum(
+        semantics, mask.numpy(), offsets.numpy(), terminals.numpy(), gamma=gamma, lambd=lambd
+    ) == float(lost.sum())
 
 
 def test_lost_terminal_on_the_worked_example():
     batch = worked_batch(torch.float64)
     _, _, mask, offsets, terminals = (t.numpy() for t in batch.packed())
-    got = {name: lost_terminal_samples(name, mask, offsets, terminals, gamma=0.5, lambd=1.0).tolist()
-           for name in ("masked", *PROFILES)}
+    got = {
+        name: lost_terminal_samples(name, mask, offsets, terminals, gamma=0.5, lambd=1.0).tolist()
+        for name in ("masked", *PROFILES)
+    }
     # Token 3 is masked: verl, areal and roll lose z = 8 (slime carries it back with γλ = 0.5);
     # the fully masked sample's z = 4 has no trainable token to reach under any profile.
-    assert got == {"masked": [False, True], "verl": [True, True], "openrlhf": [False, True], "slime": [False, True],
-                   "roll": [True, True], "areal": [True, True], "nemo-rl": [False, True]}
+    assert got == {
+        "masked": [False, True],
+        "verl": [True, True],
+        "openrlhf": [False, True],
+        "slime": [False, True],
+        "roll": [True, True],
+        "areal": [True, True],
+        "nemo-rl": [False, True],
+    }
     assert lost_terminal_abs_sum("verl", mask, offsets, terminals, gamma=0.5, lambd=1.0) == 12.0
     assert lost_terminal_abs_sum("nemo-rl", mask, offsets, terminals, gamma=0.5, lambd=1.0) == 4.0
     assert lost_terminal_abs_sum("slime", mask, offsets, terminals, gamma=0.5, lambd=0.0) == 12.0
@@ -366,12 +399,15 @@ def test_recompute_keeps_a_profile_as_columns(tmp_path, baseline):
             assert np.allclose(got, values, rtol=0, atol=2e-5 * (1 + max(map(abs, values), default=0.0))), (column, row)
 
 
-@pytest.mark.parametrize("baseline, message", [
-    ("all", "names several baselines"),
-    ("verl,slime", "names several baselines"),
-    ("unmasked,slime", "which name the same profile"),
-    ("hf", "unknown baseline 'hf'"),
-])
+@pytest.mark.parametrize(
+    "baseline, message",
+    [
+        ("all", "names several baselines"),
+        ("verl,slime", "names several baselines"),
+        ("unmasked,slime", "which name the same profile"),
+        ("hf", "unknown baseline 'hf'"),
+    ],
+)
 def test_recompute_refuses_a_list_or_an_unknown_baseline(baseline, message):
     with pytest.raises(InvalidOptionError, match=message):
         RecomputeOptions(gamma=0.9, lambd=0.8, keep_baseline=True, baseline=baseline)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,13 +23,14 @@ import gaecli.recompute
 from gaecli.errors import InvalidDataError
 from gaecli.io.format import Columns
 from gaecli.recompute import RecomputeOptions, recompute_file, recompute_files
+
 from rollout_files import (
-    gae,
     MASK_TYPES,
     TOLERANCE,
     Rollouts,
     assert_rows_close,
     files_under,
+    gae,
     masked_advantages,
     random_rollouts,
     reference_outputs,
@@ -44,15 +44,31 @@ from rollout_files import (
 
 GAMMA, LAMBD = 0.9, 0.8
 SUMMARY_KEYS = {
-    "samples", "tokens", "trainable_tokens", "changed_samples", "masked_tail_samples", "mean_terminal_credit",
-    "fully_masked_samples", "mean_abs_delta_advantage", "max_abs_delta_advantage",
+    "samples",
+    "tokens",
+    "trainable_tokens",
+    "changed_samples",
+    "masked_tail_samples",
+    "mean_terminal_credit",
+    "fully_masked_samples",
+    "mean_abs_delta_advantage",
+    "max_abs_delta_advantage",
 }
 
 
-
-
 def recompute(inputs, output, *options, gamma=GAMMA, lambd=LAMBD, quiet=True):
-    return gae("recompute", *inputs, "-o", output, "--gamma", gamma, "--lambd", lambd, *(["--quiet"] if quiet else []), *options)
+    return gae(
+        "recompute",
+        *inputs,
+        "-o",
+        output,
+        "--gamma",
+        gamma,
+        "--lambd",
+        lambd,
+        *(["--quiet"] if quiet else []),
+        *options,
+    )
 
 
 def assert_ok(result) -> None:
@@ -65,7 +81,9 @@ def assert_nothing_written(out_dir: Path) -> None:
     assert not out_dir.exists(), f"{out_dir} was left behind"
 
 
-def assert_matches_reference(table: pa.Table, output: pa.Table, *, gamma=GAMMA, lambd=LAMBD, tolerance=None, **names) -> None:
+def assert_matches_reference(
+    table: pa.Table, output: pa.Table, *, gamma=GAMMA, lambd=LAMBD, tolerance=None, **names
+) -> None:
     """``output``'s advantages and returns against reference_gae on ``table``'s data."""
     advantages_col = names.pop("advantages", "advantages")
     returns_col = names.pop("returns", "returns")
@@ -166,14 +184,38 @@ def test_renamed_columns(tmp_path, rollouts):
     table = rollout_table(rollouts, names=names)
     source = write_table(table, tmp_path / "in.parquet", row_group_size=10)
     target = tmp_path / "out.parquet"
-    assert_ok(recompute(
-        [source], target, "--values-col", "critic", "--rewards-col", "kl_rewards", "--mask-col", "mask",
-        "--terminal-col", "score", "--advantages-col", "adv", "--returns-col", "ret", "--batch-rows", 11,
-    ))
+    assert_ok(
+        recompute(
+            [source],
+            target,
+            "--values-col",
+            "critic",
+            "--rewards-col",
+            "kl_rewards",
+            "--mask-col",
+            "mask",
+            "--terminal-col",
+            "score",
+            "--advantages-col",
+            "adv",
+            "--returns-col",
+            "ret",
+            "--batch-rows",
+            11,
+        )
+    )
     output = pq.read_table(target)
     assert output.column_names == ["critic", "kl_rewards", "mask", "score", "adv", "ret"]
-    assert_matches_reference(table, output, values="critic", rewards="kl_rewards", loss_mask="mask",
-                             terminal_reward="score", advantages="adv", returns="ret")
+    assert_matches_reference(
+        table,
+        output,
+        values="critic",
+        rewards="kl_rewards",
+        loss_mask="mask",
+        terminal_reward="score",
+        advantages="adv",
+        returns="ret",
+    )
     mapping = json.loads(output.schema.metadata[b"gaecli.columns"])
     assert mapping["values"] == "critic" and mapping["rewards"] == "kl_rewards"
     assert mapping["loss_mask"] == "mask" and mapping["terminal_reward"] == "score"
@@ -214,9 +256,17 @@ def test_passthrough_columns_and_metadata(tmp_path, rollouts):
     }
     last = {
         "meta": pa.array(
-            [{"turns": i % 4, "tools": ["search", "python"][: i % 3], "env": {"name": "sandbox", "seed": i}} for i in range(rows)],
-            pa.struct([("turns", pa.int32()), ("tools", pa.list_(pa.string())),
-                       ("env", pa.struct([("name", pa.string()), ("seed", pa.int64())]))]),
+            [
+                {"turns": i % 4, "tools": ["search", "python"][: i % 3], "env": {"name": "sandbox", "seed": i}}
+                for i in range(rows)
+            ],
+            pa.struct(
+                [
+                    ("turns", pa.int32()),
+                    ("tools", pa.list_(pa.string())),
+                    ("env", pa.struct([("name", pa.string()), ("seed", pa.int64())])),
+                ]
+            ),
         ),
         "task": pa.array(["math", "code", "web"] * (rows // 3) + ["math"] * (rows % 3)).dictionary_encode(),
     }
@@ -238,9 +288,15 @@ def test_passthrough_columns_and_metadata(tmp_path, rollouts):
     assert metadata[b"gaecli.normalize"] == b"none"
     assert metadata[b"gaecli.source"] == b"in.parquet"
     mapping = json.loads(metadata[b"gaecli.columns"])
-    assert {key: mapping[key] for key in ("values", "rewards", "loss_mask", "terminal_reward", "advantages", "returns")} == {
-        "values": "values", "rewards": "rewards", "loss_mask": "loss_mask", "terminal_reward": "terminal_reward",
-        "advantages": "advantages", "returns": "returns",
+    assert {
+        key: mapping[key] for key in ("values", "rewards", "loss_mask", "terminal_reward", "advantages", "returns")
+    } == {
+        "values": "values",
+        "rewards": "rewards",
+        "loss_mask": "loss_mask",
+        "terminal_reward": "terminal_reward",
+        "advantages": "advantages",
+        "returns": "returns",
     }
     assert_matches_reference(table, output)
 
@@ -259,12 +315,14 @@ def test_response_length_column_that_agrees_passes(tmp_path, rollouts):
 def test_mixed_list_and_number_types(tmp_path, rollouts):
     """values list<float32>, rewards large_list<float64>, a bool mask, an int terminal
     reward: outputs in the values' type on the mask's list type."""
-    table = pa.table({
-        "values": pa.array(rollouts.values, pa.list_(pa.float32())),
-        "rewards": pa.array(rollouts.rewards, pa.large_list(pa.float64())),
-        "loss_mask": pa.array([[bool(m) for m in mask] for mask in rollouts.masks], pa.list_(pa.bool_())),
-        "terminal_reward": pa.array([int(z) for z in rollouts.terminal], pa.int32()),
-    })
+    table = pa.table(
+        {
+            "values": pa.array(rollouts.values, pa.list_(pa.float32())),
+            "rewards": pa.array(rollouts.rewards, pa.large_list(pa.float64())),
+            "loss_mask": pa.array([[bool(m) for m in mask] for mask in rollouts.masks], pa.list_(pa.bool_())),
+            "terminal_reward": pa.array([int(z) for z in rollouts.terminal], pa.int32()),
+        }
+    )
     source = write_table(table, tmp_path / "in.parquet", row_group_size=10)
     target = tmp_path / "out.parquet"
     assert_ok(recompute([source], target, "--batch-rows", 6))
@@ -351,7 +409,9 @@ def _two_files(tmp_path) -> tuple[list[Path], list[pa.Table]]:
         data = random_rollouts(rows, seed=seed)
         rollout_ids = pa.array([f"step-{(i * 7 + seed) % 3}" for i in range(rows)])
         tables.append(rollout_table(data, float_type=pa.float64(), extra={"rollout_id": rollout_ids}))
-    paths = [write_table(table, tmp_path / "in" / f"part{i}.parquet", row_group_size=8) for i, table in enumerate(tables)]
+    paths = [
+        write_table(table, tmp_path / "in" / f"part{i}.parquet", row_group_size=8) for i, table in enumerate(tables)
+    ]
     return paths, tables
 
 
@@ -363,7 +423,7 @@ def test_normalize_whitens_over_all_inputs(tmp_path):
     references = [reference_outputs(d, GAMMA, LAMBD) for d in data]
     all_advantages = references[0][0] + references[1][0]
     whitened = whiten_numpy(all_advantages, data[0].masks + data[1].masks)
-    expected = [whitened[: len(data[0])], whitened[len(data[0]):]]
+    expected = [whitened[: len(data[0])], whitened[len(data[0]) :]]
     for index, path in enumerate(paths):
         output = pq.read_table(out_dir / path.name)
         assert output.schema.metadata[b"gaecli.normalize"] == b"all"
@@ -373,7 +433,9 @@ def test_normalize_whitens_over_all_inputs(tmp_path):
         assert_rows_close("returns", references[index][1], output.column("returns").to_pylist(), 1e-12)
         for row, mask in enumerate(data[index].masks):
             assert all(a == 0.0 for a, m in zip(got[row], mask) if not m)
-    trainable = np.concatenate([np.asarray(a)[np.asarray(m, bool)] for e, d in zip(expected, data) for a, m in zip(e, d.masks) if m])
+    trainable = np.concatenate(
+        [np.asarray(a)[np.asarray(m, bool)] for e, d in zip(expected, data) for a, m in zip(e, d.masks) if m]
+    )
     assert abs(trainable.mean()) < 1e-12 and abs(trainable.std(ddof=1) - 1.0) < 1e-6
 
 
@@ -422,7 +484,9 @@ def test_normalize_by_float_keys_with_nan_and_null(tmp_path):
     expected = [None] * 30
     for residue in range(3):
         members = list(range(residue, 30, 3))
-        for row, whitened in zip(members, whiten_numpy([advantages[r] for r in members], [data.masks[r] for r in members])):
+        for row, whitened in zip(
+            members, whiten_numpy([advantages[r] for r in members], [data.masks[r] for r in members])
+        ):
             expected[row] = whitened
     got = pq.read_table(tmp_path / "out.parquet").column("advantages").to_pylist()
     assert_rows_close("advantages whitened per key (NaN and null are keys)", expected, got, 1e-9)
@@ -439,13 +503,22 @@ def test_keep_baseline_writes_the_unmasked_gae(tmp_path, source):
     data = rollouts_from_table(pq.read_table(source))
     as_tensors = lambda rows: [torch.tensor(row, dtype=torch.float64) for row in rows]  # noqa: E731
     expected_advantages, expected_returns = gaecli.unmasked_gae(
-        as_tensors(data.values), as_tensors(data.rewards), as_tensors(data.masks), data.terminal,
-        gamma=GAMMA, lambd=LAMBD, kernel="reference",
+        as_tensors(data.values),
+        as_tensors(data.rewards),
+        as_tensors(data.masks),
+        data.terminal,
+        gamma=GAMMA,
+        lambd=LAMBD,
+        kernel="reference",
     )
     got = output.column("advantages_unmasked").to_pylist()
     assert_rows_close("advantages_unmasked", [t.numpy() for t in expected_advantages], got, TOLERANCE["float"])
-    assert_rows_close("returns_unmasked", [t.numpy() for t in expected_returns],
-                      output.column("returns_unmasked").to_pylist(), TOLERANCE["float"])
+    assert_rows_close(
+        "returns_unmasked",
+        [t.numpy() for t in expected_returns],
+        output.column("returns_unmasked").to_pylist(),
+        TOLERANCE["float"],
+    )
     # and, independently, the old GAE as a plain loop on one sample with a masked tail
     row = next(i for i, m in enumerate(data.masks) if m and m[-1] == 0 and any(m))
     loop = unmasked_advantages(data.values[row], data.rewards[row], data.terminal[row], GAMMA, LAMBD)
@@ -535,7 +608,9 @@ def _null_terminal(data):
     table = rollout_table(data)
     terminal = table.column("terminal_reward").to_pylist()
     terminal[6] = None
-    return table.set_column(table.column_names.index("terminal_reward"), "terminal_reward", pa.array(terminal, pa.float64()))
+    return table.set_column(
+        table.column_names.index("terminal_reward"), "terminal_reward", pa.array(terminal, pa.float64())
+    )
 
 
 def _inf_terminal(data):
@@ -716,7 +791,9 @@ def test_on_invalid_skip_writes_valid_rows_and_rejects(tmp_path):
     table = rollout_table(data, extra_first={"id": ids})
     source = write_table(table, tmp_path / "in" / "roll.parquet", row_group_size=3)
     out_dir = tmp_path / "out"
-    result = recompute([source], out_dir / "roll.parquet", "--on-invalid", "skip", "--batch-rows", 4, "--json", "-", quiet=False)
+    result = recompute(
+        [source], out_dir / "roll.parquet", "--on-invalid", "skip", "--batch-rows", 4, "--json", "-", quiet=False
+    )
     assert_ok(result)
     assert files_under(out_dir) == ["roll.parquet", "roll.rejected.parquet"]
     assert "2 invalid rows rejected" in result.stderr
@@ -855,12 +932,24 @@ def test_json_summary_on_a_hand_made_file(tmp_path):
     assert report["gamma"] == 1.0 and report["lambd"] == 0.5 and report["normalize"] == "none"
     assert report["kernel"] == gaecli.resolve_kernel("auto", "cpu")
     assert report["rows"] == 5 and report["rejected_rows"] == 0
-    assert report["files"] == [{"source": str(source), "output": str(tmp_path / "out.parquet"), "rows": 5,
-                                "tokens": 10, "rejected_rows": 0, "rejects_file": None, "skipped": False}]
+    assert report["files"] == [
+        {
+            "source": str(source),
+            "output": str(tmp_path / "out.parquet"),
+            "rows": 5,
+            "tokens": 10,
+            "rejected_rows": 0,
+            "rejects_file": None,
+            "skipped": False,
+        }
+    ]
     summary = report["summary"]
     assert SUMMARY_KEYS <= set(summary)
 
-    new = [masked_advantages(v, r, m, z, 1.0, 0.5) for v, r, m, z in zip(data.values, data.rewards, data.masks, data.terminal)]
+    new = [
+        masked_advantages(v, r, m, z, 1.0, 0.5)
+        for v, r, m, z in zip(data.values, data.rewards, data.masks, data.terminal)
+    ]
     old = [unmasked_advantages(v, r, z, 1.0, 0.5) for v, r, z in zip(data.values, data.rewards, data.terminal)]
     deltas = [abs(a - b) for n, o, m in zip(new, old, data.masks) for a, b, t in zip(n, o, m) if t]
     changed = sum(
@@ -900,9 +989,14 @@ def test_summary_with_whole_inputs_normalized(tmp_path):
     result = recompute([source], tmp_path / "out.parquet", "--normalize", "--json", "-", gamma=1.0, lambd=0.5)
     assert_ok(result)
     assert json.loads(result.stdout)["normalize"] == "all"
-    new = [masked_advantages(v, r, m, z, 1.0, 0.5) for v, r, m, z in zip(data.values, data.rewards, data.masks, data.terminal)]
+    new = [
+        masked_advantages(v, r, m, z, 1.0, 0.5)
+        for v, r, m, z in zip(data.values, data.rewards, data.masks, data.terminal)
+    ]
     expected = whiten_numpy([np.array(a) for a in new], data.masks)
-    assert_rows_close("whitened", expected, pq.read_table(tmp_path / "out.parquet").column("advantages").to_pylist(), 1e-12)
+    assert_rows_close(
+        "whitened", expected, pq.read_table(tmp_path / "out.parquet").column("advantages").to_pylist(), 1e-12
+    )
 
 
 # ----------------------------------------------------------------------------- library
@@ -952,7 +1046,7 @@ def test_cpu_commands_never_import_torch(tmp_path):
     # Worker processes pay every import once per process: the CPU path (native kernel,
     # every baseline, validate, diff) must run without torch.
     write_table(rollout_table(random_rollouts(12, 41)), tmp_path / "in.parquet")
-    script = f"""
+    script = """
 import sys
 from gaecli.cli import main
 for argv in (
@@ -961,7 +1055,8 @@ for argv in (
     ["diff", "in.parquet", "--baseline", "skip-masked"],
     ["diff", "in.parquet", "--baseline", "zero-masked"],
 ):
-    sys.argv = ["gae", *argv, *([] if argv[0] == "validate" else ["--gamma", "1", "--lambd", "0.95"]), "--workers", "1", "--quiet"]
+    discount = [] if argv[0] == "validate" else ["--gamma", "1", "--lambd", "0.95"]
+    sys.argv = ["gae", *argv, *discount, "--workers", "1", "--quiet"]
     try:
         main()
     except SystemExit as exit:
@@ -1002,12 +1097,15 @@ def test_a_multi_file_run_reads_each_footer_once(tmp_path, monkeypatch):
     recompute_files(paths, tmp_path / "again", options)
     for index in range(3):
         assert pq.read_table(tmp_path / "out" / f"f{index}.parquet").equals(
-            pq.read_table(tmp_path / "again" / f"f{index}.parquet"))
+            pq.read_table(tmp_path / "again" / f"f{index}.parquet")
+        )
 
 
 def test_a_schema_mistake_in_the_last_file_stops_the_run_before_any_output(tmp_path):
-    paths = [write_table(rollout_table(random_rollouts(9, seed=80 + index)), tmp_path / "in" / f"f{index}.parquet")
-             for index in range(3)]
+    paths = [
+        write_table(rollout_table(random_rollouts(9, seed=80 + index)), tmp_path / "in" / f"f{index}.parquet")
+        for index in range(3)
+    ]
     pq.write_table(pq.read_table(paths[2]).drop_columns(["values"]), paths[2])
     result = recompute(paths, tmp_path / "out", "--workers", 1)
     assert result.exit_code == 1 and "f2.parquet" in result.stderr and "'values'" in result.stderr

@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from rollout_files import gae, random_rollouts, rollout_table, write_table
 
 from gaecli.io.writer import AtomicParquetWriter
+
+from rollout_files import gae, random_rollouts, rollout_table, write_table
 
 moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto: pip install 'moto[s3,server]'")
 
@@ -40,12 +41,14 @@ def large_table(seed: int) -> pa.Table:
     tokens = int(offsets[-1])
     mask = ((np.arange(tokens) // rng.integers(20, 200)) % 3 != 2).astype(np.int8)
     as_list = lambda flat: pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))  # noqa: E731
-    return pa.table({
-        "values": as_list(rng.normal(0, 1, tokens).astype(np.float32)),
-        "rewards": as_list(np.where(rng.random(tokens) < 0.01, 1.0, 0.0).astype(np.float32)),
-        "loss_mask": as_list(mask),
-        "terminal_reward": pa.array(rng.uniform(-1, 1, lengths.size).astype(np.float32)),
-    })
+    return pa.table(
+        {
+            "values": as_list(rng.normal(0, 1, tokens).astype(np.float32)),
+            "rewards": as_list(np.where(rng.random(tokens) < 0.01, 1.0, 0.0).astype(np.float32)),
+            "loss_mask": as_list(mask),
+            "terminal_reward": pa.array(rng.uniform(-1, 1, lengths.size).astype(np.float32)),
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +69,14 @@ def uri(endpoint: str, key: str) -> str:
 @pytest.fixture(scope="module")
 def bucket(endpoint, tmp_path_factory):
     """The S3 file system, with the inputs under ``in/``; returns (file system, local copy)."""
-    filesystem = pafs.S3FileSystem(access_key="key", secret_key="secret", endpoint_override=endpoint,
-                                   scheme="http", region="us-east-1", allow_bucket_creation=True)
+    filesystem = pafs.S3FileSystem(
+        access_key="key",
+        secret_key="secret",
+        endpoint_override=endpoint,
+        scheme="http",
+        region="us-east-1",
+        allow_bucket_creation=True,
+    )
     filesystem.create_dir(BUCKET)
     local = tmp_path_factory.mktemp("s3") / "in"
     for index, (rows, name) in enumerate(zip((13, 21, 9), NAMES)):
@@ -87,7 +96,9 @@ def plain(bucket, tmp_path_factory):
 
 
 def recompute(inputs, output, *options):
-    return gae("recompute", inputs, "-o", output, "--gamma", GAMMA, "--lambd", LAMBD, "--quiet", "--batch-rows", 4, *options)
+    return gae(
+        "recompute", inputs, "-o", output, "--gamma", GAMMA, "--lambd", LAMBD, "--quiet", "--batch-rows", 4, *options
+    )
 
 
 def keys_under(filesystem, prefix: str) -> list[str]:
@@ -106,7 +117,9 @@ def test_bucket_to_bucket_equals_plain_paths(endpoint, bucket, plain, local_ray,
         pytest.skip("ray is not installed")
     filesystem, _ = bucket
     prefix = f"out-{engine}-{workers}"
-    result = recompute(uri(endpoint, "in"), uri(endpoint, prefix), "--engine", engine, "--workers", workers, "--json", "-")
+    result = recompute(
+        uri(endpoint, "in"), uri(endpoint, prefix), "--engine", engine, "--workers", workers, "--json", "-"
+    )
     assert result.exit_code == 0, result.output
     assert keys_under(filesystem, prefix) == sorted(NAMES)  # and nothing else
     for name in NAMES:
@@ -133,8 +146,10 @@ def test_skip_existing_resumes_on_a_bucket(endpoint, bucket, plain):
     filesystem, _ = bucket
     assert recompute(uri(endpoint, "in"), uri(endpoint, "resume"), "--workers", 2).exit_code == 0
     filesystem.delete_file(f"{BUCKET}/resume/day1/b.parquet")
-    with filesystem.open_output_stream(f"{BUCKET}/resume/a.parquet") as stream:  # what a killed upload cannot leave, but
-        stream.write(object_bytes(filesystem, "resume/a.parquet")[:-8])           # a footerless object is refused
+    with filesystem.open_output_stream(
+        f"{BUCKET}/resume/a.parquet"
+    ) as stream:  # what a killed upload cannot leave, but
+        stream.write(object_bytes(filesystem, "resume/a.parquet")[:-8])  # a footerless object is refused
     refused = recompute(uri(endpoint, "in"), uri(endpoint, "resume"), "--workers", 2, "--skip-existing")
     assert refused.exit_code == 2 and "not a whole Parquet file" in refused.stderr
     filesystem.delete_file(f"{BUCKET}/resume/a.parquet")
@@ -156,8 +171,21 @@ def test_validate_and_diff_read_a_bucket(endpoint, bucket, plain):
     figures = lambda text: {k: json.loads(text)[k] for k in ("summary", "quantiles")}  # noqa: E731
     assert figures(on_bucket.stdout) == figures(local.stdout)
     # the reports themselves on the bucket
-    to_bucket = gae("diff", uri(endpoint, "in"), "--gamma", GAMMA, "--lambd", LAMBD, "--workers", 2, "--quiet",
-                    "--json", uri(endpoint, "reports/diff.json"), "--per-sample", uri(endpoint, "reports/samples.parquet"))
+    to_bucket = gae(
+        "diff",
+        uri(endpoint, "in"),
+        "--gamma",
+        GAMMA,
+        "--lambd",
+        LAMBD,
+        "--workers",
+        2,
+        "--quiet",
+        "--json",
+        uri(endpoint, "reports/diff.json"),
+        "--per-sample",
+        uri(endpoint, "reports/samples.parquet"),
+    )
     assert to_bucket.exit_code == 0, to_bucket.output
     filesystem = bucket[0]
     assert figures(object_bytes(filesystem, "reports/diff.json")) == figures(local.stdout)

@@ -13,6 +13,7 @@ import torch
 
 import gaecli
 from gaecli import GAEInputError, KernelUnavailableError
+
 from helpers import KERNEL_NAMES, assert_bitwise, assert_close, make_batch, oracle_batch
 
 GAMMA, LAMBD = 0.9, 0.8
@@ -34,8 +35,14 @@ def tensors(*lists, dtype=torch.float32):
 def test_empty_batch_gives_empty_lists(kernel):
     assert gae([], [], [], [], kernel=kernel) == ([], [])
     advantages, returns = gaecli.masked_gae_packed(
-        torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.bool), torch.zeros(1, dtype=torch.int64), [],
-        gamma=GAMMA, lambd=LAMBD, kernel=kernel,
+        torch.zeros(0),
+        torch.zeros(0),
+        torch.zeros(0, dtype=torch.bool),
+        torch.zeros(1, dtype=torch.int64),
+        [],
+        gamma=GAMMA,
+        lambd=LAMBD,
+        kernel=kernel,
     )
     assert advantages.shape == returns.shape == (0,)
 
@@ -303,7 +310,11 @@ def test_python_api_doc_example_runs(capsys):
     example = document.split("## Example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(example, "docs/python-api.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    commented = [line.split("# ", 1)[1] for line in example.splitlines() if line.startswith("print(") or line.startswith("    print(")]
+    commented = [
+        line.split("# ", 1)[1]
+        for line in example.splitlines()
+        if line.startswith("print(") or line.startswith("    print(")
+    ]
     assert len(printed) == len(commented)
     for got, expected in zip(printed, commented):
         if expected.startswith("native"):

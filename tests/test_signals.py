@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+
 from rollout_files import random_rollouts, rollout_table, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,13 +42,21 @@ def inputs(tmp_path_factory) -> Path:
 def start(*arguments) -> subprocess.Popen:
     """``gae`` as a process of its own group (as a shell starts a command)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-m", "gaecli", *map(str, arguments)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True, cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gaecli", *map(str, arguments)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        cwd=ROOT,
+    )
 
 
 def recompute(inputs: Path, output: Path, *options) -> subprocess.Popen:
-    return start("recompute", inputs, "-o", output, "--gamma", 0.99, "--lambd", 0.95, "--batch-rows", 1, "--quiet",
-                 *options)
+    return start(
+        "recompute", inputs, "-o", output, "--gamma", 0.99, "--lambd", 0.95, "--batch-rows", 1, "--quiet", *options
+    )
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str]:
@@ -147,8 +156,11 @@ def check_stopped(inputs: Path, output: Path, code: int, stderr: str, before: se
     assert left <= targets, f"temp files left: {sorted(map(str, left - targets))}"
     lines = [line.strip() for line in stderr.splitlines()]
     written = {Path(line.split("written: ", 1)[1]) for line in lines if line.startswith("written: ")}
-    not_written = {Path(re.sub(r" \(.*", "", line.split("not written: ", 1)[1]))
-                   for line in lines if line.startswith("not written: ")}
+    not_written = {
+        Path(re.sub(r" \(.*", "", line.split("not written: ", 1)[1]))
+        for line in lines
+        if line.startswith("not written: ")
+    }
     assert written | not_written == targets and not written & not_written, stderr
     assert left == written, stderr  # listed as written exactly when in place
     for path in written:  # whole: every row there, the new columns too
@@ -171,15 +183,25 @@ def wait_for_writing(process: subprocess.Popen, output: Path, inputs: Path) -> t
 # ----------------------------------------------------------------------------- local engine
 
 
-@pytest.mark.parametrize("workers, signum, group", [
-    (2, signal.SIGINT, True),
-    (2, signal.SIGTERM, True),
-    (2, signal.SIGINT, False),
-    (2, signal.SIGTERM, False),
-    (1, signal.SIGINT, True),
-    (1, signal.SIGTERM, False),
-], ids=["2-workers-SIGINT-group", "2-workers-SIGTERM-group", "2-workers-SIGINT-parent", "2-workers-SIGTERM-parent",
-        "in-process-SIGINT-group", "in-process-SIGTERM-parent"])
+@pytest.mark.parametrize(
+    "workers, signum, group",
+    [
+        (2, signal.SIGINT, True),
+        (2, signal.SIGTERM, True),
+        (2, signal.SIGINT, False),
+        (2, signal.SIGTERM, False),
+        (1, signal.SIGINT, True),
+        (1, signal.SIGTERM, False),
+    ],
+    ids=[
+        "2-workers-SIGINT-group",
+        "2-workers-SIGTERM-group",
+        "2-workers-SIGINT-parent",
+        "2-workers-SIGTERM-parent",
+        "in-process-SIGINT-group",
+        "in-process-SIGTERM-parent",
+    ],
+)
 def test_a_signal_stops_the_run(inputs, tmp_path, workers, signum, group):
     output = tmp_path / "out"
     process = recompute(inputs, output, "--workers", workers)
@@ -303,8 +325,14 @@ def s3_endpoint():
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    filesystem = pafs.S3FileSystem(access_key="key", secret_key="secret", endpoint_override=f"{host}:{port}",
-                                   scheme="http", region="us-east-1", allow_bucket_creation=True)
+    filesystem = pafs.S3FileSystem(
+        access_key="key",
+        secret_key="secret",
+        endpoint_override=f"{host}:{port}",
+        scheme="http",
+        region="us-east-1",
+        allow_bucket_creation=True,
+    )
     filesystem.create_dir("rollouts")
     yield (host, port), filesystem
     server.stop()
@@ -319,8 +347,12 @@ def test_a_stalled_store_times_out(inputs, s3_endpoint):
     upstream, filesystem = s3_endpoint
     proxy = StallingProxy(upstream, allowed=0)
     try:
-        process = recompute(inputs / "f0.parquet", s3_uri(proxy.port, "out/f0.parquet", connect_timeout=1,
-                                                           request_timeout=1), "--batch-rows", 64)
+        process = recompute(
+            inputs / "f0.parquet",
+            s3_uri(proxy.port, "out/f0.parquet", connect_timeout=1, request_timeout=1),
+            "--batch-rows",
+            64,
+        )
         code, stderr = finish(process)
     finally:
         proxy.close()
@@ -355,8 +387,11 @@ def test_sigterm_during_a_stalled_upload_stops_and_says_what_was_written(inputs,
     first = s3_uri(proxy.port, f"out/{names[0]}", connect_timeout=1, request_timeout=1)
     assert len(written) == 1 and written[0].strip() == f"written: {first}", stderr
     assert len(not_written) == len(names) - 1, stderr
-    keys = sorted(info.path for info in filesystem.get_file_info(
-        pafs.FileSelector("rollouts/out", recursive=True, allow_not_found=True)) if info.type == pafs.FileType.File)
+    keys = sorted(
+        info.path
+        for info in filesystem.get_file_info(pafs.FileSelector("rollouts/out", recursive=True, allow_not_found=True))
+        if info.type == pafs.FileType.File
+    )
     assert keys == [f"rollouts/out/{names[0]}"], keys
     with filesystem.open_input_file(keys[0]) as file:
         assert pq.read_table(file).num_rows == ROWS
@@ -379,16 +414,20 @@ def _unit_that_swallows_the_interrupt(index: int, started: list, progress=None) 
 def test_a_swallowed_interrupt_still_stops_the_run_before_the_next_unit_and_batch(tmp_path):
     from gaecli.engines import EngineOptions, map_units
     from gaecli.errors import RunInterrupted
+    from gaecli.io.format import Columns
     from gaecli.io.reader import RolloutFile
     from gaecli.pipeline import Computation, computed_batches
-    from gaecli.io.format import Columns
     from gaecli.stop import clear_stop, request_stop
 
     started: list = []
     try:
         with pytest.raises(RunInterrupted) as stopped:
-            map_units(_unit_that_swallows_the_interrupt, [(0, started), (1, started), (2, started)], ["a", "b", "c"],
-                      EngineOptions(workers=1))
+            map_units(
+                _unit_that_swallows_the_interrupt,
+                [(0, started), (1, started), (2, started)],
+                ["a", "b", "c"],
+                EngineOptions(workers=1),
+            )
         assert started == [0]  # no unit started after the request
         assert stopped.value.results == [0, None, None]
         # within a unit: the next batch does not start either

@@ -12,6 +12,7 @@ import pytest
 
 import gaecli
 from gaecli import Columns, GAEInputError, RecomputeOptions
+
 from rollout_files import TOLERANCE, assert_rows_close, random_rollouts, reference_outputs, rollout_table, write_table
 
 GAMMA, LAMBD = 0.99, 0.95
@@ -43,8 +44,13 @@ def assert_same_numbers(got: pa.Table, want: pa.Table, names=("advantages", "ret
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"normalize": True}, {"normalize_by": "group"}, {"keep_baseline": True, "baseline": "skip-masked"},
-     {"batch_rows": 4}],
+    [
+        {},
+        {"normalize": True},
+        {"normalize_by": "group"},
+        {"keep_baseline": True, "baseline": "skip-masked"},
+        {"batch_rows": 4},
+    ],
     ids=["plain", "normalize", "normalize-by", "baseline", "batch-rows"],
 )
 def test_arrow_table_agrees_bitwise_with_the_command(tmp_path, options):
@@ -55,8 +61,9 @@ def test_arrow_table_agrees_bitwise_with_the_command(tmp_path, options):
     for name in arrow.column_names:
         assert got.column(name).equals(arrow.column(name)), name  # every other column kept as it was
     want = command_output(tmp_path, arrow, **options)
-    names = ["advantages", "returns"] + (["advantages_skip_masked", "returns_skip_masked"] if options.get(
-        "keep_baseline") else [])
+    names = ["advantages", "returns"] + (
+        ["advantages_skip_masked", "returns_skip_masked"] if options.get("keep_baseline") else []
+    )
     assert got.column_names == want.column_names
     assert_same_numbers(got, want, names)
     if not options:  # and the numbers are GAE: against the independent float64 oracle
@@ -70,8 +77,9 @@ def test_kl_rewards_and_column_names_agree_with_the_command(tmp_path):
     rng = np.random.default_rng(0)
     lengths = [len(mask) for mask in rollouts.masks]
     for name in ("log_probs", "ref_log_probs"):
-        arrow = arrow.append_column(name, pa.array([list(rng.normal(-1.0, 0.3, n)) for n in lengths],
-                                                   pa.list_(pa.float32())))
+        arrow = arrow.append_column(
+            name, pa.array([list(rng.normal(-1.0, 0.3, n)) for n in lengths], pa.list_(pa.float32()))
+        )
     columns = Columns(values="v", rewards="r", advantages="adv", returns="ret", kl_coef=0.1, kl_estimator="k3")
     got = gaecli.recompute_table(arrow, gamma=GAMMA, lambd=LAMBD, columns=columns)
     want = command_output(tmp_path, arrow, columns=columns)
@@ -146,8 +154,9 @@ def report_without_files(report) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["arrow", "pandas"])
-@pytest.mark.parametrize("options", [{}, {"group_by": "group", "id_col": "id", "normalize": True}],
-                         ids=["plain", "grouped"])
+@pytest.mark.parametrize(
+    "options", [{}, {"group_by": "group", "id_col": "id", "normalize": True}], ids=["plain", "grouped"]
+)
 def test_diff_table_is_the_diff_of_a_file_of_the_same_rows(tmp_path, kind, options):
     _, arrow = table()
     source = write_table(arrow, tmp_path / "in.parquet")

@@ -22,13 +22,13 @@ import pytest
 import torch
 
 import gaecli
-from gaecli.errors import KernelUnavailableError
 from gaecli.advantages.kernels import KERNELS
 from gaecli.advantages.kernels.reference import reference_gae
+from gaecli.advantages.kernels.triton import CHUNK_LENGTH, triton_gae
+from gaecli.errors import KernelUnavailableError
+
 from helpers import Batch, assert_bitwise, assert_close, make_batch
 from rollout_files import files_under, gae, random_rollouts, rollout_table, write_table
-
-from gaecli.advantages.kernels.triton import CHUNK_LENGTH, triton_gae
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INSTALLED = importlib.util.find_spec("triton") is not None
@@ -101,8 +101,19 @@ def test_small_chunks_match_reference(dtype, discount):
     # chunk boundaries, whole chunks masked in the middle and at the end (the terminal reward
     # then lands in an earlier chunk), masked heads, a fully masked and an empty sample.
     lengths = [0, 1, 7, 8, 9, 16, 17, 40, 64, 3, 57]
-    kinds = ["ones", "ones", "random", "ones", "masked-tail", "blocks", "masked-head", "blocks", "masked-tail", "zeros",
-             "random"]
+    kinds = [
+        "ones",
+        "ones",
+        "random",
+        "ones",
+        "masked-tail",
+        "blocks",
+        "masked-head",
+        "blocks",
+        "masked-tail",
+        "zeros",
+        "random",
+    ]
     batch = make_batch(21, lengths, kinds, dtype=dtype)
     batch.masks[7] = torch.tensor([True] * 5 + [False] * 30 + [True] * 3 + [False] * 2)  # chunks 1..3 masked
     batch.masks[8] = torch.tensor([True] * 10 + [False] * 54)  # chunks 2..7 masked: z on token 9
@@ -164,8 +175,13 @@ def test_many_chunk_sample_is_bitwise_the_same_alone_and_in_a_batch(dtype, chunk
     for order in ([0, 1, 2, 3, 4, 5], [3, 5, 0, 1, 4, 2]):
         members = [long, *(others.subset([i]) for i in range(len(others)))]
         mixed = Batch(
-            [members[i].values[0] for i in order], [members[i].rewards[0] for i in order],
-            [members[i].masks[0] for i in order], [members[i].terminals[0] for i in order], 0.99, 0.95, dtype,
+            [members[i].values[0] for i in order],
+            [members[i].rewards[0] for i in order],
+            [members[i].masks[0] for i in order],
+            [members[i].terminals[0] for i in order],
+            0.99,
+            0.95,
+            dtype,
         )
         packed = mixed.packed()
         advantages, returns = run_triton(packed, 0.99, 0.95, **chunking)

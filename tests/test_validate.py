@@ -93,7 +93,12 @@ def test_missing_column(tmp_path):
     code, document, _ = validate(path)
     finding = only_finding(document)
     assert code == 1
-    assert (finding["row"], finding["column"], finding["code"], finding["severity"]) == (None, "rewards", "missing-column", "error")
+    assert (finding["row"], finding["column"], finding["code"], finding["severity"]) == (
+        None,
+        "rewards",
+        "missing-column",
+        "error",
+    )
     assert document["files"][0]["rows_checked"] == 0  # the rows are not checked
 
 
@@ -181,7 +186,12 @@ def test_fully_masked(tmp_path):
     code, document, _ = validate(write_rows(tmp_path / "f.parquet", rows))
     finding = only_finding(document)
     assert code == 0  # a warning
-    assert (finding["row"], finding["column"], finding["code"], finding["severity"]) == (1, "loss_mask", "fully-masked", "warning")
+    assert (finding["row"], finding["column"], finding["code"], finding["severity"]) == (
+        1,
+        "loss_mask",
+        "fully-masked",
+        "warning",
+    )
 
 
 def test_masked_tail_says_how_many_tokens(tmp_path):
@@ -240,7 +250,10 @@ def test_id_labels_findings_and_missing_id_column_is_an_error(tmp_path):
     assert [(f["row"], f["id"]) for f in document["findings"]] == [(2, "s2")]
     code, document, _ = validate(path, "--id-col", "uid")
     assert code == 1
-    assert [(f["row"], f["column"], f["code"]) for f in document["findings"]] == [(None, "uid", "missing-column"), (2, "loss_mask", "masked-tail")]
+    assert [(f["row"], f["column"], f["code"]) for f in document["findings"]] == [
+        (None, "uid", "missing-column"),
+        (2, "loss_mask", "masked-tail"),
+    ]
 
 
 # ----------------------------------------------------------------------------- several files, options
@@ -255,7 +268,17 @@ def test_mixed_files_and_json_document(tmp_path):
     faulty = write_rows(tmp_path / "a" / "faulty.parquet", rows)
     code, document, result = validate(tmp_path / "a")  # a directory: both files, sorted
     assert code == 1
-    assert list(document) == ["version", "files", "findings", "counts", "errors", "warnings", "unreadable", "max_findings", "truncated"]
+    assert list(document) == [
+        "version",
+        "files",
+        "findings",
+        "counts",
+        "errors",
+        "warnings",
+        "unreadable",
+        "max_findings",
+        "truncated",
+    ]
     assert [(f["file"], f["status"], f["errors"], f["warnings"]) for f in document["files"]] == [
         (str(clean), "ok", 0, 0),
         (str(faulty), "invalid", 1, 1),
@@ -267,7 +290,12 @@ def test_mixed_files_and_json_document(tmp_path):
     for finding in document["findings"]:
         assert list(finding) == ["file", "row", "id", "column", "code", "severity", "message"]
     assert set(document["counts"]) == set(RULES)
-    assert (document["errors"], document["warnings"], document["unreadable"], document["truncated"]) == (1, 1, [], False)
+    assert (document["errors"], document["warnings"], document["unreadable"], document["truncated"]) == (
+        1,
+        1,
+        [],
+        False,
+    )
     # the human view, on stderr, groups by rule: errors first
     assert result.stderr.index("length-mismatch") < result.stderr.index("masked-tail")
     assert "row 4" in result.stderr and "fix:" in result.stderr
@@ -292,7 +320,12 @@ def test_max_findings_caps_the_list_not_the_counts(tmp_path):
     assert code == 1  # the error at row 8 counts though it is not listed
     assert [(f["row"], f["code"]) for f in document["findings"]] == [(1, "masked-tail"), (3, "masked-tail")]
     assert document["counts"]["masked-tail"] == 5 and document["counts"]["response-length-mismatch"] == 1
-    assert (document["errors"], document["warnings"], document["max_findings"], document["truncated"]) == (1, 5, 2, True)
+    assert (document["errors"], document["warnings"], document["max_findings"], document["truncated"]) == (
+        1,
+        5,
+        2,
+        True,
+    )
     assert "not listed" in result.stderr  # the error's group has no listed row
 
 
@@ -315,7 +348,11 @@ def test_unreadable_file_among_good_ones(tmp_path):
         (str(tmp_path / "missing.parquet"), "unreadable"),
     ]
     assert [(f["file"], f["row"], f["code"]) for f in document["findings"]] == [(str(bad_rows), 1, "mask-value")]
-    assert [u["file"] for u in document["unreadable"]] == [str(not_parquet), str(truncated), str(tmp_path / "missing.parquet")]
+    assert [u["file"] for u in document["unreadable"]] == [
+        str(not_parquet),
+        str(truncated),
+        str(tmp_path / "missing.parquet"),
+    ]
     assert all(u["message"] for u in document["unreadable"])
     assert "could not be read" in result.stderr and "Traceback" not in result.stderr
 
@@ -336,15 +373,23 @@ def test_file_that_breaks_mid_read_keeps_its_findings(tmp_path):
 
 
 def test_renamed_columns_and_values_none(tmp_path):
-    rows = [
-        {"v": [1.0, 2.0], "kl": [0.0, 0.0], "m": [True, False], "score": 1}
-        for _ in range(3)
-    ]
-    schema = pa.schema([("v", pa.large_list(pa.float64())), ("kl", pa.list_(pa.float32())), ("m", pa.large_list(pa.bool_())), ("score", pa.int32())])
+    rows = [{"v": [1.0, 2.0], "kl": [0.0, 0.0], "m": [True, False], "score": 1} for _ in range(3)]
+    schema = pa.schema(
+        [
+            ("v", pa.large_list(pa.float64())),
+            ("kl", pa.list_(pa.float32())),
+            ("m", pa.large_list(pa.bool_())),
+            ("score", pa.int32()),
+        ]
+    )
     path = write_rows(tmp_path / "f.parquet", rows, schema)
-    code, document, _ = validate(path, "--values-col", "none", "--rewards-col", "kl", "--mask-col", "m", "--terminal-col", "score")
+    code, document, _ = validate(
+        path, "--values-col", "none", "--rewards-col", "kl", "--mask-col", "m", "--terminal-col", "score"
+    )
     assert code == 0
-    assert [(f["row"], f["column"], f["code"]) for f in document["findings"]] == [(r, "m", "masked-tail") for r in range(3)]
+    assert [(f["row"], f["column"], f["code"]) for f in document["findings"]] == [
+        (r, "m", "masked-tail") for r in range(3)
+    ]
 
 
 def test_list_rules(tmp_path):
@@ -356,9 +401,21 @@ def test_list_rules(tmp_path):
     assert result.exit_code == 0
     rules = json.loads(result.stdout)["rules"]
     assert [(r["code"], r["severity"]) for r in rules] == [(code, rule.severity) for code, rule in RULES.items()]
-    assert {"missing-column", "duplicate-column", "wrong-type", "null", "length-mismatch", "response-length-mismatch",
-            "mask-value", "non-finite", "overflow", "fully-masked", "masked-tail", "empty-response",
-            "duplicate-id"} == set(RULES)
+    assert {
+        "missing-column",
+        "duplicate-column",
+        "wrong-type",
+        "null",
+        "length-mismatch",
+        "response-length-mismatch",
+        "mask-value",
+        "non-finite",
+        "overflow",
+        "fully-masked",
+        "masked-tail",
+        "empty-response",
+        "duplicate-id",
+    } == set(RULES)
 
 
 def test_usage_errors_exit_2(tmp_path):

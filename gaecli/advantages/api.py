@@ -130,8 +130,18 @@ def masked_gae_packed(
     ``validate=False`` skips the finiteness scan (for callers that checked already); mask
     values are always checked. Raises :class:`gaecli.GAEInputError` naming the sample.
     """
-    return baseline_gae_packed(values, rewards, loss_mask, offsets, terminal_rewards, gamma=gamma, lambd=lambd,
-                               semantics="masked", kernel=kernel, validate=validate)
+    return baseline_gae_packed(
+        values,
+        rewards,
+        loss_mask,
+        offsets,
+        terminal_rewards,
+        gamma=gamma,
+        lambd=lambd,
+        semantics="masked",
+        kernel=kernel,
+        validate=validate,
+    )
 
 
 def masked_gae(
@@ -148,8 +158,9 @@ def masked_gae(
     rewards and loss_mask, one terminal reward per sample. Returns ``(advantages, returns)``
     as lists of ``[R_i]`` tensors in the values' dtype and device (R = 0 → empty tensor,
     empty batch → empty lists); otherwise as :func:`masked_gae_packed`."""
-    return baseline_gae(values, rewards, loss_mask, terminal_rewards, gamma=gamma, lambd=lambd, semantics="masked",
-                        kernel=kernel)
+    return baseline_gae(
+        values, rewards, loss_mask, terminal_rewards, gamma=gamma, lambd=lambd, semantics="masked", kernel=kernel
+    )
 
 
 # ----------------------------------------------------------------------------- baselines
@@ -174,8 +185,9 @@ def baseline_gae_packed(
     what that semantics computes at every position (non-zero at masked positions where it
     makes them so)."""
     spec = AdvantageSpec(gamma, lambd, semantics)
-    return compute_advantages_packed(values, rewards, loss_mask, offsets, terminal_rewards, spec=spec, kernel=kernel,
-                                     validate=validate)
+    return compute_advantages_packed(
+        values, rewards, loss_mask, offsets, terminal_rewards, spec=spec, kernel=kernel, validate=validate
+    )
 
 
 def baseline_gae(
@@ -190,8 +202,9 @@ def baseline_gae(
     kernel: str = "auto",
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """List form of :func:`baseline_gae_packed` (arguments as :func:`masked_gae`)."""
-    return compute_advantages(values, rewards, loss_mask, terminal_rewards, spec=AdvantageSpec(gamma, lambd, semantics),
-                              kernel=kernel)
+    return compute_advantages(
+        values, rewards, loss_mask, terminal_rewards, spec=AdvantageSpec(gamma, lambd, semantics), kernel=kernel
+    )
 
 
 def unmasked_gae(
@@ -205,5 +218,6 @@ def unmasked_gae(
     kernel: str = "auto",
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The old behaviour: ``baseline_gae(..., semantics="unmasked")`` (docs/semantics.md)."""
-    return baseline_gae(values, rewards, loss_mask, terminal_rewards, gamma=gamma, lambd=lambd, semantics="unmasked",
-                        kernel=kernel)
+    return baseline_gae(
+        values, rewards, loss_mask, terminal_rewards, gamma=gamma, lambd=lambd, semantics="unmasked", kernel=kernel
+    )

@@ -19,8 +19,9 @@ from gaecli.advantages.layout import (
 from gaecli.errors import InvalidOptionError
 
 
-def apply_semantics(run, values, rewards, trainable, offsets, terminal_rewards, *, gamma: float, lambd: float,
-                    semantics: str):
+def apply_semantics(
+    run, values, rewards, trainable, offsets, terminal_rewards, *, gamma: float, lambd: float, semantics: str
+):
     """The one implementation of the semantics around a masked-GAE kernel, for numpy arrays
     and torch tensors alike: only operations both spell the same way (``where``,
     ``zeros_like``, ``ones_like``, indexing), element-wise and in the same order, so both give
@@ -97,8 +98,7 @@ def lost_terminal_samples(semantics: str, trainable, offsets, terminal_rewards, 
     return lost | (~nonempty & (terminal_rewards != 0))
 
 
-def lost_terminal_abs_sum(semantics: str, trainable, offsets, terminal_rewards, *, gamma: float,
-                          lambd: float) -> float:
+def lost_terminal_abs_sum(semantics: str, trainable, offsets, terminal_rewards, *, gamma: float, lambd: float) -> float:
     """Σ |z| over the samples of :func:`lost_terminal_samples`, in float64, correctly rounded
     (``math.fsum``), so that it does not depend on the order of the samples."""
     lost = lost_terminal_samples(semantics, trainable, offsets, terminal_rewards, gamma=gamma, lambd=lambd)

@@ -68,7 +68,8 @@ def expand_baselines(text: str, option: str = "--baseline") -> tuple[str, ...]:
             names.append(name)
         else:
             raise InvalidOptionError(
-                f"{option}: unknown baseline {name!r}; choose one of: {ALL_PROFILES}, {', '.join(BASELINES)}")
+                f"{option}: unknown baseline {name!r}; choose one of: {ALL_PROFILES}, {', '.join(BASELINES)}"
+            )
     seen: dict[str, str] = {}
     for name in names:
         profile = profile_of(name)

@@ -17,12 +17,20 @@ from gaecli.errors import KernelUnavailableError
 
 # The torch dtypes (by name: this module does not import torch) a screened kernel reads.
 _SCREENED_VALUES = ("torch.float32", "torch.float64")
-_SCREENED_MASKS = ("torch.bool", "torch.uint8", "torch.int8", "torch.int16", "torch.int32", "torch.int64",
-                   *_SCREENED_VALUES)
+_SCREENED_MASKS = (
+    "torch.bool",
+    "torch.uint8",
+    "torch.int8",
+    "torch.int16",
+    "torch.int32",
+    "torch.int64",
+    *_SCREENED_VALUES,
+)
 
 
-def compute(spec: AdvantageSpec, values, rewards, trainable, offsets, terminal_rewards, *, kernel: str = "auto",
-            device=None):
+def compute(
+    spec: AdvantageSpec, values, rewards, trainable, offsets, terminal_rewards, *, kernel: str = "auto", device=None
+):
     """Advantages and returns of one packed batch under ``spec``, before normalisation
     (whitening needs statistics over the whole input: :mod:`gaecli.advantages.whiten`).
 
@@ -49,8 +57,9 @@ def compute(spec: AdvantageSpec, values, rewards, trainable, offsets, terminal_r
     return _run(spec, entry.function, values, rewards, trainable, offsets, terminal_rewards)
 
 
-def compute_screened(spec: AdvantageSpec, values, rewards, loss_mask, offsets, terminal_rewards, *,
-                     kernel: str = "auto"):
+def compute_screened(
+    spec: AdvantageSpec, values, rewards, loss_mask, offsets, terminal_rewards, *, kernel: str = "auto"
+):
     """:func:`compute` on CPU tensors by a kernel that screens its input in its own pass (the
     API's fast path: the checks that read every token cost nothing more). Returns
     ``(advantages, returns, clean)`` (``clean``: every value and reward finite, every mask
@@ -81,8 +90,17 @@ def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, ter
     def run(v, r, m, z):
         return function(v, r, m, offsets, z, gamma=spec.gamma, lambd=spec.lambd)
 
-    return apply_semantics(run, values, rewards, trainable, offsets, terminal_rewards, gamma=spec.gamma,
-                           lambd=spec.lambd, semantics=spec.semantics)
+    return apply_semantics(
+        run,
+        values,
+        rewards,
+        trainable,
+        offsets,
+        terminal_rewards,
+        gamma=spec.gamma,
+        lambd=spec.lambd,
+        semantics=spec.semantics,
+    )
 
 
 def _on_tensors(spec: AdvantageSpec, function, device, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -63,7 +63,9 @@ def check_packed(values, rewards, loss_mask, offsets, terminal_rewards):
     offsets = offsets.to(device=device, dtype=torch.int64)
     total = values.numel()
     if int(offsets[0]) != 0 or int(offsets[-1]) != total:
-        raise GAEInputError(f"offsets must start at 0 and end at len(values) = {total}, got {int(offsets[0])} .. {int(offsets[-1])}")
+        raise GAEInputError(
+            f"offsets must start at 0 and end at len(values) = {total}, got {int(offsets[0])} .. {int(offsets[-1])}"
+        )
     if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
         sample = int((offsets[1:] < offsets[:-1]).nonzero()[0, 0])
         raise GAEInputError(f"sample {sample}: offsets decrease")
@@ -73,7 +75,9 @@ def check_packed(values, rewards, loss_mask, offsets, terminal_rewards):
     batch = offsets.numel() - 1
     terminal = torch.as_tensor(terminal_rewards, device=device)
     if terminal.dim() != 1 or terminal.numel() != batch:
-        raise GAEInputError(f"terminal_rewards must hold one number per sample ({batch}), got shape {tuple(terminal.shape)}")
+        raise GAEInputError(
+            f"terminal_rewards must hold one number per sample ({batch}), got shape {tuple(terminal.shape)}"
+        )
     if loss_mask.is_complex():
         raise GAEInputError("loss_mask must be bool, integer or float 0/1, got a complex tensor")
     return values, rewards.to(device=device, dtype=dtype), loss_mask.to(device), offsets, terminal.to(dtype)
@@ -149,9 +153,12 @@ def pack_lists(values, rewards, loss_mask, terminal_rewards):
             raise GAEInputError(f"{name} has {len(seq)} samples, values has {samples}")
     if len(terminal_rewards) != samples:
         raise GAEInputError(f"terminal_rewards has {len(terminal_rewards)} entries, values has {samples} samples")
-    columns = {name: [as_sample_tensor(array) for array in seq] if all(isinstance(a, torch.Tensor) for a in seq)
-               else _as_tensors(name, seq)
-               for name, seq in (("values", values), ("rewards", rewards), ("loss_mask", loss_mask))}
+    columns = {
+        name: [as_sample_tensor(array) for array in seq]
+        if all(isinstance(a, torch.Tensor) for a in seq)
+        else _as_tensors(name, seq)
+        for name, seq in (("values", values), ("rewards", rewards), ("loss_mask", loss_mask))
+    }
     sizes = {}
     for name, tensors in columns.items():
         dims = [tensor.dim() for tensor in tensors]

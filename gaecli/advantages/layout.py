@@ -38,9 +38,7 @@ def segment_ids(offsets, total: int):
     import torch
 
     lengths = offsets[1:] - offsets[:-1]
-    return torch.repeat_interleave(
-        torch.arange(lengths.numel(), device=offsets.device), lengths, output_size=total
-    )
+    return torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), lengths, output_size=total)
 
 
 def trainable_counts(trainable, offsets):

@@ -46,7 +46,9 @@ def whiten(advantages, loss_mask):
     as_double = flat_advantages.double()
     mean = as_double[mask].sum() / count
     variance = ((as_double[mask] - mean) ** 2).sum() / (count - 1) if count > 1 else as_double.new_zeros(())
-    whitened = torch.where(mask, (as_double - mean) / torch.sqrt(variance + WHITEN_EPSILON), 0.0).to(flat_advantages.dtype)
+    whitened = torch.where(mask, (as_double - mean) / torch.sqrt(variance + WHITEN_EPSILON), 0.0).to(
+        flat_advantages.dtype
+    )
     return whitened if lengths is None else split(whitened, lengths)
 
 
@@ -75,7 +77,8 @@ def whiten_by_group(advantages, mask, offsets, keys):
     as_double = advantages.double()
     trainable = as_double[mask]
     counts = torch.zeros(groups, dtype=torch.float64, device=advantages.device).index_add_(
-        0, token_group, torch.ones_like(trainable))
+        0, token_group, torch.ones_like(trainable)
+    )
     empty = (counts == 0).nonzero().flatten()
     if empty.numel():
         raise GAEInputError(f"cannot normalize: group {uniques[int(empty[0])]!r} has no trainable token")
@@ -87,8 +90,9 @@ def whiten_by_group(advantages, mask, offsets, keys):
     return whitened.to(advantages.dtype)
 
 
-def whiten_rows(advantages: np.ndarray, offsets: np.ndarray, moments: "GroupedMoments",
-                keys: Optional["pa.Array"]) -> np.ndarray:
+def whiten_rows(
+    advantages: np.ndarray, offsets: np.ndarray, moments: "GroupedMoments", keys: Optional["pa.Array"]
+) -> np.ndarray:
     """``(A − mean) / sqrt(var + ε)`` at every position of flat ``advantages`` ``[N]``, with
     each row's group statistics from ``moments`` (rows grouped by ``keys``, one per row, or
     one group when None); float64 ``[N]`` (callers zero the masked positions where the

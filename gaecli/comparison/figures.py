@@ -30,7 +30,7 @@ QUANTILE_METHOD = {
     "zero_below": QUANTILE_ZERO,
     "rank": "nearest rank (the ceil(q·n)-th smallest), exact",
     "description": "fixed bins (b^(k-1), b^k] with b = (1 + e) / (1 - e) over |Δ|; a quantile is exact in rank "
-                   "and within relative error e in value; |Δ| <= zero_below counts as 0; never above the exact max",
+    "and within relative error e in value; |Δ| <= zero_below counts as 0; never above the exact max",
 }
 
 
@@ -146,9 +146,21 @@ def _delta_histogram() -> SignedLogHistogram:
 
 
 RECOMPUTE_SUMMARY_KEYS = (
-    "baseline", "tolerance", "samples", "tokens", "trainable_tokens", "changed_samples", "fully_masked_samples",
-    "empty_samples", "masked_tail_samples", "mean_masked_tail_length", "longest_masked_tail", "mean_terminal_credit",
-    "min_terminal_credit", "mean_abs_delta_advantage", "max_abs_delta_advantage",
+    "baseline",
+    "tolerance",
+    "samples",
+    "tokens",
+    "trainable_tokens",
+    "changed_samples",
+    "fully_masked_samples",
+    "empty_samples",
+    "masked_tail_samples",
+    "mean_masked_tail_length",
+    "longest_masked_tail",
+    "mean_terminal_credit",
+    "min_terminal_credit",
+    "mean_abs_delta_advantage",
+    "max_abs_delta_advantage",
 )
 
 
@@ -206,8 +218,15 @@ class DiffAccumulator:
         ``trainable``, zero-based int64 ``offsets`` ``[B + 1]``. Returns the rows' figures."""
         with_returns = new_returns is not None and old_returns is not None
         histograms = DeltaHistograms(self.histogram, self.return_histogram) if self.quantiles else None
-        diff = diff_rows(new, old, trainable, offsets, self.tolerance,
-                         returns=(new_returns, old_returns) if with_returns else None, histograms=histograms)
+        diff = diff_rows(
+            new,
+            old,
+            trainable,
+            offsets,
+            self.tolerance,
+            returns=(new_returns, old_returns) if with_returns else None,
+            histograms=histograms,
+        )
         lengths = np.diff(offsets)
         trainable_per_row = diff.trainable_tokens
         tails = np.where(trainable_per_row > 0, masked_tail_lengths(trainable, offsets), 0)
@@ -216,11 +235,17 @@ class DiffAccumulator:
         credit[has_trainable] = terminal_credit(self.baseline, self.gamma, self.lambd, tails[has_trainable])
         nan = np.full(lengths.size, np.nan)
         rows = RowFigures(
-            lengths=lengths, trainable=trainable_per_row, masked_tail=tails,
-            max_abs=diff.max_abs, max_relative=diff.max_relative, sum_abs=diff.sum_abs, sign_flips=diff.sign_flips,
+            lengths=lengths,
+            trainable=trainable_per_row,
+            masked_tail=tails,
+            max_abs=diff.max_abs,
+            max_relative=diff.max_relative,
+            sum_abs=diff.sum_abs,
+            sign_flips=diff.sign_flips,
             max_abs_return=diff.max_abs_return if with_returns else nan,
             sum_abs_return=diff.sum_abs_return if with_returns else nan,
-            credit=credit, changed=diff.max_relative > self.tolerance,
+            credit=credit,
+            changed=diff.max_relative > self.tolerance,
             sums=np.column_stack([getattr(diff, name) for name in PRODUCT_SUMS]),
         )
         self.samples += lengths.size
@@ -262,9 +287,19 @@ class DiffAccumulator:
         """Add the figures of another partition (another file, another worker): counts add,
         exact sums merge exactly, maxima and minima combine, histograms add — so merging
         partitions in any grouping gives the figures of one pass over all the rows."""
-        for name in ("samples", "tokens", "trainable_tokens", "changed_samples", "changed_tokens",
-                     "fully_masked_samples", "empty_samples", "masked_tail_samples", "masked_tail_tokens",
-                     "zero_credit_samples", "sign_flips"):
+        for name in (
+            "samples",
+            "tokens",
+            "trainable_tokens",
+            "changed_samples",
+            "changed_tokens",
+            "fully_masked_samples",
+            "empty_samples",
+            "masked_tail_samples",
+            "masked_tail_tokens",
+            "zero_credit_samples",
+            "sign_flips",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.longest_masked_tail = max(self.longest_masked_tail, other.longest_masked_tail)
         self.max_abs_delta = max(self.max_abs_delta, other.max_abs_delta)
@@ -326,12 +361,14 @@ class DiffAccumulator:
             "max_abs_delta_advantage": self.max_abs_delta,
         }
         if self.returns_compared:
-            result.update({
-                "mean_abs_delta_return": self._abs_delta_return_sum.value() / trainable if trainable else 0.0,
-                "median_abs_delta_return": self._quantile(self.return_histogram, 0.5, self.max_abs_delta_return),
-                "p99_abs_delta_return": self._quantile(self.return_histogram, 0.99, self.max_abs_delta_return),
-                "max_abs_delta_return": self.max_abs_delta_return,
-            })
+            result.update(
+                {
+                    "mean_abs_delta_return": self._abs_delta_return_sum.value() / trainable if trainable else 0.0,
+                    "median_abs_delta_return": self._quantile(self.return_histogram, 0.5, self.max_abs_delta_return),
+                    "p99_abs_delta_return": self._quantile(self.return_histogram, 0.99, self.max_abs_delta_return),
+                    "max_abs_delta_return": self.max_abs_delta_return,
+                }
+            )
         else:
             result.update({f"{stat}_abs_delta_return": None for stat in ("mean", "median", "p99", "max")})
         for quantity in ("advantage", "return"):
@@ -339,19 +376,20 @@ class DiffAccumulator:
                 value = result[f"{stat}_abs_delta_{quantity}"]
                 over_std = value / new_std if value is not None and new_std else None
                 result[f"{stat}_abs_delta_{quantity}_over_std"] = over_std
-        result.update({
-            "sign_flip_tokens": self.sign_flips,
-            "sign_flip_share": ratio(self.sign_flips, trainable),
-            "correlation": correlation(trainable, (sum_new, sum_old, sum_new_sq, sum_old_sq, sum_cross)),
-            "new_advantage_mean": new_mean,
-            "new_advantage_std": new_std,
-            "old_advantage_mean": old_mean,
-            "old_advantage_std": old_std,
-        })
+        result.update(
+            {
+                "sign_flip_tokens": self.sign_flips,
+                "sign_flip_share": ratio(self.sign_flips, trainable),
+                "correlation": correlation(trainable, (sum_new, sum_old, sum_new_sq, sum_old_sq, sum_cross)),
+                "new_advantage_mean": new_mean,
+                "new_advantage_std": new_std,
+                "old_advantage_mean": old_mean,
+                "old_advantage_std": old_std,
+            }
+        )
         return result
 
     def _quantile(self, histogram: SignedLogHistogram, q: float, maximum: float) -> Optional[float]:
         if not self.quantiles or not self.trainable_tokens:
             return None
         return histogram.abs_quantile(q, maximum)
-

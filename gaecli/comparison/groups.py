@@ -13,8 +13,17 @@ from gaecli.comparison.keys import json_value
 from gaecli.stats import encode_keys
 
 GROUP_SUMS = (
-    "samples", "tokens", "trainable_tokens", "changed_samples", "fully_masked_samples", "masked_tail_samples",
-    "credit_sum", "sum_abs", "sum_abs_return", "sign_flips", *PRODUCT_SUMS,
+    "samples",
+    "tokens",
+    "trainable_tokens",
+    "changed_samples",
+    "fully_masked_samples",
+    "masked_tail_samples",
+    "credit_sum",
+    "sum_abs",
+    "sum_abs_return",
+    "sign_flips",
+    *PRODUCT_SUMS,
 )
 
 
@@ -56,10 +65,21 @@ class GroupedFigures:
         with_returns = not np.isnan(rows.max_abs_return).all() if rows.lengths.size else False
         self.returns_compared |= with_returns
         credit = np.where(rows.with_tail & ~np.isnan(rows.credit), rows.credit, 0.0)
-        values = np.column_stack([
-            np.ones(rows.lengths.size), rows.lengths, rows.trainable, rows.changed, rows.fully_masked, rows.with_tail,
-            credit, rows.sum_abs, np.nan_to_num(rows.sum_abs_return), rows.sign_flips, rows.sums,
-        ]).astype(np.float64)
+        values = np.column_stack(
+            [
+                np.ones(rows.lengths.size),
+                rows.lengths,
+                rows.trainable,
+                rows.changed,
+                rows.fully_masked,
+                rows.with_tail,
+                credit,
+                rows.sum_abs,
+                np.nan_to_num(rows.sum_abs_return),
+                rows.sign_flips,
+                rows.sums,
+            ]
+        ).astype(np.float64)
         np.add.at(self.sums, codes, values)
         np.maximum.at(self.max_abs, codes, rows.max_abs)
         np.maximum.at(self.max_abs_return, codes, np.nan_to_num(rows.max_abs_return))
@@ -87,23 +107,25 @@ class GroupedFigures:
             row = dict(zip(GROUP_SUMS, self.sums[code].tolist(), strict=True))
             samples, trainable = int(row["samples"]), int(row["trainable_tokens"])
             tail = int(row["masked_tail_samples"])
-            groups.append({
-                "key": json_value(self.keys[code]),
-                "samples": samples,
-                "tokens": int(row["tokens"]),
-                "trainable_tokens": trainable,
-                "changed_samples": int(row["changed_samples"]),
-                "changed_share": ratio(row["changed_samples"], samples),
-                "fully_masked_samples": int(row["fully_masked_samples"]),
-                "masked_tail_samples": tail,
-                "mean_terminal_credit": row["credit_sum"] / tail if tail and self.baseline is not None else None,
-                "mean_abs_delta_advantage": row["sum_abs"] / trainable if trainable else 0.0,
-                "max_abs_delta_advantage": float(self.max_abs[code]),
-                "mean_abs_delta_return": ((row["sum_abs_return"] / trainable if trainable else 0.0)
-                                          if self.returns_compared else None),
-                "max_abs_delta_return": float(self.max_abs_return[code]) if self.returns_compared else None,
-                "sign_flip_share": ratio(row["sign_flips"], trainable),
-                "correlation": correlation(trainable, [row[name] for name in PRODUCT_SUMS]),
-            })
+            groups.append(
+                {
+                    "key": json_value(self.keys[code]),
+                    "samples": samples,
+                    "tokens": int(row["tokens"]),
+                    "trainable_tokens": trainable,
+                    "changed_samples": int(row["changed_samples"]),
+                    "changed_share": ratio(row["changed_samples"], samples),
+                    "fully_masked_samples": int(row["fully_masked_samples"]),
+                    "masked_tail_samples": tail,
+                    "mean_terminal_credit": row["credit_sum"] / tail if tail and self.baseline is not None else None,
+                    "mean_abs_delta_advantage": row["sum_abs"] / trainable if trainable else 0.0,
+                    "max_abs_delta_advantage": float(self.max_abs[code]),
+                    "mean_abs_delta_return": (
+                        (row["sum_abs_return"] / trainable if trainable else 0.0) if self.returns_compared else None
+                    ),
+                    "max_abs_delta_return": float(self.max_abs_return[code]) if self.returns_compared else None,
+                    "sign_flip_share": ratio(row["sign_flips"], trainable),
+                    "correlation": correlation(trainable, [row[name] for name in PRODUCT_SUMS]),
+                }
+            )
         return groups
-

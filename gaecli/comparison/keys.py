@@ -15,4 +15,3 @@ def json_value(value):
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="backslashreplace")
     return str(value)
-

@@ -26,8 +26,9 @@ class TokenSample:
     def threshold(self) -> np.uint64:
         return self.keys.max() if self.keys.size >= self.capacity else NO_THRESHOLD
 
-    def update(self, new: np.ndarray, old: np.ndarray, trainable: np.ndarray, file_index: int,
-               first_token: int) -> None:
+    def update(
+        self, new: np.ndarray, old: np.ndarray, trainable: np.ndarray, file_index: int, first_token: int
+    ) -> None:
         if self.capacity == 0:
             return
         first_key = (file_index << 40) + first_token
@@ -56,4 +57,3 @@ class TokenSample:
         """(new, old) in key order."""
         order = np.argsort(self.keys, kind="stable")
         return self.new[order], self.old[order]
-

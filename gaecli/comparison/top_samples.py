@@ -98,4 +98,3 @@ class TopSamples:
         """Add another partition's top samples: the K first by the same order key (largest
         max |Δ|, then file, then row), so any partition gives the same list."""
         self.offer(other.entries)
-

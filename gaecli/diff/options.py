@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from gaecli.advantages.contract import BASELINES, check_discount
 from gaecli.comparison.token_sample import SCATTER_SAMPLE
 from gaecli.errors import InvalidOptionError
-from gaecli.advantages.contract import BASELINES, check_discount
 from gaecli.io.format import Columns
 from gaecli.io.reader import DEFAULT_BATCH_ROWS
 from gaecli.options import check_choice, check_count, check_number
@@ -58,8 +58,9 @@ class DiffOptions:
 
         check_discount(self.gamma, self.lambd, names=("--gamma", "--lambd"))
         if self.against is not None and self.baseline is not None:
-            raise InvalidOptionError("--against compares with stored advantages, --baseline with recomputed ones: "
-                                     "give one of them")
+            raise InvalidOptionError(
+                "--against compares with stored advantages, --baseline with recomputed ones: give one of them"
+            )
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
         if self.baseline is not None:
@@ -80,4 +81,3 @@ class DiffOptions:
         if self.against is not None:
             return None
         return self.baseline or "unmasked"
-

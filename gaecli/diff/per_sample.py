@@ -12,11 +12,19 @@ from gaecli.diff.options import DiffOptions
 from gaecli.errors import GAEUsageError
 
 PER_SAMPLE_FIGURES = [
-    ("length", pa.int64()), ("trainable_tokens", pa.int64()), ("masked_share", pa.float64()),
-    ("masked_tail", pa.int64()), ("fully_masked", pa.bool_()), ("changed", pa.bool_()),
-    ("max_abs_delta_advantage", pa.float64()), ("mean_abs_delta_advantage", pa.float64()),
-    ("max_relative_delta_advantage", pa.float64()), ("max_abs_delta_return", pa.float64()),
-    ("mean_abs_delta_return", pa.float64()), ("sign_flips", pa.int64()), ("terminal_credit", pa.float64()),
+    ("length", pa.int64()),
+    ("trainable_tokens", pa.int64()),
+    ("masked_share", pa.float64()),
+    ("masked_tail", pa.int64()),
+    ("fully_masked", pa.bool_()),
+    ("changed", pa.bool_()),
+    ("max_abs_delta_advantage", pa.float64()),
+    ("mean_abs_delta_advantage", pa.float64()),
+    ("max_relative_delta_advantage", pa.float64()),
+    ("max_abs_delta_return", pa.float64()),
+    ("mean_abs_delta_return", pa.float64()),
+    ("sign_flips", pa.int64()),
+    ("terminal_credit", pa.float64()),
 ]
 
 
@@ -37,8 +45,9 @@ def per_sample_schema(first: pa.Schema, options: DiffOptions) -> pa.Schema:
     return pa.schema(fields)
 
 
-def per_sample_batch(schema: pa.Schema, file: str, first_row: int, rows: RowFigures, ids: Optional[pa.Array],
-                     groups: Optional[pa.Array]) -> pa.RecordBatch:
+def per_sample_batch(
+    schema: pa.Schema, file: str, first_row: int, rows: RowFigures, ids: Optional[pa.Array], groups: Optional[pa.Array]
+) -> pa.RecordBatch:
     """One batch's rows of the ``--per-sample`` file (one row per sample)."""
     count = rows.lengths.size
     arrays = [pa.array([file] * count, pa.string()), pa.array(np.arange(first_row, first_row + count), pa.int64())]
@@ -48,8 +57,9 @@ def per_sample_batch(schema: pa.Schema, file: str, first_row: int, rows: RowFigu
             try:
                 arrays.append(column if column.type == arrow_type else column.cast(arrow_type))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-                raise GAEUsageError(f"{file}: {name} column has type {column.type}, "
-                                    f"the first file's is {arrow_type}") from error
+                raise GAEUsageError(
+                    f"{file}: {name} column has type {column.type}, the first file's is {arrow_type}"
+                ) from error
     figures = {
         "length": pa.array(rows.lengths, pa.int64()),
         "trainable_tokens": pa.array(rows.trainable, pa.int64()),
@@ -67,4 +77,3 @@ def per_sample_batch(schema: pa.Schema, file: str, first_row: int, rows: RowFigu
     }
     arrays.extend(figures[name] for name, _ in PER_SAMPLE_FIGURES)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
-

@@ -56,4 +56,3 @@ class DiffReport:
             "groups": self.groups,
             "per_sample": options.per_sample,
         }
-

@@ -29,9 +29,16 @@ from gaecli.stats import GroupedMoments
 def computation_of(options: DiffOptions, kernel: str) -> Computation:
     """The pipeline settings of a diff (``kernel`` resolved)."""
     return Computation(
-        gamma=options.gamma, lambd=options.lambd, kernel=kernel, device=options.device,
-        batch_rows=options.batch_rows, columns=options.columns, old_semantics=options.old_semantics,
-        against=options.against, against_returns=options.against_returns, normalize_by=options.normalize_by,
+        gamma=options.gamma,
+        lambd=options.lambd,
+        kernel=kernel,
+        device=options.device,
+        batch_rows=options.batch_rows,
+        columns=options.columns,
+        old_semantics=options.old_semantics,
+        against=options.against,
+        against_returns=options.against_returns,
+        normalize_by=options.normalize_by,
     )
 
 
@@ -44,8 +51,11 @@ def _check_file(schema: pa.Schema, file: str, options: DiffOptions, computation:
 def _read_columns(schema: pa.Schema, options: DiffOptions) -> list[str]:
     columns = options.columns
     wanted = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
-    wanted |= {name for name in (options.against, options.against_returns, options.normalize_by,
-                                 options.group_by, options.id_col) if name is not None}
+    wanted |= {
+        name
+        for name in (options.against, options.against_returns, options.normalize_by, options.group_by, options.id_col)
+        if name is not None
+    }
     return [name for name in schema.names if name in wanted]
 
 
@@ -69,11 +79,15 @@ class FilePart:
         """A part without rows yet: empty figures, groups (under ``--group-by``), top
         samples and token sample."""
         return cls(
-            file=file, rows=0, tokens=0,
-            accumulator=DiffAccumulator(options.gamma, options.lambd, options.old_semantics, options.tolerance,
-                                        quantiles=True),
+            file=file,
+            rows=0,
+            tokens=0,
+            accumulator=DiffAccumulator(
+                options.gamma, options.lambd, options.old_semantics, options.tolerance, quantiles=True
+            ),
             groups=GroupedFigures(options.old_semantics) if options.group_by is not None else None,
-            top=TopSamples(options.top), sample=TokenSample(options.scatter_sample),
+            top=TopSamples(options.top),
+            sample=TokenSample(options.scatter_sample),
         )
 
     def merge(self, other: "FilePart") -> None:
@@ -113,16 +127,23 @@ def diff_unit(
                 keys = computed.keys(options.normalize_by)
                 new = np.where(packed.trainable, whiten_rows(new, packed.offsets, moments[0], keys), 0.0)
                 old = whiten_rows(old, packed.offsets, moments[1], keys)
-            rows = part.accumulator.update(new, old, packed.trainable, packed.offsets,
-                                           new_returns=computed.new_returns, old_returns=computed.old_returns)
+            rows = part.accumulator.update(
+                new,
+                old,
+                packed.trainable,
+                packed.offsets,
+                new_returns=computed.new_returns,
+                old_returns=computed.old_returns,
+            )
             group_keys = computed.keys(options.group_by)
             if part.groups is not None:
                 part.groups.update(group_keys, rows)
             _offer_top(part.top, options, index, path, batch, packed, new, old, rows, first_row, group_keys)
             part.sample.update(new, old, packed.trainable, index, first_token)
             if per_sample is not None:
-                part.per_sample.append(per_sample_batch(per_sample, path, first_row, rows,
-                                                        computed.keys(options.id_col), group_keys))
+                part.per_sample.append(
+                    per_sample_batch(per_sample, path, first_row, rows, computed.keys(options.id_col), group_keys)
+                )
             part.rows, part.tokens = first_row + batch.num_rows, first_token + packed.tokens
             if progress is not None:
                 progress.advance(batch.num_rows, packed.tokens)
@@ -131,26 +152,47 @@ def diff_unit(
     return part
 
 
-def _offer_top(top: TopSamples, options: DiffOptions, index: int, file: str, batch: pa.RecordBatch, packed, new, old,
-               rows: RowFigures, first_row: int, group_keys: Optional[pa.Array]) -> None:
+def _offer_top(
+    top: TopSamples,
+    options: DiffOptions,
+    index: int,
+    file: str,
+    batch: pa.RecordBatch,
+    packed,
+    new,
+    old,
+    rows: RowFigures,
+    first_row: int,
+    group_keys: Optional[pa.Array],
+) -> None:
     candidates = top.candidates(rows.max_abs)
     if candidates.size == 0:
         return
     entries = []
     for row in candidates.tolist():
         start, end = int(packed.offsets[row]), int(packed.offsets[row + 1])
-        entries.append(TopSample(
-            file_index=index, file=file, row=first_row + row,
-            id=batch.column(options.id_col)[row].as_py() if options.id_col is not None else None,
-            group=group_keys[row].as_py() if group_keys is not None else None,
-            length=int(rows.lengths[row]), trainable_tokens=int(rows.trainable[row]),
-            masked_share=float(rows.masked_share[row]), masked_tail=int(rows.masked_tail[row]),
-            max_abs_delta_advantage=float(rows.max_abs[row]), mean_abs_delta_advantage=float(rows.mean_abs[row]),
-            max_abs_delta_return=finite_or_none(rows.max_abs_return[row]), sign_flips=int(rows.sign_flips[row]),
-            terminal_credit=finite_or_none(rows.credit[row]), changed=bool(rows.changed[row]),
-            new=np.array(new[start:end], dtype=np.float64), old=np.array(old[start:end], dtype=np.float64),
-            trainable=np.array(packed.trainable[start:end], dtype=bool),
-        ))
+        entries.append(
+            TopSample(
+                file_index=index,
+                file=file,
+                row=first_row + row,
+                id=batch.column(options.id_col)[row].as_py() if options.id_col is not None else None,
+                group=group_keys[row].as_py() if group_keys is not None else None,
+                length=int(rows.lengths[row]),
+                trainable_tokens=int(rows.trainable[row]),
+                masked_share=float(rows.masked_share[row]),
+                masked_tail=int(rows.masked_tail[row]),
+                max_abs_delta_advantage=float(rows.max_abs[row]),
+                mean_abs_delta_advantage=float(rows.mean_abs[row]),
+                max_abs_delta_return=finite_or_none(rows.max_abs_return[row]),
+                sign_flips=int(rows.sign_flips[row]),
+                terminal_credit=finite_or_none(rows.credit[row]),
+                changed=bool(rows.changed[row]),
+                new=np.array(new[start:end], dtype=np.float64),
+                old=np.array(old[start:end], dtype=np.float64),
+                trainable=np.array(packed.trainable[start:end], dtype=bool),
+            )
+        )
     top.offer(entries)
 
 
@@ -167,8 +209,8 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
     """The diff over ``paths``: every file checked here first, the ``--normalize``
     statistics pass, then one :func:`diff_unit` per file on ``engine``, merged in input
     order (so the report is the same for any engine and worker count)."""
-    from gaecli.io.writer import AtomicParquetWriter
     from gaecli.advantages.kernels import resolve_kernel
+    from gaecli.io.writer import AtomicParquetWriter
 
     kernel = resolve_kernel(options.kernel, options.device)
     computation = computation_of(options, kernel)
@@ -193,8 +235,9 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
             progress.start("diff", total_rows)
             try:
                 units = [(index, file, options, kernel, moments, schema) for index, file in enumerate(files)]
-                results = map_units(diff_unit, units, files, engine, stop_on_failure=True, progress=progress,
-                                    session=session)
+                results = map_units(
+                    diff_unit, units, files, engine, stop_on_failure=True, progress=progress, session=session
+                )
             finally:
                 progress.finish()
         _raise_first_failure(results)
@@ -213,10 +256,14 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
             writer.abort()
         raise
     return DiffReport(
-        options=options, kernel=kernel,
+        options=options,
+        kernel=kernel,
         files=[{"file": part.file, "rows": part.rows, "tokens": part.tokens} for part in results],
-        summary=merged.accumulator.figures(), groups=merged.groups.result() if merged.groups is not None else None,
-        top=merged.top.entries, histogram=merged.accumulator.histogram, scatter=merged.sample.points(),
+        summary=merged.accumulator.figures(),
+        groups=merged.groups.result() if merged.groups is not None else None,
+        top=merged.top.entries,
+        histogram=merged.accumulator.histogram,
+        scatter=merged.sample.points(),
     )
 
 
@@ -240,8 +287,12 @@ def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
     check_writes(paths, [*report_writes(options.report_paths), ("per-sample file", options.per_sample)])
 
 
-def diff_files(inputs: list[str | Path], options: DiffOptions, progress: Optional[Progress] = None,
-               engine: Optional[EngineOptions] = None) -> DiffReport:
+def diff_files(
+    inputs: list[str | Path],
+    options: DiffOptions,
+    progress: Optional[Progress] = None,
+    engine: Optional[EngineOptions] = None,
+) -> DiffReport:
     """Compare masked-GAE advantages with old ones over rollout files, streaming.
 
     ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs; a

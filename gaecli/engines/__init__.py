@@ -118,7 +118,6 @@ def run_unit(function: Callable, args: tuple, progress=None) -> Any:
 FINISHED = object()
 
 
-
 # ----------------------------------------------------------------------------- sessions
 
 
@@ -176,13 +175,17 @@ def map_units(
     if engine.engine == "ray":
         from gaecli.engines.ray import map_units_ray
 
-        return map_units_ray(function, tasks, labels, engine, stop_on_failure=stop_on_failure, progress=progress, session=session)
+        return map_units_ray(
+            function, tasks, labels, engine, stop_on_failure=stop_on_failure, progress=progress, session=session
+        )
     workers = engine.worker_count()
     if workers == 1 or len(tasks) <= 1:
         return _map_in_process(function, tasks, stop_on_failure, progress)
     from gaecli.engines.local import map_units_local
 
-    return map_units_local(function, tasks, labels, workers, stop_on_failure=stop_on_failure, progress=progress, session=session)
+    return map_units_local(
+        function, tasks, labels, workers, stop_on_failure=stop_on_failure, progress=progress, session=session
+    )
 
 
 def _map_in_process(function, tasks, stop_on_failure, progress) -> list[Any]:

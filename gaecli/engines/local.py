@@ -222,8 +222,9 @@ class LocalPool:
         threads = max(1, (os.cpu_count() or 1) // processes)
         context = multiprocessing.get_context(START_METHOD)
         self.drain = _Drain(context)
-        self.executor = ProcessPoolExecutor(processes, mp_context=context, initializer=_init_worker,
-                                            initargs=(threads, self.drain.writer, os.getpid()))
+        self.executor = ProcessPoolExecutor(
+            processes, mp_context=context, initializer=_init_worker, initargs=(threads, self.drain.writer, os.getpid())
+        )
 
     def stop_workers(self) -> None:
         """SIGTERM every worker (each stops its unit, which aborts) and wait for them to
@@ -266,7 +267,11 @@ def map_units_local(
     read)."""
     processes = min(workers, len(tasks))
     key = ("local-pool", processes)
-    pool = LocalPool(processes) if session is None else session.resource(key, lambda: LocalPool(processes), LocalPool.close)
+    pool = (
+        LocalPool(processes)
+        if session is None
+        else session.resource(key, lambda: LocalPool(processes), LocalPool.close)
+    )
     pool.drain.progress = progress if progress is not None else NoProgress()
     pool.drain.started.clear()
     pool.drain.terminated.clear()
@@ -275,8 +280,9 @@ def map_units_local(
     broken = False
     try:
         with _stop_signals_blocked():
-            futures = {pool.executor.submit(_pool_unit, function, args, index): index
-                       for index, args in enumerate(tasks)}
+            futures = {
+                pool.executor.submit(_pool_unit, function, args, index): index for index, args in enumerate(tasks)
+            }
         pending = set(futures)
         stopping = False
         while pending:
@@ -339,7 +345,10 @@ def _name_the_dead_worker(results: list[Any], labels: Sequence[str], drain: _Dra
     culprits = ", ".join(labels[index] for index in dead)
     for index in failed:
         if len(dead) != 1:
-            why = "a worker process died (killed, out of memory or crashed) while this file or one beside it was being processed"
+            why = (
+                "a worker process died (killed, out of memory or crashed) while this file or one beside it "
+                "was being processed"
+            )
         elif index in dead:
             why = "the worker process running this file died (killed, out of memory or crashed)"
         elif index in drain.started:

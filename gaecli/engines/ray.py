@@ -47,8 +47,9 @@ def check_reachable(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_SECONDS).close()
     except OSError as error:
         reason = error.strerror or type(error).__name__
-        raise GAEUsageError(f"cannot join Ray at {address}: nothing answers there ({reason}); "
-                            f"start the cluster or check --ray-address") from error
+        raise GAEUsageError(
+            f"cannot join Ray at {address}: nothing answers there ({reason}); start the cluster or check --ray-address"
+        ) from error
 
 
 def _start_ray(ray, engine: EngineOptions) -> None:
@@ -61,8 +62,12 @@ def _start_ray(ray, engine: EngineOptions) -> None:
             check_reachable(engine.ray_address)
             ray.init(address=engine.ray_address, log_to_driver=False, logging_level=logging.WARNING)
         else:
-            ray.init(num_cpus=engine.worker_count(), include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.ERROR)
+            ray.init(
+                num_cpus=engine.worker_count(),
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.ERROR,
+            )
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = engine.ray_address or "locally"
         raise GAEUsageError(f"cannot start or join Ray ({where}): {str(error).splitlines()[0]}") from error
@@ -166,7 +171,11 @@ def map_units_ray(
                     continue
                 except ray.exceptions.RayError as error:
                     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                    results[index] = TaskFailure(EXIT_UNUSABLE, f"{labels[index]}: the Ray task failed ({type(error).__name__}: {reason}); nothing was written for it")
+                    results[index] = TaskFailure(
+                        EXIT_UNUSABLE,
+                        f"{labels[index]}: the Ray task failed ({type(error).__name__}: {reason}); nothing was "
+                        "written for it",
+                    )
                 if queue is None:
                     advance(progress, results[index])
                 if stop_on_failure and isinstance(results[index], TaskFailure):

@@ -28,12 +28,22 @@ METADATA_PREFIX = "gaecli."
 MAX_LIST_TOKENS = 2**31 - 1  # int32 list offsets
 
 _ARROW_INTEGERS = {
-    torch.bool: pa.bool_(), torch.uint8: pa.uint8(), torch.int8: pa.int8(), torch.int16: pa.int16(),
-    torch.int32: pa.int32(), torch.int64: pa.int64(),
+    torch.bool: pa.bool_(),
+    torch.uint8: pa.uint8(),
+    torch.int8: pa.int8(),
+    torch.int16: pa.int16(),
+    torch.int32: pa.int32(),
+    torch.int64: pa.int64(),
 }
 _TORCH_OF_ARROW = {
-    pa.bool_(): torch.bool, pa.uint8(): torch.uint8, pa.int8(): torch.int8, pa.int16(): torch.int16,
-    pa.int32(): torch.int32, pa.int64(): torch.int64, pa.float32(): torch.float32, pa.float64(): torch.float64,
+    pa.bool_(): torch.bool,
+    pa.uint8(): torch.uint8,
+    pa.int8(): torch.int8,
+    pa.int16(): torch.int16,
+    pa.int32(): torch.int32,
+    pa.int64(): torch.int64,
+    pa.float32(): torch.float32,
+    pa.float64(): torch.float64,
 }
 
 
@@ -89,8 +99,11 @@ class ImportedFile:
 
     def to_dict(self) -> dict:
         optional = {"cp_rank", "data_parallel_rank", "note"}
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in optional or getattr(self, f.name) is not None}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in optional or getattr(self, f.name) is not None
+        }
 
 
 @dataclass
@@ -143,23 +156,35 @@ class ImportReport:
         """What to run on the output, one sentence each."""
         steps = []
         if "values" not in self.columns:
-            steps.append("the file has no values column (no critic): GAE needs values, so run gae recompute / gae diff "
-                         "with --values-col none (critic-free: values taken as 0)")
+            steps.append(
+                "the file has no values column (no critic): GAE needs values, so run gae recompute / gae diff "
+                "with --values-col none (critic-free: values taken as 0)"
+            )
         if "log_probs" in self.columns and "ref_log_probs" in self.columns:
-            steps.append("the file has no per-token rewards column: run gae recompute / gae diff with --kl-coef C "
-                         "(KL rewards from log_probs and ref_log_probs) or with --rewards-col none")
+            steps.append(
+                "the file has no per-token rewards column: run gae recompute / gae diff with --kl-coef C "
+                "(KL rewards from log_probs and ref_log_probs) or with --rewards-col none"
+            )
         elif "log_probs" in self.columns:
-            steps.append("the file has no per-token rewards column and no ref_log_probs (no KL rewards): run gae recompute / "
-                         "gae diff with --rewards-col none")
+            steps.append(
+                "the file has no per-token rewards column and no ref_log_probs (no KL rewards): run gae recompute / "
+                "gae diff with --rewards-col none"
+            )
         else:
-            steps.append("the file has no per-token rewards column and no log-probs: run gae recompute / gae diff "
-                         "with --rewards-col none")
+            steps.append(
+                "the file has no per-token rewards column and no log-probs: run gae recompute / gae diff "
+                "with --rewards-col none"
+            )
         if self.length_mismatch_rows:
-            steps.append(f"{self.length_mismatch_rows} row(s) have per-token lists whose lengths differ from loss_mask "
-                         f"or response_length: gae validate {self.output} lists them")
+            steps.append(
+                f"{self.length_mismatch_rows} row(s) have per-token lists whose lengths differ from loss_mask "
+                f"or response_length: gae validate {self.output} lists them"
+            )
         if "trained_advantages" in self.columns:
-            steps.append("trained_advantages holds the advantages the run trained on: gae diff --against trained_advantages "
-                         "shows how far they are from masked GAE")
+            steps.append(
+                "trained_advantages holds the advantages the run trained on: gae diff --against trained_advantages "
+                "shows how far they are from masked GAE"
+            )
         return steps
 
     def summary_lines(self) -> list[str]:
@@ -194,8 +219,13 @@ def _span(name: str, numbers: list[int]) -> str:
 # ----------------------------------------------------------------------------- inputs and output
 
 
-def plan_import(paths: Sequence[str | Path], output: str | Path, overwrite: bool,
-                patterns: tuple[str, ...], report_paths: Sequence[ReportPath] = ()) -> tuple[list[AnyPath], AnyPath]:
+def plan_import(
+    paths: Sequence[str | Path],
+    output: str | Path,
+    overwrite: bool,
+    patterns: tuple[str, ...],
+    report_paths: Sequence[ReportPath] = (),
+) -> tuple[list[AnyPath], AnyPath]:
     """The input files (paths, directories read recursively for ``patterns``, globs, URIs;
     each file once, in the order found) and the output path, checked: :class:`GAEUsageError`
     for nothing to read, an output that is a directory, that exists without ``overwrite``,
@@ -213,7 +243,9 @@ def plan_import(paths: Sequence[str | Path], output: str | Path, overwrite: bool
         raise GAEUsageError("give at least one dump file, directory or glob")
     target = to_path(str(output))
     if target.is_dir():
-        raise GAEUsageError(f"{output}: is a directory; name the Parquet file to write (e.g. {target / 'rollouts.parquet'})")
+        raise GAEUsageError(
+            f"{output}: is a directory; name the Parquet file to write (e.g. {target / 'rollouts.parquet'})"
+        )
     check_writes(sources, [("output", target), *report_writes(report_paths)])
     if target.exists() and not overwrite:
         raise GAEUsageError(f"{output} exists; give --overwrite to replace it")
@@ -241,8 +273,13 @@ def schema_metadata(format_name: str, sources: list[str]) -> dict[str, str]:
     }
 
 
-def write_batches(target: AnyPath, schema: pa.Schema, batches: Iterable[tuple[pa.RecordBatch, int]],
-                  progress: Optional[Progress], total_rows: int) -> None:
+def write_batches(
+    target: AnyPath,
+    schema: pa.Schema,
+    batches: Iterable[tuple[pa.RecordBatch, int]],
+    progress: Optional[Progress],
+    total_rows: int,
+) -> None:
     """Write ``batches`` (record batch, its token count; each its own row group) to
     ``target`` atomically (zstd): whole at the end, or nothing when reading or converting
     any of them fails. ``total_rows`` (0: unknown) sizes the progress bar."""
@@ -293,7 +330,8 @@ def load_dump(path: AnyPath) -> Any:
             raise GAEUsageError(f"{path}: cannot read as a torch.save file ({detail})") from None
         global_name = re.search(r"GLOBAL ([\w.]+)", detail)
         raise GAEInputError(
-            f"{path}: refused: the dump holds a pickled Python object ({global_name.group(1) if global_name else detail}) besides tensors, "
+            f"{path}: refused: the dump holds a pickled Python object "
+            f"({global_name.group(1) if global_name else detail}) besides tensors, "
             f"numbers, strings, lists and dicts; gaecli loads dumps with torch.load(weights_only=True) and never "
             f"unpickles arbitrary objects. Re-save the dump with plain types only"
         ) from None
@@ -302,7 +340,9 @@ def load_dump(path: AnyPath) -> Any:
     except OSError as error:
         raise GAEUsageError(f"{path}: cannot read ({error.strerror or error})") from None
     except Exception as error:  # noqa: BLE001 - the weights-only unpickler fails on foreign bytes in many ways
-        raise GAEUsageError(f"{path}: cannot read as a torch.save file ({type(error).__name__}: {_first_line(error)})") from None
+        raise GAEUsageError(
+            f"{path}: cannot read as a torch.save file ({type(error).__name__}: {_first_line(error)})"
+        ) from None
 
 
 def _first_line(error: BaseException) -> str:
@@ -324,7 +364,12 @@ def _unpickler_detail(text: str) -> str:
 
 def integer(value: Any, what: str, path: Any) -> int:
     """An integer from an int or a one-element integer tensor; else :class:`GAEInputError`."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point and not value.dtype.is_complex:
+    if (
+        isinstance(value, torch.Tensor)
+        and value.numel() == 1
+        and not value.dtype.is_floating_point
+        and not value.dtype.is_complex
+    ):
         return int(value.item())
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -347,8 +392,9 @@ def entry_name(where: str, sample: int) -> str:
     return where.replace("[*]", f"[{sample}]", 1) if "[*]" in where else f"{where}[{sample}]"
 
 
-def check_per_sample(entries: Any, dump_field: DumpField, rows: int, where: str,
-                     rows_name: str = repr(ROWS_KEY)) -> Optional[set[torch.dtype]]:
+def check_per_sample(
+    entries: Any, dump_field: DumpField, rows: int, where: str, rows_name: str = repr(ROWS_KEY)
+) -> Optional[set[torch.dtype]]:
     """Check one key's per-sample entries (``where`` names them, e.g. ``file: rollout_data['values']``):
     one entry per sample (``rows``, as many as ``rows_name`` has), 1-D real tensors for a
     per-token key (returns their dtypes)."""
@@ -362,8 +408,10 @@ def check_per_sample(entries: Any, dump_field: DumpField, rows: int, where: str,
     is_vector = [isinstance(entry, torch.Tensor) and entry.dim() == 1 for entry in entries]
     if not all(is_vector):
         sample = is_vector.index(False)
-        raise GAEInputError(f"{entry_name(where, sample)} is {describe(entries[sample])}, expected a 1-D tensor "
-                            f"(the sample's per-token {dump_field.key})")
+        raise GAEInputError(
+            f"{entry_name(where, sample)} is {describe(entries[sample])}, expected a 1-D tensor "
+            f"(the sample's per-token {dump_field.key})"
+        )
     dtypes = {entry.dtype for entry in entries}
     if any(dtype.is_complex for dtype in dtypes):
         raise GAEInputError(f"{where} holds complex tensors, expected real numbers")
@@ -377,10 +425,14 @@ def check_same_keys(dumps: Sequence[Any]) -> None:
         keys = dumps[0].keys
         if dump.keys != keys:
             only_first, only_here = sorted(keys - dump.keys), sorted(dump.keys - keys)
-            difference = "; ".join(part for part in (
-                f"only {dumps[0].path} has {', '.join(only_first)}" if only_first else "",
-                f"only {dump.path} has {', '.join(only_here)}" if only_here else "",
-            ) if part)
+            difference = "; ".join(
+                part
+                for part in (
+                    f"only {dumps[0].path} has {', '.join(only_first)}" if only_first else "",
+                    f"only {dump.path} has {', '.join(only_here)}" if only_here else "",
+                )
+                if part
+            )
             raise GAEInputError(f"the dumps differ in their keys ({difference}); import files of one run together")
 
 
@@ -403,11 +455,15 @@ def token_column(tensors: Sequence[torch.Tensor], value_type: pa.DataType, where
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] > MAX_LIST_TOKENS:
-        raise GAEInputError(f"{where} holds {offsets[-1]:,} tokens, more than one Parquet list column "
-                            f"of a file part can hold ({MAX_LIST_TOKENS:,}); split the dump")
+        raise GAEInputError(
+            f"{where} holds {offsets[-1]:,} tokens, more than one Parquet list column "
+            f"of a file part can hold ({MAX_LIST_TOKENS:,}); split the dump"
+        )
     dtype = _TORCH_OF_ARROW[value_type]
     flat = torch.cat([tensor.detach().to(dtype) for tensor in tensors]) if len(tensors) else torch.zeros(0, dtype=dtype)
-    array = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat.numpy()), type=pa.list_(value_type))
+    array = pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), pa.array(flat.numpy()), type=pa.list_(value_type)
+    )
     return array, lengths
 
 
@@ -418,7 +474,9 @@ def scalar_column(entries: Any, dump_field: DumpField, where: str, nullable: boo
     numpy_dtype = np.int64 if integer_kind else np.float64
     if isinstance(entries, torch.Tensor):
         if entries.dtype.is_complex or integer_kind and entries.dtype.is_floating_point:
-            raise GAEInputError(f"{where} is a {entries.dtype} tensor, expected {'integers' if integer_kind else 'numbers'}")
+            raise GAEInputError(
+                f"{where} is a {entries.dtype} tensor, expected {'integers' if integer_kind else 'numbers'}"
+            )
         return pa.array(entries.detach().reshape(-1).to(torch.int64 if integer_kind else torch.float64).numpy())
     numbers = [entry.item() if isinstance(entry, torch.Tensor) and entry.numel() == 1 else entry for entry in entries]
     allowed = (int,) if integer_kind else (int, float)
@@ -426,7 +484,9 @@ def scalar_column(entries: Any, dump_field: DumpField, where: str, nullable: boo
     if not all(is_number):
         sample = is_number.index(False)
         found = describe(numbers[sample]) if isinstance(numbers[sample], torch.Tensor) else repr(numbers[sample])
-        raise GAEInputError(f"{entry_name(where, sample)} is {found}, expected {'an integer' if integer_kind else 'a number'}")
+        raise GAEInputError(
+            f"{entry_name(where, sample)} is {found}, expected {'an integer' if integer_kind else 'a number'}"
+        )
     nulls = np.array([number is None for number in numbers], dtype=bool)
     try:
         array = np.array([0 if number is None else number for number in numbers], dtype=numpy_dtype)
@@ -435,8 +495,9 @@ def scalar_column(entries: Any, dump_field: DumpField, where: str, nullable: boo
     return pa.array(array, mask=nulls if nulls.any() else None)
 
 
-def output_schema(keys: frozenset[str], value_types: dict[str, pa.DataType], format_name: str,
-                  sources: list[str]) -> pa.Schema:
+def output_schema(
+    keys: frozenset[str], value_types: dict[str, pa.DataType], format_name: str, sources: list[str]
+) -> pa.Schema:
     """``rollout_id``, ``rank``, then the column of each of :data:`FIELDS` present in ``keys``."""
     columns = [pa.field("rollout_id", pa.int64()), pa.field("rank", pa.int64())]
     for dump_field in FIELDS:
@@ -450,8 +511,15 @@ def output_schema(keys: frozenset[str], value_types: dict[str, pa.DataType], for
     return pa.schema(columns, metadata=schema_metadata(format_name, sources))
 
 
-def fields_batch(data: dict[str, Any], rollout_id: int, ranks: np.ndarray, keys: frozenset[str], schema: pa.Schema,
-                 value_types: dict[str, pa.DataType], where: Callable[[str], str]) -> tuple[pa.RecordBatch, int, int]:
+def fields_batch(
+    data: dict[str, Any],
+    rollout_id: int,
+    ranks: np.ndarray,
+    keys: frozenset[str],
+    schema: pa.Schema,
+    value_types: dict[str, pa.DataType],
+    where: Callable[[str], str],
+) -> tuple[pa.RecordBatch, int, int]:
     """Per-sample lists keyed by :data:`FIELDS` keys (``data[key][i]``: sample i) as a record
     batch of ``schema``; also its token count and the rows whose per-token lists differ in
     length from ``loss_masks`` or ``response_lengths``. ``where(key)`` formats a key for messages."""
@@ -467,10 +535,12 @@ def fields_batch(data: dict[str, Any], rollout_id: int, ranks: np.ndarray, keys:
         named = where(dump_field.key)
         if dump_field.per_token:
             arrays[dump_field.column], lengths[dump_field.key] = token_column(
-                data[dump_field.key], value_types[dump_field.key], named)
+                data[dump_field.key], value_types[dump_field.key], named
+            )
         else:
-            arrays[dump_field.column] = scalar_column(data[dump_field.key], dump_field, named,
-                                                      nullable=dump_field.key == "sample_indices")
+            arrays[dump_field.column] = scalar_column(
+                data[dump_field.key], dump_field, named, nullable=dump_field.key == "sample_indices"
+            )
     mask_lengths = lengths[ROWS_KEY]
     mismatch = np.zeros(rows, dtype=bool)
     for key_lengths in lengths.values():

@@ -84,7 +84,13 @@ class _Dump:
 
     def same_place(self, other: "_Dump") -> bool:
         return (self.rollout_id, self.rank, self.rows, self.keys, self.cp_rank, self.cp_size) == (
-            other.rollout_id, other.rank, other.rows, other.keys, other.cp_rank, other.cp_size)
+            other.rollout_id,
+            other.rank,
+            other.rows,
+            other.keys,
+            other.cp_rank,
+            other.cp_size,
+        )
 
 
 def _where(path: AnyPath):
@@ -103,8 +109,10 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
         raise GAEInputError(f"{path}: holds {describe(dump)}, not a miles train-data dump (a dict; {expected})")
     missing = [key for key in TOP_LEVEL_KEYS if key not in dump]
     if missing:
-        raise GAEInputError(f"{path}: not a miles train-data dump: missing {', '.join(missing)}; "
-                            f"the file has {key_list(dump)}; {expected}")
+        raise GAEInputError(
+            f"{path}: not a miles train-data dump: missing {', '.join(missing)}; "
+            f"the file has {key_list(dump)}; {expected}"
+        )
     cp_size = integer(dump.get("cp_size", 1), "cp_size", path)
     cp_rank = integer(dump.get("cp_rank", 0), "cp_rank", path)
     qkv_format = dump.get("qkv_format", "thd") if cp_size > 1 else "thd"
@@ -131,8 +139,9 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
     for key in sorted(keys, key=list(FIELDS_BY_KEY).index):
         scalars_in_a_tensor = not FIELDS_BY_KEY[key].per_token and isinstance(data[key], torch.Tensor)
         if not isinstance(data[key], (list, tuple)) and not scalars_in_a_tensor:
-            raise GAEInputError(f"{path}: rollout_data[{key!r}] is {describe(data[key])}, "
-                                f"expected a list with one entry per sample")
+            raise GAEInputError(
+                f"{path}: rollout_data[{key!r}] is {describe(data[key])}, expected a list with one entry per sample"
+            )
     rows = len(data[ROWS_KEY])
     dtypes: dict[str, set[torch.dtype]] = {}
     for key in sorted(keys, key=list(FIELDS_BY_KEY).index):
@@ -143,8 +152,9 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
     facts = _Dump(path, rollout_id, rank, rows, keys, other_keys, dtypes, cp_rank, cp_size, str(qkv_format))
     if cp_size > 1:
         if MAX_SEQ_LENS_KEY in data:
-            check_per_sample(data[MAX_SEQ_LENS_KEY], DumpField(MAX_SEQ_LENS_KEY, "", "integer"), rows,
-                             _where(path)(MAX_SEQ_LENS_KEY))
+            check_per_sample(
+                data[MAX_SEQ_LENS_KEY], DumpField(MAX_SEQ_LENS_KEY, "", "integer"), rows, _where(path)(MAX_SEQ_LENS_KEY)
+            )
         facts.sample_indices = tuple(_integers(data, "sample_indices", path).tolist())
         facts.digests = _digests(data, keys, path)
     return facts
@@ -180,8 +190,9 @@ def _digests(data: dict, keys: frozenset[str], path: AnyPath) -> dict[str, bytes
 # ----------------------------------------------------------------------------- context parallelism
 
 
-def zigzag_response_parts(total_lengths: np.ndarray, response_lengths: np.ndarray, chunk_sizes: np.ndarray,
-                          cp_size: int, cp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+def zigzag_response_parts(
+    total_lengths: np.ndarray, response_lengths: np.ndarray, chunk_sizes: np.ndarray, cp_size: int, cp_rank: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Which response indices rank ``cp_rank`` holds of each sample, in its order: two
     half-open ranges per sample, returned as ``starts [B, 2]`` and ``stops [B, 2]``
     (an empty part has start = stop).
@@ -203,8 +214,13 @@ def zigzag_response_parts(total_lengths: np.ndarray, response_lengths: np.ndarra
     return starts, stops
 
 
-def assemble_shares(shares: Sequence[Sequence[torch.Tensor]], starts: Sequence[np.ndarray], stops: Sequence[np.ndarray],
-                    response_lengths: np.ndarray, where: Sequence[str]) -> list[torch.Tensor]:
+def assemble_shares(
+    shares: Sequence[Sequence[torch.Tensor]],
+    starts: Sequence[np.ndarray],
+    stops: Sequence[np.ndarray],
+    response_lengths: np.ndarray,
+    where: Sequence[str],
+) -> list[torch.Tensor]:
     """Put each rank's per-sample shares (``shares[r][i]``) back at their response indices
     (``starts[r]``, ``stops[r]`` from :func:`zigzag_response_parts`): one scatter per rank
     into the flat output, no loop over samples or tokens. A share of the wrong length
@@ -215,9 +231,11 @@ def assemble_shares(shares: Sequence[Sequence[torch.Tensor]], starts: Sequence[n
     covered = sum((stop - start).sum(axis=1) for start, stop in zip(starts, stops))
     if lengths.size and not np.array_equal(covered, lengths):
         sample = int(np.flatnonzero(covered != lengths)[0])
-        raise GAEInputError(f"{where[0]}[{sample}]: the context-parallel shares cover {int(covered[sample])} of the "
-                            f"response's {int(lengths[sample])} tokens (total_lengths, response_lengths or "
-                            f"max_seq_lens do not fit the layout)")
+        raise GAEInputError(
+            f"{where[0]}[{sample}]: the context-parallel shares cover {int(covered[sample])} of the "
+            f"response's {int(lengths[sample])} tokens (total_lengths, response_lengths or "
+            f"max_seq_lens do not fit the layout)"
+        )
     dtypes = sorted({t.dtype for rank_shares in shares for t in rank_shares}, key=str)
     dtype = reduce(torch.promote_types, dtypes) if dtypes else torch.float32
     out = torch.empty(int(offsets[-1]), dtype=dtype)
@@ -227,8 +245,10 @@ def assemble_shares(shares: Sequence[Sequence[torch.Tensor]], starts: Sequence[n
         expected = widths.sum(axis=1)
         if not np.array_equal(held, expected):
             sample = int(np.flatnonzero(held != expected)[0])
-            raise GAEInputError(f"{named}[{sample}] holds {int(held[sample])} tokens, but this context-parallel rank's "
-                                f"share of a {int(lengths[sample])}-token response is {int(expected[sample])}")
+            raise GAEInputError(
+                f"{named}[{sample}] holds {int(held[sample])} tokens, but this context-parallel rank's "
+                f"share of a {int(lengths[sample])}-token response is {int(expected[sample])}"
+            )
         if not held.sum():
             continue
         flat = torch.cat([t.detach().reshape(-1) for t in rank_shares])
@@ -247,7 +267,7 @@ class _Group:
 
     rollout_id: int
     data_parallel_rank: int
-    members: list[_Dump]           # indexed by cp_rank
+    members: list[_Dump]  # indexed by cp_rank
     copies: list[tuple[_Dump, _Dump]]  # (copy, the member it equals)
 
     @property
@@ -268,8 +288,10 @@ def _context_parallel_groups(dumps: list[_Dump], notes: list[str]) -> tuple[list
     rollout_id = dumps[0].rollout_id
     sizes = sorted({d.cp_size for d in dumps})
     if len(sizes) > 1:
-        raise GAEInputError(f"rollout {rollout_id}: the dumps have different cp_size ({', '.join(map(str, sizes))}); "
-                            f"import the files of one run together")
+        raise GAEInputError(
+            f"rollout {rollout_id}: the dumps have different cp_size ({', '.join(map(str, sizes))}); "
+            f"import the files of one run together"
+        )
     with_values = {d.sample_indices for d in dumps if "values" in d.keys}
     skipped = []
     by_samples: dict[tuple, list[_Dump]] = {}
@@ -278,14 +300,17 @@ def _context_parallel_groups(dumps: list[_Dump], notes: list[str]) -> tuple[list
             if dump.sample_indices not in with_values:
                 raise GAEInputError(
                     f"{dump.path}: rollout_data lacks the required key(s) values, and no file of rollout {rollout_id} "
-                    f"holds these samples with values; required: {', '.join(REQUIRED_KEYS)}")
+                    f"holds these samples with values; required: {', '.join(REQUIRED_KEYS)}"
+                )
             skipped.append(dump)
             continue
         by_samples.setdefault(dump.sample_indices, []).append(dump)
     if skipped:
         ranks = sorted(d.rank for d in skipped)
-        notes.append(f"rollout {rollout_id}: skipped {len(skipped)} dump(s) without values (ranks {ranks[0]}–{ranks[-1]}: "
-                     f"earlier pipeline stages; the last stage's files hold the same samples)")
+        notes.append(
+            f"rollout {rollout_id}: skipped {len(skipped)} dump(s) without values (ranks {ranks[0]}–{ranks[-1]}: "
+            f"earlier pipeline stages; the last stage's files hold the same samples)"
+        )
     groups = []
     cp_size = sizes[0]
     full_length_keys = [key for key in dumps[0].digests if key not in RANK_LOCAL_KEYS]
@@ -296,32 +321,39 @@ def _context_parallel_groups(dumps: list[_Dump], notes: list[str]) -> tuple[list
         name = _describe_group(rollout_id, members)
         missing = [cp_rank for cp_rank in range(cp_size) if cp_rank not in by_cp_rank]
         if missing:
-            raise GAEInputError(f"{name}: no file for cp_rank {', '.join(map(str, missing))} of cp_size {cp_size}; "
-                                f"import every context-parallel rank's file")
+            raise GAEInputError(
+                f"{name}: no file for cp_rank {', '.join(map(str, missing))} of cp_size {cp_size}; "
+                f"import every context-parallel rank's file"
+            )
         chosen, copies = [], []
         for cp_rank in range(cp_size):
             first, *others = by_cp_rank[cp_rank]
             for other in others:
                 if other.digests != first.digests:
-                    raise GAEInputError(f"{name}: two different files for cp_rank {cp_rank}: {first.path} and "
-                                        f"{other.path} (their data differ, so they are no tensor-parallel copies); "
-                                        f"import one of them")
+                    raise GAEInputError(
+                        f"{name}: two different files for cp_rank {cp_rank}: {first.path} and "
+                        f"{other.path} (their data differ, so they are no tensor-parallel copies); "
+                        f"import one of them"
+                    )
                 copies.append((other, first))
             chosen.append(first)
         for member in chosen[1:]:
             differ = [key for key in full_length_keys if member.digests.get(key) != chosen[0].digests.get(key)]
             if differ:
-                raise GAEInputError(f"{name}: {member.path} and {chosen[0].path} hold the same samples but "
-                                    f"different {', '.join(differ)} (whole on every context-parallel rank); "
-                                    f"import files of one run")
+                raise GAEInputError(
+                    f"{name}: {member.path} and {chosen[0].path} hold the same samples but "
+                    f"different {', '.join(differ)} (whole on every context-parallel rank); "
+                    f"import files of one run"
+                )
         groups.append(_Group(rollout_id, 0, chosen, copies))
     groups.sort(key=lambda g: g.lowest_rank)
     for data_parallel_rank, group in enumerate(groups):
         group.data_parallel_rank = data_parallel_rank
     if any(g.copies for g in groups):
         count = sum(len(g.copies) for g in groups)
-        notes.append(f"rollout {rollout_id}: {count} dump(s) equal to another rank's (tensor-parallel copies) "
-                     f"read once")
+        notes.append(
+            f"rollout {rollout_id}: {count} dump(s) equal to another rank's (tensor-parallel copies) read once"
+        )
     return groups, skipped
 
 
@@ -344,7 +376,10 @@ def _assembled_data(group: _Group, loaded: list[Any]) -> dict[str, Any]:
         if key not in member.keys:
             continue
         data[key] = assemble_shares(
-            [dump["rollout_data"][key] for dump in loaded], [p[0] for p in parts], [p[1] for p in parts], responses,
+            [dump["rollout_data"][key] for dump in loaded],
+            [p[0] for p in parts],
+            [p[1] for p in parts],
+            responses,
             [_where(d.path)(key) for d in group.members],
         )
     return data
@@ -374,8 +409,10 @@ def _units(facts: list[_Dump], notes: list[str]) -> tuple[list[_Unit], list[_Dum
         parallel = [d for d in dumps if d.cp_size > 1]
         if parallel and len(parallel) < len(dumps):
             plain = next(d for d in dumps if d.cp_size == 1)
-            raise GAEInputError(f"rollout {rollout_id}: {plain.path} has cp_size 1 and {parallel[0].path} cp_size "
-                                f"{parallel[0].cp_size}; import the files of one run together")
+            raise GAEInputError(
+                f"rollout {rollout_id}: {plain.path} has cp_size 1 and {parallel[0].path} cp_size "
+                f"{parallel[0].cp_size}; import the files of one run together"
+            )
         if not parallel:
             units.extend(_Unit(rollout_id, d.rank, [d]) for d in dumps)
             continue
@@ -432,8 +469,10 @@ def import_miles(
     facts.sort(key=lambda dump: (dump.rollout_id, dump.rank))
     for previous, current in zip(facts, facts[1:]):
         if (previous.rollout_id, previous.rank) == (current.rollout_id, current.rank):
-            raise GAEInputError(f"{previous.path} and {current.path} both hold rollout {current.rollout_id}, "
-                                f"rank {current.rank}; import one of them")
+            raise GAEInputError(
+                f"{previous.path} and {current.path} both hold rollout {current.rollout_id}, "
+                f"rank {current.rank}; import one of them"
+            )
     notes: list[str] = []
     units, skipped = _units(facts, notes)
     read = [dump for unit in units for dump in unit.dumps]
@@ -441,7 +480,8 @@ def import_miles(
     check_same_keys(read)
     value_types = {
         dump_field.key: arrow_value_type(dump_field, set().union(*(dump.dtypes[dump_field.key] for dump in read)))
-        for dump_field in FIELDS if dump_field.per_token and dump_field.key in keys
+        for dump_field in FIELDS
+        if dump_field.per_token and dump_field.key in keys
     }
     schema = output_schema(keys, value_types, "miles", [dump.path.name for dump in read])
     report = ImportReport(
@@ -459,15 +499,17 @@ def import_miles(
             for dump_facts in unit.dumps:
                 dump = load_dump(dump_facts.path)
                 if not inspect_dump(dump_facts.path, dump).same_place(dump_facts):
-                    raise GAEUsageError(f"{dump_facts.path}: the file changed while it was being imported; "
-                                        f"run the import again")
+                    raise GAEUsageError(
+                        f"{dump_facts.path}: the file changed while it was being imported; run the import again"
+                    )
                 loaded.append(dump)
             first = unit.dumps[0]
             data = _assembled_data(unit.group, loaded) if unit.group else loaded[0]["rollout_data"]
             del loaded
             ranks = np.full(first.rows, unit.rank, dtype=np.int64)
-            batch, tokens, mismatches = fields_batch(data, unit.rollout_id, ranks, keys, schema, value_types,
-                                                     _where(first.path))
+            batch, tokens, mismatches = fields_batch(
+                data, unit.rollout_id, ranks, keys, schema, value_types, _where(first.path)
+            )
             del data
             yield batch, tokens
             report.length_mismatch_rows += mismatches
@@ -476,16 +518,44 @@ def import_miles(
             else:
                 for member in unit.group.members:
                     counted = member.cp_rank == 0
-                    report.files.append(ImportedFile(
-                        str(member.path), unit.rollout_id, member.rank, first.rows if counted else 0,
-                        tokens if counted else 0, member.cp_rank, unit.rank,
-                        None if counted else "context-parallel share: its rows are counted with cp_rank 0's file"))
+                    report.files.append(
+                        ImportedFile(
+                            str(member.path),
+                            unit.rollout_id,
+                            member.rank,
+                            first.rows if counted else 0,
+                            tokens if counted else 0,
+                            member.cp_rank,
+                            unit.rank,
+                            None if counted else "context-parallel share: its rows are counted with cp_rank 0's file",
+                        )
+                    )
                 for copy, original in unit.group.copies:
-                    report.files.append(ImportedFile(str(copy.path), unit.rollout_id, copy.rank, 0, 0, copy.cp_rank,
-                                                     unit.rank, f"tensor-parallel copy of {original.path}: read once"))
+                    report.files.append(
+                        ImportedFile(
+                            str(copy.path),
+                            unit.rollout_id,
+                            copy.rank,
+                            0,
+                            0,
+                            copy.cp_rank,
+                            unit.rank,
+                            f"tensor-parallel copy of {original.path}: read once",
+                        )
+                    )
 
     write_batches(target, schema, batches(), progress, sum(unit.dumps[0].rows for unit in units))
     for dump in skipped:
-        report.files.append(ImportedFile(str(dump.path), dump.rollout_id, dump.rank, 0, 0, dump.cp_rank, None,
-                                         "skipped: no values (an earlier pipeline stage)"))
+        report.files.append(
+            ImportedFile(
+                str(dump.path),
+                dump.rollout_id,
+                dump.rank,
+                0,
+                0,
+                dump.cp_rank,
+                None,
+                "skipped: no values (an earlier pipeline stage)",
+            )
+        )
     return report

@@ -59,8 +59,10 @@ def step_of(path: AnyPath) -> int:
     """``N`` of ``train_data_step{N}.jsonl`` (the training step: the rollout_id)."""
     match = STEP_NAME.match(path.name)
     if match is None:
-        raise GAEUsageError(f"{path}: cannot tell the training step from the name; NeMo-RL writes "
-                            f"train_data_step{{N}}.jsonl (rename the file so)")
+        raise GAEUsageError(
+            f"{path}: cannot tell the training step from the name; NeMo-RL writes "
+            f"train_data_step{{N}}.jsonl (rename the file so)"
+        )
     return int(match.group(1))
 
 
@@ -165,8 +167,10 @@ def lines_batch(lines: list[_Line], rollout_id: int, source: AnyPath, schema: pa
     out_offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(response_lengths, out=out_offsets[1:])
     if out_offsets[-1] > MAX_LIST_TOKENS:
-        raise GAEInputError(f"{source}: lines {lines[0].number}–{lines[-1].number} hold more tokens than one Parquet "
-                            f"list column of a file part can ({MAX_LIST_TOKENS:,})")
+        raise GAEInputError(
+            f"{source}: lines {lines[0].number}–{lines[-1].number} hold more tokens than one Parquet "
+            f"list column of a file part can ({MAX_LIST_TOKENS:,})"
+        )
     sample_masks = np.array([line.sample_mask for line in lines], dtype=np.float64)
     loss_mask = (mask[keep] * np.repeat(sample_masks, response_lengths)).astype(np.float32)
     list_offsets = pa.array(out_offsets.astype(np.int32))
@@ -244,8 +248,9 @@ def import_nemo_rl(
             raise GAEInputError(f"{previous} and {current} both hold step {step}; import one of them")
     schema = pa.schema(list(SCHEMA_FIELDS), metadata=schema_metadata("nemo-rl", [source.name for _, source in steps]))
     ignored: set[str] = set()
-    report = ImportReport(output=str(output), files=[], columns=list(schema.names), format="nemo-rl",
-                          missing_keys=[], notes=[])
+    report = ImportReport(
+        output=str(output), files=[], columns=list(schema.names), format="nemo-rl", missing_keys=[], notes=[]
+    )
     used_filtered = False
 
     def batches() -> Iterator[tuple[pa.RecordBatch, int]]:
@@ -276,6 +281,8 @@ def import_nemo_rl(
     report.ignored_keys = sorted(ignored)
     report.missing_keys = list(MISSING_COLUMNS)
     if used_filtered:
-        report.notes.append("terminal_reward is filtered_rewards (dynamic sampling: the rewards the trainer used); "
-                            "rewards (before filtering) is not imported")
+        report.notes.append(
+            "terminal_reward is filtered_rewards (dynamic sampling: the rewards the trainer used); "
+            "rewards (before filtering) is not imported"
+        )
     return report

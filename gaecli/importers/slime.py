@@ -46,8 +46,8 @@ from gaecli.progress import Progress
 DUMP_PATTERNS = ("*.pt", "*.pth")
 FORMAT_VERSION = 2
 TOP_LEVEL_KEYS = ("format_version", "rollout_id", "samples")
-SAMPLE_INDEX_KEY = "sample_index"      # a sample's own key; the column of miles' sample_indices
-RANK_KEY = "data_parallel_rank"        # a sample's data-parallel rank: the rank column
+SAMPLE_INDEX_KEY = "sample_index"  # a sample's own key; the column of miles' sample_indices
+RANK_KEY = "data_parallel_rank"  # a sample's data-parallel rank: the rank column
 # The per-sample keys read (miles' rollout_data keys minus sample_indices); values is
 # optional here: slime dumps it only when a critic ran.
 SAMPLE_FIELDS = tuple(f for f in FIELDS if f.key != "sample_indices")
@@ -63,7 +63,7 @@ class _Dump:
     path: AnyPath
     rollout_id: int
     rows: int
-    keys: frozenset[str]        # FIELDS keys present (sample_indices when samples carry sample_index)
+    keys: frozenset[str]  # FIELDS keys present (sample_indices when samples carry sample_index)
     other_keys: frozenset[str]
     dtypes: dict[str, set[torch.dtype]]
 
@@ -80,16 +80,22 @@ def inspect_dump(path: AnyPath, dump: Any) -> tuple[_Dump, dict[str, list], np.n
     if not isinstance(dump, dict):
         raise GAEInputError(f"{path}: holds {describe(dump)}, not a slime train-data dump (a dict; {expected})")
     if "format_version" not in dump and "rollout_data" in dump:
-        raise GAEInputError(f"{path}: has no format_version but a rollout_data key: a per-rank dump in miles' "
-                            f"layout (older slime, or miles); read it with gae import miles")
+        raise GAEInputError(
+            f"{path}: has no format_version but a rollout_data key: a per-rank dump in miles' "
+            f"layout (older slime, or miles); read it with gae import miles"
+        )
     missing = [key for key in TOP_LEVEL_KEYS if key not in dump]
     if missing:
-        raise GAEInputError(f"{path}: not a slime train-data dump: missing {', '.join(missing)}; "
-                            f"the file has {key_list(dump)}; {expected}")
+        raise GAEInputError(
+            f"{path}: not a slime train-data dump: missing {', '.join(missing)}; "
+            f"the file has {key_list(dump)}; {expected}"
+        )
     version = dump["format_version"]
     if version != FORMAT_VERSION:
-        raise GAEInputError(f"{path}: format_version is {version!r}; gae import slime reads format_version "
-                            f"{FORMAT_VERSION} (slime's _build_dump_payload); other layouts are not supported")
+        raise GAEInputError(
+            f"{path}: format_version is {version!r}; gae import slime reads format_version "
+            f"{FORMAT_VERSION} (slime's _build_dump_payload); other layouts are not supported"
+        )
     rollout_id = integer(dump["rollout_id"], "rollout_id", path)
     samples = dump["samples"]
     if not isinstance(samples, (list, tuple)):
@@ -101,22 +107,32 @@ def inspect_dump(path: AnyPath, dump: Any) -> tuple[_Dump, dict[str, list], np.n
     for i, sample in enumerate(samples):
         if set(sample) != first_keys:
             extra, lacking = sorted(map(str, set(sample) - first_keys)), sorted(map(str, first_keys - set(sample)))
-            difference = "; ".join(part for part in (f"has {', '.join(extra)}" if extra else "",
-                                                     f"lacks {', '.join(lacking)}" if lacking else "") if part)
-            raise GAEInputError(f"{path}: samples[{i}] {difference}, unlike samples[0]: "
-                                f"every sample needs the same keys")
+            difference = "; ".join(
+                part
+                for part in (
+                    f"has {', '.join(extra)}" if extra else "",
+                    f"lacks {', '.join(lacking)}" if lacking else "",
+                )
+                if part
+            )
+            raise GAEInputError(
+                f"{path}: samples[{i}] {difference}, unlike samples[0]: every sample needs the same keys"
+            )
     lacking = [key for key in (*REQUIRED_KEYS, RANK_KEY) if key not in first_keys]
     if lacking:
-        raise GAEInputError(f"{path}: samples[0] lacks the required key(s) {', '.join(lacking)}; it has "
-                            f"{', '.join(map(str, samples[0]))}; required: {', '.join((*REQUIRED_KEYS, RANK_KEY))}; "
-                            f"optional: {', '.join(OPTIONAL_KEYS)}")
+        raise GAEInputError(
+            f"{path}: samples[0] lacks the required key(s) {', '.join(lacking)}; it has "
+            f"{', '.join(map(str, samples[0]))}; required: {', '.join((*REQUIRED_KEYS, RANK_KEY))}; "
+            f"optional: {', '.join(OPTIONAL_KEYS)}"
+        )
     rows = len(samples)
     columns: dict[str, list] = {f.key: [s[f.key] for s in samples] for f in SAMPLE_FIELDS if f.key in first_keys}
     if SAMPLE_INDEX_KEY in first_keys:
         columns["sample_indices"] = [s[SAMPLE_INDEX_KEY] for s in samples]
     where = _where(path)
-    ranks = scalar_column([s[RANK_KEY] for s in samples], DumpField(RANK_KEY, "rank", "integer"),
-                          f"{path}: samples[*][{RANK_KEY!r}]").to_numpy(zero_copy_only=False)
+    ranks = scalar_column(
+        [s[RANK_KEY] for s in samples], DumpField(RANK_KEY, "rank", "integer"), f"{path}: samples[*][{RANK_KEY!r}]"
+    ).to_numpy(zero_copy_only=False)
     dtypes: dict[str, set[torch.dtype]] = {}
     for key, entries in columns.items():
         dump_field = FIELDS_BY_KEY[key]
@@ -162,17 +178,22 @@ def import_slime(
     facts.sort(key=lambda dump: dump.rollout_id)
     for previous, current in zip(facts, facts[1:]):
         if previous.rollout_id == current.rollout_id:
-            raise GAEInputError(f"{previous.path} and {current.path} both hold rollout {current.rollout_id}; "
-                                f"import one of them")
+            raise GAEInputError(
+                f"{previous.path} and {current.path} both hold rollout {current.rollout_id}; import one of them"
+            )
     keys = facts[0].keys
     check_same_keys(facts)
     value_types = {
         f.key: arrow_value_type(f, set().union(*(dump.dtypes[f.key] for dump in facts)))
-        for f in FIELDS if f.per_token and f.key in keys
+        for f in FIELDS
+        if f.per_token and f.key in keys
     }
     schema = output_schema(keys, value_types, "slime", [dump.path.name for dump in facts])
     report = ImportReport(
-        output=str(output), files=[], columns=list(schema.names), format="slime",
+        output=str(output),
+        files=[],
+        columns=list(schema.names),
+        format="slime",
         missing_keys=[key for key in OPTIONAL_KEYS if key not in keys],
         ignored_keys=sorted(set().union(*(dump.other_keys for dump in facts))),
     )
@@ -181,15 +202,18 @@ def import_slime(
         for dump_facts in facts:
             again, columns, ranks = inspect_dump(dump_facts.path, load_dump(dump_facts.path))
             if (again.rollout_id, again.rows, again.keys) != (dump_facts.rollout_id, dump_facts.rows, dump_facts.keys):
-                raise GAEUsageError(f"{dump_facts.path}: the file changed while it was being imported; "
-                                    f"run the import again")
-            batch, tokens, mismatches = fields_batch(columns, dump_facts.rollout_id, ranks, keys, schema, value_types,
-                                                     _where(dump_facts.path))
+                raise GAEUsageError(
+                    f"{dump_facts.path}: the file changed while it was being imported; run the import again"
+                )
+            batch, tokens, mismatches = fields_batch(
+                columns, dump_facts.rollout_id, ranks, keys, schema, value_types, _where(dump_facts.path)
+            )
             del columns
             yield batch, tokens
             report.length_mismatch_rows += mismatches
-            report.files.append(ImportedFile(str(dump_facts.path), dump_facts.rollout_id, None, dump_facts.rows,
-                                             tokens))
+            report.files.append(
+                ImportedFile(str(dump_facts.path), dump_facts.rollout_id, None, dump_facts.rows, tokens)
+            )
 
     write_batches(target, schema, batches(), progress, sum(dump.rows for dump in facts))
     return report

@@ -185,7 +185,7 @@ class RemotePath:
         prefix = root._uri_path.rstrip("/") + "/"
         if not self._uri_path.startswith(prefix):
             raise ValueError(f"{self} is not below {root}")
-        return self._uri_path[len(prefix):]
+        return self._uri_path[len(prefix) :]
 
     # ------------------------------------------------------------------ identity
 
@@ -326,7 +326,7 @@ def remove_dead_temps(target: AnyPath) -> list[Path]:
     for entry in entries:
         if not entry.name.startswith(prefix):
             continue
-        owner = _TEMP_OWNER.match(entry.name[len(prefix):])
+        owner = _TEMP_OWNER.match(entry.name[len(prefix) :])
         if owner is None or not _owner_gone(owner[1], int(owner[2]), int(owner[3])):
             continue
         try:
@@ -349,8 +349,13 @@ def file_kind(path: Path) -> Optional[str]:
         return None
     except OSError:
         return "file"  # unreadable: the write will say why
-    for test, kind in ((stat.S_ISDIR, "directory"), (stat.S_ISCHR, "character device"), (stat.S_ISFIFO, "FIFO"),
-                       (stat.S_ISSOCK, "socket"), (stat.S_ISBLK, "block device")):
+    for test, kind in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISBLK, "block device"),
+    ):
         if test(mode):
             return kind
     return "file"
@@ -378,7 +383,7 @@ def _descriptor(path: Path) -> Optional[int]:
 def _write_descriptor(descriptor: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(descriptor, view):]
+        view = view[os.write(descriptor, view) :]
 
 
 def write_whole(target: Union[str, Path, RemotePath], data: bytes) -> None:
@@ -443,6 +448,6 @@ def list_parquet(directory: RemotePath, patterns: tuple[str, ...]) -> list[Remot
         if not any(fnmatch.fnmatchcase(info.base_name, pattern) for pattern in patterns):
             continue
         prefix = directory.fs_path.rstrip("/") + "/"
-        relative = info.path[len(prefix):] if info.path.startswith(prefix) else info.path.lstrip("/")
+        relative = info.path[len(prefix) :] if info.path.startswith(prefix) else info.path.lstrip("/")
         found.append(directory / relative)
     return sorted(found)

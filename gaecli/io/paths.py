@@ -44,12 +44,16 @@ def _discover_remote(item: str, path: RemotePath, patterns: tuple[str, ...]) -> 
             raise GAEUsageError(f"{item}: directory holds no {' or '.join(patterns)} file")
         return [(match, path) for match in matches]
     if GLOB_CHARACTERS & set(path.fs_path):
-        raise GAEUsageError(f"{item}: glob patterns work for local paths only; for a URI give the directory "
-                            f"(read recursively for {' or '.join(patterns)}) or the files themselves")
+        raise GAEUsageError(
+            f"{item}: glob patterns work for local paths only; for a URI give the directory "
+            f"(read recursively for {' or '.join(patterns)}) or the files themselves"
+        )
     raise GAEUsageError(f"{item}: no such file or directory")
 
 
-def discover_inputs(inputs: list[str], patterns: tuple[str, ...] = ("*.parquet",)) -> tuple[list[tuple[AnyPath, AnyPath]], bool]:
+def discover_inputs(
+    inputs: list[str], patterns: tuple[str, ...] = ("*.parquet",)
+) -> tuple[list[tuple[AnyPath, AnyPath]], bool]:
     """Expand paths, directories (recursively, files matching ``patterns``) and globs into
     (file, root) pairs in a stable order. The flag says whether the inputs name one plain
     file. URIs (``s3://…``) go through pyarrow's file systems: an object or a prefix
@@ -88,9 +92,11 @@ def _list_directory(directory: Path, patterns: tuple[str, ...]) -> list[Path]:
     """Files below ``directory`` (recursively, symlinked directories not followed) whose
     names match ``patterns``, sorted. A directory that cannot be listed is an error
     (:class:`GAEUsageError` naming it), never skipped."""
+
     def unreadable(error: OSError) -> None:
-        raise GAEUsageError(f"{error.filename}: cannot read this directory below the input {directory} "
-                            f"({error.strerror or error})")
+        raise GAEUsageError(
+            f"{error.filename}: cannot read this directory below the input {directory} ({error.strerror or error})"
+        )
 
     matches = set()
     for root, _dirs, names in os.walk(directory, onerror=unreadable):
@@ -115,8 +121,14 @@ def _first_of_each(found: list[tuple[AnyPath, AnyPath]]) -> list[tuple[AnyPath, 
     return unique
 
 
-def plan_outputs(inputs: list[str], output: str, *, overwrite: bool = False, suffixes: tuple[str, ...] = (),
-                 reports: Sequence[tuple[str, Optional[str]]] = ()) -> list[FileJob]:
+def plan_outputs(
+    inputs: list[str],
+    output: str,
+    *,
+    overwrite: bool = False,
+    suffixes: tuple[str, ...] = (),
+    reports: Sequence[tuple[str, Optional[str]]] = (),
+) -> list[FileJob]:
     """Map every input file to its output path.
 
     One plain file in → ``output`` is a file (or, when ``output`` is an existing directory,
@@ -139,7 +151,9 @@ def plan_outputs(inputs: list[str], output: str, *, overwrite: bool = False, suf
         if out.exists() and not out.is_dir():
             raise GAEUsageError(f"{output}: several inputs need a directory as output, and this is a file")
         for source, root in found:
-            relative = Path(source.relative_to(root) if isinstance(source, RemotePath) else os.path.relpath(source, root))
+            relative = Path(
+                source.relative_to(root) if isinstance(source, RemotePath) else os.path.relpath(source, root)
+            )
             jobs.append(FileJob(source, out / relative))
     writes: list[tuple[str, AnyPath]] = [(f"output of {job.source}", job.target) for job in jobs]
     for suffix in suffixes:
@@ -188,8 +202,9 @@ def _identity(path: AnyPath) -> set:
     return keys | {("inode", status.st_dev, status.st_ino)}
 
 
-def check_writes(inputs: Iterable[Union[str, AnyPath]],
-                 writes: Iterable[tuple[str, Union[str, AnyPath, None]]]) -> None:
+def check_writes(
+    inputs: Iterable[Union[str, AnyPath]], writes: Iterable[tuple[str, Union[str, AnyPath, None]]]
+) -> None:
     """The one rule every command applies before any work: each path the run will write
     (``writes``: (role, path) pairs — outputs, rejects files, JSON, Markdown, HTML and
     per-sample files; None and '-' (stdout) are skipped) must be none of the ``inputs`` and
@@ -213,10 +228,13 @@ def check_writes(inputs: Iterable[Union[str, AnyPath]],
         if clashes:  # an input first
             other_role, other_item = clashes[0]
             if other_role == "input":
-                raise GAEUsageError(f"{item}: this is an input file ({other_item}); the {role} would replace "
-                                    f"an input: choose another path")
-            raise GAEUsageError(f"{item}: the {role} and the {other_role} ({other_item}) are the same file; "
-                                f"give each its own path")
+                raise GAEUsageError(
+                    f"{item}: this is an input file ({other_item}); the {role} would replace "
+                    f"an input: choose another path"
+                )
+            raise GAEUsageError(
+                f"{item}: the {role} and the {other_role} ({other_item}) are the same file; give each its own path"
+            )
         _check_writable(role, item, path)
         for key in identity:
             owners[key] = (role, str(item))
@@ -233,10 +251,13 @@ def _check_writable(role: str, item, path: AnyPath) -> None:
         raise GAEUsageError(f"{item}: the {role} is a {kind}; give a file path")
     if role in REPORT_ROLES:
         if path.suffix.lower() in DATA_SUFFIXES:
-            raise GAEUsageError(f"{item}: the {role} would be named like a data file ({path.suffix}); "
-                                f"did a shell glob expand into the option? give a report path")
+            raise GAEUsageError(
+                f"{item}: the {role} would be named like a data file ({path.suffix}); "
+                f"did a shell glob expand into the option? give a report path"
+            )
         if kind is None and not path.parent.is_dir():
             raise GAEUsageError(f"{item}: the directory {path.parent} does not exist")
     if len(path.name.encode("utf-8", "surrogateescape")) > NAME_MAX:
-        raise GAEUsageError(f"{item}: the {role}'s file name is longer than {NAME_MAX} bytes; "
-                            f"choose a shorter output name")
+        raise GAEUsageError(
+            f"{item}: the {role}'s file name is longer than {NAME_MAX} bytes; choose a shorter output name"
+        )

@@ -58,8 +58,9 @@ class RolloutFile:
             try:
                 if footer is None:
                     footer = read_footer(where)
-                self.parquet = pq.ParquetFile(where, metadata=footer, memory_map=False, pre_buffer=False,
-                                              buffer_size=1 << 20)
+                self.parquet = pq.ParquetFile(
+                    where, metadata=footer, memory_map=False, pre_buffer=False, buffer_size=1 << 20
+                )
                 self.schema: pa.Schema = self.parquet.schema_arrow
                 self.num_rows: int = self.parquet.metadata.num_rows
             except BaseException:
@@ -75,7 +76,9 @@ class RolloutFile:
         codec = metadata.row_group(0).column(0).compression
         return "none" if codec == "UNCOMPRESSED" else codec.lower()
 
-    def iter_batches(self, batch_rows: int = DEFAULT_BATCH_ROWS, columns: Optional[list[str]] = None) -> Iterator[pa.RecordBatch]:
+    def iter_batches(
+        self, batch_rows: int = DEFAULT_BATCH_ROWS, columns: Optional[list[str]] = None
+    ) -> Iterator[pa.RecordBatch]:
         """Record batches of at most ``batch_rows`` rows, in file order."""
         with read_errors(self.path):
             for batch in self.parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True):

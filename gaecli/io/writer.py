@@ -108,13 +108,18 @@ class AtomicParquetWriter:
         try:
             self.target.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise GAEUsageError(f"{self.target.parent}: cannot create the output directory ({error.strerror})") from error
+            raise GAEUsageError(
+                f"{self.target.parent}: cannot create the output directory ({error.strerror})"
+            ) from error
         remove_dead_temps(self.target)  # a killed run's leftovers (only those whose owner is gone)
         self.temp = temp_beside(self.target)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
         try:
             self._writer = pq.ParquetWriter(
-                self.temp, schema, compression=compression, write_statistics=False,
+                self.temp,
+                schema,
+                compression=compression,
+                write_statistics=False,
                 use_dictionary=dictionary_columns(schema),
             )
         except (pa.ArrowException, OSError) as error:
@@ -129,7 +134,10 @@ class AtomicParquetWriter:
         try:
             self._stream = pa.PythonFile(_CountingSink(open(self.target, "wb", buffering=1 << 20)), mode="w")
             self._writer = pq.ParquetWriter(
-                self._stream, schema, compression=compression, write_statistics=False,
+                self._stream,
+                schema,
+                compression=compression,
+                write_statistics=False,
                 use_dictionary=dictionary_columns(schema),
             )
         except (pa.ArrowException, OSError) as error:
@@ -146,7 +154,10 @@ class AtomicParquetWriter:
         try:
             self._stream = filesystem.open_output_stream(path)
             self._writer = pq.ParquetWriter(
-                self._stream, schema, compression=compression, write_statistics=False,
+                self._stream,
+                schema,
+                compression=compression,
+                write_statistics=False,
                 use_dictionary=dictionary_columns(schema),
             )
         except (pa.ArrowException, OSError) as error:
@@ -206,7 +217,9 @@ class AtomicParquetWriter:
             os.replace(self.temp, self.target)
         except OSError as error:
             self._remove_temp()
-            raise GAEUsageError(f"{self.target}: cannot move the finished output into place ({error.strerror})") from error
+            raise GAEUsageError(
+                f"{self.target}: cannot move the finished output into place ({error.strerror})"
+            ) from error
 
     def abort(self) -> None:
         """Drop everything written so far, and the directories this writer created if they

@@ -88,15 +88,28 @@ def summary_rows(document: dict) -> list[tuple[str, str]]:
         ("samples with a masked tail", share(s["masked_tail_samples"], samples)),
     ]
     if s["masked_tail_samples"]:
-        tail = " / ".join(number(s[k]) for k in ("mean_masked_tail_length", "median_masked_tail_length",
-                                                 "p99_masked_tail_length", "longest_masked_tail"))
+        tail = " / ".join(
+            number(s[k])
+            for k in (
+                "mean_masked_tail_length",
+                "median_masked_tail_length",
+                "p99_masked_tail_length",
+                "longest_masked_tail",
+            )
+        )
         rows.append(("  tail length mean / median / p99 / max", tail))
         if s["mean_terminal_credit"] is None:
             rows.append(("  terminal credit of the old advantages", "— (not defined for stored advantages)"))
         else:
-            rows.append(("  terminal credit of the old advantages (mean / min)",
-                         f"{number(s['mean_terminal_credit'])} / {number(s['min_terminal_credit'])}"))
-            rows.append(("  samples whose terminal reward was lost", share(s["zero_credit_samples"], s["masked_tail_samples"])))
+            rows.append(
+                (
+                    "  terminal credit of the old advantages (mean / min)",
+                    f"{number(s['mean_terminal_credit'])} / {number(s['min_terminal_credit'])}",
+                )
+            )
+            rows.append(
+                ("  samples whose terminal reward was lost", share(s["zero_credit_samples"], s["masked_tail_samples"]))
+            )
     rows += [
         ("fully masked samples", share(s["fully_masked_samples"], samples)),
         ("empty samples", share(s["empty_samples"], samples)),
@@ -107,31 +120,71 @@ def summary_rows(document: dict) -> list[tuple[str, str]]:
 def top_table(document: dict) -> tuple[list[str], list[list[str]]]:
     """Headers and rows of the top-samples table."""
     grouped = document["group_by"] is not None
-    headers = ["#", "file", "row", "id", *(["group"] if grouped else []), "length", "masked", "tail",
-               "max |Δ adv|", "mean |Δ adv|", "sign flips", "credit"]
+    headers = [
+        "#",
+        "file",
+        "row",
+        "id",
+        *(["group"] if grouped else []),
+        "length",
+        "masked",
+        "tail",
+        "max |Δ adv|",
+        "mean |Δ adv|",
+        "sign flips",
+        "credit",
+    ]
     rows = []
     for rank, entry in enumerate(document["top_samples"], start=1):
-        rows.append([
-            str(rank), entry["file"], str(entry["row"]), "—" if entry["id"] is None else str(entry["id"]),
-            *([str(entry["group"])] if grouped else []), f"{entry['length']:,}", percent(entry["masked_share"]),
-            f"{entry['masked_tail']:,}", number(entry["max_abs_delta_advantage"]), number(entry["mean_abs_delta_advantage"]),
-            f"{entry['sign_flips']:,}", number(entry["terminal_credit"]),
-        ])
+        rows.append(
+            [
+                str(rank),
+                entry["file"],
+                str(entry["row"]),
+                "—" if entry["id"] is None else str(entry["id"]),
+                *([str(entry["group"])] if grouped else []),
+                f"{entry['length']:,}",
+                percent(entry["masked_share"]),
+                f"{entry['masked_tail']:,}",
+                number(entry["max_abs_delta_advantage"]),
+                number(entry["mean_abs_delta_advantage"]),
+                f"{entry['sign_flips']:,}",
+                number(entry["terminal_credit"]),
+            ]
+        )
     return headers, rows
 
 
 def group_table(document: dict) -> tuple[list[str], list[list[str]]]:
     """Headers and rows of the per-group table (empty without --group-by)."""
-    headers = [document["group_by"] or "group", "samples", "changed", "masked tail", "credit", "mean |Δ adv|",
-               "max |Δ adv|", "mean |Δ ret|", "sign flips", "correlation"]
+    headers = [
+        document["group_by"] or "group",
+        "samples",
+        "changed",
+        "masked tail",
+        "credit",
+        "mean |Δ adv|",
+        "max |Δ adv|",
+        "mean |Δ ret|",
+        "sign flips",
+        "correlation",
+    ]
     rows = []
     for group in document["groups"] or []:
-        rows.append([
-            str(group["key"]), f"{group['samples']:,}", percent(group["changed_share"]), f"{group['masked_tail_samples']:,}",
-            number(group["mean_terminal_credit"]), number(group["mean_abs_delta_advantage"]),
-            number(group["max_abs_delta_advantage"]), number(group["mean_abs_delta_return"]),
-            percent(group["sign_flip_share"]), number(group["correlation"]),
-        ])
+        rows.append(
+            [
+                str(group["key"]),
+                f"{group['samples']:,}",
+                percent(group["changed_share"]),
+                f"{group['masked_tail_samples']:,}",
+                number(group["mean_terminal_credit"]),
+                number(group["mean_abs_delta_advantage"]),
+                number(group["max_abs_delta_advantage"]),
+                number(group["mean_abs_delta_return"]),
+                percent(group["sign_flip_share"]),
+                number(group["correlation"]),
+            ]
+        )
     return headers, rows
 
 

@@ -44,7 +44,9 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as error:
-        raise GAEUsageError(f"--html draws its plots with matplotlib, which is not installed: {INSTALL_HINT}") from error
+        raise GAEUsageError(
+            f"--html draws its plots with matplotlib, which is not installed: {INSTALL_HINT}"
+        ) from error
 
 
 def _figure(width: float, height: float):
@@ -79,14 +81,23 @@ def histogram_plot(report: "DiffReport") -> str:
         for sign, color, label in ((1, NEW_COLOR, "new > old"), (-1, OLD_COLOR, "new < old")):
             kept = np.sign(values) == sign
             if kept.any():
-                axes.hist(magnitudes[kept], bins=edges, weights=counts[kept], histtype="step", linewidth=1.6,
-                          color=color, label=f"{label} ({int(counts[kept].sum()):,} tokens)")
+                axes.hist(
+                    magnitudes[kept],
+                    bins=edges,
+                    weights=counts[kept],
+                    histtype="step",
+                    linewidth=1.6,
+                    color=color,
+                    label=f"{label} ({int(counts[kept].sum()):,} tokens)",
+                )
         axes.set_xscale("log")
         axes.set_xlabel("|Δ advantage| = |new − old|")
         axes.set_ylabel("trainable tokens")
         axes.legend(loc="upper left", frameon=False)
-    axes.set_title(f"Δ advantage over trainable tokens ({zeros:,} tokens with |Δ| ≤ {report.histogram.zero:g} not shown)",
-                   fontsize=10)
+    axes.set_title(
+        f"Δ advantage over trainable tokens ({zeros:,} tokens with |Δ| ≤ {report.histogram.zero:g} not shown)",
+        fontsize=10,
+    )
     return _img(figure, "histogram of the advantage differences")
 
 
@@ -141,10 +152,26 @@ def trace_plot(report: "DiffReport") -> str:
     figure = _figure(10, 2.3 * len(entries) + 0.4)
     for axes, entry in zip(np.atleast_1d(figure.subplots(len(entries), 1)), entries):
         positions = np.arange(entry.new.size)
-        axes.fill_between(positions, 0, 1, where=~entry.trainable, step="mid", color=MASK_COLOR, alpha=0.5,
-                          transform=axes.get_xaxis_transform(), linewidth=0, label="masked")
+        axes.fill_between(
+            positions,
+            0,
+            1,
+            where=~entry.trainable,
+            step="mid",
+            color=MASK_COLOR,
+            alpha=0.5,
+            transform=axes.get_xaxis_transform(),
+            linewidth=0,
+            label="masked",
+        )
         axes.plot(positions, np.where(entry.trainable, entry.old, np.nan), color=OLD_COLOR, linewidth=1, label="old")
-        axes.plot(positions, np.where(entry.trainable, entry.new, np.nan), color=NEW_COLOR, linewidth=1, label="new (masked GAE)")
+        axes.plot(
+            positions,
+            np.where(entry.trainable, entry.new, np.nan),
+            color=NEW_COLOR,
+            linewidth=1,
+            label="new (masked GAE)",
+        )
         label = f"{entry.file} row {entry.row}" + (f" · id {entry.id}" if entry.id is not None else "")
         axes.set_title(f"{label} · max |Δ| {entry.max_abs_delta_advantage:.4g}", fontsize=9, loc="left")
         axes.set_xlim(-0.5, max(entry.new.size - 0.5, 0.5))
@@ -172,10 +199,17 @@ def render_html(report: "DiffReport") -> str:
     require_matplotlib()
     document = report.to_dict()
     parts = [
-        "<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        "<title>gae diff</title>", f"<style>{STYLE}</style>", "</head>", "<body>",
-        "<h1>gae diff</h1>", f"<p>{html.escape(headline(document))}</p>",
+        "<title>gae diff</title>",
+        f"<style>{STYLE}</style>",
+        "</head>",
+        "<body>",
+        "<h1>gae diff</h1>",
+        f"<p>{html.escape(headline(document))}</p>",
         "<h2>Summary (trainable tokens only)</h2>",
         _table(["figure", "value"], [list(row) for row in summary_rows(document)], {0}),
         histogram_plot(report),
@@ -193,6 +227,11 @@ def render_html(report: "DiffReport") -> str:
     else:
         parts.append("<p>No sample differs.</p>")
     files = ", ".join(html.escape(f["file"]) for f in document["files"])
-    parts += [f'<p class="note">Files: {files}. {html.escape(quantile_note(document))} gaecli {html.escape(document["version"])}.</p>',
-              "</body>", "</html>", ""]
+    parts += [
+        f'<p class="note">Files: {files}. {html.escape(quantile_note(document))} gaecli '
+        f"{html.escape(document['version'])}.</p>",
+        "</body>",
+        "</html>",
+        "",
+    ]
     return "\n".join(parts)

@@ -27,7 +27,8 @@ def render_recompute(report: dict, console: Console) -> None:
     files = report["files"]
     written = ", ".join(f["output"] for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
     console.print(
-        f"[bold]gae recompute[/]: {report['rows']:,} rows in {len(files)} file{'s' if len(files) != 1 else ''} → {written}"
+        f"[bold]gae recompute[/]: {report['rows']:,} rows in {len(files)} file{'s' if len(files) != 1 else ''} "
+        f"→ {written}"
     )
     console.print(
         f"γ = {report['gamma']:g}, λ = {report['lambd']:g}, kernel {report['kernel']}, normalize {report['normalize']}"
@@ -35,7 +36,9 @@ def render_recompute(report: dict, console: Console) -> None:
     if report["rejected_rows"]:
         rejects = ", ".join(f["rejects_file"] for f in files if f["rejects_file"])
         console.print(f"[yellow]{report['rejected_rows']:,} invalid rows rejected[/] → {rejects}")
-    table = Table(title=f"masked GAE against the {summary['baseline']} baseline", show_header=False, title_justify="left")
+    table = Table(
+        title=f"masked GAE against the {summary['baseline']} baseline", show_header=False, title_justify="left"
+    )
     table.add_column("figure")
     table.add_column("value", justify="right")
     samples = summary["samples"]
@@ -44,7 +47,10 @@ def render_recompute(report: dict, console: Console) -> None:
     table.add_row(f"samples changed (tol {summary['tolerance']:g})", _share(summary["changed_samples"], samples))
     table.add_row("samples with a masked tail", _share(summary["masked_tail_samples"], samples))
     if summary["masked_tail_samples"]:
-        table.add_row("  mean / longest tail (tokens)", f"{_number(summary['mean_masked_tail_length'])} / {summary['longest_masked_tail']:,}")
+        table.add_row(
+            "  mean / longest tail (tokens)",
+            f"{_number(summary['mean_masked_tail_length'])} / {summary['longest_masked_tail']:,}",
+        )
         table.add_row(
             "  terminal credit the old GAE gave (mean / min)",
             f"{_number(summary['mean_terminal_credit'])} / {_number(summary['min_terminal_credit'])}",

@@ -33,8 +33,13 @@ def render_diff(document: dict, console: Console) -> None:
             table.add_column(header, justify="left" if header == "sample" else "right")
         for rank, entry in enumerate(document["top_samples"], start=1):
             table.add_row(
-                str(rank), escape(sample_label(entry)), f"{entry['length']:,}", percent(entry["masked_share"]),
-                f"{entry['masked_tail']:,}", number(entry["max_abs_delta_advantage"]), f"{entry['sign_flips']:,}",
+                str(rank),
+                escape(sample_label(entry)),
+                f"{entry['length']:,}",
+                percent(entry["masked_share"]),
+                f"{entry['masked_tail']:,}",
+                number(entry["max_abs_delta_advantage"]),
+                f"{entry['sign_flips']:,}",
                 number(entry["terminal_credit"]),
             )
         console.print(table)
@@ -44,9 +49,14 @@ def render_diff(document: dict, console: Console) -> None:
             table.add_column(header, justify="left" if header == "key" else "right")
         for group in document["groups"][:TERMINAL_GROUPS]:
             table.add_row(
-                escape(str(group["key"])), f"{group['samples']:,}", percent(group["changed_share"]),
-                f"{group['masked_tail_samples']:,}", number(group["mean_terminal_credit"]),
-                number(group["mean_abs_delta_advantage"]), number(group["max_abs_delta_advantage"]), number(group["correlation"]),
+                escape(str(group["key"])),
+                f"{group['samples']:,}",
+                percent(group["changed_share"]),
+                f"{group['masked_tail_samples']:,}",
+                number(group["mean_terminal_credit"]),
+                number(group["mean_abs_delta_advantage"]),
+                number(group["max_abs_delta_advantage"]),
+                number(group["correlation"]),
             )
         console.print(table)
         if len(document["groups"]) > TERMINAL_GROUPS:

@@ -27,7 +27,9 @@ def _where(finding: dict) -> str:
     return ", ".join(parts)
 
 
-def render_validate(report: dict, console: Console, *, strict: bool = False, rows_per_rule: int = ROWS_PER_RULE) -> None:
+def render_validate(
+    report: dict, console: Console, *, strict: bool = False, rows_per_rule: int = ROWS_PER_RULE
+) -> None:
     """The findings of ``report`` (:meth:`ValidationReport.to_dict`) grouped by rule, errors
     first: severity, code, count and summary, the first ``rows_per_rule`` findings listed,
     the fix hint; then unreadable files and a verdict line."""
@@ -47,13 +49,18 @@ def render_validate(report: dict, console: Console, *, strict: bool = False, row
     for code in ordered:
         rule, count = RULES[code], counts[code]
         style = STYLE.get(rule.severity, "")
-        console.print(f"[{style}]{rule.severity}[/] [bold]{code}[/] ({count:,}): {escape(rule.summary)}", soft_wrap=True)
+        console.print(
+            f"[{style}]{rule.severity}[/] [bold]{code}[/] ({count:,}): {escape(rule.summary)}", soft_wrap=True
+        )
         shown = listed.get(code, [])[:rows_per_rule]
         for finding in shown:
             console.print(f"  {escape(_where(finding))}: {escape(finding['message'])}", soft_wrap=True)
         if count > len(shown):
             more = count - len(shown)
-            console.print(f"  [dim]… and {more:,} more{' (see --json)' if listed.get(code) else ' (not listed: --max-findings)'}[/]")
+            console.print(
+                f"  [dim]… and {more:,} "
+                f"more{' (see --json)' if listed.get(code) else ' (not listed: --max-findings)'}[/]"
+            )
         console.print(f"  [dim]fix: {escape(rule.hint)}[/]", soft_wrap=True)
     for entry in report["unreadable"]:
         console.print(f"[bold red]unreadable[/] {escape(entry['message'] or entry['file'])}", soft_wrap=True)
@@ -73,5 +80,7 @@ def render_rules(console: Console) -> None:
     width = max(len(code) for code in RULES) + 2
     for rule in RULES.values():
         style = STYLE.get(rule.severity, "")
-        console.print(f"[bold]{rule.code:<{width}}[/][{style}]{rule.severity:<8}[/] {escape(rule.summary)}", soft_wrap=True)
+        console.print(
+            f"[bold]{rule.code:<{width}}[/][{style}]{rule.severity:<8}[/] {escape(rule.summary)}", soft_wrap=True
+        )
         console.print(f"{'':<{width}}{'':<8} [dim]fix: {escape(rule.hint)}[/]", soft_wrap=True)

@@ -92,14 +92,26 @@ _PACKAGE = "gaecli.advantages.kernels"
 KERNELS: dict[str, Kernel] = {
     "reference": Kernel(f"{_PACKAGE}.reference", "reference_gae", True, "float64 serial loop per sample (the oracle)"),
     "vanilla": Kernel(f"{_PACKAGE}.vanilla", "vanilla_gae", True, "padded [B, T] batched serial scan (trainers' way)"),
-    "chunked": Kernel(f"{_PACKAGE}.chunked", "chunked_gae", True,
-                      "padded [B, T] FLA-style chunked scan (trainers' way)"),
+    "chunked": Kernel(
+        f"{_PACKAGE}.chunked", "chunked_gae", True, "padded [B, T] FLA-style chunked scan (trainers' way)"
+    ),
     "scan": Kernel(f"{_PACKAGE}.scan", "scan_gae", True, "ragged log-step segmented scan, no padding (torch)"),
-    "native": Kernel(f"{_PACKAGE}.native", "native_gae", False,
-                     "ragged compiled pass per sample, no padding (numba, CPU)",
-                     flat_attribute="native_gae_flat", needs="numba", screened_attribute="native_gae_screened"),
-    "triton": Kernel(f"{_PACKAGE}.triton", "triton_gae", True,
-                     "ragged chunked scan per sample, no padding (Triton, CUDA)", needs="triton"),
+    "native": Kernel(
+        f"{_PACKAGE}.native",
+        "native_gae",
+        False,
+        "ragged compiled pass per sample, no padding (numba, CPU)",
+        flat_attribute="native_gae_flat",
+        needs="numba",
+        screened_attribute="native_gae_screened",
+    ),
+    "triton": Kernel(
+        f"{_PACKAGE}.triton",
+        "triton_gae",
+        True,
+        "ragged chunked scan per sample, no padding (Triton, CUDA)",
+        needs="triton",
+    ),
 }
 
 # Fastest batch-invariant kernel first, per device type; then any other capable one. On CUDA

@@ -63,8 +63,9 @@ def _step(values, rewards, loss_mask, advantages, returns, t, gamma, decay, carr
     return carry, next_value, terminal, screen
 
 
-def _run_alone(values, rewards, loss_mask, advantages, returns, gamma, decay, stop, position, carry, next_value, terminal,
-               screen):
+def _run_alone(
+    values, rewards, loss_mask, advantages, returns, gamma, decay, stop, position, carry, next_value, terminal, screen
+):
     """Run one sample alone from ``position - 1`` down to ``stop``; returns the new state."""
     for t in range(position - 1, stop - 1, -1):
         carry, next_value, terminal, screen = _step(
@@ -121,13 +122,22 @@ def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, dec
                     break
                 ahead = max(position[lane] - LANE_SEPARATION_BYTES // itemsize, stop[lane])
                 carry[lane], next_value[lane], terminal[lane], screen[lane] = _run_alone(
-                    values, rewards, loss_mask, advantages, returns, gamma, decay,
-                    ahead, position[lane], carry[lane], next_value[lane], terminal[lane], screen[lane],
+                    values,
+                    rewards,
+                    loss_mask,
+                    advantages,
+                    returns,
+                    gamma,
+                    decay,
+                    ahead,
+                    position[lane],
+                    carry[lane],
+                    next_value[lane],
+                    terminal[lane],
+                    screen[lane],
                 )
                 position[lane] = ahead
-        steps = min(
-            position[0] - stop[0], position[1] - stop[1], position[2] - stop[2], position[3] - stop[3]
-        )
+        steps = min(position[0] - stop[0], position[1] - stop[1], position[2] - stop[2], position[3] - stop[3])
         t0, t1, t2, t3 = position[0], position[1], position[2], position[3]
         c0, c1, c2, c3 = carry[0], carry[1], carry[2], carry[3]
         n0, n1, n2, n3 = next_value[0], next_value[1], next_value[2], next_value[3]
@@ -138,18 +148,10 @@ def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, dec
             t1 -= 1
             t2 -= 1
             t3 -= 1
-            c0, n0, z0, s0 = _step(
-                values, rewards, loss_mask, advantages, returns, t0, gamma, decay, c0, n0, z0, s0
-            )
-            c1, n1, z1, s1 = _step(
-                values, rewards, loss_mask, advantages, returns, t1, gamma, decay, c1, n1, z1, s1
-            )
-            c2, n2, z2, s2 = _step(
-                values, rewards, loss_mask, advantages, returns, t2, gamma, decay, c2, n2, z2, s2
-            )
-            c3, n3, z3, s3 = _step(
-                values, rewards, loss_mask, advantages, returns, t3, gamma, decay, c3, n3, z3, s3
-            )
+            c0, n0, z0, s0 = _step(values, rewards, loss_mask, advantages, returns, t0, gamma, decay, c0, n0, z0, s0)
+            c1, n1, z1, s1 = _step(values, rewards, loss_mask, advantages, returns, t1, gamma, decay, c1, n1, z1, s1)
+            c2, n2, z2, s2 = _step(values, rewards, loss_mask, advantages, returns, t2, gamma, decay, c2, n2, z2, s2)
+            c3, n3, z3, s3 = _step(values, rewards, loss_mask, advantages, returns, t3, gamma, decay, c3, n3, z3, s3)
         position[0], position[1], position[2], position[3] = t0, t1, t2, t3
         carry[0], carry[1], carry[2], carry[3] = c0, c1, c2, c3
         next_value[0], next_value[1], next_value[2], next_value[3] = n0, n1, n2, n3
@@ -159,14 +161,35 @@ def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, dec
     total = 0.0
     for lane in range(LANES):
         total += _run_alone(
-            values, rewards, loss_mask, advantages, returns, gamma, decay,
-            stop[lane], position[lane], carry[lane], next_value[lane], terminal[lane], screen[lane],
+            values,
+            rewards,
+            loss_mask,
+            advantages,
+            returns,
+            gamma,
+            decay,
+            stop[lane],
+            position[lane],
+            carry[lane],
+            next_value[lane],
+            terminal[lane],
+            screen[lane],
         )[3]
     return total
 
 
 def _masked_gae_batch(
-    values, rewards, loss_mask, offsets, terminal_rewards, gamma, lambd, advantages, returns, order, group_bounds,
+    values,
+    rewards,
+    loss_mask,
+    offsets,
+    terminal_rewards,
+    gamma,
+    lambd,
+    advantages,
+    returns,
+    order,
+    group_bounds,
     screens,
 ):
     """Fill ``advantages`` and ``returns``, and ``screens[g]`` with group ``g``'s input
@@ -175,7 +198,15 @@ def _masked_gae_batch(
     decay = gamma * lambd
     for group in numba.prange(group_bounds.shape[0] - 1):
         screens[group] = _run_group(
-            values, rewards, loss_mask, offsets, terminal_rewards, gamma, decay, advantages, returns,
+            values,
+            rewards,
+            loss_mask,
+            offsets,
+            terminal_rewards,
+            gamma,
+            decay,
+            advantages,
+            returns,
             order[group_bounds[group] : group_bounds[group + 1]],
         )
 
@@ -253,8 +284,18 @@ def native_gae_screened(
     order, group_bounds = _plan_groups(offsets, groups)
     screens = np.zeros(groups, dtype=np.float64)
     _compiled(
-        values, rewards, loss_mask, offsets, terminal_rewards, float(gamma), float(lambd),
-        advantages, returns, order, group_bounds, screens,
+        values,
+        rewards,
+        loss_mask,
+        offsets,
+        terminal_rewards,
+        float(gamma),
+        float(lambd),
+        advantages,
+        returns,
+        order,
+        group_bounds,
+        screens,
     )
     return advantages, returns, bool(screens.sum() == 0.0)
 
@@ -268,7 +309,12 @@ def native_gae(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma: 
     import torch
 
     advantages, returns = native_gae_flat(
-        values.numpy(), rewards.numpy(), loss_mask.numpy(), offsets.numpy(), terminal_rewards.numpy(),
-        gamma=gamma, lambd=lambd,
+        values.numpy(),
+        rewards.numpy(),
+        loss_mask.numpy(),
+        offsets.numpy(),
+        terminal_rewards.numpy(),
+        gamma=gamma,
+        lambd=lambd,
     )
     return torch.from_numpy(advantages), torch.from_numpy(returns)

@@ -96,8 +96,19 @@ if AVAILABLE:
 
     @triton.jit
     def _local_pass(
-        values, rewards, loss_mask, offsets, terminal_rewards, discounts, chunk_base, chunk_c, chunk_d,
-        advantages, returns, CHUNK: tl.constexpr, ACCUMULATE: tl.constexpr,
+        values,
+        rewards,
+        loss_mask,
+        offsets,
+        terminal_rewards,
+        discounts,
+        chunk_base,
+        chunk_c,
+        chunk_d,
+        advantages,
+        returns,
+        CHUNK: tl.constexpr,
+        ACCUMULATE: tl.constexpr,
     ):
         """Pass 1, program (sample, chunk): the last chunk of a sample writes its outputs
         (``Q_in = z``); every chunk but the first stores the map ``Q_in ↦ chunk_d + chunk_c · Q_in``
@@ -128,8 +139,15 @@ if AVAILABLE:
 
     @triton.jit
     def _carry_pass(
-        offsets, terminal_rewards, chunk_base, chunk_c, chunk_d, carries,
-        CHUNK: tl.constexpr, BLOCK: tl.constexpr, ACCUMULATE: tl.constexpr,
+        offsets,
+        terminal_rewards,
+        chunk_base,
+        chunk_c,
+        chunk_d,
+        carries,
+        CHUNK: tl.constexpr,
+        BLOCK: tl.constexpr,
+        ACCUMULATE: tl.constexpr,
     ):
         """Pass 2, program (sample): ``carries[k]``, the ``Q_in`` of chunk ``k``, for every chunk
         but the last (whose ``Q_in`` is the terminal reward), composing the chunk maps from the
@@ -154,8 +172,17 @@ if AVAILABLE:
 
     @triton.jit
     def _finish_pass(
-        values, rewards, loss_mask, offsets, discounts, chunk_base, carries, advantages, returns,
-        CHUNK: tl.constexpr, ACCUMULATE: tl.constexpr,
+        values,
+        rewards,
+        loss_mask,
+        offsets,
+        discounts,
+        chunk_base,
+        carries,
+        advantages,
+        returns,
+        CHUNK: tl.constexpr,
+        ACCUMULATE: tl.constexpr,
     ):
         """Pass 3, program (sample, chunk) for every chunk but a sample's last: the outputs."""
         sample = tl.program_id(0)
@@ -220,17 +247,47 @@ def triton_gae(
     chunk_c = torch.empty(max(total, 1), dtype=terminal.dtype, device=device)
     chunk_d = torch.empty_like(chunk_c)
     _local_pass[(batch, longest)](
-        values, rewards, mask, offsets, terminal, discounts, chunk_base, chunk_c, chunk_d, advantages, returns,
-        CHUNK=chunk_length, ACCUMULATE=accumulate, **COMPILE_OPTIONS,
+        values,
+        rewards,
+        mask,
+        offsets,
+        terminal,
+        discounts,
+        chunk_base,
+        chunk_c,
+        chunk_d,
+        advantages,
+        returns,
+        CHUNK=chunk_length,
+        ACCUMULATE=accumulate,
+        **COMPILE_OPTIONS,
     )
     if longest > 1:
         carries = torch.empty_like(chunk_c)
         _carry_pass[(batch,)](
-            offsets, terminal, chunk_base, chunk_c, chunk_d, carries,
-            CHUNK=chunk_length, BLOCK=carry_block, ACCUMULATE=accumulate, **COMPILE_OPTIONS,
+            offsets,
+            terminal,
+            chunk_base,
+            chunk_c,
+            chunk_d,
+            carries,
+            CHUNK=chunk_length,
+            BLOCK=carry_block,
+            ACCUMULATE=accumulate,
+            **COMPILE_OPTIONS,
         )
         _finish_pass[(batch, longest - 1)](
-            values, rewards, mask, offsets, discounts, chunk_base, carries, advantages, returns,
-            CHUNK=chunk_length, ACCUMULATE=accumulate, **COMPILE_OPTIONS,
+            values,
+            rewards,
+            mask,
+            offsets,
+            discounts,
+            chunk_base,
+            carries,
+            advantages,
+            returns,
+            CHUNK=chunk_length,
+            ACCUMULATE=accumulate,
+            **COMPILE_OPTIONS,
         )
     return advantages, returns
