@@ -15,7 +15,7 @@ from gaecli.errors import GAEInputError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from gaecli.stats import GroupedMoments
+    from gaecli.grouping import GroupedMoments
 
 
 def whiten(advantages, loss_mask):
