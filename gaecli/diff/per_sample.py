@@ -58,7 +58,7 @@ def per_sample_batch(
     """One batch's rows of the ``--per-sample`` file: for each sample, one row per
     comparison (``comparisons``: (name, the rows' figures) in the order given), so the file's
     order is the samples' whatever the batch size."""
-    parts = [_comparison_batch(schema, file, first_row, name, rows, ids, groups) for name, rows in comparisons]
+    parts = [_comparison_batch(schema, file, first_row, label, rows, ids, groups) for label, rows in comparisons]
     if len(parts) == 1:
         return parts[0]
     count = parts[0].num_rows
@@ -71,7 +71,7 @@ def _comparison_batch(
     schema: pa.Schema,
     file: str,
     first_row: int,
-    name: str,
+    comparison: str,
     rows: RowFigures,
     ids: Optional[pa.Array],
     groups: Optional[pa.Array],
@@ -88,7 +88,7 @@ def _comparison_batch(
                 raise GAEUsageError(
                     f"{file}: {name} column has type {column.type}, the first file's is {arrow_type}"
                 ) from error
-    arrays.append(pa.array([name] * count, pa.string()))
+    arrays.append(pa.array([comparison] * count, pa.string()))
     lost = rows.lost_terminal
     figures = {
         "length": pa.array(rows.lengths, pa.int64()),

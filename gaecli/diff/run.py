@@ -136,7 +136,7 @@ def diff_unit(
     path: str,
     options: DiffOptions,
     kernel: str,
-    moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
+    moments: Optional[tuple[GroupedMoments, tuple[GroupedMoments, ...]]] = None,
     per_sample: Optional[pa.Schema] = None,
     progress: Optional[Progress] = None,
 ) -> FilePart:

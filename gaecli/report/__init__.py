@@ -150,12 +150,12 @@ def _summary_entries(s: dict) -> list[tuple[str, str, str]]:
         rows += [
             (
                 "lost",
-                "terminal reward reaching no trainable token, old side",
+                "terminal rewards lost (reach no trainable token), old side",
                 _lost(s["lost_terminal_samples"], s["lost_terminal_abs_sum"], samples),
             ),
             (
                 "new_lost",
-                "  … new side",
+                "terminal rewards lost, new side",
                 _lost(s["new_lost_terminal_samples"], s["new_lost_terminal_abs_sum"], samples),
             ),
         ]
