@@ -194,9 +194,12 @@ def stored_column(
 class Computation:
     """What the batches of a file are computed with (picklable; the kernel resolved).
 
-    Old advantages: the ``old_semantics`` baseline recomputed, or with ``against`` the
-    stored column (and ``against_returns``). ``on_invalid``: ``"stop"`` raises on the first
-    invalid row, ``"skip"`` computes the valid rows only."""
+    New advantages: ``new`` (an :class:`AdvantageSpec`; None: the masked contract with γ and
+    λ), computed once per batch. Old advantages: ``sides``, the old sides of the comparison
+    (:class:`gaecli.comparison.sides.ComparisonSide`), each computed or read per batch; when
+    empty, the one side of ``old_semantics`` (the baseline recomputed) or, with ``against``,
+    the stored column (and ``against_returns``). ``on_invalid``: ``"stop"`` raises on the
+    first invalid row, ``"skip"`` computes the valid rows only."""
 
     gamma: float
     lambd: float
@@ -209,16 +212,35 @@ class Computation:
     against_returns: Optional[str] = None
     on_invalid: str = "stop"
     normalize_by: Optional[str] = None
+    new: Optional[AdvantageSpec] = None
+    sides: tuple = ()
 
     @cached_property
     def new_spec(self) -> AdvantageSpec:
-        """What the new advantages are: the masked contract with γ and λ (not whitened here)."""
-        return AdvantageSpec(self.gamma, self.lambd)
+        """What the new advantages are (not whitened here): ``new``, or the masked contract."""
+        return self.new if self.new is not None else AdvantageSpec(self.gamma, self.lambd)
+
+    @cached_property
+    def old_sides(self) -> tuple:
+        """The old sides, in order (:class:`gaecli.comparison.sides.ComparisonSide`)."""
+        from gaecli.comparison.sides import ComparisonSide
+
+        if self.sides:
+            return tuple(self.sides)
+        if self.against is not None:
+            return (ComparisonSide.stored(self.against, self.against_returns),)
+        return (ComparisonSide.baseline(self.old_semantics),)
 
     @cached_property
     def old_spec(self) -> Optional[AdvantageSpec]:
-        """What the old advantages are when recomputed: the ``old_semantics`` baseline."""
-        return None if self.old_semantics is None else AdvantageSpec(self.gamma, self.lambd, self.old_semantics)
+        """What the first old side is when recomputed (None when it is stored)."""
+        return self.old_sides[0].spec(self.gamma, self.lambd)
+
+    @property
+    def stored_columns(self) -> tuple[str, ...]:
+        """The stored columns the old sides read (``--against``, ``--against-returns``)."""
+        names = [name for side in self.old_sides for name in (side.advantages_column, side.returns_column)]
+        return tuple(name for name in names if name is not None)
 
 
 @dataclass
@@ -226,7 +248,9 @@ class ComputedBatch:
     """One streamed batch: as read (``batch``), its valid rows (``valid``, all of them but
     under ``on_invalid="skip"``) and their check, where it starts in the file, the packed
     valid rows, and new and old advantages and returns (not whitened; flat, the values'
-    dtype; old returns None when unknown)."""
+    dtype; old returns None when unknown). ``olds``: (advantages, returns) of every old side
+    in the order of :attr:`Computation.old_sides`; ``old`` and ``old_returns`` are the
+    first's."""
 
     batch: pa.RecordBatch
     valid: pa.RecordBatch
@@ -238,10 +262,22 @@ class ComputedBatch:
     new_returns: np.ndarray
     old: np.ndarray
     old_returns: Optional[np.ndarray]
+    olds: Optional[tuple] = None
+
+    def __post_init__(self) -> None:
+        if self.olds is None:
+            self.olds = ((self.old, self.old_returns),)
 
     def keys(self, name: Optional[str]) -> Optional[pa.Array]:
         """The valid rows' values of column ``name`` (None when ``name`` is None)."""
         return self.valid.column(name) if name is not None else None
+
+    def operand(self, name: str) -> np.ndarray:
+        """A per-token array by the name a reduction gives it: ``new``, ``old`` (the first old
+        side) or ``old:K`` (the old side K, counted from 0)."""
+        if name.startswith("old:"):
+            return self.olds[int(name[4:])][0]
+        return getattr(self, name)
 
 
 def computed_batches(
@@ -264,19 +300,22 @@ def computed_batches(
         packed = pack_batch(valid, columns, dtype, check if valid is batch else None)
         kernel, device = computation.kernel, computation.device
         new, new_returns = compute_packed(packed, computation.new_spec, kernel, device)
-        if computation.against is None:
-            old, old_returns = compute_packed(packed, computation.old_spec, kernel, device)
-        else:
-            old = stored_column(valid, computation.against, packed.offsets, columns.loss_mask, file, first_row)
-            old_returns = None
-            if computation.against_returns is not None:
-                old_returns = stored_column(
-                    valid, computation.against_returns, packed.offsets, columns.loss_mask, file, first_row
-                )
         outputs = {columns.advantages: new, columns.returns: new_returns}
-        if computation.against is None:
-            suffix = computation.old_semantics.replace("-", "_")
-            outputs.update({f"advantages_{suffix}": old, f"returns_{suffix}": old_returns})
+        olds = []
+        for side in computation.old_sides:
+            if side.recomputed:
+                old, old_returns = compute_packed(
+                    packed, side.spec(computation.gamma, computation.lambd), kernel, device
+                )
+                outputs.update(zip(side.output_columns, (old, old_returns)))
+            else:
+                old = stored_column(valid, side.advantages_column, packed.offsets, columns.loss_mask, file, first_row)
+                old_returns = None
+                if side.returns_column is not None:
+                    old_returns = stored_column(
+                        valid, side.returns_column, packed.offsets, columns.loss_mask, file, first_row
+                    )
+            olds.append((old, old_returns))
         overflow = overflow_findings(outputs, packed.offsets, np.flatnonzero(~check.invalid), file, first_row)
         if overflow:
             if computation.on_invalid == "stop":
@@ -285,9 +324,12 @@ def computed_batches(
             valid = batch.filter(pa.array(~check.invalid))
             tokens = np.repeat(keep, np.diff(packed.offsets))
             packed = drop_rows(packed, keep, tokens)
-            new, new_returns, old = new[tokens], new_returns[tokens], old[tokens]
-            old_returns = None if old_returns is None else old_returns[tokens]
-        yield ComputedBatch(batch, valid, check, first_row, first_token, packed, new, new_returns, old, old_returns)
+            new, new_returns = new[tokens], new_returns[tokens]
+            olds = [(old[tokens], None if old_returns is None else old_returns[tokens]) for old, old_returns in olds]
+        (old, old_returns), olds = olds[0], tuple(olds)
+        yield ComputedBatch(
+            batch, valid, check, first_row, first_token, packed, new, new_returns, old, old_returns, olds
+        )
         first_row += batch.num_rows
         first_token += packed.tokens
 
@@ -349,10 +391,15 @@ def drop_rows(packed: PackedBatch, keep: np.ndarray, tokens: np.ndarray) -> Pack
 def check_file(schema: pa.Schema, file: str, computation: "Computation") -> None:
     """The checks of one file before its rows are read: the documented columns and types
     (:class:`InvalidDataError`), the ``--normalize-by`` column, and the stored columns of
-    ``--against`` / ``--against-returns`` (lists of floats) (:class:`GAEUsageError`)."""
+    the old sides, ``--against`` / ``--against-returns`` (lists of floats) (:class:`GAEUsageError`)."""
     check_rollout_schema(schema, computation.columns, file)
     check_scalar_column(schema, file, "--normalize-by", computation.normalize_by)
-    for flag, name in (("--against", computation.against), ("--against-returns", computation.against_returns)):
+    stored = [
+        pair
+        for side in computation.old_sides
+        for pair in (("--against", side.advantages_column), ("--against-returns", side.returns_column))
+    ]
+    for flag, name in stored:
         if name is None:
             continue
         if name not in schema.names:
@@ -372,7 +419,7 @@ def statistics_columns(schema: pa.Schema, computation: Computation, key: Optiona
     file order."""
     columns = computation.columns
     needed = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
-    named = (computation.normalize_by, computation.against, computation.against_returns, key)
+    named = (computation.normalize_by, *computation.stored_columns, key)
     needed |= {name for name in named if name is not None}
     return [name for name in schema.names if name in needed]
 
@@ -388,7 +435,7 @@ def rollout_reduction(rollout, computation: Computation, reduction: Reduction, p
     read = statistics_columns(rollout.schema, computation, reduction.key)
     for computed in computed_batches(rollout, computation, read):
         packed = computed.packed
-        operands = {operand: getattr(computed, operand) for operand in reduction.operands}
+        operands = {operand: computed.operand(operand) for operand in reduction.operands}
         result.add(operands, packed.trainable, packed.offsets, computed.keys(reduction.key))
         result.rows += computed.batch.num_rows
         result.tokens += packed.tokens
@@ -475,7 +522,7 @@ def engine_reduction(
 def _moments_parts(
     paths: list[str], computation: Computation, engine, progress, total_rows: int, session, footers=None
 ) -> tuple[tuple[GroupedMoments, GroupedMoments], list[dict[str, np.ndarray]], list]:
-    reduction = normalize_reduction(computation.normalize_by)
+    reduction = normalize_reduction(computation.normalize_by, len(computation.old_sides))
     parts = engine_reduction_parts(paths, computation, reduction, engine, progress, total_rows, session, footers)
     merged = ReductionResult(reduction)
     codes = [merged.merge(part) for part in parts]
@@ -486,9 +533,21 @@ def engine_moments(
     paths: list[str], computation: Computation, engine, progress, total_rows: int, session=None
 ) -> tuple[GroupedMoments, GroupedMoments]:
     """The ``--normalize`` statistics (:func:`gaecli.advantages.reduction.normalize_reduction`)
-    by :func:`engine_reduction`: the moments of the new and the old advantages; refuses
-    (:class:`GAEInputError`) a group without any trainable token."""
+    by :func:`engine_reduction`: the moments of the new and the (first) old advantages;
+    refuses (:class:`GAEInputError`) a group without any trainable token."""
     return _moments_parts(paths, computation, engine, progress, total_rows, session)[0]
+
+
+def engine_side_moments(
+    paths: list[str], computation: Computation, engine, progress, total_rows: int, session=None
+) -> tuple[GroupedMoments, tuple[GroupedMoments, ...]]:
+    """:func:`engine_moments` for every old side: the moments of the new advantages, and
+    those of each old side in the order of :attr:`Computation.old_sides` (each side's own,
+    the same bits as in a pass with that side alone)."""
+    reduction = normalize_reduction(computation.normalize_by, len(computation.old_sides))
+    merged = engine_reduction(paths, computation, reduction, engine, progress, total_rows, session)
+    new, _ = checked_moments(merged, computation.normalize_by)
+    return new, tuple(merged.groups[operand] for operand in reduction.operands[1:])
 
 
 def engine_file_moments(

@@ -191,5 +191,6 @@ def diff_table(table: Any, **options: Any):
                 raise
             raise type(error)(str(error).replace(str(path), TABLE)) from None
     report.files = [{**entry, "file": None} for entry in report.files]
-    report.top = [dataclasses.replace(entry, file=None) for entry in report.top]
+    for comparison in report.comparisons:
+        comparison.top = [dataclasses.replace(entry, file=None) for entry in comparison.top]
     return report

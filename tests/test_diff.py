@@ -473,6 +473,7 @@ def test_every_output_parses(tmp_path):
         "lambd",
         "kernel",
         "new",
+        "new_spec",
         "old",
         "normalize",
         "tolerance",
@@ -484,6 +485,7 @@ def test_every_output_parses(tmp_path):
         "summary",
         "top_samples",
         "groups",
+        "comparisons",
         "per_sample",
     }
     assert (

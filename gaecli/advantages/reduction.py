@@ -28,7 +28,7 @@ sums in row order (:class:`gaecli.grouping.GroupedMoments`)."""
 @dataclass(frozen=True)
 class Reduction:
     """What one grouped-reduction pass gathers: for each of ``operands`` (per-token arrays of
-    a computed batch, by attribute name: ``new``, ``old``), the per-row ``quantity`` (a key of
+    a computed batch, by name: ``new``, ``old``, ``old:K``), the per-row ``quantity`` (a key of
     :data:`ROW_QUANTITIES`), added per value of the ``key`` column (None: one group for the
     whole input). Picklable, so that engines ship it to workers."""
 
@@ -41,10 +41,12 @@ class Reduction:
             raise ValueError(f"unknown row quantity {self.quantity!r}; known: {', '.join(ROW_QUANTITIES)}")
 
 
-def normalize_reduction(key: Optional[str]) -> Reduction:
+def normalize_reduction(key: Optional[str], sides: int = 1) -> Reduction:
     """The ``--normalize`` statistics: moments of the new and the old advantages over
-    trainable tokens, per value of ``key`` (``--normalize-by``) or over the whole input."""
-    return Reduction(("new", "old"), key)
+    trainable tokens, per value of ``key`` (``--normalize-by``) or over the whole input.
+    With several old sides (``sides``), each has its own: operands ``old`` (the first),
+    ``old:1``, ``old:2``..."""
+    return Reduction(("new", "old", *(f"old:{side}" for side in range(1, sides))), key)
 
 
 @dataclass

@@ -45,17 +45,19 @@ def diff(
     baseline: Annotated[
         Optional[str],
         typer.Option(
-            metavar="NAME",
+            metavar="LIST",
             show_default=False,
-            help="Old advantages recomputed with: unmasked (default), skip-masked (verl / AReaL) or zero-masked "
-            "(OpenRLHF).",
+            help="Old advantages recomputed as a trainer computes them, a comma list compared side by side in one "
+            "pass: the profiles verl, openrlhf, slime, roll, areal, nemo-rl, or all (the six); aliases unmasked "
+            "(= slime, the default), zero-masked (= openrlhf), skip-masked (= verl). Not with --against.",
         ),
     ] = None,
     against: Annotated[
         Optional[str],
         typer.Option(
             metavar="COLUMN",
-            help="Compare with advantages stored in COLUMN (e.g. what the trainer used) instead of a baseline.",
+            help="Compare with advantages stored in COLUMN (e.g. what the trainer used) instead of a baseline. "
+            "Not with --baseline.",
         ),
     ] = None,
     against_returns: Annotated[
@@ -122,8 +124,8 @@ def diff(
     quiet: QuietOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """How far were the old advantages off? Masked GAE against a baseline or stored advantages,
-    over trainable tokens."""
+    """How far were the old advantages off? Masked GAE against trainer profiles (side by side)
+    or stored advantages, over trainable tokens."""
     if json_path == "-" and markdown == "-":
         fail("--json and --markdown cannot both write to stdout ('-')", EXIT_USAGE)
     with errors_to_exit(debug):

@@ -65,8 +65,21 @@ def recompute(
         str, typer.Option(help="Name of the returns column written.", rich_help_panel="Columns")
     ] = "returns",
     replace: Annotated[bool, typer.Option("--replace", help="Replace output columns that exist already.")] = False,
+    baseline: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME",
+            help="What the summary compares against (and --keep-baseline writes): a trainer profile, verl, openrlhf, "
+            "slime, roll, areal or nemo-rl, or an alias: unmasked (= slime), zero-masked (= openrlhf), skip-masked "
+            "(= verl).",
+        ),
+    ] = "unmasked",
     keep_baseline: Annotated[
-        bool, typer.Option("--keep-baseline", help="Also write advantages_unmasked and returns_unmasked.")
+        bool,
+        typer.Option(
+            "--keep-baseline",
+            help="Also write the baseline's advantages_NAME and returns_NAME ('-' in NAME becomes '_').",
+        ),
     ] = False,
     on_invalid: Annotated[
         str,
@@ -113,6 +126,7 @@ def recompute(
             normalize_by=normalize_by,
             replace=replace,
             keep_baseline=keep_baseline,
+            baseline=baseline,
             on_invalid=on_invalid,
             overwrite=overwrite,
             tolerance=tol,

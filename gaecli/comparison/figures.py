@@ -17,6 +17,8 @@ from typing import Optional
 
 import numpy as np
 
+from gaecli.advantages.baselines import lost_terminal_samples
+from gaecli.advantages.contract import MASKED
 from gaecli.checks import masked_tail_lengths
 from gaecli.stats import DeltaHistograms, ExactSum, SignedLogHistogram, diff_rows
 
@@ -34,22 +36,42 @@ QUANTILE_METHOD = {
 }
 
 
-def terminal_credit(baseline: Optional[str], gamma: float, lambd: float, tail_lengths: np.ndarray) -> np.ndarray:
-    """Share of the terminal reward that ``baseline`` delivers to the last trainable token
-    of samples whose response ends in ``tail_lengths`` masked tokens (masked GAE: 1).
+def terminal_credit(
+    semantics: Optional[str], gamma: float, lambd: float, trainable: np.ndarray, offsets: np.ndarray
+) -> np.ndarray:
+    """Per sample, the share of the terminal reward z that ``semantics`` (``masked``, a
+    profile or an alias) delivers to the sample's last trainable token: ∂A[last trainable]/∂z,
+    read from the semantics' own outputs. Every semantics is linear in (V, r, z), so that
+    derivative is the advantage there with V = 0, r = 0 and z = 1, computed in float64 by the
+    one dispatch (``native`` kernel). float64 ``[B]``; NaN for a sample without a trainable
+    token, and everywhere for ``None`` (stored advantages: the credit is not defined).
 
-    ``unmasked``: (γλ)^gap (so 0 when γλ = 0 and gap > 0); ``skip-masked``: 0 whenever the
-    last token is masked, else 1; ``zero-masked`` and ``masked``: 1. ``None`` (stored
-    advantages, ``--against``): NaN, the credit is not defined.
+    (For the record: ``slime`` gives (γλ)^gap for a tail of gap masked tokens; ``verl``,
+    ``areal`` and ``roll`` 0 when the last token is masked; ``openrlhf``, ``nemo-rl`` and
+    ``masked`` 1; every semantics 1 without a masked tail. docs/diff.md#terminal-credit)
     """
-    tails = np.asarray(tail_lengths, dtype=np.float64)
-    if baseline is None:
-        return np.full_like(tails, np.nan)
-    if baseline == "unmasked":
-        return np.power(gamma * lambd, tails)
-    if baseline == "skip-masked":
-        return np.where(tails > 0, 0.0, 1.0)
-    return np.ones_like(tails)
+    from gaecli.advantages.dispatch import compute
+    from gaecli.advantages.layout import last_trainable_index
+    from gaecli.advantages.spec import AdvantageSpec
+
+    last = last_trainable_index(trainable, offsets)
+    credit = np.full(last.size, np.nan)
+    if semantics is None or not (last >= 0).any():
+        return credit
+    zeros = np.zeros(trainable.size, dtype=np.float64)
+    probe, _ = compute(
+        AdvantageSpec(gamma, lambd, semantics),
+        zeros,
+        zeros,
+        trainable,
+        offsets,
+        np.ones(last.size, dtype=np.float64),
+        kernel="native",
+        device="cpu",
+    )
+    has_trainable = last >= 0
+    credit[has_trainable] = probe[last[has_trainable]]
+    return credit
 
 
 # ----------------------------------------------------------------------------- rows
@@ -62,7 +84,9 @@ class RowFigures:
     ``masked_tail``: masked tokens after the last trainable one (0 for fully masked and
     empty rows). ``credit``: terminal credit of the old advantages (NaN without a trainable
     token or under stored advantages). Return figures are NaN when no old returns are known.
-    ``sums``: ``[B, 5]``, the :data:`PRODUCT_SUMS` in that order.
+    ``sums``: ``[B, 5]``, the :data:`PRODUCT_SUMS` in that order. ``lost_terminal``: whether
+    the old side loses the row's terminal reward
+    (:func:`gaecli.advantages.baselines.lost_terminal_samples`; None when not known).
     """
 
     lengths: np.ndarray
@@ -77,6 +101,7 @@ class RowFigures:
     credit: np.ndarray
     changed: np.ndarray
     sums: np.ndarray
+    lost_terminal: Optional[np.ndarray] = None
 
     @property
     def fully_masked(self) -> np.ndarray:
@@ -169,7 +194,8 @@ class DiffAccumulator:
     """Streaming comparison of new (masked) against old advantages, batch by batch.
 
     Every figure is exact or order independent, so it does not depend on batch sizes.
-    ``baseline`` None means stored old advantages (no terminal credit). ``quantiles``
+    ``baseline``: the semantics of the old side; None means stored old advantages (no
+    terminal credit, no lost terminal rewards). ``new_semantics``: the new side's. ``quantiles``
     keeps the log histograms of Δ advantage and Δ return (median, p99; about 15 ns a
     trainable token). :meth:`result` is ``gae recompute``'s summary, :meth:`figures` the
     full ``gae diff`` summary.
@@ -180,6 +206,7 @@ class DiffAccumulator:
     baseline: Optional[str] = "unmasked"
     tolerance: float = 1e-6
     quantiles: bool = False
+    new_semantics: str = MASKED
     samples: int = 0
     tokens: int = 0
     trainable_tokens: int = 0
@@ -196,6 +223,11 @@ class DiffAccumulator:
     sign_flips: int = 0
     returns_compared: bool = False
     max_abs_delta_return: float = 0.0
+    terminal_compared: bool = False
+    lost_terminal_samples: int = 0
+    new_lost_terminal_samples: int = 0
+    _lost_terminal_abs: ExactSum = field(default_factory=ExactSum)
+    _new_lost_terminal_abs: ExactSum = field(default_factory=ExactSum)
     _abs_delta_sum: ExactSum = field(default_factory=ExactSum)
     _abs_delta_return_sum: ExactSum = field(default_factory=ExactSum)
     _credit_sum: ExactSum = field(default_factory=ExactSum)
@@ -213,9 +245,12 @@ class DiffAccumulator:
         *,
         new_returns: Optional[np.ndarray] = None,
         old_returns: Optional[np.ndarray] = None,
+        terminal_rewards: Optional[np.ndarray] = None,
     ) -> RowFigures:
         """Add one batch: flat ``[N]`` new and old advantages (and returns, optional), bool
-        ``trainable``, zero-based int64 ``offsets`` ``[B + 1]``. Returns the rows' figures."""
+        ``trainable``, zero-based int64 ``offsets`` ``[B + 1]``, and the terminal rewards
+        ``[B]`` (optional: the lost terminal rewards are counted only with them). Returns
+        the rows' figures."""
         with_returns = new_returns is not None and old_returns is not None
         histograms = DeltaHistograms(self.histogram, self.return_histogram) if self.quantiles else None
         diff = diff_rows(
@@ -230,10 +265,19 @@ class DiffAccumulator:
         lengths = np.diff(offsets)
         trainable_per_row = diff.trainable_tokens
         tails = np.where(trainable_per_row > 0, masked_tail_lengths(trainable, offsets), 0)
-        credit = np.full(lengths.size, np.nan)
-        has_trainable = trainable_per_row > 0
-        credit[has_trainable] = terminal_credit(self.baseline, self.gamma, self.lambd, tails[has_trainable])
+        credit = terminal_credit(self.baseline, self.gamma, self.lambd, trainable, offsets)
         nan = np.full(lengths.size, np.nan)
+        lost = None
+        if terminal_rewards is not None:
+            self.terminal_compared = True
+            discount = {"gamma": self.gamma, "lambd": self.lambd}
+            new_lost = lost_terminal_samples(self.new_semantics, trainable, offsets, terminal_rewards, **discount)
+            self.new_lost_terminal_samples += int(new_lost.sum())
+            self._new_lost_terminal_abs.add(np.abs(terminal_rewards[new_lost].astype(np.float64)))
+            if self.baseline is not None:
+                lost = lost_terminal_samples(self.baseline, trainable, offsets, terminal_rewards, **discount)
+                self.lost_terminal_samples += int(lost.sum())
+                self._lost_terminal_abs.add(np.abs(terminal_rewards[lost].astype(np.float64)))
         rows = RowFigures(
             lengths=lengths,
             trainable=trainable_per_row,
@@ -247,6 +291,7 @@ class DiffAccumulator:
             credit=credit,
             changed=diff.max_relative > self.tolerance,
             sums=np.column_stack([getattr(diff, name) for name in PRODUCT_SUMS]),
+            lost_terminal=lost,
         )
         self.samples += lengths.size
         self.tokens += int(lengths.sum())
@@ -299,12 +344,17 @@ class DiffAccumulator:
             "masked_tail_tokens",
             "zero_credit_samples",
             "sign_flips",
+            "lost_terminal_samples",
+            "new_lost_terminal_samples",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.longest_masked_tail = max(self.longest_masked_tail, other.longest_masked_tail)
         self.max_abs_delta = max(self.max_abs_delta, other.max_abs_delta)
         self.min_terminal_credit = min(self.min_terminal_credit, other.min_terminal_credit)
         self.returns_compared = self.returns_compared or other.returns_compared
+        self.terminal_compared = self.terminal_compared or other.terminal_compared
+        self._lost_terminal_abs.merge(other._lost_terminal_abs)
+        self._new_lost_terminal_abs.merge(other._new_lost_terminal_abs)
         self.max_abs_delta_return = max(self.max_abs_delta_return, other.max_abs_delta_return)
         self._abs_delta_sum.merge(other._abs_delta_sum)
         self._abs_delta_return_sum.merge(other._abs_delta_return_sum)
@@ -355,6 +405,7 @@ class DiffAccumulator:
             "mean_terminal_credit": self._credit_sum.value() / tail if credit_defined else None,
             "min_terminal_credit": self.min_terminal_credit if credit_defined else None,
             "zero_credit_samples": self.zero_credit_samples if self.baseline is not None else None,
+            **self._lost_terminal_figures(),
             "mean_abs_delta_advantage": self._abs_delta_sum.value() / trainable if trainable else 0.0,
             "median_abs_delta_advantage": self._quantile(self.histogram, 0.5, self.max_abs_delta),
             "p99_abs_delta_advantage": self._quantile(self.histogram, 0.99, self.max_abs_delta),
@@ -388,6 +439,18 @@ class DiffAccumulator:
             }
         )
         return result
+
+    def _lost_terminal_figures(self) -> dict:
+        """The samples whose terminal reward reaches no trainable token, and Σ |z| over them:
+        under the old side (None for stored advantages) and under the new side; None when
+        the terminal rewards were not given."""
+        old_known = self.terminal_compared and self.baseline is not None
+        return {
+            "lost_terminal_samples": self.lost_terminal_samples if old_known else None,
+            "lost_terminal_abs_sum": self._lost_terminal_abs.value() if old_known else None,
+            "new_lost_terminal_samples": self.new_lost_terminal_samples if self.terminal_compared else None,
+            "new_lost_terminal_abs_sum": self._new_lost_terminal_abs.value() if self.terminal_compared else None,
+        }
 
     def _quantile(self, histogram: SignedLogHistogram, q: float, maximum: float) -> Optional[float]:
         if not self.quantiles or not self.trainable_tokens:

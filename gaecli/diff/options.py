@@ -5,25 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gaecli.advantages.contract import BASELINES, check_discount
+from gaecli.advantages.contract import check_discount, expand_baselines
+from gaecli.advantages.spec import AdvantageSpec
+from gaecli.comparison.sides import ComparisonSide
 from gaecli.comparison.token_sample import SCATTER_SAMPLE
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
 from gaecli.io.reader import DEFAULT_BATCH_ROWS
-from gaecli.options import check_choice, check_count, check_number
+from gaecli.options import check_count, check_number
 from gaecli.pipeline import check_device
 
 DEFAULT_TOP = 10
+DEFAULT_BASELINE = "unmasked"
 
 
 @dataclass(frozen=True)
 class DiffOptions:
     """Everything that shapes a diff (the CLI options, one to one).
 
-    Old advantages: the ``baseline`` semantics recomputed from the same data (None means
-    ``unmasked``), or with ``against`` the stored column (and ``against_returns`` the
-    stored returns); ``baseline`` and ``against`` together are refused. ``normalize`` /
-    ``normalize_by`` whiten new and old the same way, each with its own statistics.
+    New advantages: :attr:`new_spec`. Old advantages, exactly one kind of old side
+    (:attr:`sides`): ``baseline``, a comma list of trainer profiles (or aliases, or ``all``)
+    each recomputed from the same data (None means ``unmasked`` when no other kind is
+    given), or with ``against`` the stored column (and ``against_returns`` the stored
+    returns); two kinds together are refused. ``normalize`` / ``normalize_by`` whiten new
+    and every old side the same way, each with its own statistics.
     ``report_paths``: files the caller will write reports to, paths or (role, path) pairs
     (refused when one is an input or another output).
     Every value is checked when the options are made (:meth:`check`).
@@ -57,14 +62,16 @@ class DiffOptions:
         from gaecli.advantages.kernels import resolve_kernel
 
         check_discount(self.gamma, self.lambd, names=("--gamma", "--lambd"))
-        if self.against is not None and self.baseline is not None:
+        given = [flag for flag, value in self._old_side_options() if value is not None]
+        if len(given) > 1:
             raise InvalidOptionError(
-                "--against compares with stored advantages, --baseline with recomputed ones: give one of them"
+                f"{' and '.join(given)} each choose the old advantages (--baseline: recomputed under trainer "
+                f"profiles, --against: stored in a column): give one of them"
             )
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
-        if self.baseline is not None:
-            check_choice("--baseline", self.baseline, BASELINES, "baseline")
+        self.sides  # noqa: B018 - the baseline list checked (unknown names, duplicates)
+        self.new_spec  # noqa: B018 - the new side checked
         check_count("--batch-rows", self.batch_rows, 1)
         check_count("--top", self.top, 0)
         check_number("--tol", self.tolerance, 0.0)
@@ -75,9 +82,27 @@ class DiffOptions:
     def whitening(self) -> bool:
         return self.normalize or self.normalize_by is not None
 
+    def _old_side_options(self) -> tuple[tuple[str, Optional[str]], ...]:
+        """The options that each choose a kind of old side, (flag, value)."""
+        return (("--baseline", self.baseline), ("--against", self.against))
+
+    @property
+    def new_spec(self) -> AdvantageSpec:
+        """The new side: what is computed and compared with every old side (the masked
+        contract with γ and λ, whitened as ``normalize`` / ``normalize_by`` say). The one
+        place the options become the new side's spec: its other fields join here."""
+        normalize = "by" if self.normalize_by is not None else ("all" if self.normalize else "none")
+        return AdvantageSpec(self.gamma, self.lambd, normalize=normalize, normalize_by=self.normalize_by)
+
+    @property
+    def sides(self) -> tuple[ComparisonSide, ...]:
+        """The old sides, in the order given: the stored columns of ``against``, or each
+        name of the ``baseline`` list (``all`` expanded) recomputed."""
+        if self.against is not None:
+            return (ComparisonSide.stored(self.against, self.against_returns),)
+        return tuple(ComparisonSide.baseline(name) for name in expand_baselines(self.baseline or DEFAULT_BASELINE))
+
     @property
     def old_semantics(self) -> Optional[str]:
-        """The baseline recomputed as the old advantages; None under ``against``."""
-        if self.against is not None:
-            return None
-        return self.baseline or "unmasked"
+        """The first old side's semantics (None when it is stored)."""
+        return self.sides[0].semantics

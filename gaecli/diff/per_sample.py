@@ -1,4 +1,4 @@
-"""``gae diff --per-sample``: one Parquet row of figures per sample."""
+"""``gae diff --per-sample``: one Parquet row of figures per sample and comparison."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ PER_SAMPLE_FIGURES = [
     ("mean_abs_delta_return", pa.float64()),
     ("sign_flips", pa.int64()),
     ("terminal_credit", pa.float64()),
+    ("lost_terminal", pa.bool_()),
 ]
 
 
@@ -35,20 +36,47 @@ def _nullable(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
 
 def per_sample_schema(first: pa.Schema, options: DiffOptions) -> pa.Schema:
     """``--per-sample``'s schema: file, row, id and group (typed as in the first file,
-    dictionaries decoded), then the figures."""
+    dictionaries decoded), the comparison's name, then the figures."""
     fields = [pa.field("file", pa.string()), pa.field("row", pa.int64())]
     for name, column in (("id", options.id_col), ("group", options.group_by)):
         if column is not None:
             arrow_type = first.field(column).type
             fields.append(pa.field(name, arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type))
+    fields.append(pa.field("comparison", pa.string()))
     fields.extend(pa.field(name, arrow_type) for name, arrow_type in PER_SAMPLE_FIGURES)
     return pa.schema(fields)
 
 
 def per_sample_batch(
-    schema: pa.Schema, file: str, first_row: int, rows: RowFigures, ids: Optional[pa.Array], groups: Optional[pa.Array]
+    schema: pa.Schema,
+    file: str,
+    first_row: int,
+    comparisons: list[tuple[str, RowFigures]],
+    ids: Optional[pa.Array],
+    groups: Optional[pa.Array],
 ) -> pa.RecordBatch:
-    """One batch's rows of the ``--per-sample`` file (one row per sample)."""
+    """One batch's rows of the ``--per-sample`` file: for each sample, one row per
+    comparison (``comparisons``: (name, the rows' figures) in the order given), so the file's
+    order is the samples' whatever the batch size."""
+    parts = [_comparison_batch(schema, file, first_row, label, rows, ids, groups) for label, rows in comparisons]
+    if len(parts) == 1:
+        return parts[0]
+    count = parts[0].num_rows
+    sample_major = np.arange(count * len(parts)).reshape(len(parts), count).T.ravel()
+    table = pa.Table.from_batches(parts, schema=schema).take(pa.array(sample_major)).combine_chunks()
+    return table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=schema)
+
+
+def _comparison_batch(
+    schema: pa.Schema,
+    file: str,
+    first_row: int,
+    comparison: str,
+    rows: RowFigures,
+    ids: Optional[pa.Array],
+    groups: Optional[pa.Array],
+) -> pa.RecordBatch:
+    """One comparison's rows of a batch (one row per sample)."""
     count = rows.lengths.size
     arrays = [pa.array([file] * count, pa.string()), pa.array(np.arange(first_row, first_row + count), pa.int64())]
     for name, column in (("id", ids), ("group", groups)):
@@ -60,6 +88,8 @@ def per_sample_batch(
                 raise GAEUsageError(
                     f"{file}: {name} column has type {column.type}, the first file's is {arrow_type}"
                 ) from error
+    arrays.append(pa.array([comparison] * count, pa.string()))
+    lost = rows.lost_terminal
     figures = {
         "length": pa.array(rows.lengths, pa.int64()),
         "trainable_tokens": pa.array(rows.trainable, pa.int64()),
@@ -74,6 +104,7 @@ def per_sample_batch(
         "mean_abs_delta_return": _nullable(rows.mean_abs_return, pa.float64()),
         "sign_flips": pa.array(rows.sign_flips, pa.int64()),
         "terminal_credit": _nullable(rows.credit, pa.float64()),
+        "lost_terminal": pa.array(lost if lost is not None else [None] * count, pa.bool_()),
     }
     arrays.extend(figures[name] for name, _ in PER_SAMPLE_FIGURES)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -1,4 +1,5 @@
-"""The result of ``gae diff``: the JSON document's parts and what the plots need."""
+"""The result of ``gae diff``: the JSON document's parts and what the plots need, one
+:class:`ComparisonResult` per old side."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from gaecli._version import __version__
 from gaecli.comparison.figures import QUANTILE_METHOD
+from gaecli.comparison.sides import ComparisonSide
 from gaecli.comparison.top_samples import TopSample
 from gaecli.diff.options import DiffOptions
 from gaecli.pipeline import normalize_label
@@ -16,34 +18,82 @@ from gaecli.stats import SignedLogHistogram
 
 
 @dataclass
-class DiffReport:
-    """The result of a diff: the JSON document's parts, plus what the plots need (the Δ
-    advantage histogram, the token sample, the top samples' per-token arrays)."""
+class ComparisonResult:
+    """The comparison of the new side with one old side: the ``comparisons[]`` entry of the
+    JSON document, plus what the plots need (the Δ advantage histogram, the token sample,
+    the top samples' per-token arrays)."""
 
-    options: DiffOptions
-    kernel: str
-    files: list[dict]
+    side: ComparisonSide
     summary: dict
     groups: Optional[list[dict]]
     top: list[TopSample]
     histogram: SignedLogHistogram
     scatter: tuple[np.ndarray, np.ndarray]
 
+    @property
+    def name(self) -> str:
+        return self.side.name
+
     def to_dict(self) -> dict:
-        """The JSON document of ``gae diff --json`` (every key in docs/diff.md)."""
+        """``{name, summary, top_samples, groups}`` (docs/diff.md#the-json-document)."""
+        return {
+            "name": self.name,
+            "summary": self.summary,
+            "top_samples": [entry.to_dict() for entry in self.top],
+            "groups": self.groups,
+        }
+
+
+@dataclass
+class DiffReport:
+    """The result of a diff: one :class:`ComparisonResult` per old side, in the order given.
+    ``summary``, ``groups``, ``top``, ``histogram`` and ``scatter`` are the first
+    comparison's (as the JSON document's top level)."""
+
+    options: DiffOptions
+    kernel: str
+    files: list[dict]
+    comparisons: list[ComparisonResult]
+
+    @property
+    def first(self) -> ComparisonResult:
+        return self.comparisons[0]
+
+    @property
+    def summary(self) -> dict:
+        return self.first.summary
+
+    @property
+    def groups(self) -> Optional[list[dict]]:
+        return self.first.groups
+
+    @property
+    def top(self) -> list[TopSample]:
+        return self.first.top
+
+    @property
+    def histogram(self) -> SignedLogHistogram:
+        return self.first.histogram
+
+    @property
+    def scatter(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.first.scatter
+
+    def to_dict(self) -> dict:
+        """The JSON document of ``gae diff --json`` (every key in docs/diff.md): the new side
+        (``new_spec``), every comparison (``comparisons``), and at the top level the first
+        comparison's figures as before (``old``, ``summary``, ``top_samples``, ``groups``)."""
         options = self.options
+        comparisons = [comparison.to_dict() for comparison in self.comparisons]
+        first = comparisons[0]
         return {
             "version": __version__,
             "gamma": options.gamma,
             "lambd": options.lambd,
             "kernel": self.kernel,
-            "new": "masked",
-            "old": {
-                "source": "stored" if options.against is not None else "baseline",
-                "baseline": options.old_semantics,
-                "advantages_column": options.against,
-                "returns_column": options.against_returns,
-            },
+            "new": options.new_spec.semantics,
+            "new_spec": options.new_spec.to_dict(),
+            "old": self.first.side.to_dict(),
             "normalize": normalize_label(options),
             "tolerance": options.tolerance,
             "group_by": options.group_by,
@@ -51,8 +101,9 @@ class DiffReport:
             "top": options.top,
             "files": self.files,
             "quantiles": dict(QUANTILE_METHOD),
-            "summary": self.summary,
-            "top_samples": [entry.to_dict() for entry in self.top],
-            "groups": self.groups,
+            "summary": first["summary"],
+            "top_samples": first["top_samples"],
+            "groups": first["groups"],
+            "comparisons": comparisons,
             "per_sample": options.per_sample,
         }

@@ -1,5 +1,6 @@
-"""The run of ``gae diff``: one work unit per file (the comparison of its batches), merged
-in input order, so the report is the same for any engine and worker count."""
+"""The run of ``gae diff``: one work unit per file (the comparisons of its batches with every
+old side, each batch read once and its new side computed once), merged in input order, so
+the report is the same for any engine and worker count."""
 
 from __future__ import annotations
 
@@ -12,17 +13,25 @@ import pyarrow as pa
 
 from gaecli.comparison.figures import DiffAccumulator, RowFigures
 from gaecli.comparison.groups import GroupedFigures
+from gaecli.comparison.sides import ComparisonSide
 from gaecli.comparison.token_sample import TokenSample
 from gaecli.comparison.top_samples import TopSample, TopSamples, finite_or_none
 from gaecli.diff.options import DiffOptions
 from gaecli.diff.per_sample import per_sample_batch, per_sample_schema
-from gaecli.diff.report import DiffReport
+from gaecli.diff.report import ComparisonResult, DiffReport
 from gaecli.engines import EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.grouping import GroupedMoments
 from gaecli.io.filesystem import to_path, total_size
 from gaecli.io.paths import check_writes, discover_inputs, report_writes
 from gaecli.io.reader import RolloutFile
-from gaecli.pipeline import Computation, check_file, check_scalar_column, computed_batches, engine_moments, whiten_rows
+from gaecli.pipeline import (
+    Computation,
+    check_file,
+    check_scalar_column,
+    computed_batches,
+    engine_side_moments,
+    whiten_rows,
+)
 from gaecli.progress import NoProgress, Progress
 
 
@@ -39,6 +48,8 @@ def computation_of(options: DiffOptions, kernel: str) -> Computation:
         against=options.against,
         against_returns=options.against_returns,
         normalize_by=options.normalize_by,
+        new=options.new_spec,
+        sides=options.sides,
     )
 
 
@@ -51,46 +62,41 @@ def _check_file(schema: pa.Schema, file: str, options: DiffOptions, computation:
 def _read_columns(schema: pa.Schema, options: DiffOptions) -> list[str]:
     columns = options.columns
     wanted = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
-    wanted |= {
-        name
-        for name in (options.against, options.against_returns, options.normalize_by, options.group_by, options.id_col)
-        if name is not None
-    }
+    stored = [name for side in options.sides for name in (side.advantages_column, side.returns_column)]
+    wanted |= {name for name in (*stored, options.normalize_by, options.group_by, options.id_col) if name is not None}
     return [name for name in schema.names if name in wanted]
 
 
 @dataclass
-class FilePart:
-    """What the work unit of one file sends back, merged in input order by the parent:
-    the figures (:class:`DiffAccumulator`, with its histograms), the groups, the file's top
-    samples and token sample, and its ``--per-sample`` batches (one per read batch)."""
+class ComparisonPart:
+    """One comparison's share of a file part: the figures (:class:`DiffAccumulator`, with
+    its histograms), the groups, the top samples and the token sample."""
 
-    file: str
-    rows: int
-    tokens: int
+    side: ComparisonSide
     accumulator: DiffAccumulator
     groups: Optional[GroupedFigures]
     top: TopSamples
     sample: TokenSample
-    per_sample: Optional[list[pa.RecordBatch]] = field(default=None, repr=False)
 
     @classmethod
-    def empty(cls, file: str, options: DiffOptions) -> "FilePart":
-        """A part without rows yet: empty figures, groups (under ``--group-by``), top
-        samples and token sample."""
+    def empty(cls, side: ComparisonSide, options: DiffOptions) -> "ComparisonPart":
+        """Empty figures, groups (under ``--group-by``), top samples and token sample."""
         return cls(
-            file=file,
-            rows=0,
-            tokens=0,
+            side=side,
             accumulator=DiffAccumulator(
-                options.gamma, options.lambd, options.old_semantics, options.tolerance, quantiles=True
+                options.gamma,
+                options.lambd,
+                side.semantics,
+                options.tolerance,
+                quantiles=True,
+                new_semantics=options.new_spec.semantics,
             ),
-            groups=GroupedFigures(options.old_semantics) if options.group_by is not None else None,
+            groups=GroupedFigures(side.semantics) if options.group_by is not None else None,
             top=TopSamples(options.top),
             sample=TokenSample(options.scatter_sample),
         )
 
-    def merge(self, other: "FilePart") -> None:
+    def merge(self, other: "ComparisonPart") -> None:
         """Add the figures, groups, top samples and token sample of ``other`` (each merge
         exact, so parts merged in input order give the figures of one pass)."""
         self.accumulator.merge(other.accumulator)
@@ -100,19 +106,45 @@ class FilePart:
         self.sample.merge(other.sample)
 
 
+@dataclass
+class FilePart:
+    """What the work unit of one file sends back, merged in input order by the parent: one
+    :class:`ComparisonPart` per old side (in the order of ``options.sides``), and the file's
+    ``--per-sample`` batches (one per read batch, every comparison's rows in it)."""
+
+    file: str
+    rows: int
+    tokens: int
+    comparisons: list[ComparisonPart]
+    per_sample: Optional[list[pa.RecordBatch]] = field(default=None, repr=False)
+
+    @classmethod
+    def empty(cls, file: str, options: DiffOptions) -> "FilePart":
+        """A part without rows yet: an empty :class:`ComparisonPart` per old side."""
+        return cls(
+            file=file, rows=0, tokens=0, comparisons=[ComparisonPart.empty(side, options) for side in options.sides]
+        )
+
+    def merge(self, other: "FilePart") -> None:
+        """Add every comparison of ``other`` to ours."""
+        for mine, theirs in zip(self.comparisons, other.comparisons, strict=True):
+            mine.merge(theirs)
+
+
 def diff_unit(
     index: int,
     path: str,
     options: DiffOptions,
     kernel: str,
-    moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
+    moments: Optional[tuple[GroupedMoments, tuple[GroupedMoments, ...]]] = None,
     per_sample: Optional[pa.Schema] = None,
     progress: Optional[Progress] = None,
 ) -> FilePart:
     """Diff one file (the work unit of every engine; file ``index`` in the input order,
-    which keys its top samples and token sample). ``moments``: the merged ``--normalize``
-    statistics (new, old); ``per_sample``: the ``--per-sample`` schema, when one is
-    written. ``progress`` (optional) is advanced per batch."""
+    which keys its top samples and token sample): each batch read and its new side computed
+    once, then compared with every old side. ``moments``: the merged ``--normalize``
+    statistics (new, one per old side); ``per_sample``: the ``--per-sample`` schema, when
+    one is written. ``progress`` (optional) is advanced per batch."""
     computation = computation_of(options, kernel)
     part = FilePart.empty(path, options)
     if per_sample is not None:
@@ -121,28 +153,33 @@ def diff_unit(
     try:
         _check_file(rollout.schema, path, options, computation)
         for computed in computed_batches(rollout, computation, _read_columns(rollout.schema, options)):
-            batch, packed, new, old = computed.batch, computed.packed, computed.new, computed.old
+            batch, packed, new = computed.batch, computed.packed, computed.new
             first_row, first_token = computed.first_row, computed.first_token
+            keys = computed.keys(options.normalize_by)
             if moments is not None:
-                keys = computed.keys(options.normalize_by)
                 new = np.where(packed.trainable, whiten_rows(new, packed.offsets, moments[0], keys), 0.0)
-                old = whiten_rows(old, packed.offsets, moments[1], keys)
-            rows = part.accumulator.update(
-                new,
-                old,
-                packed.trainable,
-                packed.offsets,
-                new_returns=computed.new_returns,
-                old_returns=computed.old_returns,
-            )
             group_keys = computed.keys(options.group_by)
-            if part.groups is not None:
-                part.groups.update(group_keys, rows)
-            _offer_top(part.top, options, index, path, batch, packed, new, old, rows, first_row, group_keys)
-            part.sample.update(new, old, packed.trainable, index, first_token)
+            figures = []
+            for side, (comparison, (old, old_returns)) in enumerate(zip(part.comparisons, computed.olds, strict=True)):
+                if moments is not None:
+                    old = whiten_rows(old, packed.offsets, moments[1][side], keys)
+                rows = comparison.accumulator.update(
+                    new,
+                    old,
+                    packed.trainable,
+                    packed.offsets,
+                    new_returns=computed.new_returns,
+                    old_returns=old_returns,
+                    terminal_rewards=packed.terminal_rewards,
+                )
+                if comparison.groups is not None:
+                    comparison.groups.update(group_keys, rows)
+                _offer_top(comparison.top, options, index, path, batch, packed, new, old, rows, first_row, group_keys)
+                comparison.sample.update(new, old, packed.trainable, index, first_token)
+                figures.append((comparison.side.name, rows))
             if per_sample is not None:
                 part.per_sample.append(
-                    per_sample_batch(per_sample, path, first_row, rows, computed.keys(options.id_col), group_keys)
+                    per_sample_batch(per_sample, path, first_row, figures, computed.keys(options.id_col), group_keys)
                 )
             part.rows, part.tokens = first_row + batch.num_rows, first_token + packed.tokens
             if progress is not None:
@@ -231,7 +268,7 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
         with EngineSession() as session:  # one pool (or Ray) for both passes
             moments = None
             if options.whitening:
-                moments = engine_moments(files, computation, engine, progress, total_rows, session)
+                moments = engine_side_moments(files, computation, engine, progress, total_rows, session)
             progress.start("diff", total_rows)
             try:
                 units = [(index, file, options, kernel, moments, schema) for index, file in enumerate(files)]
@@ -259,11 +296,17 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
         options=options,
         kernel=kernel,
         files=[{"file": part.file, "rows": part.rows, "tokens": part.tokens} for part in results],
-        summary=merged.accumulator.figures(),
-        groups=merged.groups.result() if merged.groups is not None else None,
-        top=merged.top.entries,
-        histogram=merged.accumulator.histogram,
-        scatter=merged.sample.points(),
+        comparisons=[
+            ComparisonResult(
+                side=comparison.side,
+                summary=comparison.accumulator.figures(),
+                groups=comparison.groups.result() if comparison.groups is not None else None,
+                top=comparison.top.entries,
+                histogram=comparison.accumulator.histogram,
+                scatter=comparison.sample.points(),
+            )
+            for comparison in merged.comparisons
+        ],
     )
 
 
@@ -296,10 +339,12 @@ def diff_files(
     """Compare masked-GAE advantages with old ones over rollout files, streaming.
 
     ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs; a
-    file named twice is read once. New advantages: masked GAE (the contract). Old: the
-    ``options.baseline`` semantics recomputed from the same values, rewards and mask, or the
-    stored ``options.against`` column. Only trainable tokens are compared. With
-    ``options.per_sample`` one Parquet row per sample is written (atomically).
+    file named twice is read once. New advantages: ``options.new_spec`` (masked GAE, the
+    contract). Old: ``options.sides``, each name of the ``options.baseline`` list recomputed
+    from the same values, rewards and mask, or the stored ``options.against`` column; every
+    comparison in one pass over the data, each giving the figures a run with that side alone
+    gives, bit for bit. Only trainable tokens are compared. With ``options.per_sample`` one
+    Parquet row per sample and comparison is written (atomically).
 
     ``engine``: where the files are processed, one work unit per file (default: in this
     process, one file after the other; ``gae diff`` defaults to a local worker per core, at

@@ -7,6 +7,7 @@ from typing import Optional
 
 from gaecli._version import __version__
 from gaecli.advantages.contract import check_discount, expand_baselines
+from gaecli.comparison.sides import ComparisonSide
 from gaecli.errors import (
     InvalidOptionError,
 )
@@ -80,8 +81,8 @@ class RecomputeOptions:
 
     @property
     def baseline_columns(self) -> tuple[str, str]:
-        suffix = self.baseline.replace("-", "_")
-        return f"advantages_{suffix}", f"returns_{suffix}"
+        """``advantages_<baseline>``, ``returns_<baseline>`` (``-`` turned into ``_``)."""
+        return ComparisonSide.baseline(self.baseline).output_columns
 
 
 @dataclass

@@ -41,21 +41,46 @@ def share(part: Optional[int], whole: int) -> str:
     return f"{part:,} ({100.0 * part / whole:.1f} %)" if whole else f"{part:,}"
 
 
+def comparisons(document: dict) -> list[dict]:
+    """The document's comparisons (``{name, summary, top_samples, groups}``, in the order
+    given); a document without them is its top level's one comparison."""
+    if document.get("comparisons"):
+        return document["comparisons"]
+    name = document["old"]["baseline"] or document["old"]["advantages_column"]
+    return [{"name": name, **{key: document[key] for key in ("summary", "top_samples", "groups")}}]
+
+
 def old_label(document: dict) -> str:
     """What the old advantages are, in words."""
     old = document["old"]
     if old["source"] == "stored":
         returns = f", returns {old['returns_column']!r}" if old["returns_column"] else ""
         return f"stored column {old['advantages_column']!r}{returns}"
+    names = [comparison["name"] for comparison in comparisons(document)]
+    if len(names) > 1:
+        return f"the baselines {', '.join(names)}"
     return f"the {old['baseline']} baseline"
+
+
+def new_label(document: dict) -> str:
+    """What the new advantages are, in words."""
+    spec = document.get("new_spec") or {"estimator": "gae", "semantics": "masked"}
+    if spec["estimator"] == "gae" and spec["semantics"] == "masked":
+        return "masked GAE"
+    return f"{spec['estimator']} ({spec['semantics']})"
+
+
+def comparison_title(document: dict, comparison: dict) -> str:
+    """The suffix of a section about one comparison: empty when there is only one."""
+    return f" — against {comparison['name']}" if len(comparisons(document)) > 1 else ""
 
 
 def headline(document: dict) -> str:
     summary, files = document["summary"], document["files"]
     return (
-        f"masked GAE against {old_label(document)} · γ = {document['gamma']:g}, λ = {document['lambd']:g} · "
-        f"normalize {document['normalize']} · {summary['samples']:,} samples in {len(files)} "
-        f"file{'s' if len(files) != 1 else ''}"
+        f"{new_label(document)} against {old_label(document)} · γ = {document['gamma']:g}, "
+        f"λ = {document['lambd']:g} · normalize {document['normalize']} · {summary['samples']:,} samples in "
+        f"{len(files)} file{'s' if len(files) != 1 else ''}"
     )
 
 
@@ -64,28 +89,34 @@ def _four(summary: dict, quantity: str, suffix: str = "") -> str:
     return " / ".join(number(value) for value in values)
 
 
-def summary_rows(document: dict) -> list[tuple[str, str]]:
-    """(figure, value) rows of the summary table."""
-    s = document["summary"]
+def _lost(samples: Optional[int], abs_sum: Optional[float], whole: int) -> str:
+    if samples is None:
+        return "— (not defined for stored advantages)"
+    return f"{share(samples, whole)}, Σ|z| {number(abs_sum)}"
+
+
+def _summary_entries(s: dict) -> list[tuple[str, str, str]]:
+    """(key, figure, value) rows of one comparison's summary (the key tells apart rows that
+    read the same)."""
     samples, trainable = s["samples"], s["trainable_tokens"]
     sigma = number(s["new_advantage_std"])
     rows = [
-        ("samples", f"{samples:,}"),
-        ("tokens (trainable)", f"{s['tokens']:,} ({trainable:,}, {percent(s['trainable_share'])})"),
-        (f"samples changed (tol {s['tolerance']:g})", share(s["changed_samples"], samples)),
-        ("trainable tokens changed", share(s["changed_tokens"], trainable)),
-        ("|Δ advantage| mean / median / p99 / max", _four(s, "advantage")),
-        (f"  ÷ σ of the new advantages (σ = {sigma})", _four(s, "advantage", "_over_std")),
+        ("samples", "samples", f"{samples:,}"),
+        ("tokens", "tokens (trainable)", f"{s['tokens']:,} ({trainable:,}, {percent(s['trainable_share'])})"),
+        ("changed", f"samples changed (tol {s['tolerance']:g})", share(s["changed_samples"], samples)),
+        ("changed_tokens", "trainable tokens changed", share(s["changed_tokens"], trainable)),
+        ("advantage", "|Δ advantage| mean / median / p99 / max", _four(s, "advantage")),
+        ("advantage_std", f"  ÷ σ of the new advantages (σ = {sigma})", _four(s, "advantage", "_over_std")),
     ]
     if s["max_abs_delta_return"] is None:
-        rows.append(("|Δ return|", "— (no old returns)"))
+        rows.append(("return", "|Δ return|", "— (no old returns)"))
     else:
-        rows.append(("|Δ return| mean / median / p99 / max", _four(s, "return")))
-        rows.append((f"  ÷ σ of the new advantages (σ = {sigma})", _four(s, "return", "_over_std")))
+        rows.append(("return", "|Δ return| mean / median / p99 / max", _four(s, "return")))
+        rows.append(("return_std", f"  ÷ σ of the new advantages (σ = {sigma})", _four(s, "return", "_over_std")))
     rows += [
-        ("tokens whose advantage changed sign", share(s["sign_flip_tokens"], trainable)),
-        ("correlation old vs new", number(s["correlation"])),
-        ("samples with a masked tail", share(s["masked_tail_samples"], samples)),
+        ("flips", "tokens whose advantage changed sign", share(s["sign_flip_tokens"], trainable)),
+        ("correlation", "correlation old vs new", number(s["correlation"])),
+        ("tails", "samples with a masked tail", share(s["masked_tail_samples"], samples)),
     ]
     if s["masked_tail_samples"]:
         tail = " / ".join(
@@ -97,28 +128,69 @@ def summary_rows(document: dict) -> list[tuple[str, str]]:
                 "longest_masked_tail",
             )
         )
-        rows.append(("  tail length mean / median / p99 / max", tail))
+        rows.append(("tail_length", "  tail length mean / median / p99 / max", tail))
         if s["mean_terminal_credit"] is None:
-            rows.append(("  terminal credit of the old advantages", "— (not defined for stored advantages)"))
+            rows.append(("credit", "  terminal credit of the old advantages", "— (not defined for stored advantages)"))
         else:
             rows.append(
                 (
+                    "credit",
                     "  terminal credit of the old advantages (mean / min)",
                     f"{number(s['mean_terminal_credit'])} / {number(s['min_terminal_credit'])}",
                 )
             )
             rows.append(
-                ("  samples whose terminal reward was lost", share(s["zero_credit_samples"], s["masked_tail_samples"]))
+                (
+                    "zero_credit",
+                    "  samples whose terminal reward was lost",
+                    share(s["zero_credit_samples"], s["masked_tail_samples"]),
+                )
             )
+    if s.get("new_lost_terminal_samples") is not None:
+        rows += [
+            (
+                "lost",
+                "terminal rewards lost (reach no trainable token), old side",
+                _lost(s["lost_terminal_samples"], s["lost_terminal_abs_sum"], samples),
+            ),
+            (
+                "new_lost",
+                "terminal rewards lost, new side",
+                _lost(s["new_lost_terminal_samples"], s["new_lost_terminal_abs_sum"], samples),
+            ),
+        ]
     rows += [
-        ("fully masked samples", share(s["fully_masked_samples"], samples)),
-        ("empty samples", share(s["empty_samples"], samples)),
+        ("fully_masked", "fully masked samples", share(s["fully_masked_samples"], samples)),
+        ("empty", "empty samples", share(s["empty_samples"], samples)),
     ]
     return rows
 
 
-def top_table(document: dict) -> tuple[list[str], list[list[str]]]:
-    """Headers and rows of the top-samples table."""
+def summary_rows(document: dict) -> list[tuple[str, str]]:
+    """(figure, value) rows of the summary table of the first comparison."""
+    return [(label, value) for _, label, value in _summary_entries(document["summary"])]
+
+
+def summary_table(document: dict) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the summary table: one column per comparison, side by side, headed
+    by its name (``value`` when there is one comparison); a figure a comparison does not
+    have is "—"."""
+    listed = comparisons(document)
+    headers = ["figure", *(comparison["name"] for comparison in listed)] if len(listed) > 1 else ["figure", "value"]
+    labels: dict[str, str] = {}
+    values: list[dict[str, str]] = []
+    for comparison in listed:
+        entries = _summary_entries(comparison["summary"])
+        for key, label, _ in entries:
+            labels.setdefault(key, label)
+        values.append({key: value for key, _, value in entries})
+    rows = [[label, *(column.get(key, "—") for column in values)] for key, label in labels.items()]
+    return headers, rows
+
+
+def top_table(document: dict, comparison: Optional[dict] = None) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the top-samples table of ``comparison`` (default: the first)."""
+    comparison = comparison or comparisons(document)[0]
     grouped = document["group_by"] is not None
     headers = [
         "#",
@@ -135,7 +207,7 @@ def top_table(document: dict) -> tuple[list[str], list[list[str]]]:
         "credit",
     ]
     rows = []
-    for rank, entry in enumerate(document["top_samples"], start=1):
+    for rank, entry in enumerate(comparison["top_samples"], start=1):
         rows.append(
             [
                 str(rank),
@@ -155,8 +227,10 @@ def top_table(document: dict) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def group_table(document: dict) -> tuple[list[str], list[list[str]]]:
-    """Headers and rows of the per-group table (empty without --group-by)."""
+def group_table(document: dict, comparison: Optional[dict] = None) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the per-group table of ``comparison`` (default: the first; empty
+    without --group-by)."""
+    comparison = comparison or comparisons(document)[0]
     headers = [
         document["group_by"] or "group",
         "samples",
@@ -170,7 +244,7 @@ def group_table(document: dict) -> tuple[list[str], list[list[str]]]:
         "correlation",
     ]
     rows = []
-    for group in document["groups"] or []:
+    for group in comparison["groups"] or []:
         rows.append(
             [
                 str(group["key"]),

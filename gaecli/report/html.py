@@ -9,15 +9,15 @@ from __future__ import annotations
 import base64
 import html
 import io
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from gaecli.errors import GAEUsageError
-from gaecli.report import group_table, headline, quantile_note, summary_rows, top_table
+from gaecli.report import comparison_title, group_table, headline, quantile_note, summary_table, top_table
 
 if TYPE_CHECKING:
-    from gaecli.diff import DiffReport
+    from gaecli.diff.report import ComparisonResult, DiffReport
 
 INSTALL_HINT = "pip install 'gaecli[plot]'"
 SCATTER_POINTS = 5_000
@@ -65,7 +65,7 @@ def _img(figure, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{_png(figure)}">'
 
 
-def histogram_plot(report: "DiffReport") -> str:
+def histogram_plot(report: "DiffReport | ComparisonResult") -> str:
     """|Δ advantage| on a log axis, tokens where new > old and where new < old apart."""
     values, counts = report.histogram.signed_bins()
     zeros = int(report.histogram.counts[report.histogram.bins])
@@ -101,7 +101,7 @@ def histogram_plot(report: "DiffReport") -> str:
     return _img(figure, "histogram of the advantage differences")
 
 
-def scatter_plot(report: "DiffReport") -> str:
+def scatter_plot(report: "DiffReport | ComparisonResult") -> str:
     """Old against new advantages on the uniform token sample (at most SCATTER_POINTS)."""
     new, old = report.scatter
     new, old = new[:SCATTER_POINTS], old[:SCATTER_POINTS]
@@ -121,10 +121,10 @@ def scatter_plot(report: "DiffReport") -> str:
     return _img(figure, "scatter of old against new advantages")
 
 
-def group_plot(document: dict) -> str:
-    """Mean |Δ advantage| and the share of changed samples per group, in key order (bars;
-    a line beyond GROUP_BARS groups)."""
-    groups = document["groups"]
+def group_plot(document: dict, comparison: Optional[dict] = None) -> str:
+    """Mean |Δ advantage| and the share of changed samples per group of ``comparison``
+    (default: the first), in key order (bars; a line beyond GROUP_BARS groups)."""
+    groups = (comparison or document)["groups"]
     keys = [str(group["key"]) for group in groups]
     mean_delta = [group["mean_abs_delta_advantage"] for group in groups]
     changed = [100.0 * (group["changed_share"] or 0.0) for group in groups]
@@ -145,7 +145,7 @@ def group_plot(document: dict) -> str:
     return _img(figure, f"figures per {document['group_by']}")
 
 
-def trace_plot(report: "DiffReport") -> str:
+def trace_plot(report: "DiffReport | ComparisonResult") -> str:
     """Per-token old and new advantages of the first TRACES top samples at their trainable
     tokens (what was trained on); masked spans grey."""
     entries = report.top[:TRACES]
@@ -194,6 +194,32 @@ def _table(headers: list[str], rows: list[list[str]], text_columns: set[int]) ->
     return f"<table><thead><tr>{cells(headers, 'th')}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _comparison_parts(document: dict, result: "ComparisonResult", comparison: dict) -> list[str]:
+    """One comparison's plots and tables: the histogram and the scatter, the groups, the top
+    samples and their traces (headed by the comparison's name when there are several)."""
+    title = comparison_title(document, comparison)
+    parts = []
+    if title:
+        parts.append(f"<h2>{html.escape(title.removeprefix(' — ').capitalize())}</h2>")
+    parts += [histogram_plot(result), scatter_plot(result)]
+    if comparison["groups"] is not None:
+        headers, rows = group_table(document, comparison)
+        parts += [
+            f"<h2>By {html.escape(document['group_by'])}{html.escape(title)}</h2>",
+            group_plot(document, comparison),
+            _table(headers, rows, {0}),
+        ]
+    headers, rows = top_table(document, comparison)
+    parts.append(f"<h2>Top samples by max |Δ advantage|{html.escape(title)}</h2>")
+    if rows:
+        parts += [_table(headers, rows, {1, 3, 4} if document["group_by"] else {1, 3}), trace_plot(result)]
+        if len(result.top) > TRACES:
+            parts.append(f'<p class="note">Traces of the first {TRACES} samples.</p>')
+    else:
+        parts.append("<p>No sample differs.</p>")
+    return parts
+
+
 def render_html(report: "DiffReport") -> str:
     """The whole report as one HTML document (str)."""
     require_matplotlib()
@@ -211,21 +237,10 @@ def render_html(report: "DiffReport") -> str:
         "<h1>gae diff</h1>",
         f"<p>{html.escape(headline(document))}</p>",
         "<h2>Summary (trainable tokens only)</h2>",
-        _table(["figure", "value"], [list(row) for row in summary_rows(document)], {0}),
-        histogram_plot(report),
-        scatter_plot(report),
+        _table(*summary_table(document), {0}),
     ]
-    if document["groups"] is not None:
-        headers, rows = group_table(document)
-        parts += [f"<h2>By {html.escape(document['group_by'])}</h2>", group_plot(document), _table(headers, rows, {0})]
-    headers, rows = top_table(document)
-    parts.append("<h2>Top samples by max |Δ advantage|</h2>")
-    if rows:
-        parts += [_table(headers, rows, {1, 3, 4} if document["group_by"] else {1, 3}), trace_plot(report)]
-        if len(report.top) > TRACES:
-            parts.append(f'<p class="note">Traces of the first {TRACES} samples.</p>')
-    else:
-        parts.append("<p>No sample differs.</p>")
+    for result, comparison in zip(report.comparisons, document["comparisons"], strict=True):
+        parts += _comparison_parts(document, result, comparison)
     files = ", ".join(html.escape(f["file"]) for f in document["files"])
     parts += [
         f'<p class="note">Files: {files}. {html.escape(quantile_note(document))} gaecli '

@@ -3,7 +3,7 @@ request or an issue."""
 
 from __future__ import annotations
 
-from gaecli.report import group_table, headline, quantile_note, summary_rows, top_table
+from gaecli.report import comparison_title, comparisons, group_table, headline, quantile_note, summary_table, top_table
 
 MARKDOWN_GROUPS = 200
 
@@ -21,23 +21,27 @@ def table(headers: list[str], rows: list[list[str]], align_right: set[int] = fro
 
 
 def render_markdown(document: dict) -> str:
-    """The whole report: headline, summary, top samples, groups (at most
-    ``MARKDOWN_GROUPS``), and how the quantiles were computed."""
+    """The whole report: headline, the summary (one column per comparison), then per
+    comparison its top samples and groups (at most ``MARKDOWN_GROUPS``), and how the
+    quantiles were computed."""
     lines = ["# gae diff", "", headline(document), ""]
     lines += ["## Summary (trainable tokens only)", ""]
-    lines += table(["figure", "value"], [list(row) for row in summary_rows(document)], {1})
-    headers, rows = top_table(document)
-    lines += ["", "## Top samples by max |Δ advantage|", ""]
-    if rows:
-        lines += table(headers, rows, {0, 2, *range(len(headers) - 7, len(headers))})
-    else:
-        lines.append("No sample differs.")
-    headers, rows = group_table(document)
-    if document["groups"] is not None:
-        lines += ["", f"## By `{document['group_by']}`", ""]
-        lines += table(headers, rows[:MARKDOWN_GROUPS], set(range(1, len(headers))))
-        if len(rows) > MARKDOWN_GROUPS:
-            lines += ["", f"{len(rows) - MARKDOWN_GROUPS:,} more groups in the JSON report."]
+    headers, rows = summary_table(document)
+    lines += table(headers, rows, set(range(1, len(headers))))
+    for comparison in comparisons(document):
+        title = comparison_title(document, comparison)
+        headers, rows = top_table(document, comparison)
+        lines += ["", f"## Top samples by max |Δ advantage|{title}", ""]
+        if rows:
+            lines += table(headers, rows, {0, 2, *range(len(headers) - 7, len(headers))})
+        else:
+            lines.append("No sample differs.")
+        headers, rows = group_table(document, comparison)
+        if comparison["groups"] is not None:
+            lines += ["", f"## By `{document['group_by']}`{title}", ""]
+            lines += table(headers, rows[:MARKDOWN_GROUPS], set(range(1, len(headers))))
+            if len(rows) > MARKDOWN_GROUPS:
+                lines += ["", f"{len(rows) - MARKDOWN_GROUPS:,} more groups in the JSON report."]
     files = ", ".join(f"`{f['file']}`" for f in document["files"])
     lines += ["", f"Files: {files}. {quantile_note(document)} gaecli {document['version']}.", ""]
     return "\n".join(lines)

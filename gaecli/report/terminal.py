@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gaecli.report import TERMINAL_GROUPS, headline, number, percent, summary_rows
+from gaecli.report import TERMINAL_GROUPS, comparison_title, comparisons, headline, number, percent, summary_table
 
 
 def sample_label(entry: dict) -> str:
@@ -19,19 +19,30 @@ def sample_label(entry: dict) -> str:
 
 
 def render_diff(document: dict, console: Console) -> None:
-    """Headline, summary table, top samples, then at most ``TERMINAL_GROUPS`` groups."""
+    """Headline, summary table (one column per comparison), then per comparison its top
+    samples and at most ``TERMINAL_GROUPS`` groups."""
     console.print(f"[bold]gae diff[/]: {escape(headline(document))}", soft_wrap=True)
-    summary = Table(show_header=False, title="over trainable tokens", title_justify="left")
-    summary.add_column("figure")
-    summary.add_column("value", justify="right")
-    for label, value in summary_rows(document):
-        summary.add_row(escape(label), escape(value))
+    headers, rows = summary_table(document)
+    summary = Table(show_header=len(headers) > 2, title="over trainable tokens", title_justify="left")
+    for position, header in enumerate(headers):
+        summary.add_column(escape(header), justify="left" if position == 0 else "right")
+    for row in rows:
+        summary.add_row(*(escape(value) for value in row))
     console.print(summary)
-    if document["top_samples"]:
-        table = Table(title="top samples by max |Δ advantage|", title_justify="left")
+    for comparison in comparisons(document):
+        _render_comparison(document, comparison, console)
+    if document["per_sample"]:
+        console.print(f"per-sample figures → {escape(document['per_sample'])}", soft_wrap=True)
+
+
+def _render_comparison(document: dict, comparison: dict, console: Console) -> None:
+    """One comparison's top samples and groups."""
+    title = escape(comparison_title(document, comparison))
+    if comparison["top_samples"]:
+        table = Table(title=f"top samples by max |Δ advantage|{title}", title_justify="left")
         for header in ("#", "sample", "length", "masked", "tail", "max |Δ|", "flips", "credit"):
             table.add_column(header, justify="left" if header == "sample" else "right")
-        for rank, entry in enumerate(document["top_samples"], start=1):
+        for rank, entry in enumerate(comparison["top_samples"], start=1):
             table.add_row(
                 str(rank),
                 escape(sample_label(entry)),
@@ -43,11 +54,11 @@ def render_diff(document: dict, console: Console) -> None:
                 number(entry["terminal_credit"]),
             )
         console.print(table)
-    if document["groups"]:
-        table = Table(title=f"by {escape(document['group_by'])}", title_justify="left")
+    if comparison["groups"]:
+        table = Table(title=f"by {escape(document['group_by'])}{title}", title_justify="left")
         for header in ("key", "samples", "changed", "tails", "credit", "mean |Δ|", "max |Δ|", "corr"):
             table.add_column(header, justify="left" if header == "key" else "right")
-        for group in document["groups"][:TERMINAL_GROUPS]:
+        for group in comparison["groups"][:TERMINAL_GROUPS]:
             table.add_row(
                 escape(str(group["key"])),
                 f"{group['samples']:,}",
@@ -59,8 +70,6 @@ def render_diff(document: dict, console: Console) -> None:
                 number(group["correlation"]),
             )
         console.print(table)
-        if len(document["groups"]) > TERMINAL_GROUPS:
-            more = len(document["groups"]) - TERMINAL_GROUPS
+        if len(comparison["groups"]) > TERMINAL_GROUPS:
+            more = len(comparison["groups"]) - TERMINAL_GROUPS
             console.print(f"[dim]… and {more:,} more groups (see --json, --markdown or --html)[/]")
-    if document["per_sample"]:
-        console.print(f"per-sample figures → {escape(document['per_sample'])}", soft_wrap=True)
