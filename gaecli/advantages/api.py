@@ -104,7 +104,7 @@ def compute_advantages(
     """List form of :func:`compute_advantages_packed`: one 1-D tensor of length R_i per
     sample for values, rewards and loss_mask, one terminal reward per sample (and one value
     per sample in each ``row_inputs`` entry). Returns lists of ``[R_i]`` tensors."""
-    if isinstance(spec, AdvantageSpec) and spec.normalize == "none":
+    if isinstance(spec, AdvantageSpec) and spec.semantics == "masked" and spec.normalize == "none":
         in_place = _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel)
         if in_place is not None:
             return in_place
