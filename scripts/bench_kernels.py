@@ -10,7 +10,9 @@ Every kernel is called through its public signature, so ``chunked`` and ``vanill
 their compression, padding and scattering. Each kernel is called once before timing (numba
 compilation and first-touch effects excluded), then at least ``--repeat`` times and until
 ``--min-time`` seconds have passed (at most 1,000 calls); the best call counts, which keeps
-a busy shared machine from inflating the numbers. ``reference`` (a Python loop) is skipped.
+a busy shared machine from inflating the numbers. The two API rows and the kernel they are
+held against (``native``) are timed in turns, call by call, so that a changing load falls on
+all three alike. ``reference`` (a Python loop) is skipped.
 """
 
 from __future__ import annotations
@@ -71,6 +73,24 @@ def best_of(call: Callable[[], object], repeat: int, min_time: float) -> Timing:
         call()
         times.append(time.perf_counter() - start)
     return Timing(min(times), statistics.median(times), len(times))
+
+
+def best_of_each(calls: dict[str, Callable[[], object]], repeat: int, min_time: float) -> dict[str, Timing]:
+    """:func:`best_of` for several calls timed in turns, one call of each per round (after one
+    warm-up call each): a shared machine's load falls on them alike, so their ratio holds
+    even when the load changes during the run."""
+    for call in calls.values():
+        call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    began = time.perf_counter()
+    rounds = 0
+    while rounds < repeat or (time.perf_counter() - began < min_time and rounds < MAX_CALLS):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+        rounds += 1
+    return {name: Timing(min(spent), statistics.median(spent), len(spent)) for name, spent in times.items()}
 
 
 def traffic_bytes(workload: Workload) -> tuple[int, int]:
@@ -182,9 +202,10 @@ def chunked_gemm_gae(values, rewards, loss_mask, offsets, terminal_rewards, *, g
     return scatter_compressed(advantages, values, layout)
 
 
-def bench_api(workload: Workload, inputs: dict, repeat: int, min_time: float) -> dict[str, Timing]:
+def bench_api(workload: Workload, inputs: dict, repeat: int, min_time: float, with_kernel: bool) -> dict[str, Timing]:
     """The public API with its checks: ``masked_gae`` on a list of per-sample tensors (copies,
-    as a trainer holds them) and ``masked_gae_packed`` on the packed tensors."""
+    as a trainer holds them) and ``masked_gae_packed`` on the packed tensors, timed in turns
+    with the kernel they are held against (API_KERNEL alone, whose row this gives too)."""
     import gaecli
 
     lengths = workload.lengths.tolist()
@@ -193,12 +214,14 @@ def bench_api(workload: Workload, inputs: dict, repeat: int, min_time: float) ->
     )
     terminal = inputs["terminal_rewards"]
     packed = (inputs["values"], inputs["rewards"], inputs["loss_mask"], inputs["offsets"], terminal)
-    return {
-        API_ROW: best_of(
-            lambda: gaecli.masked_gae(values, rewards, masks, terminal, gamma=GAMMA, lambd=LAMBD), repeat, min_time
-        ),
-        PACKED_API_ROW: best_of(lambda: gaecli.masked_gae_packed(*packed, gamma=GAMMA, lambd=LAMBD), repeat, min_time),
+    calls = {
+        API_ROW: lambda: gaecli.masked_gae(values, rewards, masks, terminal, gamma=GAMMA, lambd=LAMBD),
+        PACKED_API_ROW: lambda: gaecli.masked_gae_packed(*packed, gamma=GAMMA, lambd=LAMBD),
     }
+    if with_kernel:
+        kernel = KERNELS[API_KERNEL].function
+        calls[API_KERNEL] = lambda: kernel(**inputs, gamma=GAMMA, lambd=LAMBD)
+    return best_of_each(calls, repeat, min_time)
 
 
 def bench_workload(name: str, repeat: int, min_time: float) -> str:
@@ -207,14 +230,16 @@ def bench_workload(name: str, repeat: int, min_time: float) -> str:
     kernels = [kernel for kernel in available_kernels("cpu") if kernel not in SKIPPED]
     timings: dict[str, Timing] = {}
     for kernel in kernels:
+        if kernel == API_KERNEL:
+            continue  # timed in turns with the API (bench_api)
         function = KERNELS[kernel].function
         timings[kernel] = best_of(
             lambda function=function: function(**inputs, gamma=GAMMA, lambd=LAMBD), repeat, min_time
         )
     timings[GEMM_BASELINE] = best_of(lambda: chunked_gemm_gae(**inputs, gamma=GAMMA, lambd=LAMBD), repeat, min_time)
     kernels.append(GEMM_BASELINE)
-    api_rows = bench_api(workload, inputs, repeat, min_time)
-    timings.update(api_rows)
+    timings.update(bench_api(workload, inputs, repeat, min_time, with_kernel=API_KERNEL in kernels))
+    api_rows = [API_ROW, PACKED_API_ROW]
     gemm_baseline = timings[GEMM_BASELINE].best
 
     tokens = workload.num_tokens

@@ -8,8 +8,10 @@ Two forms of every function:
 - packed: flat 1-D tensors ``values``, ``rewards``, ``loss_mask`` of N tokens plus
   ``offsets`` (B + 1 entries, as an Arrow list column's offsets) and ``terminal_rewards``
   (B entries); returns flat ``[N]`` tensors;
-- list: one 1-D tensor per sample; a thin wrapper that concatenates, calls the packed form
-  and splits (the pieces are views of one flat result).
+- list: one 1-D tensor per sample; on CPU tensors the kernel reads each sample where it
+  lies (no concatenation) and writes one flat result, split into per-sample views; other
+  input (CUDA, mixed dtypes, bad data) goes through a thin wrapper that concatenates, calls
+  the packed form and splits the same way.
 """
 
 from __future__ import annotations
@@ -19,8 +21,14 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 
-from gaecli.advantages.dispatch import compute, compute_screened
-from gaecli.advantages.inputs import check_contents, check_packed, check_terminal, pack_lists, split
+from gaecli.advantages.dispatch import (
+    SCREENED_MASKS,
+    SCREENED_VALUES,
+    compute,
+    compute_screened,
+    compute_screened_samples,
+)
+from gaecli.advantages.inputs import check_contents, check_packed, check_terminal, pack_lists, sample_buffers, split
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.advantages.whiten import whiten, whiten_by_group
 from gaecli.errors import GAEInputError
@@ -96,12 +104,31 @@ def compute_advantages(
     """List form of :func:`compute_advantages_packed`: one 1-D tensor of length R_i per
     sample for values, rewards and loss_mask, one terminal reward per sample (and one value
     per sample in each ``row_inputs`` entry). Returns lists of ``[R_i]`` tensors."""
+    if isinstance(spec, AdvantageSpec) and spec.semantics == "masked" and spec.normalize == "none":
+        in_place = _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel)
+        if in_place is not None:
+            return in_place
     packed = pack_lists(values, rewards, loss_mask, terminal_rewards)
     flat_values, flat_rewards, flat_mask, offsets, terminal, lengths = packed
     advantages, returns = compute_advantages_packed(
         flat_values, flat_rewards, flat_mask, offsets, terminal, spec=spec, kernel=kernel, row_inputs=row_inputs
     )
     return split(advantages, lengths), split(returns, lengths)
+
+
+def _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel):
+    """The list form's fast path: a kernel that reads each sample where it lies and screens
+    it in the same pass (no concatenation), its flat outputs split into per-sample views.
+    None when the input does not fit that path or is not clean: the general path (pack,
+    then the packed form) then computes it or names the first offending sample and token."""
+    buffers = sample_buffers(values, rewards, loss_mask, terminal_rewards, SCREENED_VALUES, SCREENED_MASKS)
+    if buffers is None:
+        return None
+    screened = compute_screened_samples(spec, buffers, kernel=kernel)
+    if screened is None or not screened[2]:
+        return None
+    advantages, returns, _ = screened
+    return split(advantages, buffers.lengths), split(returns, buffers.lengths)
 
 
 # ----------------------------------------------------------------------------- masked GAE

@@ -16,15 +16,15 @@ from gaecli.advantages.spec import AdvantageSpec
 from gaecli.errors import KernelUnavailableError
 
 # The torch dtypes (by name: this module does not import torch) a screened kernel reads.
-_SCREENED_VALUES = ("torch.float32", "torch.float64")
-_SCREENED_MASKS = (
+SCREENED_VALUES = ("torch.float32", "torch.float64")
+SCREENED_MASKS = (
     "torch.bool",
     "torch.uint8",
     "torch.int8",
     "torch.int16",
     "torch.int32",
     "torch.int64",
-    *_SCREENED_VALUES,
+    *SCREENED_VALUES,
 )
 
 
@@ -68,9 +68,9 @@ def compute_screened(
     kernel with a screened form, a semantics other than ``masked``, or dtypes it does not
     read (values float32/float64, rewards the same, mask bool, integer or float). The tensors
     (mask: bool, integer or float 0/1 as given) are read in place and not modified."""
-    if values.device.type != "cpu" or spec.semantics != "masked" or str(values.dtype) not in _SCREENED_VALUES:
+    if values.device.type != "cpu" or spec.semantics != "masked" or str(values.dtype) not in SCREENED_VALUES:
         return None
-    if rewards.dtype != values.dtype or str(loss_mask.dtype) not in _SCREENED_MASKS:
+    if rewards.dtype != values.dtype or str(loss_mask.dtype) not in SCREENED_MASKS:
         return None
     try:
         entry = KERNELS[resolve_kernel(kernel, values.device, spec)]
@@ -84,6 +84,41 @@ def compute_screened(
     arrays = [tensor.detach().numpy() for tensor in (values, rewards, loss_mask, offsets, terminal_rewards)]
     advantages, returns, clean = screened(*arrays, gamma=spec.gamma, lambd=spec.lambd)
     return torch.from_numpy(advantages), torch.from_numpy(returns), clean
+
+
+def compute_screened_samples(spec: AdvantageSpec, buffers, *, kernel: str = "auto"):
+    """:func:`compute_screened` on the list form's samples where they lie
+    (:class:`gaecli.advantages.inputs.SampleBuffers`: CPU tensors, values float32/float64,
+    rewards the same, mask bool, integer or float), read in place with no concatenation.
+    Returns flat ``(advantages, returns, clean)`` ``[N]`` tensors in the sample order (split
+    them with ``buffers.lengths``), or None when ``kernel`` does not resolve to a kernel with
+    that form or the semantics is not ``masked``."""
+    if spec.semantics != "masked":
+        return None
+    try:
+        entry = KERNELS[resolve_kernel(kernel, "cpu", spec)]
+    except KernelUnavailableError:
+        return None  # the caller's path checks the input first, then raises this
+    samples = entry.samples_function
+    if samples is None:
+        return None
+    import torch
+
+    total = int(buffers.offsets[-1])
+    advantages = torch.empty(total, dtype=buffers.dtype)
+    returns = torch.empty(total, dtype=buffers.dtype)
+    starts = buffers.offsets[:-1] * advantages.element_size()
+    outputs = np.stack([advantages.data_ptr() + starts, returns.data_ptr() + starts])
+    clean = samples(
+        np.concatenate([buffers.addresses, outputs]),
+        buffers.offsets,
+        buffers.terminal.numpy(),
+        value_dtype=advantages.numpy().dtype,
+        mask_dtype=torch.empty(0, dtype=buffers.mask_dtype).numpy().dtype,
+        gamma=spec.gamma,
+        lambd=spec.lambd,
+    )
+    return advantages, returns, clean
 
 
 def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, terminal_rewards):

@@ -4,7 +4,9 @@ form into the packed form (flat ``[N]`` tensors plus ``offsets`` ``[B + 1]``) an
 from __future__ import annotations
 
 import functools
+import operator
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -185,11 +187,80 @@ def pack_lists(values, rewards, loss_mask, terminal_rewards):
         flat_values = torch.zeros(0, dtype=torch.get_default_dtype())
         flat_rewards = torch.zeros(0, dtype=torch.get_default_dtype())
         flat_mask = torch.zeros(0, dtype=torch.bool)
+    return flat_values, flat_rewards, flat_mask, offsets, _terminal_tensor(terminal_rewards), lengths
+
+
+def _terminal_tensor(terminal_rewards) -> torch.Tensor:
+    """The list form's terminal rewards as a tensor (a sequence of numbers: float64)."""
     if isinstance(terminal_rewards, torch.Tensor):
-        terminal = terminal_rewards
-    else:
-        terminal = torch.tensor([float(z) for z in terminal_rewards], dtype=torch.float64)
-    return flat_values, flat_rewards, flat_mask, offsets, terminal, lengths
+        return terminal_rewards
+    return torch.tensor([float(z) for z in terminal_rewards], dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class SampleBuffers:
+    """The list form's samples where they lie, for a kernel that reads each in place (no
+    concatenation): ``addresses`` int64 ``[3, B]``, where each sample's values, rewards and
+    mask start (each contiguous); ``offsets`` int64 ``[B + 1]``, the lengths as offsets (the
+    packed output's layout); ``lengths`` the same as a list; ``terminal`` ``[B]`` in the
+    values' dtype and checked finite; the values' (rewards') and mask's dtypes; ``keep``
+    the tensors read, alive as long as this object."""
+
+    addresses: np.ndarray
+    offsets: np.ndarray
+    lengths: list[int]
+    terminal: torch.Tensor
+    dtype: torch.dtype
+    mask_dtype: torch.dtype
+    keep: tuple
+
+
+def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dtypes) -> SampleBuffers | None:
+    """The list form's samples as :class:`SampleBuffers`, or None when they do not fit that
+    form: B = 0, a sample not a CPU tensor (or a numpy array: taken as a tensor) of 1-D,
+    values not all of one dtype among ``dtypes`` (names, e.g. ``"torch.float32"``), rewards
+    not of that dtype, masks not all of one dtype among ``mask_dtypes``, lengths or counts
+    that differ, a terminal reward that is not finite. None sends the caller to the general
+    path (:func:`pack_lists`), which names any fault. Reads no token: costs a few attribute
+    reads per sample. A tensor that is not contiguous is copied (it alone)."""
+    columns = []
+    try:
+        samples = len(values)
+        if not samples or not len(rewards) == len(loss_mask) == len(terminal_rewards) == samples:
+            return None
+        for seq, allowed in ((values, dtypes), (rewards, dtypes), (loss_mask, mask_dtypes)):
+            tensors = seq if all(isinstance(t, torch.Tensor) for t in seq) else _as_tensors("", seq)
+            kinds = set(map(_DTYPE, tensors))
+            if len(kinds) != 1 or str(next(iter(kinds))) not in allowed or not all(map(_IS_CPU, tensors)):
+                return None
+            strides = set(map(torch.Tensor.stride, tensors))
+            if strides != {(1,)}:
+                if any(len(stride) != 1 for stride in strides):
+                    return None
+                tensors = [tensor.contiguous() for tensor in tensors]
+            columns.append(tensors)
+    except (GAEInputError, RuntimeError, TypeError):  # e.g. a sparse tensor (no strides), a 0-d tensor (no len)
+        return None
+    dtype, mask_dtype = columns[0][0].dtype, columns[2][0].dtype
+    if columns[1][0].dtype != dtype:
+        return None
+    lengths = list(map(torch.Tensor.numel, columns[0]))
+    if not lengths == list(map(torch.Tensor.numel, columns[1])) == list(map(torch.Tensor.numel, columns[2])):
+        return None
+    terminal = _terminal_tensor(terminal_rewards)
+    if terminal.dim() != 1 or terminal.numel() != samples or terminal.is_complex():
+        return None
+    terminal = terminal.to(device="cpu", dtype=dtype)
+    if not bool(torch.isfinite(terminal).all()):
+        return None
+    addresses = np.array([list(map(torch.Tensor.data_ptr, tensors)) for tensors in columns], dtype=np.int64)
+    offsets = np.zeros(samples + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return SampleBuffers(addresses, offsets, lengths, terminal, dtype, mask_dtype, tuple(columns))
+
+
+_DTYPE = operator.attrgetter("dtype")
+_IS_CPU = operator.attrgetter("is_cpu")
 
 
 def split(flat: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:

@@ -34,8 +34,10 @@ class Kernel:
     description for ``gae kernels``, the spec features it supports, its numpy form (a
     function of the same module on numpy buffers, or None), its screened numpy form (the
     numpy form that also screens its input in the same pass and says whether it was clean:
-    ``(advantages, returns, clean)``; or None), and the module it needs to be importable to
-    run (None: torch only)."""
+    ``(advantages, returns, clean)``; or None), its screened form over samples where they lie
+    (each sample's buffers by address, read and written in place: the list API's path without
+    concatenation; or None), and the module it needs to be importable to run (None: torch
+    only)."""
 
     module: str
     attribute: str
@@ -45,6 +47,7 @@ class Kernel:
     flat_attribute: Optional[str] = None
     needs: Optional[str] = None
     screened_attribute: Optional[str] = None
+    samples_attribute: Optional[str] = None
 
     @property
     def function(self) -> Callable[..., tuple[Any, Any]]:
@@ -64,6 +67,13 @@ class Kernel:
         if self.screened_attribute is None:
             return None
         return getattr(importlib.import_module(self.module), self.screened_attribute)
+
+    @property
+    def samples_function(self) -> Optional[Callable[..., bool]]:
+        """The screened form over samples where they lie, or None."""
+        if self.samples_attribute is None:
+            return None
+        return getattr(importlib.import_module(self.module), self.samples_attribute)
 
     @cached_property
     def usable(self) -> bool:
@@ -104,6 +114,7 @@ KERNELS: dict[str, Kernel] = {
         flat_attribute="native_gae_flat",
         needs="numba",
         screened_attribute="native_gae_screened",
+        samples_attribute="native_gae_samples",
     ),
     "triton": Kernel(
         f"{_PACKAGE}.triton",

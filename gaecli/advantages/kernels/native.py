@@ -1,5 +1,9 @@
-"""Compiled CPU kernel (numba): masked GAE straight on the flat buffers and offsets, one
-backward pass per sample, samples spread over the cores. The CPU fast path.
+"""Compiled CPU kernel (numba): masked GAE straight on each sample's buffers where they lie,
+one backward pass per sample, samples spread over the cores. The CPU fast path.
+
+The kernel takes the address of each sample's values, rewards, mask, advantages and returns:
+a flat buffer and its offsets (:func:`native_gae_flat`) and a list of per-sample tensors (the
+list API, :func:`native_gae_samples`) are the same input to it, and neither is copied first.
 
 Every sample is computed alone, in float64 whatever the input dtype, with the operations of
 :func:`gaecli.advantages.kernels.reference.reference_gae` in the same order (``δ = (r + z) + γ·V' − V``,
@@ -23,6 +27,8 @@ import numpy as np
 
 try:
     import numba
+    from numba.core import types
+    from numba.extending import intrinsic
 except ImportError:  # pragma: no cover - exercised only without the dependency
     numba = None
 
@@ -35,6 +41,8 @@ LANES = 4  # samples side by side per thread (_run_group's loop is written out f
 # lower lane runs alone for as many bytes.
 PAGE_BYTES = 4096
 LANE_SEPARATION_BYTES = 512
+# The rows of the kernel's ``addresses`` [5, B]: where each sample's buffers start.
+VALUES, REWARDS, MASK, ADVANTAGES, RETURNS = range(5)
 
 
 def _step(values, rewards, loss_mask, advantages, returns, t, gamma, decay, carry, next_value, terminal, screen):
@@ -74,27 +82,54 @@ def _run_alone(
     return carry, next_value, terminal, screen
 
 
-def _too_close(position, lane, itemsize):
-    """Whether lane ``lane`` sits within LANE_SEPARATION_BYTES of a lower lane, modulo 4 KiB."""
+def _pointer(typingctx, address, like):
+    """The int64 ``address`` as a pointer to ``like``'s dtype (an intrinsic: numba has no cast
+    from an integer to a pointer)."""
+    signature = types.CPointer(like.dtype)(address, like)
+
+    def codegen(context, builder, signature, arguments):
+        return builder.inttoptr(arguments[0], context.get_value_type(signature.return_type))
+
+    return signature, codegen
+
+
+def _buffers(sample, addresses, lengths, value_kind, mask_kind):
+    """Sample ``sample``'s five buffers as arrays over its ``lengths[sample]`` tokens, read
+    and written in place: values, rewards, mask, advantages, returns (rows of ``addresses``)."""
+    length = lengths[sample]
+    return (
+        numba.carray(_pointer(addresses[VALUES, sample], value_kind), length),
+        numba.carray(_pointer(addresses[REWARDS, sample], value_kind), length),
+        numba.carray(_pointer(addresses[MASK, sample], mask_kind), length),
+        numba.carray(_pointer(addresses[ADVANTAGES, sample], value_kind), length),
+        numba.carray(_pointer(addresses[RETURNS, sample], value_kind), length),
+    )
+
+
+def _too_close(addresses, lane_sample, position, lane, itemsize):
+    """Whether lane ``lane``'s next store lies within LANE_SEPARATION_BYTES of a lower lane's,
+    modulo 4 KiB."""
+    place = addresses[ADVANTAGES, lane_sample[lane]] + position[lane] * itemsize
     for other in range(lane):
-        apart = ((position[lane] - position[other]) * itemsize) % PAGE_BYTES
+        apart = (place - addresses[ADVANTAGES, lane_sample[other]] - position[other] * itemsize) % PAGE_BYTES
         if apart < LANE_SEPARATION_BYTES or apart > PAGE_BYTES - LANE_SEPARATION_BYTES:
             return True
     return False
 
 
-def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, decay, advantages, returns, order):
+def _run_group(addresses, lengths, terminal_rewards, gamma, decay, order, value_kind, mask_kind):
     """Every sample of ``order`` (sample indices, longest first), four at a time. Returns
     the group's input screen (0: every input read was valid; see :func:`_step`).
 
-    Lane state: the positions still to run are ``stop .. position - 1``; ``carry``,
-    ``next_value`` and ``terminal`` are the recurrence's state, ``screen`` the lane's screen.
+    Lane state: the sample ``lane_sample`` whose tokens ``0 .. position - 1`` are still to
+    run (none left: the lane is free); ``carry``, ``next_value`` and ``terminal`` are the
+    recurrence's state, ``screen`` the lane's screen.
     """
     queued = order.shape[0]
     taken = 0
-    itemsize = max(values.itemsize, advantages.itemsize)
+    itemsize = value_kind.itemsize
+    lane_sample = np.zeros(LANES, dtype=np.int64)
     position = np.zeros(LANES, dtype=np.int64)
-    stop = np.zeros(LANES, dtype=np.int64)
     carry = np.zeros(LANES, dtype=np.float64)
     next_value = np.zeros(LANES, dtype=np.float64)
     terminal = np.zeros(LANES, dtype=np.float64)
@@ -103,30 +138,31 @@ def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, dec
         # Give every finished lane the next non-empty sample of the queue.
         all_busy = True
         for lane in range(LANES):
-            while position[lane] == stop[lane] and taken < queued:
+            while position[lane] == 0 and taken < queued:
                 sample = order[taken]
                 taken += 1
-                position[lane] = offsets[sample + 1]
-                stop[lane] = offsets[sample]
+                lane_sample[lane] = sample
+                position[lane] = lengths[sample]
                 carry[lane] = 0.0
                 next_value[lane] = 0.0
                 terminal[lane] = np.float64(terminal_rewards[sample])
-            if position[lane] == stop[lane]:
+            if position[lane] == 0:
                 all_busy = False
         if not all_busy:
             break
         # Keep the lanes apart modulo 4 KiB (see LANE_SEPARATION_BYTES).
         for lane in range(1, LANES):
             for _ in range(PAGE_BYTES // LANE_SEPARATION_BYTES):
-                if position[lane] == stop[lane] or not _too_close(position, lane, itemsize):
+                if position[lane] == 0 or not _too_close(addresses, lane_sample, position, lane, itemsize):
                     break
-                ahead = max(position[lane] - LANE_SEPARATION_BYTES // itemsize, stop[lane])
+                ahead = max(position[lane] - LANE_SEPARATION_BYTES // itemsize, 0)
+                v, r, m, a, g = _buffers(lane_sample[lane], addresses, lengths, value_kind, mask_kind)
                 carry[lane], next_value[lane], terminal[lane], screen[lane] = _run_alone(
-                    values,
-                    rewards,
-                    loss_mask,
-                    advantages,
-                    returns,
+                    v,
+                    r,
+                    m,
+                    a,
+                    g,
                     gamma,
                     decay,
                     ahead,
@@ -137,7 +173,11 @@ def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, dec
                     screen[lane],
                 )
                 position[lane] = ahead
-        steps = min(position[0] - stop[0], position[1] - stop[1], position[2] - stop[2], position[3] - stop[3])
+        steps = min(position[0], position[1], position[2], position[3])
+        v0, r0, m0, a0, g0 = _buffers(lane_sample[0], addresses, lengths, value_kind, mask_kind)
+        v1, r1, m1, a1, g1 = _buffers(lane_sample[1], addresses, lengths, value_kind, mask_kind)
+        v2, r2, m2, a2, g2 = _buffers(lane_sample[2], addresses, lengths, value_kind, mask_kind)
+        v3, r3, m3, a3, g3 = _buffers(lane_sample[3], addresses, lengths, value_kind, mask_kind)
         t0, t1, t2, t3 = position[0], position[1], position[2], position[3]
         c0, c1, c2, c3 = carry[0], carry[1], carry[2], carry[3]
         n0, n1, n2, n3 = next_value[0], next_value[1], next_value[2], next_value[3]
@@ -148,10 +188,10 @@ def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, dec
             t1 -= 1
             t2 -= 1
             t3 -= 1
-            c0, n0, z0, s0 = _step(values, rewards, loss_mask, advantages, returns, t0, gamma, decay, c0, n0, z0, s0)
-            c1, n1, z1, s1 = _step(values, rewards, loss_mask, advantages, returns, t1, gamma, decay, c1, n1, z1, s1)
-            c2, n2, z2, s2 = _step(values, rewards, loss_mask, advantages, returns, t2, gamma, decay, c2, n2, z2, s2)
-            c3, n3, z3, s3 = _step(values, rewards, loss_mask, advantages, returns, t3, gamma, decay, c3, n3, z3, s3)
+            c0, n0, z0, s0 = _step(v0, r0, m0, a0, g0, t0, gamma, decay, c0, n0, z0, s0)
+            c1, n1, z1, s1 = _step(v1, r1, m1, a1, g1, t1, gamma, decay, c1, n1, z1, s1)
+            c2, n2, z2, s2 = _step(v2, r2, m2, a2, g2, t2, gamma, decay, c2, n2, z2, s2)
+            c3, n3, z3, s3 = _step(v3, r3, m3, a3, g3, t3, gamma, decay, c3, n3, z3, s3)
         position[0], position[1], position[2], position[3] = t0, t1, t2, t3
         carry[0], carry[1], carry[2], carry[3] = c0, c1, c2, c3
         next_value[0], next_value[1], next_value[2], next_value[3] = n0, n1, n2, n3
@@ -160,54 +200,34 @@ def _run_group(values, rewards, loss_mask, offsets, terminal_rewards, gamma, dec
     # The queue is empty: finish the samples still in flight one by one.
     total = 0.0
     for lane in range(LANES):
-        total += _run_alone(
-            values,
-            rewards,
-            loss_mask,
-            advantages,
-            returns,
-            gamma,
-            decay,
-            stop[lane],
-            position[lane],
-            carry[lane],
-            next_value[lane],
-            terminal[lane],
-            screen[lane],
-        )[3]
+        total += screen[lane]
+        if position[lane] > 0:
+            v, r, m, a, g = _buffers(lane_sample[lane], addresses, lengths, value_kind, mask_kind)
+            total += _run_alone(
+                v, r, m, a, g, gamma, decay, 0, position[lane], carry[lane], next_value[lane], terminal[lane], 0.0
+            )[3]
     return total
 
 
 def _masked_gae_batch(
-    values,
-    rewards,
-    loss_mask,
-    offsets,
-    terminal_rewards,
-    gamma,
-    lambd,
-    advantages,
-    returns,
-    order,
-    group_bounds,
-    screens,
+    addresses, lengths, terminal_rewards, gamma, lambd, order, group_bounds, screens, value_kind, mask_kind
 ):
-    """Fill ``advantages`` and ``returns``, and ``screens[g]`` with group ``g``'s input
+    """Fill every sample's advantages and returns, and ``screens[g]`` with group ``g``'s input
     screen; group ``g`` is the samples ``order[group_bounds[g]:group_bounds[g + 1]]``, and
-    the groups run in parallel."""
+    the groups run in parallel. ``addresses``: int64 ``[5, B]``, where each sample's buffers
+    start (rows VALUES, REWARDS, MASK, ADVANTAGES, RETURNS); ``value_kind``, ``mask_kind``:
+    empty arrays of the values' (rewards', outputs') and the mask's dtypes."""
     decay = gamma * lambd
     for group in numba.prange(group_bounds.shape[0] - 1):
         screens[group] = _run_group(
-            values,
-            rewards,
-            loss_mask,
-            offsets,
+            addresses,
+            lengths,
             terminal_rewards,
             gamma,
             decay,
-            advantages,
-            returns,
             order[group_bounds[group] : group_bounds[group + 1]],
+            value_kind,
+            mask_kind,
         )
 
 
@@ -230,11 +250,55 @@ def _plan_groups(offsets: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarr
 if AVAILABLE:
     _step = numba.njit(nogil=True)(_step)
     _run_alone = numba.njit(nogil=True)(_run_alone)
+    _pointer = intrinsic(_pointer)
+    _buffers = numba.njit(nogil=True)(_buffers)
     _too_close = numba.njit(nogil=True)(_too_close)
     _run_group = numba.njit(nogil=True)(_run_group)
     _compiled = numba.njit(parallel=True, cache=True, nogil=True)(_masked_gae_batch)
 else:  # pragma: no cover
     _compiled = None
+
+
+def native_gae_samples(
+    addresses: np.ndarray,
+    offsets: np.ndarray,
+    terminal_rewards: np.ndarray,
+    *,
+    value_dtype: np.dtype,
+    mask_dtype: np.dtype,
+    gamma: float,
+    lambd: float,
+) -> bool:
+    """Masked GAE of B samples whose buffers lie anywhere in memory, read and written in place:
+    ``addresses`` int64 ``[5, B]``, the address of each sample's first value, reward, mask
+    entry, advantage and return (rows VALUES, REWARDS, MASK, ADVANTAGES, RETURNS), each buffer
+    contiguous; ``offsets`` int64 ``[B + 1]``, the samples' lengths as offsets; values,
+    rewards and outputs of ``value_dtype`` (float32 or float64), the mask of ``mask_dtype``
+    (bool, integer or float; trainable: ``!= 0``), ``terminal_rewards`` ``[B]``. The caller
+    keeps every buffer alive and of that size: nothing here can check an address.
+
+    Screens the input in the same pass (see :func:`native_gae_screened`) and returns
+    ``clean``. The list API's path (no concatenation) and the packed form's alike.
+    """
+    batch = offsets.size - 1
+    if batch <= 0:
+        return True
+    groups = max(1, min(numba.get_num_threads(), batch))
+    order, group_bounds = _plan_groups(offsets, groups)
+    screens = np.zeros(groups, dtype=np.float64)
+    _compiled(
+        addresses,
+        np.diff(offsets),
+        terminal_rewards,
+        float(gamma),
+        float(lambd),
+        order,
+        group_bounds,
+        screens,
+        np.empty(0, dtype=value_dtype),
+        np.empty(0, dtype=mask_dtype),
+    )
+    return bool(screens.sum() == 0.0)
 
 
 def native_gae_flat(
@@ -275,29 +339,24 @@ def native_gae_screened(
     finite (at masked positions too) or a mask value was neither 0 nor 1. ``loss_mask`` may
     then be bool, integer or float (trainable: ``!= 0``). Which sample and token is at fault
     is for the caller to find (an error path: :mod:`gaecli.advantages.inputs`)."""
+    values, rewards, loss_mask = (np.ascontiguousarray(array) for array in (values, rewards, loss_mask))
     advantages = np.empty_like(values)
     returns = np.empty_like(values)
-    batch = offsets.size - 1
-    if batch <= 0:
-        return advantages, returns, True
-    groups = max(1, min(numba.get_num_threads(), batch))
-    order, group_bounds = _plan_groups(offsets, groups)
-    screens = np.zeros(groups, dtype=np.float64)
-    _compiled(
-        values,
-        rewards,
-        loss_mask,
+    offsets = np.asarray(offsets, dtype=np.int64)
+    starts = offsets[:-1]
+    addresses = np.stack(
+        [array.ctypes.data + starts * array.itemsize for array in (values, rewards, loss_mask, advantages, returns)]
+    )
+    clean = native_gae_samples(
+        addresses,
         offsets,
         terminal_rewards,
-        float(gamma),
-        float(lambd),
-        advantages,
-        returns,
-        order,
-        group_bounds,
-        screens,
+        value_dtype=values.dtype,
+        mask_dtype=loss_mask.dtype,
+        gamma=gamma,
+        lambd=lambd,
     )
-    return advantages, returns, bool(screens.sum() == 0.0)
+    return advantages, returns, clean
 
 
 def native_gae(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma: float, lambd: float):

@@ -1,0 +1,189 @@
+"""The list API reading each sample where it lies (no concatenation): bitwise equal to the
+packed API and to the float64 reference kernel, within tolerance of the pure-Python oracle,
+on random ragged lists (empty and fully masked samples, every mask dtype, float32 and
+float64, strided tensors, numpy arrays); the inputs untouched; bad input named by sample and
+token as before; input the path does not take (mixed dtypes) computed by the general path."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import gaecli
+import gaecli.advantages.api as api
+from gaecli import GAEInputError
+
+from helpers import MASK_KINDS, assert_bitwise, assert_close, make_batch, oracle_batch
+
+LENGTHS = [7, 0, 1, 33, 2, 0, 64, 5, 129, 3, 18, 0, 250, 1]
+
+
+@pytest.fixture
+def in_place_only(monkeypatch):
+    """Fail if the list API concatenates: proves the path under test is the in-place one."""
+
+    def refuse(*arguments, **keywords):
+        raise AssertionError("the list API concatenated its input")
+
+    monkeypatch.setattr(api, "pack_lists", refuse)
+
+
+def packed_split(batch, masks, kernel="native"):
+    """The packed API on the batch concatenated, split back per sample."""
+    values, rewards, _, offsets, terminal = batch.packed()
+    advantages, returns = gaecli.masked_gae_packed(
+        values, rewards, torch.cat(masks), offsets, terminal, gamma=batch.gamma, lambd=batch.lambd, kernel=kernel
+    )
+    lengths = [v.numel() for v in batch.values]
+    return list(torch.split(advantages, lengths)), list(torch.split(returns, lengths))
+
+
+def ragged(seed, dtype, lengths=LENGTHS):
+    kinds = [MASK_KINDS[i % len(MASK_KINDS)] for i in range(len(lengths))]  # "zeros": fully masked samples
+    return make_batch(seed, lengths, kinds, dtype=dtype)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.uint8, torch.int64, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_in_place_equals_packed_reference_and_oracle(seed, dtype, mask_dtype, request):
+    batch = ragged(seed, dtype)
+    masks = [mask.to(mask_dtype) for mask in batch.masks]
+    expected_advantages, expected_returns = packed_split(batch, masks)
+    # The reference kernel (a float64 loop) on float64 inputs, rounded once to the dtype.
+    batch64 = batch.as_float64()
+    reference = gaecli.masked_gae(*batch64.args(), gamma=batch.gamma, lambd=batch.lambd, kernel="reference")
+    request.getfixturevalue("in_place_only")
+    advantages, returns = gaecli.masked_gae(
+        batch.values, batch.rewards, masks, batch.terminals, gamma=batch.gamma, lambd=batch.lambd
+    )
+    assert [a.numel() for a in advantages] == LENGTHS
+    for index in range(len(LENGTHS)):
+        assert_bitwise(f"advantages {index}", expected_advantages[index], advantages[index])
+        assert_bitwise(f"returns {index}", expected_returns[index], returns[index])
+        assert_bitwise(f"reference advantages {index}", reference[0][index].to(dtype), advantages[index])
+        assert_bitwise(f"reference returns {index}", reference[1][index].to(dtype), returns[index])
+    oracle_advantages, oracle_returns = oracle_batch("masked", batch)
+    assert_close("advantages", oracle_advantages, advantages)
+    assert_close("returns", oracle_returns, returns)
+    for index, kind in enumerate(batch.kinds):
+        if kind == "zeros":  # a fully masked sample is all 0
+            assert not advantages[index].any() and not returns[index].any()
+
+
+def test_strided_tensors_read_as_their_elements(in_place_only):
+    batch = ragged(3, torch.float32)
+    expected = gaecli.masked_gae(*batch.args(), gamma=batch.gamma, lambd=batch.lambd)
+
+    def strided(tensors):  # every other element of a buffer twice as long, the rest garbage
+        views = []
+        for tensor in tensors:
+            buffer = torch.full((2 * tensor.numel(),), 7, dtype=tensor.dtype)
+            buffer[::2] = tensor
+            views.append(buffer[::2])
+        return views
+
+    values, rewards, masks = strided(batch.values), strided(batch.rewards), strided(batch.masks)
+    assert any(not tensor.is_contiguous() for tensor in values + rewards + masks)
+    snapshot = [tensor.clone() for tensor in values + rewards + masks]
+    advantages, returns = gaecli.masked_gae(
+        values, rewards, masks, batch.terminals, gamma=batch.gamma, lambd=batch.lambd
+    )
+    for index in range(len(LENGTHS)):
+        assert_bitwise(f"advantages {index}", expected[0][index], advantages[index])
+        assert_bitwise(f"returns {index}", expected[1][index], returns[index])
+    for before, after in zip(snapshot, values + rewards + masks):
+        assert torch.equal(before, after)  # the input untouched
+
+
+def test_many_samples_of_equal_power_of_two_length(in_place_only):
+    # Separately allocated samples 4 KiB apart (the lanes' separation) and a ragged tail.
+    lengths = [1024] * 24 + [4096] * 6 + list(range(0, 3000, 97))
+    batch = make_batch(4, lengths, dtype=torch.float32)
+    masks = [mask.to(torch.uint8) for mask in batch.masks]
+    snapshot = [tensor.clone() for tensor in batch.values + batch.rewards + masks]
+    advantages, returns = gaecli.masked_gae(
+        batch.values, batch.rewards, masks, batch.terminals, gamma=batch.gamma, lambd=batch.lambd
+    )
+    expected_advantages, expected_returns = packed_split(batch, masks)
+    for index in range(len(lengths)):
+        assert_bitwise(f"advantages {index}", expected_advantages[index], advantages[index])
+        assert_bitwise(f"returns {index}", expected_returns[index], returns[index])
+    oracle_advantages, oracle_returns = oracle_batch("masked", batch.subset(range(0, len(lengths), 7)))
+    assert_close("advantages", oracle_advantages, advantages[::7])
+    assert_close("returns", oracle_returns, returns[::7])
+    for before, after in zip(snapshot, batch.values + batch.rewards + masks):
+        assert torch.equal(before, after)
+
+
+def test_numpy_arrays_read_in_place(in_place_only):
+    batch = ragged(5, torch.float64)
+    expected = packed_split(batch, batch.masks)
+    got = gaecli.masked_gae(
+        [v.numpy() for v in batch.values],
+        [r.numpy() for r in batch.rewards],
+        [m.numpy() for m in batch.masks],
+        np.array(batch.terminals),
+        gamma=batch.gamma,
+        lambd=batch.lambd,
+    )
+    for expected_part, got_part in zip(expected, got):
+        for index, (want, have) in enumerate(zip(expected_part, got_part)):
+            assert_bitwise(f"sample {index}", want, have)
+
+
+def test_only_empty_samples_and_no_samples():
+    advantages, returns = gaecli.masked_gae(
+        [torch.zeros(0), torch.zeros(0)], [torch.zeros(0), torch.zeros(0)], [torch.zeros(0)] * 2, [1.0, 2.0],
+        gamma=0.9, lambd=0.9,
+    )  # fmt: skip
+    assert [a.numel() for a in advantages] == [0, 0] and [r.numel() for r in returns] == [0, 0]
+    assert gaecli.masked_gae([], [], [], [], gamma=0.9, lambd=0.9) == ([], [])
+
+
+def test_mixed_dtypes_take_the_general_path():
+    # float32 and float64 samples: values promote to float64, as torch.cat promotes them.
+    batch = ragged(6, torch.float32)
+    values = [v.double() if i % 2 else v for i, v in enumerate(batch.values)]
+    advantages, returns = gaecli.masked_gae(
+        values, batch.rewards, batch.masks, batch.terminals, gamma=batch.gamma, lambd=batch.lambd
+    )
+    flat_values, flat_rewards, flat_mask, offsets, terminal = batch.packed()
+    expected = gaecli.masked_gae_packed(
+        torch.cat(values), flat_rewards, flat_mask, offsets, terminal, gamma=batch.gamma, lambd=batch.lambd
+    )
+    assert_bitwise("advantages", expected[0], torch.cat(advantages))
+    assert_bitwise("returns", expected[1], torch.cat(returns))
+
+
+@pytest.mark.parametrize(
+    "column, sample, token, bad, message",
+    [
+        ("values", 8, 100, math.nan, "sample 8: values is nan at token 100 (must be finite)"),
+        ("rewards", 12, 0, -math.inf, "sample 12: rewards is -inf at token 0 (must be finite)"),
+        ("values", 13, 0, math.inf, "sample 13: values is inf at token 0 (must be finite)"),
+        ("mask", 6, 63, 2, "sample 6: loss_mask value 2 at token 63 is not 0 or 1"),
+        ("terminal", 3, None, math.nan, "sample 3: terminal reward is nan (must be finite)"),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_first_offending_sample_and_token_named(dtype, column, sample, token, bad, message):
+    batch = ragged(7, dtype)
+    masks = [mask.to(torch.int32) for mask in batch.masks]
+    terminals = list(batch.terminals)
+    if column == "terminal":
+        terminals[sample] = bad
+    else:
+        target = {"values": batch.values, "rewards": batch.rewards, "mask": masks}[column]
+        target[sample][token] = bad
+        if sample < 12:
+            target[12][200] = 5 if column == "mask" else math.nan  # a later offence, not the one named
+    snapshot = [tensor.clone() for tensor in batch.values + batch.rewards + masks]
+    with pytest.raises(GAEInputError) as raised:
+        gaecli.masked_gae(batch.values, batch.rewards, masks, terminals, gamma=batch.gamma, lambd=batch.lambd)
+    assert str(raised.value) == message
+    for before, after in zip(snapshot, batch.values + batch.rewards + masks):
+        torch.testing.assert_close(after, before, rtol=0, atol=0, equal_nan=True)  # the input untouched
