@@ -220,6 +220,32 @@ def test_terminal_credit_of_every_profile(tmp_path, gamma, lambd):
 # ----------------------------------------------------------------------------- a list is separate runs
 
 
+def test_one_pass_reads_each_batch_once_and_computes_the_new_side_once(tmp_path, monkeypatch):
+    import gaecli.pipeline as pipeline
+    from gaecli.diff import DiffOptions, diff_files
+    from gaecli.io.reader import RolloutFile
+
+    path = write_data(tmp_path, rollouts(rows=25, seed=4))
+    reads, computed = [], []
+    iter_batches, compute_packed = RolloutFile.iter_batches, pipeline.compute_packed
+
+    def counted_batches(self, *args, **kwargs):
+        for batch in iter_batches(self, *args, **kwargs):
+            reads.append(batch.num_rows)
+            yield batch
+
+    def counted_compute(packed, spec, kernel, device):
+        computed.append(spec.semantics)
+        return compute_packed(packed, spec, kernel, device)
+
+    monkeypatch.setattr(RolloutFile, "iter_batches", counted_batches)
+    monkeypatch.setattr(pipeline, "compute_packed", counted_compute)
+    report = diff_files([path], DiffOptions(gamma=GAMMA, lambd=LAMBD, baseline="all", batch_rows=10))
+    assert reads == [10, 10, 5]  # every row read once
+    assert computed == ["masked", *PROFILES] * 3  # per batch: the new side once, each profile once
+    assert [comparison.name for comparison in report.comparisons] == list(PROFILES)
+
+
 def diff_report(paths, *args, workers: int, engine: str = "local") -> tuple[dict, list[dict]]:
     """The JSON document and the per-sample rows of one run."""
     rows_path = paths[0].parent / f"rows-{engine}-{workers}.parquet"
