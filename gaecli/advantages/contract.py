@@ -27,8 +27,9 @@ SEMANTICS: tuple[str, ...] = (MASKED, *BASELINES)
 ESTIMATORS: tuple[str, ...] = ("gae",)
 """Advantage estimators implemented (critic-free ones join here)."""
 
-TIMESTEPS: tuple[str, ...] = ("token",)
-"""Timestep units implemented (``turn`` joins here)."""
+TIMESTEPS: tuple[str, ...] = ("token", "turn")
+"""Timestep units: ``token`` (every trainable token a timestep) and ``turn`` (every maximal
+run of trainable tokens one timestep; docs/variants.md)."""
 
 NORMALIZATIONS: tuple[str, ...] = ("none", "all", "by")
 """Whitening of the advantages: none, over every trainable token of the input, or per group
