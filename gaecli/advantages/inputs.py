@@ -289,7 +289,9 @@ def check_variant_inputs(spec, row_inputs: dict, trainable: torch.Tensor, offset
             bad = ~((array == 0) | (array == 1))
             if bad.any():
                 sample = int(np.flatnonzero(bad)[0])
-                raise GAEInputError(f"sample {sample}: {needed.name} is {array[sample]!r}, not a flag (0/1, bool)")
+                raise GAEInputError(
+                    f"sample {sample}: {needed.name} is {array[sample].item()!r}, not a flag (0/1, bool)"
+                )
             flags = array != 0
             converted[needed.name] = flags
         else:
