@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from gaecli.comparison.figures import PRODUCT_SUMS, RowFigures, correlation, ratio
 from gaecli.comparison.keys import json_value
-from gaecli.stats import encode_keys
+from gaecli.grouping import encode_keys
 
 GROUP_SUMS = (
     "samples",
