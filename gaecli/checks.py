@@ -497,6 +497,40 @@ def check_batch(
     return BatchCheck(findings, invalid, counts, flat_numbers, mask_offsets)
 
 
+ROW_INPUT_TYPES: dict[str, str] = {
+    "turn_rewards": "a list of float or int",
+    "truncated": "bool or an integer",
+    "bootstrap_values": "a float or int",
+}
+"""The type each per-row input of the GAE variants must have, by role, in words."""
+
+
+def row_input_type_ok(role: str, arrow_type: pa.DataType) -> bool:
+    """Whether a column of ``arrow_type`` can hold the per-row input ``role`` (:data:`ROW_INPUT_TYPES`)."""
+    if role == "turn_rewards":
+        return is_list_type(arrow_type) and is_scalar_number_type(arrow_type.value_type)
+    if role == "truncated":
+        return pa.types.is_boolean(arrow_type) or pa.types.is_integer(arrow_type)
+    return is_scalar_number_type(arrow_type)
+
+
+def check_row_input_schema(schema: pa.Schema, row_inputs: Sequence[RowInput], file: str) -> list[Finding]:
+    """File-level findings (``missing-column``, ``wrong-type``) of the GAE variants'
+    per-row columns."""
+    findings = []
+    for needed in row_inputs:
+        if needed.role not in ROW_INPUT_TYPES:
+            continue
+        if needed.name not in schema.names:
+            message = f"column {needed.name!r} is missing (have: {', '.join(schema.names)})"
+            findings.append(Finding(file, None, needed.name, "missing-column", message))
+        elif not row_input_type_ok(needed.role, schema.field(needed.name).type):
+            arrow_type = schema.field(needed.name).type
+            message = f"column {needed.name!r} is {arrow_type}, expected {ROW_INPUT_TYPES[needed.role]}"
+            findings.append(Finding(file, None, needed.name, "wrong-type", message))
+    return findings
+
+
 def check_row_inputs(
     batch: pa.RecordBatch, row_inputs: Sequence[RowInput], trainable: np.ndarray, mask_offsets: np.ndarray
 ) -> list[tuple[np.ndarray, str, str, object]]:

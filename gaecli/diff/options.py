@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gaecli.advantages.contract import BASELINES, check_discount
+from gaecli.advantages.contract import BASELINES, MASKED, check_discount
 from gaecli.comparison.token_sample import SCATTER_SAMPLE
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
 from gaecli.io.reader import DEFAULT_BATCH_ROWS
 from gaecli.options import check_choice, check_count, check_number
-from gaecli.pipeline import check_device
+from gaecli.pipeline import VariantOptions, check_device, new_side_spec
 
 DEFAULT_TOP = 10
 
@@ -25,7 +25,8 @@ class DiffOptions:
     stored returns); ``baseline`` and ``against`` together are refused. ``normalize`` /
     ``normalize_by`` whiten new and old the same way, each with its own statistics.
     ``report_paths``: files the caller will write reports to, paths or (role, path) pairs
-    (refused when one is an input or another output).
+    (refused when one is an input or another output). ``variants``: the GAE variants of
+    the new side only (docs/variants.md); the old side stays the baseline or the stored column.
     Every value is checked when the options are made (:meth:`check`).
     """
 
@@ -45,6 +46,7 @@ class DiffOptions:
     batch_rows: int = DEFAULT_BATCH_ROWS
     columns: Columns = field(default_factory=Columns)
     per_sample: Optional[str] = None
+    variants: VariantOptions = field(default_factory=VariantOptions)
     report_paths: tuple = ()
     scatter_sample: int = SCATTER_SAMPLE
 
@@ -64,12 +66,13 @@ class DiffOptions:
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
         if self.baseline is not None:
-            check_choice("--baseline", self.baseline, BASELINES, "baseline")
+            # masked: the plain contract, the old side of a diff of the GAE variants (docs/variants.md)
+            check_choice("--baseline", self.baseline, (MASKED, *BASELINES), "baseline")
         check_count("--batch-rows", self.batch_rows, 1)
         check_count("--top", self.top, 0)
         check_number("--tol", self.tolerance, 0.0)
         check_device(self.device)
-        resolve_kernel(self.kernel, self.device)
+        resolve_kernel(self.kernel, self.device, new_side_spec(self))
 
     @property
     def whitening(self) -> bool:

@@ -22,7 +22,15 @@ from gaecli.grouping import GroupedMoments
 from gaecli.io.filesystem import to_path, total_size
 from gaecli.io.paths import check_writes, discover_inputs, report_writes
 from gaecli.io.reader import RolloutFile
-from gaecli.pipeline import Computation, check_file, check_scalar_column, computed_batches, engine_moments, whiten_rows
+from gaecli.pipeline import (
+    Computation,
+    check_file,
+    check_scalar_column,
+    computed_batches,
+    engine_moments,
+    new_side_spec,
+    whiten_rows,
+)
 from gaecli.progress import NoProgress, Progress
 
 
@@ -39,6 +47,7 @@ def computation_of(options: DiffOptions, kernel: str) -> Computation:
         against=options.against,
         against_returns=options.against_returns,
         normalize_by=options.normalize_by,
+        variants=options.variants,
     )
 
 
@@ -56,6 +65,7 @@ def _read_columns(schema: pa.Schema, options: DiffOptions) -> list[str]:
         for name in (options.against, options.against_returns, options.normalize_by, options.group_by, options.id_col)
         if name is not None
     }
+    wanted |= set(options.variants.columns())
     return [name for name in schema.names if name in wanted]
 
 
@@ -212,7 +222,7 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
     from gaecli.advantages.kernels import resolve_kernel
     from gaecli.io.writer import AtomicParquetWriter
 
-    kernel = resolve_kernel(options.kernel, options.device)
+    kernel = resolve_kernel(options.kernel, options.device, new_side_spec(options))
     computation = computation_of(options, kernel)
     files = [str(path) for path in paths]
     total_rows, schema = 0, None
