@@ -38,7 +38,8 @@ class VariantPlan:
     run their own recursion (``lambd_critic`` or ``lambd_alpha`` set) instead of being the
     advantages plus the values; ``bootstrap``: float64 ``[B]``, the value after the last
     timestep (0 unless truncated); ``turn_starts``, ``turn_ends`` ``[U]`` and
-    ``turn_offsets`` ``[B + 1]``: :func:`gaecli.advantages.layout.turn_table`;
+    ``turn_offsets`` ``[B + 1]``: :func:`gaecli.advantages.layout.turn_table` (empty, and
+    zeros, when neither the turn mode nor turn rewards read it);
     ``turn_rewards``: float64 ``[U]`` (zeros when none were given; ``has_turn_rewards``
     says)."""
 
@@ -72,8 +73,12 @@ def plan_variants(
     batch (``turn_offsets``, when given, must be the batch's own, which the callers check);
     ``truncated`` bool ``[B]`` and ``bootstrap_values`` ``[B]`` (read only where truncated)."""
     batch = offsets.size - 1
-    starts, ends, table_offsets = turn_table(trainable, offsets)
     turn_mode = timestep == "turn"
+    if turn_mode or turn_rewards is not None:
+        starts, ends, table_offsets = turn_table(trainable, offsets)
+    else:  # no turn is read: an empty table (the kernel's token pass needs none)
+        starts = ends = np.zeros(0, dtype=np.int64)
+        table_offsets = np.zeros(batch + 1, dtype=np.int64)
     if lambd_alpha is not None:
         lengths = np.diff(table_offsets) if turn_mode else trainable_counts(trainable, offsets)
         advantage_lambd = adaptive_lambd(lambd_alpha, lengths)
