@@ -263,3 +263,16 @@ def test_help_lists_the_variant_flags_once_for_both_commands():
         for flag in ("--lambd-critic", "--lambd-alpha", "--turn-rewards-col", "--timestep", "--truncated-col"):
             assert flag in text
     assert Path(__file__).parent.joinpath("..", "gaecli", "cli", "common.py").read_text().count('"--lambd-critic"') == 1
+
+
+def test_reference_and_native_write_the_same_bits_whatever_the_batch_size(dump, tmp_path):
+    path = dump[0]
+    tables = []
+    for kernel, rows in (("reference", "7"), ("native", "256"), ("native", "3")):
+        out = tmp_path / f"{kernel}-{rows}.parquet"
+        result = recompute([path], out, *VARIANT_FLAGS, "--kernel", kernel, "--batch-rows", rows)
+        assert result.exit_code == 0, result.output
+        tables.append(pq.read_table(out))
+    for column in ("advantages", "returns"):
+        assert tables[0].column(column).equals(tables[1].column(column)), column
+        assert tables[1].column(column).equals(tables[2].column(column)), column
