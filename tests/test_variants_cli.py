@@ -276,3 +276,20 @@ def test_reference_and_native_write_the_same_bits_whatever_the_batch_size(dump, 
     for column in ("advantages", "returns"):
         assert tables[0].column(column).equals(tables[1].column(column)), column
         assert tables[1].column(column).equals(tables[2].column(column)), column
+
+
+def test_normalize_whitens_the_variant_advantages(dump, tmp_path):
+    """The statistics pass reads the variants' columns too; the whitened advantages are the
+    oracle's, whitened over every trainable token (mean, Bessel variance, ε = 1e-8)."""
+    path, rollouts, turns, cut, boot = dump
+    out = tmp_path / "out.parquet"
+    flags = ["--timestep", "turn", "--turn-rewards-col", "turns", "--truncated-col", "cut", "--bootstrap-col", "boot"]
+    result = recompute([path], out, "--normalize", *flags)
+    assert result.exit_code == 0, result.output
+    advantages, _ = expected_rows(rollouts, turns, cut, boot, timestep="turn")
+    trainable = np.concatenate([np.array(m, dtype=bool) for m in rollouts.masks])
+    flat = np.concatenate(advantages)
+    picked = flat[trainable]
+    whitened = np.where(trainable, (flat - picked.mean()) / np.sqrt(picked.var(ddof=1) + 1e-8), 0.0)
+    got = np.concatenate([np.array(row) for row in pq.read_table(out).column("advantages").to_pylist()])
+    assert np.allclose(got, whitened, atol=1e-9)
