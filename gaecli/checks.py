@@ -10,7 +10,8 @@ from typing import Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.layout import masked_tail_lengths, trainable_counts
+from gaecli.advantages.layout import masked_tail_lengths, trainable_counts, turn_table
+from gaecli.advantages.spec import RowInput
 from gaecli.io.format import (
     Columns,
     is_list_type,
@@ -96,6 +97,36 @@ RULES: dict[str, Rule] = {
             "values, rewards and terminal reward so large that advantages or returns can overflow "
             "to ±Inf in the output float type (or, in recompute, did)",
             "the row's magnitudes are far beyond any reward scale: find the step that produced them and drop the row",
+        ),
+        Rule(
+            "turn-rewards-length",
+            ERROR,
+            "a turn-rewards list whose length is not the row's number of turns (maximal runs of trainable tokens)",
+            "give one reward per turn, in order (an empty list for a fully masked row), or rebuild the mask",
+        ),
+        Rule(
+            "turn-rewards-null",
+            ERROR,
+            "a null turn-rewards list or a null inside one",
+            "fill the turn rewards (0 for a turn without one) or drop the row",
+        ),
+        Rule(
+            "turn-rewards-non-finite",
+            ERROR,
+            "NaN or ±Inf in a turn-rewards list",
+            "find the step that produced it (the turn's judge or environment) and drop the row",
+        ),
+        Rule(
+            "truncated-null",
+            ERROR,
+            "a null truncated flag",
+            "say for every row whether it was truncated (true) or ended (false)",
+        ),
+        Rule(
+            "bootstrap-invalid",
+            ERROR,
+            "a truncated row whose bootstrap value is null, NaN or ±Inf",
+            "store the critic's value after the last token of every truncated row, or drop the row",
         ),
         Rule(
             "fully-masked",
@@ -295,13 +326,15 @@ def check_batch(
     warnings: bool = False,
     ids: Optional[Sequence] = None,
     max_findings: Optional[int] = None,
+    row_inputs: Sequence[RowInput] = (),
 ) -> BatchCheck:
     """Check every row of ``batch`` (rows numbered from ``first_row`` in the file).
 
     Errors: null, length-mismatch, response-length-mismatch, mask-value, non-finite,
     overflow (:func:`overflow_bounds`, on rows without another error).
-    With ``warnings``: fully-masked, masked-tail, empty-response too (only on rows without
-    an error). A row with a null list is not compared for lengths; a null response_length
+    ``row_inputs``: the per-row inputs of the GAE variants to check too
+    (:func:`check_row_inputs`). With ``warnings``: fully-masked, masked-tail, empty-response
+    too (only on rows without an error). A row with a null list is not compared for lengths; a null response_length
     is not compared. ``ids[row]`` (row in the batch) labels the findings; it is only looked
     up for rows with a finding. ``max_findings`` lists at most that many findings (the
     lowest rows first); ``counts`` and ``invalid`` stay exact.
@@ -408,6 +441,10 @@ def check_batch(
             "non-finite",
             lambda row: f"terminal reward is {terminal_numbers[row].item()}",
         )
+    if row_inputs:
+        trainable = mask if mask.dtype == np.bool_ else mask != 0
+        for rows_at_fault, column, code, message in check_row_inputs(batch, row_inputs, trainable, mask_offsets):
+            flag(rows_at_fault & ~null_rows, column, code, message)
     float_type = output_float_type(batch.schema, columns)
     summed = {name: lists[role][1:] for role, name in columns.token_columns() if role in ("values", "rewards")}
     bounds, contributors, largest = overflow_bounds(summed, columns, terminal_numbers)
@@ -458,6 +495,104 @@ def check_batch(
             text = message(row) if callable(message) else message
             findings.append(Finding(file, first_row + row, column, code, text, None if ids is None else ids[row]))
     return BatchCheck(findings, invalid, counts, flat_numbers, mask_offsets)
+
+
+ROW_INPUT_TYPES: dict[str, str] = {
+    "turn_rewards": "a list of float or int",
+    "truncated": "bool or an integer",
+    "bootstrap_values": "a float or int",
+}
+"""The type each per-row input of the GAE variants must have, by role, in words."""
+
+
+def row_input_type_ok(role: str, arrow_type: pa.DataType) -> bool:
+    """Whether a column of ``arrow_type`` can hold the per-row input ``role`` (:data:`ROW_INPUT_TYPES`)."""
+    if role == "turn_rewards":
+        return is_list_type(arrow_type) and is_scalar_number_type(arrow_type.value_type)
+    if role == "truncated":
+        return pa.types.is_boolean(arrow_type) or pa.types.is_integer(arrow_type)
+    return is_scalar_number_type(arrow_type)
+
+
+def check_row_input_schema(schema: pa.Schema, row_inputs: Sequence[RowInput], file: str) -> list[Finding]:
+    """File-level findings (``missing-column``, ``wrong-type``) of the GAE variants'
+    per-row columns."""
+    findings = []
+    for needed in row_inputs:
+        if needed.role not in ROW_INPUT_TYPES:
+            continue
+        if needed.name not in schema.names:
+            message = f"column {needed.name!r} is missing (have: {', '.join(schema.names)})"
+            findings.append(Finding(file, None, needed.name, "missing-column", message))
+        elif not row_input_type_ok(needed.role, schema.field(needed.name).type):
+            arrow_type = schema.field(needed.name).type
+            message = f"column {needed.name!r} is {arrow_type}, expected {ROW_INPUT_TYPES[needed.role]}"
+            findings.append(Finding(file, None, needed.name, "wrong-type", message))
+    return findings
+
+
+def check_row_inputs(
+    batch: pa.RecordBatch, row_inputs: Sequence[RowInput], trainable: np.ndarray, mask_offsets: np.ndarray
+) -> list[tuple[np.ndarray, str, str, object]]:
+    """The row rules of the GAE variants' per-row columns (docs/variants.md), vectorised:
+    (bool rows ``[B]`` at fault, column, rule code, message or message of a row) per rule
+    broken. A turn-rewards list must be non-null, hold no null and no NaN or ±Inf, and hold
+    one reward per turn of the row (``trainable``, ``mask_offsets``: the row's mask); a
+    truncated flag must be non-null; a truncated row's bootstrap value must be non-null and
+    finite. The columns' types are checked before (:func:`gaecli.pipeline.check_file`)."""
+    found: list[tuple[np.ndarray, str, str, object]] = []
+    rows = batch.num_rows
+    by_role = {needed.role: needed.name for needed in row_inputs}
+    name = by_role.get("turn_rewards")
+    if name is not None:
+        array = batch.column(name)
+        offsets, flat = list_parts(array)
+        null_list = np.asarray(array.is_null()) if array.null_count else np.zeros(rows, dtype=bool)
+        found.append((null_list, name, "turn-rewards-null", "the turn-rewards list is null"))
+        if flat.null_count:
+            null_rows = _rows_of_flat_positions(offsets, np.flatnonzero(np.asarray(flat.is_null())))
+            at_fault = np.zeros(rows, dtype=bool)
+            at_fault[null_rows] = True
+            found.append((at_fault, name, "turn-rewards-null", "the turn-rewards list holds a null"))
+        turns = np.diff(turn_table(trainable, mask_offsets)[2])
+        given = np.diff(offsets)
+        found.append(
+            (
+                (given != turns) & ~null_list,
+                name,
+                "turn-rewards-length",
+                lambda row: f"{name!r} has {given[row]} rewards, the row has {turns[row]} turns",
+            )
+        )
+        numbers = numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat)
+        if not _all_finite(numbers):
+            bad_rows, bad_first = _first_per_row(offsets, np.flatnonzero(~np.isfinite(numbers)))
+            at_fault = np.zeros(rows, dtype=bool)
+            at_fault[bad_rows] = True
+
+            def non_finite(row: int) -> str:
+                position = bad_first[np.searchsorted(bad_rows, row)]
+                return f"{name!r} is {numbers[position].item()} at turn {position - offsets[row]}"
+
+            found.append((at_fault, name, "turn-rewards-non-finite", non_finite))
+    flag_name, value_name = by_role.get("truncated"), by_role.get("bootstrap_values")
+    if flag_name is not None:
+        flags = batch.column(flag_name)
+        if flags.null_count:
+            found.append((np.asarray(flags.is_null()), flag_name, "truncated-null", "the truncated flag is null"))
+        truncated = np.asarray(flags.cast(pa.bool_()).fill_null(False))
+        values = batch.column(value_name)
+        numbers = np.asarray(values.cast(pa.float64()).fill_null(np.nan))
+        bad = truncated & ~np.isfinite(numbers)
+        found.append(
+            (
+                bad,
+                value_name,
+                "bootstrap-invalid",
+                lambda row: f"the row is truncated but {value_name!r} is {numbers[row]}",
+            )
+        )
+    return found
 
 
 def first_error(findings: list[Finding]) -> Optional[Finding]:

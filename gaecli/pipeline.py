@@ -9,23 +9,40 @@ engines (:mod:`gaecli.engines`) can run it in other processes or on other machin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
 
+from gaecli.advantages.contract import TIMESTEPS
 from gaecli.advantages.dispatch import compute
 from gaecli.advantages.reduction import Reduction, ReductionResult, merge_results, normalize_reduction
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.advantages.whiten import whiten_rows  # noqa: F401 - where diff and recompute take it from
-from gaecli.checks import BatchCheck, Finding, check_batch, check_schema, first_error
+from gaecli.checks import (
+    ROW_INPUT_TYPES,
+    BatchCheck,
+    Finding,
+    check_batch,
+    check_schema,
+    first_error,
+    row_input_type_ok,
+)
 from gaecli.errors import GAEInputError, GAEUsageError, InvalidDataError, InvalidOptionError
 from gaecli.grouping import GroupedMoments
-from gaecli.io.format import Columns, is_list_type, is_real_type, list_parts, numeric_numpy, output_float_type
+from gaecli.io.format import (
+    Columns,
+    is_list_type,
+    is_real_type,
+    list_parts,
+    numeric_numpy,
+    output_float_type,
+)
 from gaecli.io.reader import RolloutFile
 from gaecli.kl import kl_rewards
+from gaecli.options import check_choice, check_number
 from gaecli.stop import check_stop
 
 # ----------------------------------------------------------------------------- checks
@@ -69,6 +86,83 @@ def check_scalar_column(schema: pa.Schema, file: str, flag: str, name: Optional[
         )
 
 
+@dataclass(frozen=True)
+class VariantOptions:
+    """The GAE variants of the new side (docs/variants.md), as ``gae recompute`` and
+    ``gae diff`` take them (``--timestep``, ``--lambd-critic``, ``--lambd-alpha``,
+    ``--turn-rewards-col``, ``--truncated-col`` with ``--bootstrap-col``), checked when
+    made (:class:`InvalidOptionError` naming the option)."""
+
+    timestep: str = "token"
+    lambd_critic: Optional[float] = None
+    lambd_alpha: Optional[float] = None
+    turn_rewards_col: Optional[str] = None
+    truncated_col: Optional[str] = None
+    bootstrap_col: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        check_choice("--timestep", self.timestep, TIMESTEPS, "timestep")
+        check_number("--lambd-critic", self.lambd_critic, 0.0, 1.0)
+        check_number("--lambd-alpha", self.lambd_alpha)
+        if self.lambd_alpha is not None and not self.lambd_alpha > 0:
+            raise InvalidOptionError(f"--lambd-alpha must be > 0, got {self.lambd_alpha:g}")
+        if (self.truncated_col is None) != (self.bootstrap_col is None):
+            raise InvalidOptionError("--truncated-col and --bootstrap-col go together: give both or neither")
+        named = [name for name in (self.turn_rewards_col, self.truncated_col, self.bootstrap_col) if name is not None]
+        if len(set(named)) != len(named):
+            raise InvalidOptionError("--turn-rewards-col, --truncated-col and --bootstrap-col name one column twice")
+
+    def spec_fields(self) -> dict:
+        """The :class:`AdvantageSpec` fields of these variants."""
+        return {
+            "timestep": self.timestep,
+            "lambd_critic": self.lambd_critic,
+            "lambd_alpha": self.lambd_alpha,
+            "turn_rewards": self.turn_rewards_col,
+            "truncated": self.truncated_col,
+            "bootstrap_values": self.bootstrap_col,
+        }
+
+    def columns(self) -> list[str]:
+        """The per-row columns these variants read."""
+        return [name for name in (self.turn_rewards_col, self.truncated_col, self.bootstrap_col) if name is not None]
+
+
+def check_variant_columns(schema: pa.Schema, file: str, variants: "VariantOptions") -> None:
+    """The columns named by the variants' options must exist with their types
+    (:data:`gaecli.checks.ROW_INPUT_TYPES`), else :class:`GAEUsageError` naming the option."""
+    wanted = (
+        ("--turn-rewards-col", "turn_rewards", variants.turn_rewards_col),
+        ("--truncated-col", "truncated", variants.truncated_col),
+        ("--bootstrap-col", "bootstrap_values", variants.bootstrap_col),
+    )
+    for flag, role, name in wanted:
+        if name is None:
+            continue
+        if name not in schema.names:
+            raise GAEUsageError(f"{file}: {flag} column {name!r} is missing (have: {', '.join(schema.names)})")
+        if not row_input_type_ok(role, schema.field(name).type):
+            arrow_type = schema.field(name).type
+            raise GAEUsageError(f"{file}: {flag} column {name!r} is {arrow_type}, expected {ROW_INPUT_TYPES[role]}")
+
+
+def row_input_arrays(batch: pa.RecordBatch, spec: AdvantageSpec) -> dict:
+    """The per-row inputs of the GAE variants ``spec`` reads, from the columns of a checked
+    batch (:func:`gaecli.checks.check_row_inputs`), as the dispatch takes them: name →
+    bool or float64 ``[B]``, and for the turn rewards (flat float64 ``[U]``, zero-based
+    int64 offsets ``[B + 1]``)."""
+    arrays: dict = {}
+    for needed in spec.row_inputs:
+        if needed.role == "turn_rewards":
+            offsets, flat = list_parts(batch.column(needed.name))
+            arrays[needed.name] = (numeric_numpy(flat).astype(np.float64, copy=False), offsets.astype(np.int64))
+        elif needed.role == "truncated":
+            arrays[needed.name] = np.asarray(batch.column(needed.name).cast(pa.bool_()).fill_null(False))
+        elif needed.role == "bootstrap_values":
+            arrays[needed.name] = np.asarray(batch.column(needed.name).cast(pa.float64()).fill_null(np.nan))
+    return arrays
+
+
 # ----------------------------------------------------------------------------- packing
 
 
@@ -77,7 +171,8 @@ class PackedBatch:
     """One batch as flat numpy buffers: values, rewards (float), trainable (bool),
     zero-based offsets ``[B + 1]``, terminal rewards ``[B]``; ``arrow_offsets``: the same
     offsets as the input's Arrow array (the mask column's, reused by the output's list
-    columns), None when the rows were filtered."""
+    columns), None when the rows were filtered; ``row_inputs``: the per-row inputs of the
+    new side's GAE variants (:func:`row_input_arrays`), empty without them."""
 
     values: np.ndarray
     rewards: np.ndarray
@@ -85,6 +180,7 @@ class PackedBatch:
     offsets: np.ndarray
     terminal_rewards: np.ndarray
     arrow_offsets: Optional[pa.Array] = None
+    row_inputs: dict = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -149,6 +245,7 @@ def compute_packed(packed: PackedBatch, spec: AdvantageSpec, kernel: str, device
         packed.terminal_rewards,
         kernel=kernel,
         device=device,
+        row_inputs=packed.row_inputs if spec.variants else None,
     )
 
 
@@ -194,12 +291,13 @@ def stored_column(
 class Computation:
     """What the batches of a file are computed with (picklable; the kernel resolved).
 
-    New advantages: ``new`` (an :class:`AdvantageSpec`; None: the masked contract with γ and
-    λ), computed once per batch. Old advantages: ``sides``, the old sides of the comparison
-    (:class:`gaecli.comparison.sides.ComparisonSide`), each computed or read per batch; when
-    empty, the one side of ``old_semantics`` (the baseline recomputed) or, with ``against``,
-    the stored column (and ``against_returns``). ``on_invalid``: ``"stop"`` raises on the
-    first invalid row, ``"skip"`` computes the valid rows only."""
+    New advantages: ``new`` (an :class:`AdvantageSpec`; None: the masked contract with γ,
+    λ and ``variants``, the GAE variants of the new side, whose per-row columns are checked
+    with every batch), computed once per batch. Old advantages: ``sides``, the old sides of
+    the comparison (:class:`gaecli.comparison.sides.ComparisonSide`), each computed or read
+    per batch; when empty, the one side of ``old_semantics`` (the baseline recomputed) or,
+    with ``against``, the stored column (and ``against_returns``). ``on_invalid``:
+    ``"stop"`` raises on the first invalid row, ``"skip"`` computes the valid rows only."""
 
     gamma: float
     lambd: float
@@ -214,11 +312,15 @@ class Computation:
     normalize_by: Optional[str] = None
     new: Optional[AdvantageSpec] = None
     sides: tuple = ()
+    variants: VariantOptions = field(default_factory=VariantOptions)
 
     @cached_property
     def new_spec(self) -> AdvantageSpec:
-        """What the new advantages are (not whitened here): ``new``, or the masked contract."""
-        return self.new if self.new is not None else AdvantageSpec(self.gamma, self.lambd)
+        """What the new advantages are (not whitened here): ``new``, or the masked contract
+        with γ, λ and the GAE variants asked for."""
+        if self.new is not None:
+            return self.new
+        return AdvantageSpec(self.gamma, self.lambd, **self.variants.spec_fields())
 
     @cached_property
     def old_sides(self) -> tuple:
@@ -288,16 +390,20 @@ def computed_batches(
     columns = computation.columns
     file = str(rollout.path)
     dtype = output_float_type(rollout.schema, columns).to_pandas_dtype()
+    new_spec = computation.new_spec
+    row_inputs = new_spec.row_inputs if new_spec.variants else ()
     first_row = first_token = 0
     for batch in rollout.iter_batches(computation.batch_rows, read):
         check_stop()  # a signal whose KeyboardInterrupt third-party code swallowed (gaecli.stop)
-        check = check_batch(batch, columns, file, first_row)
+        check = check_batch(batch, columns, file, first_row, row_inputs=row_inputs)
         valid = batch
         if not check.ok:
             if computation.on_invalid == "stop":
                 raise InvalidDataError(first_error(check.findings))
             valid = batch.filter(pa.array(~check.invalid))
         packed = pack_batch(valid, columns, dtype, check if valid is batch else None)
+        if row_inputs:
+            packed.row_inputs = row_input_arrays(valid, new_spec)
         kernel, device = computation.kernel, computation.device
         new, new_returns = compute_packed(packed, computation.new_spec, kernel, device)
         outputs = {columns.advantages: new, columns.returns: new_returns}
@@ -324,6 +430,8 @@ def computed_batches(
             valid = batch.filter(pa.array(~check.invalid))
             tokens = np.repeat(keep, np.diff(packed.offsets))
             packed = drop_rows(packed, keep, tokens)
+            if row_inputs:
+                packed.row_inputs = row_input_arrays(valid, new_spec)
             new, new_returns = new[tokens], new_returns[tokens]
             olds = [(old[tokens], None if old_returns is None else old_returns[tokens]) for old, old_returns in olds]
         (old, old_returns), olds = olds[0], tuple(olds)
@@ -394,6 +502,7 @@ def check_file(schema: pa.Schema, file: str, computation: "Computation") -> None
     the old sides, ``--against`` / ``--against-returns`` (lists of floats) (:class:`GAEUsageError`)."""
     check_rollout_schema(schema, computation.columns, file)
     check_scalar_column(schema, file, "--normalize-by", computation.normalize_by)
+    check_variant_columns(schema, file, computation.variants)
     stored = [
         pair
         for side in computation.old_sides
@@ -420,7 +529,7 @@ def statistics_columns(schema: pa.Schema, computation: Computation, key: Optiona
     columns = computation.columns
     needed = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
     named = (computation.normalize_by, *computation.stored_columns, key)
-    needed |= {name for name in named if name is not None}
+    needed |= {name for name in named if name is not None} | set(computation.variants.columns())
     return [name for name in schema.names if name in needed]
 
 
@@ -568,6 +677,19 @@ def engine_file_moments(
         (new.subset(code["new"], part.groups["new"].table), old.subset(code["old"], part.groups["old"].table))
         for code, part in zip(codes, parts)
     ]
+
+
+def new_side_spec(options) -> AdvantageSpec:
+    """The whole spec of the new side of ``options`` (recompute's or diff's): γ, λ, the
+    contract, the whitening and the GAE variants (what the output metadata records)."""
+    normalize = "by" if options.normalize_by is not None else "all" if options.normalize else "none"
+    return AdvantageSpec(
+        options.gamma,
+        options.lambd,
+        normalize=normalize,
+        normalize_by=options.normalize_by,
+        **options.variants.spec_fields(),
+    )
 
 
 def normalize_label(options) -> str:

@@ -12,14 +12,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from gaecli._version import __version__
-from gaecli.checks import ERROR, RULES, WARNING, Finding, check_batch, check_schema
+from gaecli.advantages.spec import AdvantageSpec, RowInput
+from gaecli.checks import (
+    ERROR,
+    ROW_INPUT_TYPES,
+    RULES,
+    WARNING,
+    Finding,
+    check_batch,
+    check_row_input_schema,
+    check_schema,
+)
 from gaecli.engines import EngineOptions, TaskFailure, map_units
 from gaecli.errors import GAEUsageError, InvalidOptionError, UnreadableFileError
 from gaecli.io.filesystem import total_size
@@ -28,6 +38,9 @@ from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_wr
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
 from gaecli.options import check_count
 from gaecli.progress import NoProgress, Progress
+
+if TYPE_CHECKING:
+    from gaecli.pipeline import VariantOptions
 
 DEFAULT_MAX_FINDINGS = 1000
 
@@ -326,9 +339,12 @@ def _validate_file(
     id_columns: Sequence[str],
     batch_rows: int,
     progress: Progress,
+    row_inputs: Sequence[RowInput] = (),
 ) -> None:
     file = result.file
-    schema_findings = check_schema(rollout.schema, columns, file)
+    schema_findings = check_schema(rollout.schema, columns, file) + check_row_input_schema(
+        rollout.schema, row_inputs, file
+    )
     id_findings = check_id_columns(rollout.schema, id_columns, file)
     file_findings = schema_findings + id_findings
     counts: dict[str, int] = {}
@@ -344,6 +360,7 @@ def _validate_file(
         columns.terminal_reward,
         columns.response_length,
         *usable_ids,
+        *(needed.name for needed in row_inputs),
     }
     read = [name for name in rollout.schema.names if name in wanted]
     id_batches: list[pa.RecordBatch] = []
@@ -351,7 +368,16 @@ def _validate_file(
     try:
         for batch in rollout.iter_batches(batch_rows, read):
             ids = _RowIds(batch, usable_ids) if usable_ids else None
-            check = check_batch(batch, columns, file, first_row, warnings=True, ids=ids, max_findings=report.room())
+            check = check_batch(
+                batch,
+                columns,
+                file,
+                first_row,
+                warnings=True,
+                ids=ids,
+                max_findings=report.room(),
+                row_inputs=row_inputs,
+            )
             report._add(result, check.findings, check.counts)
             if usable_ids:
                 id_batches.append(
@@ -384,6 +410,7 @@ def validate_files(
     progress: Optional[Progress] = None,
     engine: Optional[EngineOptions] = None,
     report_paths: Sequence[ReportPath] = (),
+    variants: Optional[VariantOptions] = None,
 ) -> ValidationReport:
     """Check rollout files against every rule in :data:`gaecli.checks.RULES`.
 
@@ -402,7 +429,10 @@ def validate_files(
     defaults to local worker processes); the findings are concatenated in input order, so
     the report is the same for any engine and worker count. ``report_paths``: files the
     caller will write reports to (e.g. ``--json``), refused before any file is checked when
-    one is an input (:func:`gaecli.io.paths.check_writes`). Raises
+    one is an input (:func:`gaecli.io.paths.check_writes`). ``variants``: the per-row
+    columns of the GAE variants to check too (``--turn-rewards-col``, ``--truncated-col``,
+    ``--bootstrap-col``; their rules: ``turn-rewards-*``, ``truncated-null``,
+    ``bootstrap-invalid``; docs/variants.md). Raises
     :class:`gaecli.errors.InvalidOptionError` (a :class:`GAEUsageError`) for a bad option
     value, before any file is read, and :class:`GAEUsageError` for refused report paths;
     never for bad data.
@@ -413,6 +443,7 @@ def validate_files(
     check_count("--max-findings", max_findings, 0)
     if any(not name for name in id_columns):
         raise InvalidOptionError("--id-col: a column name is empty")
+    row_inputs = variant_row_inputs(variants)
     progress = progress or NoProgress()
     report = ValidationReport(files=_discover(inputs), max_findings=max_findings)
     check_writes([result.file for result in report.files], report_writes(report_paths))
@@ -421,7 +452,7 @@ def validate_files(
     try:
         parts = map_units(
             _validate_unit,
-            [(result, columns, id_columns, max_findings, batch_rows) for result in readable],
+            [(result, columns, id_columns, max_findings, batch_rows, row_inputs) for result in readable],
             [result.file for result in readable],
             (engine or EngineOptions(workers=1)).for_inputs(total_size(result.file for result in readable)),
             progress=progress,
@@ -465,6 +496,7 @@ def _validate_unit(
     id_columns: list[str],
     max_findings: Optional[int],
     batch_rows: int,
+    row_inputs: tuple = (),
     progress: Optional[Progress] = None,
 ) -> _FilePart:
     """Validate one file on its own (the work unit of every engine)."""
@@ -477,10 +509,18 @@ def _validate_unit(
             progress.advance(result.rows, 0)
         return _FilePart(result, [], {})
     try:
-        _validate_file(rollout, result, report, columns, id_columns, batch_rows, progress or NoProgress())
+        _validate_file(rollout, result, report, columns, id_columns, batch_rows, progress or NoProgress(), row_inputs)
     finally:
         rollout.close()
     return _FilePart(result, report.findings, {code: n for code, n in report.counts.items() if n})
+
+
+def variant_row_inputs(variants: Optional[VariantOptions]) -> tuple[RowInput, ...]:
+    """The per-row inputs of the GAE variants whose columns ``variants`` names."""
+    if variants is None:
+        return ()
+    spec = AdvantageSpec(1.0, 1.0, **variants.spec_fields())
+    return tuple(needed for needed in spec.row_inputs if needed.role in ROW_INPUT_TYPES)
 
 
 def validate_file(input: str | Path, columns: Optional[Columns] = None, **options) -> ValidationReport:

@@ -52,6 +52,14 @@ PACKED_API_ROW = "masked_gae_packed (API)"
 API_FLOORS = {"agentic": 15.0, "single-turn": 10.0, "long": 10.0}
 API_KERNEL = "native"
 API_OVER_KERNEL = 2.0
+# The GAE variants on the native kernel (docs/variants.md): each row's time may be at most
+# VARIANT_OVER_KERNEL times plain native's.
+VARIANT_ROWS = {
+    "native, per-sample λ (lambd_alpha)": {"lambd_alpha": 0.05},
+    "native, turn mode (timestep turn)": {"timestep": "turn"},
+    "native, turn mode + λ_alpha + λ_critic": {"timestep": "turn", "lambd_alpha": 0.05, "lambd_critic": 1.0},
+}
+VARIANT_OVER_KERNEL = 2.0
 MAX_CALLS = 1000
 
 
@@ -224,6 +232,18 @@ def bench_api(workload: Workload, inputs: dict, repeat: int, min_time: float, wi
     return best_of_each(calls, repeat, min_time)
 
 
+def bench_variants(inputs: dict, repeat: int, min_time: float) -> dict[str, Timing]:
+    """The native kernel with the GAE variants of :data:`VARIANT_ROWS` (the kernel's own
+    keywords: its numpy pass, the turn table and the per-sample λ included)."""
+    function = KERNELS["native"].function
+    return {
+        row: best_of(
+            lambda keywords=keywords: function(**inputs, gamma=GAMMA, lambd=LAMBD, **keywords), repeat, min_time
+        )
+        for row, keywords in VARIANT_ROWS.items()
+    }
+
+
 def bench_workload(name: str, repeat: int, min_time: float) -> str:
     workload = make_workload(name)
     inputs = workload.as_tensors()
@@ -240,6 +260,9 @@ def bench_workload(name: str, repeat: int, min_time: float) -> str:
     kernels.append(GEMM_BASELINE)
     timings.update(bench_api(workload, inputs, repeat, min_time, with_kernel=API_KERNEL in kernels))
     api_rows = [API_ROW, PACKED_API_ROW]
+    variant_rows = bench_variants(inputs, repeat, min_time) if API_KERNEL in timings else {}
+    api_rows.extend(variant_rows)
+    timings.update(variant_rows)
     gemm_baseline = timings[GEMM_BASELINE].best
 
     tokens = workload.num_tokens
@@ -287,6 +310,15 @@ def bench_workload(name: str, repeat: int, min_time: float) -> str:
             f"API floors: {API_ROW} is {speedup:.1f}x the faster chunked form ({versus_chunked} the "
             f"{API_FLOORS[name]:g}x floor) and {over_kernel:.2f}x the time of {API_KERNEL} alone "
             f"({versus_kernel} the {API_OVER_KERNEL:g}x ceiling)"
+        )
+
+    if variant_rows:
+        ratios = {row: timings[row].best / timings[API_KERNEL].best for row in variant_rows}
+        worst = max(ratios.values())
+        verdict = "meets" if worst <= VARIANT_OVER_KERNEL else "MISSES"
+        listed = "; ".join(f"{row}: {ratio:.2f}x" for row, ratio in ratios.items())
+        lines.append(
+            f"variant ceilings (time over plain {API_KERNEL}): {listed}; {verdict} the {VARIANT_OVER_KERNEL:g}x ceiling"
         )
 
     read, written = traffic_bytes(workload)

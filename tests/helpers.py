@@ -227,6 +227,67 @@ ORACLES = {
 }
 
 
+def variant_oracle(
+    values,
+    rewards,
+    mask,
+    terminal,
+    gamma,
+    lambd,
+    *,
+    timestep: str = "token",
+    lambd_critic: float | None = None,
+    lambd_alpha: float | None = None,
+    turn_rewards: Sequence[float] | None = None,
+    truncated: bool = False,
+    bootstrap: float = 0.0,
+) -> tuple[list[float], list[float]]:
+    """The GAE variants (docs/variants.md) for one sample, written from their definitions as
+    explicit discounted sums (A_k = Σ_{j ≥ k} (γλ)^{j−k} δ_j), not as the kernels' backward
+    recursion. Timesteps: the trainable tokens, or the turns (maximal runs of trainable
+    tokens) with the value of a turn's first token; the reward of turn u's last token (token
+    mode) or of turn u (turn mode) gains ``turn_rewards[u]``; z goes on the last timestep;
+    the value after the last timestep is ``bootstrap`` when ``truncated``."""
+    values, rewards, mask = _floats(values), _floats(rewards), [float(m) != 0.0 for m in _floats(mask)]
+    turns: list[list[int]] = []
+    for t, keep in enumerate(mask):
+        if keep:
+            if t > 0 and mask[t - 1]:
+                turns[-1].append(t)
+            else:
+                turns.append([t])
+    bonus = [0.0] * len(turns) if turn_rewards is None else [float(x) for x in turn_rewards]
+    if timestep == "turn":
+        steps = [(turn, values[turn[0]], bonus[u]) for u, turn in enumerate(turns)]
+    else:
+        steps = [
+            ([t], values[t], rewards[t] + (bonus[u] if t == turn[-1] else 0.0))
+            for u, turn in enumerate(turns)
+            for t in turn
+        ]
+    count = len(steps)
+    step_values = [value for _, value, _ in steps] + [float(bootstrap) if truncated else 0.0]
+    step_rewards = [reward for _, _, reward in steps]
+    if count:
+        step_rewards[-1] += float(terminal)
+    deltas = [step_rewards[k] + gamma * step_values[k + 1] - step_values[k] for k in range(count)]
+
+    def discounted(lam: float) -> list[float]:
+        return [sum((gamma * lam) ** (j - k) * deltas[j] for j in range(k, count)) for k in range(count)]
+
+    advantage_lambd = lambd  # the length-adaptive λ shapes the advantages only
+    if lambd_alpha is not None:
+        advantage_lambd = min(max(1.0 - 1.0 / max(lambd_alpha * count, 1.0), 0.0), 1.0)
+    advantages_k = discounted(advantage_lambd)
+    returns_k = discounted(lambd if lambd_critic is None else lambd_critic)
+    advantages, returns = [0.0] * len(values), [0.0] * len(values)
+    for k, (positions, value, _) in enumerate(steps):
+        for t in positions:
+            advantages[t] = advantages_k[k] + (rewards[t] if timestep == "turn" else 0.0)
+            returns[t] = returns_k[k] + value
+    return advantages, returns
+
+
 def _floats(xs) -> list[float]:
     if isinstance(xs, torch.Tensor):
         return [float(x) for x in xs.detach().double().cpu().tolist()]

@@ -75,6 +75,9 @@ def test_spec_defaults_and_fields():
         "timestep": "token",
         "lambd_critic": None,
         "lambd_alpha": None,
+        "turn_rewards": None,
+        "truncated": None,
+        "bootstrap_values": None,
     }
     assert spec.features == frozenset({"estimator:gae", "timestep:token"})
     assert spec.row_inputs == ()
@@ -103,9 +106,9 @@ def test_spec_is_immutable_hashable_and_picklable():
         ({"normalize": "by"}, "normalize='by' needs normalize_by"),
         ({"normalize_by": "prompt"}, "normalize_by needs normalize='by'"),
         ({"estimator": "grpo"}, "unknown estimator 'grpo'; implemented: gae"),
-        ({"timestep": "turn"}, "unknown timestep 'turn'; implemented: token"),
-        ({"lambd_critic": 1.0}, "lambd_critic is not implemented yet"),
-        ({"lambd_alpha": 0.05}, "lambd_alpha is not implemented yet"),
+        ({"timestep": "step"}, "unknown timestep 'step'; implemented: token, turn"),
+        ({"lambd_critic": 1.5}, "lambd_critic must be in"),
+        ({"lambd_alpha": 0.0}, "lambd_alpha must be > 0"),
         ({"lambd_alpha": float("inf")}, "lambd_alpha must be a finite number"),
     ],
 )

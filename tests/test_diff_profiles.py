@@ -110,6 +110,9 @@ def test_comparisons_in_the_order_given_and_the_top_level_mirrors_the_first(tmp_
         "timestep": "token",
         "lambd_critic": None,
         "lambd_alpha": None,
+        "turn_rewards": None,
+        "truncated": None,
+        "bootstrap_values": None,
     }
     assert set(report["new_spec"]) == set(AdvantageSpec(GAMMA, LAMBD).to_dict())
 

@@ -16,6 +16,7 @@ Two forms of every function:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Optional, Union
 
@@ -28,7 +29,16 @@ from gaecli.advantages.dispatch import (
     compute_screened,
     compute_screened_samples,
 )
-from gaecli.advantages.inputs import check_contents, check_packed, check_terminal, pack_lists, sample_buffers, split
+from gaecli.advantages.inputs import (
+    FlatLists,
+    check_contents,
+    check_packed,
+    check_terminal,
+    check_variant_inputs,
+    pack_lists,
+    sample_buffers,
+    split,
+)
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.advantages.whiten import whiten, whiten_by_group
 from gaecli.errors import GAEInputError
@@ -51,6 +61,10 @@ def compute_advantages_packed(
     kernel: str = "auto",
     row_inputs: Optional[Mapping[str, Any]] = None,
     validate: bool = True,
+    turn_rewards=None,
+    turn_offsets=None,
+    truncated=None,
+    bootstrap_values=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns of ``spec`` on packed input: flat ``[N]`` ``values``,
     ``rewards``, ``loss_mask`` (bool, integer or float 0/1), ``offsets`` ``[B + 1]``,
@@ -58,14 +72,28 @@ def compute_advantages_packed(
     device; the advantages whitened as ``spec.normalize`` says (returns never).
 
     ``row_inputs`` maps the name of each per-row input the spec reads
-    (``spec.row_inputs``; today the ``normalize_by`` key) to ``[B]`` values (a tensor or a
-    sequence). ``kernel``: ``auto`` (a capable kernel) or a name that supports the spec (else
-    :class:`gaecli.KernelUnavailableError`). Raises :class:`gaecli.GAEInputError` naming the
-    sample for bad data, and for a missing per-row input.
+    (``spec.row_inputs``: the ``normalize_by`` key, the variants' inputs) to its values: ``[B]``
+    (a tensor or a sequence) for a scalar input, one list per sample for the turn rewards.
+
+    The GAE variants (docs/variants.md): ``spec.timestep``, ``spec.lambd_critic`` and
+    ``spec.lambd_alpha`` are fields of the spec; their per-row data come as keywords:
+    ``turn_rewards`` (flat ``[U]``, one reward per turn, sample after sample) with
+    ``turn_offsets`` ``[B + 1]``, ``truncated`` (bool ``[B]``) with ``bootstrap_values``
+    ``[B]``. A keyword given for an input the spec does not name makes the spec read it
+    under the keyword's name. ``kernel``: ``auto`` (a capable kernel) or a name that
+    supports the spec (else :class:`gaecli.KernelUnavailableError`). Raises
+    :class:`gaecli.GAEInputError` naming the sample for bad data (a turn list whose length
+    is not the sample's number of turns, a non-finite turn reward or bootstrap value of a
+    truncated sample...), and for a missing per-row input.
     """
     if not isinstance(spec, AdvantageSpec):
         raise GAEInputError(f"spec must be a gaecli.AdvantageSpec, got {type(spec).__name__}")
-    row_inputs = dict(row_inputs or {})
+    if turn_offsets is not None and turn_rewards is None:
+        raise GAEInputError("turn_offsets goes with turn_rewards (flat values, one per turn)")
+    if turn_rewards is not None and turn_offsets is None:
+        raise GAEInputError("turn_rewards of the packed form are flat: pass turn_offsets [B + 1] too")
+    packed_turns = None if turn_rewards is None else FlatLists(turn_rewards, turn_offsets)
+    spec, row_inputs = _with_variant_keywords(spec, row_inputs, packed_turns, truncated, bootstrap_values)
     missing = [needed.name for needed in spec.row_inputs if needed.name not in row_inputs]
     if missing:
         raise GAEInputError(f"spec reads per-row input {missing[0]!r}: pass row_inputs={{{missing[0]!r}: ...}}")
@@ -73,7 +101,11 @@ def compute_advantages_packed(
     screened = compute_screened(spec, values, rewards, loss_mask, offsets, terminal, kernel=kernel)
     if screened is None:
         mask = check_contents(values, rewards, loss_mask, offsets, terminal, validate)
-        advantages, returns = compute(spec, values, rewards, mask, offsets, terminal, kernel=kernel)
+        if spec.variants:
+            row_inputs = check_variant_inputs(spec, row_inputs, mask, offsets)
+        advantages, returns = compute(
+            spec, values, rewards, mask, offsets, terminal, kernel=kernel, row_inputs=row_inputs
+        )
     else:
         # The kernel screened every token as it read it; only when it saw a bad one do the
         # checks run again, to name the first offending sample and token (or, with
@@ -100,11 +132,22 @@ def compute_advantages(
     spec: AdvantageSpec,
     kernel: str = "auto",
     row_inputs: Optional[Mapping[str, Any]] = None,
+    turn_rewards=None,
+    truncated=None,
+    bootstrap_values=None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """List form of :func:`compute_advantages_packed`: one 1-D tensor of length R_i per
     sample for values, rewards and loss_mask, one terminal reward per sample (and one value
-    per sample in each ``row_inputs`` entry). Returns lists of ``[R_i]`` tensors."""
-    if isinstance(spec, AdvantageSpec) and spec.semantics == "masked" and spec.normalize == "none":
+    per sample in each ``row_inputs`` entry); ``turn_rewards``: one list per sample (one
+    reward per turn, empty for a sample without a trainable token). Returns lists of
+    ``[R_i]`` tensors."""
+    spec, row_inputs = _with_variant_keywords(spec, row_inputs, turn_rewards, truncated, bootstrap_values)
+    if (
+        isinstance(spec, AdvantageSpec)
+        and spec.semantics == "masked"
+        and spec.normalize == "none"
+        and not spec.variants
+    ):
         in_place = _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel)
         if in_place is not None:
             return in_place
@@ -129,6 +172,24 @@ def _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel):
         return None
     advantages, returns, _ = screened
     return split(advantages, buffers.lengths), split(returns, buffers.lengths)
+
+
+def _with_variant_keywords(spec, row_inputs, turn_rewards, truncated, bootstrap_values):
+    """The spec and the row inputs with the variants' keyword data added: each given
+    keyword's data under the name the spec reads it by, the spec made to read it under the
+    keyword's name when it names none."""
+    row_inputs = dict(row_inputs or {})
+    given = {"turn_rewards": turn_rewards, "truncated": truncated, "bootstrap_values": bootstrap_values}
+    names = {}
+    for role, data in given.items():
+        if data is None:
+            continue
+        name = getattr(spec, role) or role
+        names[role] = name
+        row_inputs[name] = data
+    if names and isinstance(spec, AdvantageSpec):
+        spec = dataclasses.replace(spec, **names)
+    return spec, row_inputs
 
 
 # ----------------------------------------------------------------------------- masked GAE

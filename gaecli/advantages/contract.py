@@ -27,8 +27,9 @@ SEMANTICS: tuple[str, ...] = (MASKED, *BASELINES)
 ESTIMATORS: tuple[str, ...] = ("gae",)
 """Advantage estimators implemented (critic-free ones join here)."""
 
-TIMESTEPS: tuple[str, ...] = ("token",)
-"""Timestep units implemented (``turn`` joins here)."""
+TIMESTEPS: tuple[str, ...] = ("token", "turn")
+"""Timestep units: ``token`` (every trainable token a timestep) and ``turn`` (every maximal
+run of trainable tokens one timestep; docs/variants.md)."""
 
 NORMALIZATIONS: tuple[str, ...] = ("none", "all", "by")
 """Whitening of the advantages: none, over every trainable token of the input, or per group
@@ -52,7 +53,8 @@ def profile_of(semantics: str) -> str:
 
 def expand_baselines(text: str, option: str = "--baseline") -> tuple[str, ...]:
     """The baselines of a comma list such as ``verl,openrlhf`` or ``all``: the names in the
-    order given, as written, with ``all`` expanded in place to :data:`PROFILES`.
+    order given, as written, with ``all`` expanded in place to :data:`PROFILES`; ``masked``
+    (the contract itself: the old side of a diff of the GAE variants) is accepted too.
 
     Raises :class:`InvalidOptionError` (a usage error, exit 2; the message starts with
     ``option``) for an empty item, an unknown name, a name given twice, or an alias listed
@@ -64,11 +66,11 @@ def expand_baselines(text: str, option: str = "--baseline") -> tuple[str, ...]:
             raise InvalidOptionError(f"{option}: empty name in {text!r}; give names separated by commas")
         if name == ALL_PROFILES:
             names.extend(PROFILES)
-        elif name in BASELINES:
+        elif name in BASELINES or name == MASKED:
             names.append(name)
         else:
             raise InvalidOptionError(
-                f"{option}: unknown baseline {name!r}; choose one of: {ALL_PROFILES}, {', '.join(BASELINES)}"
+                f"{option}: unknown baseline {name!r}; choose one of: {ALL_PROFILES}, {MASKED}, {', '.join(BASELINES)}"
             )
     seen: dict[str, str] = {}
     for name in names:

@@ -12,8 +12,8 @@ import numpy as np
 
 from gaecli.advantages.baselines import apply_semantics
 from gaecli.advantages.kernels import KERNELS, device_type, resolve_kernel
-from gaecli.advantages.spec import AdvantageSpec
-from gaecli.errors import KernelUnavailableError
+from gaecli.advantages.spec import VARIANT_INPUTS, AdvantageSpec
+from gaecli.errors import GAEInputError, KernelUnavailableError
 
 # The torch dtypes (by name: this module does not import torch) a screened kernel reads.
 SCREENED_VALUES = ("torch.float32", "torch.float64")
@@ -29,7 +29,16 @@ SCREENED_MASKS = (
 
 
 def compute(
-    spec: AdvantageSpec, values, rewards, trainable, offsets, terminal_rewards, *, kernel: str = "auto", device=None
+    spec: AdvantageSpec,
+    values,
+    rewards,
+    trainable,
+    offsets,
+    terminal_rewards,
+    *,
+    kernel: str = "auto",
+    device=None,
+    row_inputs=None,
 ):
     """Advantages and returns of one packed batch under ``spec``, before normalisation
     (whitening needs statistics over the whole input: :mod:`gaecli.advantages.whiten`).
@@ -45,16 +54,44 @@ def compute(
     (:func:`gaecli.advantages.kernels.resolve_kernel`: a kernel that cannot run the spec is
     refused, ``auto`` picks one that can). The inputs are not checked (the API and the
     commands check them first) and not modified.
+
+    ``row_inputs``: the per-row inputs of the GAE variants the spec reads, by name
+    (``spec.row_inputs``): numpy arrays or tensors, ``[B]`` for a scalar input, and for a
+    list input (turn rewards) a pair ``(flat values [U], offsets [B + 1])``.
     """
+    variants = variant_keywords(spec, row_inputs)
     if isinstance(values, np.ndarray):
         device = "cpu" if device is None else device
         entry = KERNELS[resolve_kernel(kernel, device, spec)]
         if entry.flat_function is not None and device_type(device) == "cpu":
-            return _run(spec, entry.flat_function, values, rewards, trainable, offsets, terminal_rewards)
+            return _run(spec, entry.flat_function, values, rewards, trainable, offsets, terminal_rewards, variants)
         offsets = offsets.astype(np.int64, copy=False)  # the torch kernels index with it
-        return _on_tensors(spec, entry.function, device, values, rewards, trainable, offsets, terminal_rewards)
+        arrays = (values, rewards, trainable, offsets, terminal_rewards)
+        return _on_tensors(spec, entry.function, device, variants, *arrays)
     entry = KERNELS[resolve_kernel(kernel, values.device, spec)]
-    return _run(spec, entry.function, values, rewards, trainable, offsets, terminal_rewards)
+    return _run(spec, entry.function, values, rewards, trainable, offsets, terminal_rewards, variants)
+
+
+def variant_keywords(spec: AdvantageSpec, row_inputs=None) -> dict:
+    """The keywords of the GAE variants a kernel is called with for ``spec`` (none for plain
+    GAE): the spec's variant fields and its per-row inputs taken from ``row_inputs`` by name
+    (a list input as ``turn_rewards`` plus ``turn_offsets``). Raises
+    :class:`gaecli.errors.GAEInputError` for an input the spec reads that is not given."""
+    if not spec.variants:
+        return {}
+    keywords = {"timestep": spec.timestep, "lambd_critic": spec.lambd_critic, "lambd_alpha": spec.lambd_alpha}
+    row_inputs = row_inputs or {}
+    for needed in spec.row_inputs:
+        if needed.role not in VARIANT_INPUTS:
+            continue
+        if needed.name not in row_inputs:
+            raise GAEInputError(f"spec reads per-row input {needed.name!r} ({needed.role}), which is not given")
+        value = row_inputs[needed.name]
+        if needed.role == "turn_rewards":
+            keywords["turn_rewards"], keywords["turn_offsets"] = value
+        else:
+            keywords[needed.role] = value
+    return keywords
 
 
 def compute_screened(
@@ -69,6 +106,8 @@ def compute_screened(
     read (values float32/float64, rewards the same, mask bool, integer or float). The tensors
     (mask: bool, integer or float 0/1 as given) are read in place and not modified."""
     if values.device.type != "cpu" or spec.semantics != "masked" or str(values.dtype) not in SCREENED_VALUES:
+        return None
+    if spec.variants:
         return None
     if rewards.dtype != values.dtype or str(loss_mask.dtype) not in SCREENED_MASKS:
         return None
@@ -92,8 +131,8 @@ def compute_screened_samples(spec: AdvantageSpec, buffers, *, kernel: str = "aut
     rewards the same, mask bool, integer or float), read in place with no concatenation.
     Returns flat ``(advantages, returns, clean)`` ``[N]`` tensors in the sample order (split
     them with ``buffers.lengths``), or None when ``kernel`` does not resolve to a kernel with
-    that form or the semantics is not ``masked``."""
-    if spec.semantics != "masked":
+    that form, the semantics is not ``masked`` or a variant is set."""
+    if spec.semantics != "masked" or spec.variants:
         return None
     try:
         entry = KERNELS[resolve_kernel(kernel, "cpu", spec)]
@@ -121,9 +160,9 @@ def compute_screened_samples(spec: AdvantageSpec, buffers, *, kernel: str = "aut
     return advantages, returns, clean
 
 
-def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, terminal_rewards):
+def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, terminal_rewards, variants):
     def run(v, r, m, z):
-        return function(v, r, m, offsets, z, gamma=spec.gamma, lambd=spec.lambd)
+        return function(v, r, m, offsets, z, gamma=spec.gamma, lambd=spec.lambd, **variants)
 
     return apply_semantics(
         run,
@@ -138,8 +177,9 @@ def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, ter
     )
 
 
-def _on_tensors(spec: AdvantageSpec, function, device, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Numpy buffers through a torch kernel on ``device``, back as numpy."""
+def _on_tensors(spec: AdvantageSpec, function, device, variants, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Numpy buffers through a torch kernel on ``device``, back as numpy (the variants'
+    per-row inputs stay as given: the kernels that take them read numpy or tensors)."""
     import torch
 
     with warnings.catch_warnings():
@@ -147,7 +187,7 @@ def _on_tensors(spec: AdvantageSpec, function, device, *arrays: np.ndarray) -> t
         tensors = [torch.from_numpy(array) for array in arrays]
     if device_type(device) != "cpu":
         tensors = [tensor.to(device) for tensor in tensors]
-    advantages, returns = _run(spec, function, *tensors)
+    advantages, returns = _run(spec, function, *tensors, variants)
     return advantages.cpu().numpy(), returns.cpu().numpy()
 
 

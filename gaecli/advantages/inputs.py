@@ -7,6 +7,7 @@ import functools
 import operator
 import warnings
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -265,3 +266,113 @@ _IS_CPU = operator.attrgetter("is_cpu")
 
 def split(flat: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
     return list(torch.split(flat, lengths)) if lengths else []
+
+
+class FlatLists(NamedTuple):
+    """One list per sample, packed: flat ``values`` and their ``offsets`` ``[B + 1]``."""
+
+    values: object
+    offsets: object
+
+
+def _numbers(name: str, value, dtype=np.float64) -> np.ndarray:
+    """A 1-D numpy array of ``value`` (tensor, array or sequence) in ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    try:
+        array = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError):
+        raise GAEInputError(f"{name} must be a 1-D sequence of numbers") from None
+    if array.ndim != 1:
+        raise GAEInputError(f"{name} must be 1-D, got shape {array.shape}")
+    return array
+
+
+def _flatten_lists(name: str, lists) -> tuple[np.ndarray, np.ndarray]:
+    """Flat float64 values and int64 offsets ``[B + 1]`` of one sequence of numbers per sample."""
+    pieces = []
+    for index, item in enumerate(lists):
+        if item is None:
+            raise GAEInputError(f"sample {index}: {name} is None (give a list, empty for a fully masked sample)")
+        pieces.append(_numbers(f"sample {index}: {name}", item))
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum([piece.size for piece in pieces], out=offsets[1:])
+    flat = np.concatenate(pieces) if pieces else np.zeros(0)
+    return flat, offsets
+
+
+def check_variant_inputs(spec, row_inputs: dict, trainable: torch.Tensor, offsets: torch.Tensor) -> dict:
+    """The per-row inputs of the GAE variants that ``spec`` reads, checked against the batch
+    (bool ``trainable`` ``[N]``, ``offsets`` ``[B + 1]``) and converted for the dispatch
+    (:func:`gaecli.advantages.dispatch.compute`): name → numpy ``[B]``, or for the turn
+    rewards ``(flat [U], turn offsets [B + 1])``. A turn-rewards input is a sequence of one
+    list per sample or a :class:`FlatLists`. Raises :class:`GAEInputError` naming
+    the sample: a turn list whose length is not the sample's number of turns, a non-finite
+    turn reward, a truncated flag other than 0/1, a non-finite bootstrap value on a truncated
+    sample, a length other than B."""
+    from gaecli.advantages.layout import turn_table
+
+    mask = trainable.detach().cpu().numpy()
+    bounds = offsets.detach().cpu().numpy()
+    batch = bounds.size - 1
+    converted = dict(row_inputs)
+    flags = None
+    for needed in spec.row_inputs:
+        value = row_inputs[needed.name]
+        if needed.role == "turn_rewards":
+            if isinstance(value, FlatLists):
+                flat, turn_offsets = _numbers(needed.name, value[0]), _numbers("turn_offsets", value[1], np.int64)
+                if turn_offsets.size != batch + 1 or turn_offsets[0] != 0 or turn_offsets[-1] != flat.size:
+                    raise GAEInputError(
+                        f"turn_offsets must hold B + 1 = {batch + 1} entries from 0 to len(turn_rewards) = "
+                        f"{flat.size}, got {turn_offsets.size} entries"
+                    )
+                if (np.diff(turn_offsets) < 0).any():
+                    raise GAEInputError(
+                        f"sample {int(np.flatnonzero(np.diff(turn_offsets) < 0)[0])}: turn_offsets decrease"
+                    )
+            else:
+                if len(value) != batch:
+                    raise GAEInputError(f"{needed.name} has {len(value)} lists, there are {batch} samples")
+                flat, turn_offsets = _flatten_lists(needed.name, value)
+            turns = np.diff(turn_table(mask, bounds)[2])
+            given = np.diff(turn_offsets)
+            if (given != turns).any():
+                sample = int(np.flatnonzero(given != turns)[0])
+                raise GAEInputError(
+                    f"sample {sample}: {needed.name} has {given[sample]} values, the sample has {turns[sample]} turns"
+                )
+            if not np.isfinite(flat).all():
+                position = int(np.flatnonzero(~np.isfinite(flat))[0])
+                sample = int(np.searchsorted(turn_offsets, position, side="right") - 1)
+                raise GAEInputError(
+                    f"sample {sample}: {needed.name} is {flat[position]} at turn {position - turn_offsets[sample]} "
+                    "(must be finite)"
+                )
+            converted[needed.name] = (flat, turn_offsets)
+            continue
+        if needed.role not in ("truncated", "bootstrap_values"):
+            continue
+        array = _numbers(needed.name, value)
+        if array.size != batch:
+            raise GAEInputError(f"{needed.name} must hold one value per sample ({batch}), got {array.size}")
+        if needed.role == "truncated":
+            bad = ~((array == 0) | (array == 1))
+            if bad.any():
+                sample = int(np.flatnonzero(bad)[0])
+                raise GAEInputError(
+                    f"sample {sample}: {needed.name} is {array[sample].item()!r}, not a flag (0/1, bool)"
+                )
+            flags = array != 0
+            converted[needed.name] = flags
+        else:
+            converted[needed.name] = array
+    if flags is not None:
+        boots = converted[spec.bootstrap_values]
+        bad = flags & ~np.isfinite(boots)
+        if bad.any():
+            sample = int(np.flatnonzero(bad)[0])
+            raise GAEInputError(
+                f"sample {sample}: truncated, but {spec.bootstrap_values} is {boots[sample]} (must be finite)"
+            )
+    return converted

@@ -182,3 +182,31 @@ def scatter_compressed(
     advantages[layout.flat_index] = trainable_advantages
     returns[layout.flat_index] = trainable_advantages + values[layout.flat_index]
     return advantages, returns
+
+
+def turn_table(trainable, offsets):
+    """The turns of every sample: maximal runs of trainable tokens inside one sample
+    (docs/variants.md). Returns ``(starts, ends, turn_offsets)``: int64 ``[U]`` flat
+    position of each turn's first token and one past its last token, in order, and int64
+    ``[B + 1]`` ``turn_offsets`` (the turns of sample i are ``turn_offsets[i]`` up to
+    ``turn_offsets[i + 1]``; ``diff`` is each sample's number of turns). numpy or torch as
+    the mask; vectorised."""
+    xp = array_module(trainable)
+    total = trainable.shape[0]
+    nonempty = offsets[1:] > offsets[:-1]
+    first_of_sample = xp.zeros_like(trainable)
+    last_of_sample = xp.zeros_like(trainable)
+    first_of_sample[offsets[:-1][nonempty]] = True
+    last_of_sample[offsets[1:][nonempty] - 1] = True
+    previous = xp.zeros_like(trainable)
+    following = xp.zeros_like(trainable)
+    if total:
+        previous[1:] = trainable[:-1]
+        following[:-1] = trainable[1:]
+    begins = trainable & (~previous | first_of_sample)
+    finishes = trainable & (~following | last_of_sample)
+    if xp is np:
+        starts, ends = np.flatnonzero(begins), np.flatnonzero(finishes) + 1
+        return starts, ends, np.searchsorted(starts, offsets).astype(np.int64)
+    starts, ends = begins.nonzero().flatten(), finishes.nonzero().flatten() + 1
+    return starts, ends, xp.searchsorted(starts, offsets)

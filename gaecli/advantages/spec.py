@@ -19,6 +19,14 @@ from gaecli.advantages.contract import (
     check_discount,
 )
 from gaecli.errors import InvalidOptionError
+from gaecli.options import check_number
+
+VARIANT_INPUTS: dict[str, str] = {"turn_rewards": "list", "truncated": "scalar", "bootstrap_values": "scalar"}
+"""The per-row inputs of the GAE variants: field (and role) → kind."""
+
+VARIANT_FIELDS: tuple[str, ...] = ("lambd_critic", "lambd_alpha", *VARIANT_INPUTS)
+"""The GAE variant fields that are off when None; each set one is a feature of its own
+(``timestep`` is ``timestep:<unit>``)."""
 
 
 def refuse(message: str) -> None:
@@ -49,10 +57,21 @@ class AdvantageSpec:
     - ``normalize``: ``"none"``, ``"all"`` (whiten over every trainable token of the input) or
       ``"by"`` (per group of rows with equal ``normalize_by`` key; ``normalize_by`` names that
       per-row input).
-    - ``estimator`` (``"gae"``), ``timestep`` (``"token"``), ``lambd_critic`` and
-      ``lambd_alpha`` (``None``): the fields of the GAE variants and critic-free estimators
-      to come. Today they accept only these values; any other is refused with a message
-      saying so.
+    - ``estimator``: ``"gae"`` (critic-free estimators join here).
+    - The GAE variants (docs/variants.md), each off by default; they apply to the masked
+      contract only (``semantics="masked"``, ``estimator="gae"``):
+
+      - ``timestep``: ``"token"`` (every trainable token a timestep) or ``"turn"`` (every
+        maximal run of trainable tokens one timestep, AReaL's turn-level GAE);
+      - ``lambd_critic``: λ of the returns (decoupled GAE), in [0, 1];
+      - ``lambd_alpha``: α of the length-adaptive λ of the advantages, finite and > 0;
+      - ``turn_rewards``: the name of a per-row list input, one reward per turn;
+      - ``truncated`` and ``bootstrap_values``: the names of two per-row scalar inputs (set
+        both or neither): a truncated row's value after its last trainable token (or turn)
+        is its bootstrap value instead of 0.
+
+      The three names are the columns in the commands and the keys of ``row_inputs`` in
+      Python (:attr:`row_inputs`).
     """
 
     gamma: float
@@ -64,6 +83,9 @@ class AdvantageSpec:
     timestep: str = "token"
     lambd_critic: Optional[float] = None
     lambd_alpha: Optional[float] = None
+    turn_rewards: Optional[str] = None
+    truncated: Optional[str] = None
+    bootstrap_values: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_discount(self.gamma, self.lambd)
@@ -77,12 +99,39 @@ class AdvantageSpec:
             refuse(f"unknown estimator {self.estimator!r}; implemented: {', '.join(ESTIMATORS)}")
         if self.timestep not in TIMESTEPS:
             refuse(f"unknown timestep {self.timestep!r}; implemented: {', '.join(TIMESTEPS)}")
+        self._check_variants()
+
+    def _check_variants(self) -> None:
+        """The GAE variants' fields (docs/variants.md)."""
         for name in ("lambd_critic", "lambd_alpha"):
             value = getattr(self, name)
             if value is not None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                     refuse(f"{name} must be a finite number or None, got {value!r}")
-                refuse(f"{name} is not implemented yet; leave it None")
+        if self.lambd_critic is not None:
+            check_number("lambd_critic", self.lambd_critic, 0.0, 1.0)
+        if self.lambd_alpha is not None and not self.lambd_alpha > 0:
+            refuse(f"lambd_alpha must be > 0, got {self.lambd_alpha:g}")
+        for name in VARIANT_INPUTS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                refuse(f"{name} names a per-row input: a non-empty string or None, got {value!r}")
+        if (self.truncated is None) != (self.bootstrap_values is None):
+            refuse("truncated and bootstrap_values go together: set both (the flag and the value) or neither")
+        variants = self.variants
+        if variants and self.estimator != "gae":
+            refuse(f"the GAE variants ({', '.join(variants)}) need estimator 'gae', got {self.estimator!r}")
+        if variants and self.semantics != MASKED:
+            refuse(
+                f"the GAE variants ({', '.join(variants)}) apply to the masked contract only, "
+                f"not to the {self.semantics!r} baseline"
+            )
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The names of the GAE variant fields set away from their defaults (empty: plain GAE)."""
+        names = [name for name in VARIANT_FIELDS if getattr(self, name) is not None]
+        return (("timestep",) if self.timestep != "token" else ()) + tuple(names)
 
     @property
     def features(self) -> frozenset[str]:
@@ -90,15 +139,22 @@ class AdvantageSpec:
         one name per variant field set). Semantics and normalisation run around the kernel,
         so every kernel of the estimator supports them."""
         required = {f"estimator:{self.estimator}", f"timestep:{self.timestep}"}
-        required |= {name for name in ("lambd_critic", "lambd_alpha") if getattr(self, name) is not None}
+        required |= {name for name in VARIANT_FIELDS if getattr(self, name) is not None}
         return frozenset(required)
 
     @property
     def row_inputs(self) -> tuple[RowInput, ...]:
-        """The extra per-row inputs this spec reads (today only the ``normalize_by`` key)."""
+        """The extra per-row inputs this spec reads: the ``normalize_by`` key, then the
+        variants' inputs, each with its field's name as its role (``turn_rewards``: a list
+        per row; ``truncated``, ``bootstrap_values``: a scalar per row)."""
+        inputs = []
         if self.normalize_by is not None:
-            return (RowInput(self.normalize_by, "normalize-key", "scalar"),)
-        return ()
+            inputs.append(RowInput(self.normalize_by, "normalize-key", "scalar"))
+        for role, kind in VARIANT_INPUTS.items():
+            name = getattr(self, role)
+            if name is not None:
+                inputs.append(RowInput(name, role, kind))
+        return tuple(inputs)
 
     @property
     def normalize_label(self) -> str:

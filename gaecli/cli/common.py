@@ -181,6 +181,86 @@ RefLogprobsColOption = Annotated[
 ]
 
 
+_VARIANTS = "GAE variants (new side)"
+TimestepOption = Annotated[
+    str,
+    typer.Option(
+        "--timestep",
+        metavar="token|turn",
+        rich_help_panel=_VARIANTS,
+        help="token: every trainable token is a timestep; turn: every maximal run of trainable tokens is one "
+        "(AReaL's turn-level GAE; docs/variants.md).",
+    ),
+]
+LambdCriticOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--lambd-critic",
+        metavar="LC",
+        show_default=False,
+        rich_help_panel=_VARIANTS,
+        help="Decoupled GAE: the returns use λ = LC in [0, 1]; the advantages keep --lambd.",
+    ),
+]
+LambdAlphaOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--lambd-alpha",
+        metavar="A",
+        show_default=False,
+        rich_help_panel=_VARIANTS,
+        help="Length-adaptive λ of the advantages: λ_i = clamp(1 − 1/max(A·L_i, 1), 0, 1), L_i the sample's "
+        "trainable tokens (turns with --timestep turn); A > 0.",
+    ),
+]
+TurnRewardsColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--turn-rewards-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel=_VARIANTS,
+        help="List column of one reward per turn (maximal run of trainable tokens), added on the turn's last "
+        "trainable token (to the turn's reward with --timestep turn).",
+    ),
+]
+TruncatedColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--truncated-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel=_VARIANTS,
+        help="Bool column: the row was truncated (no EOS); its value after the last trainable token is then "
+        "--bootstrap-col's instead of 0.",
+    ),
+]
+BootstrapColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--bootstrap-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel=_VARIANTS,
+        help="With --truncated-col: the column of the bootstrap value of each truncated row.",
+    ),
+]
+
+
+def make_variants(
+    timestep: str = "token",
+    lambd_critic: Optional[float] = None,
+    lambd_alpha: Optional[float] = None,
+    turn_rewards_col: Optional[str] = None,
+    truncated_col: Optional[str] = None,
+    bootstrap_col: Optional[str] = None,
+):
+    """The VariantOptions of the shared GAE-variant options."""
+    from gaecli.pipeline import VariantOptions
+
+    return VariantOptions(timestep, lambd_critic, lambd_alpha, turn_rewards_col, truncated_col, bootstrap_col)
+
+
 def make_columns(
     values_col: str,
     rewards_col: Optional[str],

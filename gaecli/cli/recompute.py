@@ -8,11 +8,14 @@ import typer
 
 from gaecli.cli.common import (
     EXIT_CODES_HELP,
+    BootstrapColOption,
     DebugOption,
     EngineOption,
     JsonOption,
     KLCoefOption,
     KLEstimatorOption,
+    LambdAlphaOption,
+    LambdCriticOption,
     LogprobsColOption,
     MaskColOption,
     QuietOption,
@@ -20,12 +23,16 @@ from gaecli.cli.common import (
     RefLogprobsColOption,
     RewardsColOption,
     TerminalColOption,
+    TimestepOption,
+    TruncatedColOption,
+    TurnRewardsColOption,
     ValuesColOption,
     WorkersOption,
     app,
     errors_to_exit,
     make_columns,
     make_engine,
+    make_variants,
     reports,
     stderr_console,
     write_json,
@@ -58,6 +65,12 @@ def recompute(
     kl_estimator: KLEstimatorOption = "k1",
     logprobs_col: LogprobsColOption = "log_probs",
     ref_logprobs_col: RefLogprobsColOption = "ref_log_probs",
+    timestep: TimestepOption = "token",
+    lambd_critic: LambdCriticOption = None,
+    lambd_alpha: LambdAlphaOption = None,
+    turn_rewards_col: TurnRewardsColOption = None,
+    truncated_col: TruncatedColOption = None,
+    bootstrap_col: BootstrapColOption = None,
     advantages_col: Annotated[
         str, typer.Option(help="Name of the advantages column written.", rich_help_panel="Columns")
     ] = "advantages",
@@ -131,6 +144,7 @@ def recompute(
             overwrite=overwrite,
             tolerance=tol,
             skip_existing=skip_existing,
+            variants=make_variants(timestep, lambd_critic, lambd_alpha, turn_rewards_col, truncated_col, bootstrap_col),
             report_paths=reports(JSON=json_path),
         )
         report = recompute_files(

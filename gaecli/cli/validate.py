@@ -8,6 +8,7 @@ import typer
 
 from gaecli.cli.common import (
     EXIT_USAGE,
+    BootstrapColOption,
     DebugOption,
     EngineOption,
     JsonOption,
@@ -20,6 +21,8 @@ from gaecli.cli.common import (
     RefLogprobsColOption,
     RewardsColOption,
     TerminalColOption,
+    TruncatedColOption,
+    TurnRewardsColOption,
     ValuesColOption,
     WorkersOption,
     app,
@@ -27,6 +30,7 @@ from gaecli.cli.common import (
     fail,
     make_columns,
     make_engine,
+    make_variants,
     reports,
     stderr_console,
     write_json,
@@ -67,6 +71,9 @@ def validate(
     kl_estimator: KLEstimatorOption = "k1",
     logprobs_col: LogprobsColOption = "log_probs",
     ref_logprobs_col: RefLogprobsColOption = "ref_log_probs",
+    turn_rewards_col: TurnRewardsColOption = None,
+    truncated_col: TruncatedColOption = None,
+    bootstrap_col: BootstrapColOption = None,
     engine: EngineOption = "local",
     workers: WorkersOption = None,
     ray_address: RayAddressOption = None,
@@ -108,6 +115,9 @@ def validate(
             progress=make_progress(quiet),
             engine=make_engine(engine, workers, ray_address),
             report_paths=reports(JSON=json_path),
+            variants=make_variants(
+                turn_rewards_col=turn_rewards_col, truncated_col=truncated_col, bootstrap_col=bootstrap_col
+            ),
         )
     document = report.to_dict()
     write_json(document, json_path)

@@ -13,7 +13,7 @@ from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
 from gaecli.io.reader import DEFAULT_BATCH_ROWS
 from gaecli.options import check_count, check_number
-from gaecli.pipeline import check_device
+from gaecli.pipeline import VariantOptions, check_device, new_side_spec
 
 DEFAULT_TOP = 10
 DEFAULT_BASELINE = "unmasked"
@@ -30,7 +30,8 @@ class DiffOptions:
     returns); two kinds together are refused. ``normalize`` / ``normalize_by`` whiten new
     and every old side the same way, each with its own statistics.
     ``report_paths``: files the caller will write reports to, paths or (role, path) pairs
-    (refused when one is an input or another output).
+    (refused when one is an input or another output). ``variants``: the GAE variants of
+    the new side only (docs/variants.md); the old side stays the baseline or the stored column.
     Every value is checked when the options are made (:meth:`check`).
     """
 
@@ -50,6 +51,7 @@ class DiffOptions:
     batch_rows: int = DEFAULT_BATCH_ROWS
     columns: Columns = field(default_factory=Columns)
     per_sample: Optional[str] = None
+    variants: VariantOptions = field(default_factory=VariantOptions)
     report_paths: tuple = ()
     scatter_sample: int = SCATTER_SAMPLE
 
@@ -76,7 +78,7 @@ class DiffOptions:
         check_count("--top", self.top, 0)
         check_number("--tol", self.tolerance, 0.0)
         check_device(self.device)
-        resolve_kernel(self.kernel, self.device)
+        resolve_kernel(self.kernel, self.device, new_side_spec(self))
 
     @property
     def whitening(self) -> bool:
@@ -89,10 +91,10 @@ class DiffOptions:
     @property
     def new_spec(self) -> AdvantageSpec:
         """The new side: what is computed and compared with every old side (the masked
-        contract with γ and λ, whitened as ``normalize`` / ``normalize_by`` say). The one
-        place the options become the new side's spec: its other fields join here."""
-        normalize = "by" if self.normalize_by is not None else ("all" if self.normalize else "none")
-        return AdvantageSpec(self.gamma, self.lambd, normalize=normalize, normalize_by=self.normalize_by)
+        contract with γ and λ, its GAE variants, whitened as ``normalize`` /
+        ``normalize_by`` say): :func:`gaecli.pipeline.new_side_spec`, the one place options
+        become the new side's spec."""
+        return new_side_spec(self)
 
     @property
     def sides(self) -> tuple[ComparisonSide, ...]:

@@ -50,6 +50,7 @@ def computation_of(options: DiffOptions, kernel: str) -> Computation:
         normalize_by=options.normalize_by,
         new=options.new_spec,
         sides=options.sides,
+        variants=options.variants,
     )
 
 
@@ -64,6 +65,7 @@ def _read_columns(schema: pa.Schema, options: DiffOptions) -> list[str]:
     wanted = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
     stored = [name for side in options.sides for name in (side.advantages_column, side.returns_column)]
     wanted |= {name for name in (*stored, options.normalize_by, options.group_by, options.id_col) if name is not None}
+    wanted |= set(options.variants.columns())
     return [name for name in schema.names if name in wanted]
 
 
@@ -249,7 +251,7 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
     from gaecli.advantages.kernels import resolve_kernel
     from gaecli.io.writer import AtomicParquetWriter
 
-    kernel = resolve_kernel(options.kernel, options.device)
+    kernel = resolve_kernel(options.kernel, options.device, options.new_spec)
     computation = computation_of(options, kernel)
     files = [str(path) for path in paths]
     total_rows, schema = 0, None

@@ -15,7 +15,9 @@ from gaecli.io.format import Columns
 from gaecli.io.reader import DEFAULT_BATCH_ROWS
 from gaecli.options import check_choice, check_count, check_number
 from gaecli.pipeline import (
+    VariantOptions,
     check_device,
+    new_side_spec,
     normalize_label,
 )
 
@@ -35,6 +37,7 @@ class RecomputeOptions:
     Every value is checked when the options are made (:meth:`check`).
     ``report_paths``: files the caller will write reports to (e.g. ``--json``), refused
     before any work when one is an input or an output (:func:`gaecli.io.paths.check_writes`).
+    ``variants``: the GAE variants of the new advantages (docs/variants.md).
     """
 
     gamma: float
@@ -52,6 +55,7 @@ class RecomputeOptions:
     overwrite: bool = False
     tolerance: float = 1e-6
     skip_existing: bool = False
+    variants: VariantOptions = field(default_factory=VariantOptions)
     report_paths: tuple = ()  # paths (or (role, path) pairs) the caller writes reports to: checked, never written here
 
     def __post_init__(self) -> None:
@@ -69,7 +73,7 @@ class RecomputeOptions:
             raise InvalidOptionError(f"baseline: {self.baseline!r} names several baselines; recompute takes one")
         check_choice("--on-invalid", self.on_invalid, ("stop", "skip"), "mode")
         check_device(self.device)
-        resolve_kernel(self.kernel, self.device)
+        resolve_kernel(self.kernel, self.device, new_side_spec(self))
         if self.skip_existing and self.overwrite:
             raise InvalidOptionError(
                 "--skip-existing keeps existing outputs and --overwrite replaces them: give one of them"

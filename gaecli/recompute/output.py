@@ -20,6 +20,7 @@ from gaecli.io.reader import RolloutFile, read_schema
 from gaecli.pipeline import (
     Computation,
     check_file,
+    new_side_spec,
     normalize_label,
     whiten_rows,
 )
@@ -45,6 +46,7 @@ def computation_of(options: RecomputeOptions, kernel: str) -> Computation:
         old_semantics=options.baseline,
         on_invalid=options.on_invalid,
         normalize_by=options.normalize_by,
+        variants=options.variants,
     )
 
 
@@ -93,7 +95,9 @@ def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]
     ``gaecli.`` prefix) → value as written; ``--skip-existing`` keeps an output only when
     all of these match. ``on_invalid`` and ``source`` are recorded but not compared: a
     whole output holds the same rows under either mode unless a rejects file exists beside
-    it (which the resume checks), and sources are matched by path."""
+    it (which the resume checks), and sources are matched by path. ``spec`` is every field
+    of the new side's spec (:func:`gaecli.pipeline.new_side_spec`, the GAE variants
+    included), as JSON: an output computed with another spec is not the one asked for."""
     record = {
         "gamma": repr(float(options.gamma)),
         "lambd": repr(float(options.lambd)),
@@ -101,6 +105,7 @@ def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]
         "normalize": normalize_label(options),
         "columns": options.columns.to_json(),
         "keep_baseline": json.dumps(options.keep_baseline),
+        "spec": json.dumps(new_side_spec(options).to_dict(), sort_keys=True),
     }
     if options.keep_baseline:  # the baseline's columns are written only then
         record["baseline"] = options.baseline
@@ -110,7 +115,7 @@ def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]
 def first_difference(key: str, have: str, want: str) -> str:
     """The first field where two recorded values differ, in words: ``columns`` (a JSON
     object) is compared field by field."""
-    if key == "columns":
+    if key in ("columns", "spec"):
         try:
             had, wanted = json.loads(have), json.loads(want)
         except ValueError:
@@ -119,7 +124,7 @@ def first_difference(key: str, have: str, want: str) -> str:
             for name in sorted(set(had) | set(wanted)):
                 old_value = had.get(name, "(not recorded)")
                 if old_value != wanted.get(name):
-                    return f"columns.{name} {json.dumps(old_value)}, not {json.dumps(wanted.get(name))}"
+                    return f"{key}.{name} {json.dumps(old_value)}, not {json.dumps(wanted.get(name))}"
     return f"{key} {have or '(not recorded)'}, not {want}"
 
 

@@ -37,6 +37,7 @@ from gaecli.io.writer import AtomicParquetWriter
 from gaecli.pipeline import (
     computed_batches,
     engine_file_moments,
+    new_side_spec,
 )
 from gaecli.progress import NoProgress, Progress
 from gaecli.recompute.options import REASON_COLUMN, REJECTS_SUFFIX, FileOutcome, RecomputeOptions, RecomputeReport
@@ -261,7 +262,7 @@ def recompute_files(
     engine = engine or EngineOptions(workers=1)  # a library call stays in this process unless told
     if options.normalize_by is not None and not options.normalize:
         options = replace(options, normalize=True)
-    kernel = resolve_kernel(options.kernel, options.device)
+    kernel = resolve_kernel(options.kernel, options.device, new_side_spec(options))
     suffixes = (REJECTS_SUFFIX,) if options.on_invalid == "skip" else ()
     jobs = plan_outputs(
         [str(i) for i in inputs],

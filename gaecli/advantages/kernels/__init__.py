@@ -4,7 +4,9 @@ each can run.
 Every GAE kernel has the signature of :func:`gaecli.advantages.kernels.reference.reference_gae`:
 ``kernel(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma, lambd)`` on flat
 1-D tensors (bool ``loss_mask``, int64 ``offsets`` of B + 1 entries) and returns flat
-``(advantages, returns)`` under the masked contract (docs/semantics.md). A kernel with a
+``(advantages, returns)`` under the masked contract (docs/semantics.md). A kernel that
+supports the GAE variants (:data:`GAE_VARIANT_FEATURES`) also takes their keywords
+(docs/variants.md); the dispatch passes them only for a spec that sets one. A kernel with a
 numpy form (``flat_attribute``) also runs on numpy buffers without torch. Adding a kernel: one
 module here, one entry in :data:`KERNELS`, its tests (docs/architecture.md).
 """
@@ -25,6 +27,12 @@ if TYPE_CHECKING:
 
 GAE_FEATURES = frozenset({"estimator:gae", "timestep:token"})
 """The features of :attr:`gaecli.advantages.spec.AdvantageSpec.features` every GAE kernel supports."""
+
+GAE_VARIANT_FEATURES = GAE_FEATURES | frozenset(
+    {"timestep:turn", "lambd_critic", "lambd_alpha", "turn_rewards", "truncated", "bootstrap_values"}
+)
+"""Plain GAE and every GAE variant (docs/variants.md): a kernel that supports them takes the
+keywords of :data:`gaecli.advantages.variants.VARIANT_KEYWORDS`."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +108,13 @@ def _triton_interpreted() -> bool:
 
 _PACKAGE = "gaecli.advantages.kernels"
 KERNELS: dict[str, Kernel] = {
-    "reference": Kernel(f"{_PACKAGE}.reference", "reference_gae", True, "float64 serial loop per sample (the oracle)"),
+    "reference": Kernel(
+        f"{_PACKAGE}.reference",
+        "reference_gae",
+        True,
+        "float64 serial loop per sample (the oracle)",
+        supports=GAE_VARIANT_FEATURES,
+    ),
     "vanilla": Kernel(f"{_PACKAGE}.vanilla", "vanilla_gae", True, "padded [B, T] batched serial scan (trainers' way)"),
     "chunked": Kernel(
         f"{_PACKAGE}.chunked", "chunked_gae", True, "padded [B, T] FLA-style chunked scan (trainers' way)"
@@ -111,6 +125,7 @@ KERNELS: dict[str, Kernel] = {
         "native_gae",
         False,
         "ragged compiled pass per sample, no padding (numba, CPU)",
+        supports=GAE_VARIANT_FEATURES,
         flat_attribute="native_gae_flat",
         needs="numba",
         screened_attribute="native_gae_screened",

@@ -5,7 +5,12 @@ Obviously correct and slow; every other kernel is held against it.
 
 from __future__ import annotations
 
+from typing import Optional
+
+import numpy as np
 import torch
+
+from gaecli.advantages.variants import adaptive_lambd, as_numpy
 
 
 def reference_gae(
@@ -17,14 +22,20 @@ def reference_gae(
     *,
     gamma: float,
     lambd: float,
+    **variants,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked GAE by a serial float64 loop over each sample's trainable tokens.
 
     Shapes: flat ``[N]`` values / rewards / bool loss_mask, ``offsets`` ``[B + 1]``,
     ``terminal_rewards`` ``[B]``. Returns flat ``[N]`` (advantages, returns) in the values'
     dtype and device. Masked positions are 0; a fully masked sample is all 0 and its terminal
-    reward is dropped; an empty sample owns no position.
+    reward is dropped; an empty sample owns no position. The keywords of the GAE variants
+    (``variants``), when given, go to :func:`reference_variant_gae`.
     """
+    if variants:
+        return reference_variant_gae(
+            values, rewards, loss_mask, offsets, terminal_rewards, gamma=gamma, lambd=lambd, **variants
+        )
     all_values = values.detach().double().cpu().tolist()
     all_rewards = rewards.detach().double().cpu().tolist()
     all_mask = loss_mask.detach().cpu().tolist()
@@ -43,5 +54,91 @@ def reference_gae(
             advantages[t] = carry
             returns[t] = carry + all_values[t]
             next_value = all_values[t]
+    as_tensor = lambda xs: torch.tensor(xs, dtype=torch.float64).to(values.dtype).to(values.device)  # noqa: E731
+    return as_tensor(advantages), as_tensor(returns)
+
+
+def _turns(mask: list, start: int, end: int) -> list[tuple[int, int]]:
+    """The turns of one sample: (first, one past last) position of each maximal run of
+    trainable tokens, in order."""
+    turns: list[tuple[int, int]] = []
+    t = start
+    while t < end:
+        if mask[t]:
+            first = t
+            while t < end and mask[t]:
+                t += 1
+            turns.append((first, t))
+        else:
+            t += 1
+    return turns
+
+
+def reference_variant_gae(
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    loss_mask: torch.Tensor,
+    offsets: torch.Tensor,
+    terminal_rewards: torch.Tensor,
+    *,
+    gamma: float,
+    lambd: float,
+    timestep: str = "token",
+    lambd_critic: Optional[float] = None,
+    lambd_alpha: Optional[float] = None,
+    turn_rewards=None,
+    turn_offsets=None,
+    truncated=None,
+    bootstrap_values=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GAE variants (docs/variants.md) by a serial float64 loop per sample, turn by turn:
+    arguments as :func:`reference_gae` plus the variants' keywords (per-row inputs as
+    tensors, numpy arrays or sequences, checked by the caller: ``turn_rewards`` flat with
+    its ``turn_offsets`` ``[B + 1]``, ``truncated`` and ``bootstrap_values`` ``[B]``)."""
+    all_values = values.detach().double().cpu().tolist()
+    all_rewards = rewards.detach().double().cpu().tolist()
+    all_mask = loss_mask.detach().cpu().tolist()
+    bounds = offsets.cpu().tolist()
+    terminals = terminal_rewards.detach().double().cpu().tolist()
+    flat_turn_rewards = None if turn_rewards is None else as_numpy(turn_rewards).astype(np.float64).tolist()
+    turn_bounds = None if turn_offsets is None else as_numpy(turn_offsets).tolist()
+    flags = None if truncated is None else as_numpy(truncated).astype(bool).tolist()
+    boots = None if bootstrap_values is None else as_numpy(bootstrap_values).astype(np.float64).tolist()
+    advantages = [0.0] * len(all_values)
+    returns = [0.0] * len(all_values)
+    split = lambd_critic is not None or lambd_alpha is not None
+    return_lambd = lambd if lambd_critic is None else lambd_critic
+    for sample, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        turns = _turns(all_mask, start, end)
+        steps = len(turns) if timestep == "turn" else sum(last - first for first, last in turns)
+        sample_lambd = lambd if lambd_alpha is None else float(adaptive_lambd(lambd_alpha, np.array([steps]))[0])
+        decay, return_decay = gamma * sample_lambd, gamma * return_lambd
+        # Each timestep: (positions it covers, its value, its reward before z).
+        if timestep == "turn":
+            per_turn = [0.0] * len(turns) if flat_turn_rewards is None else None
+            if per_turn is None:
+                per_turn = flat_turn_rewards[turn_bounds[sample] : turn_bounds[sample + 1]]
+            timesteps = [(range(a, b), all_values[a], per_turn[u]) for u, (a, b) in enumerate(turns)]
+        else:
+            last_of_turn = {b - 1: u for u, (_, b) in enumerate(turns)}
+            timesteps = []
+            for a, b in turns:
+                for t in range(a, b):
+                    reward = all_rewards[t]
+                    if flat_turn_rewards is not None and t in last_of_turn:
+                        reward = reward + flat_turn_rewards[turn_bounds[sample] + last_of_turn[t]]
+                    timesteps.append((range(t, t + 1), all_values[t], reward))
+        next_value = boots[sample] if flags is not None and flags[sample] else 0.0
+        carry = return_carry = 0.0
+        for position_from_end, (positions, value, reward) in enumerate(reversed(timesteps)):
+            terminal = terminals[sample] if position_from_end == 0 else 0.0
+            delta = reward + terminal + gamma * next_value - value
+            carry = delta + decay * carry
+            return_carry = delta + return_decay * return_carry
+            returned = (return_carry if split else carry) + value
+            for t in positions:
+                advantages[t] = carry + all_rewards[t] if timestep == "turn" else carry
+                returns[t] = returned
+            next_value = value
     as_tensor = lambda xs: torch.tensor(xs, dtype=torch.float64).to(values.dtype).to(values.device)  # noqa: E731
     return as_tensor(advantages), as_tensor(returns)

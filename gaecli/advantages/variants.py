@@ -1,0 +1,120 @@
+"""The GAE variants' per-sample quantities, written once for the kernels that compute them
+(definitions: docs/variants.md): the length-adaptive λ, the λ of advantages and returns of
+every sample, the value after each sample's last timestep, and the turn table. numpy only;
+no torch, no numba."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from gaecli.advantages.layout import trainable_counts, turn_table
+
+
+def adaptive_lambd(alpha: float, lengths: np.ndarray) -> np.ndarray:
+    """VAPO's length-adaptive λ of samples with ``lengths`` timesteps (trainable tokens, or
+    turns under ``timestep="turn"``): ``clamp(1 − 1 / max(α·L, 1), 0, 1)``; 0 for L = 0.
+    float64 ``[B]``."""
+    scaled = np.float64(alpha) * lengths.astype(np.float64)
+    return np.clip(1.0 - 1.0 / np.maximum(scaled, 1.0), 0.0, 1.0)
+
+
+def as_numpy(array) -> Optional[np.ndarray]:
+    """A numpy array of a numpy array, a tensor (any device) or a sequence; None stays None."""
+    if array is None or isinstance(array, np.ndarray):
+        return array
+    if hasattr(array, "detach"):
+        return array.detach().cpu().numpy()
+    return np.asarray(array)
+
+
+@dataclass(frozen=True)
+class VariantPlan:
+    """What a variant kernel needs besides the batch, per sample and per turn.
+
+    ``advantage_lambd``, ``return_lambd``: float64 ``[B]``; ``split``: whether the returns
+    run their own recursion (``lambd_critic`` or ``lambd_alpha`` set) instead of being the
+    advantages plus the values; ``bootstrap``: float64 ``[B]``, the value after the last
+    timestep (0 unless truncated); ``turn_starts``, ``turn_ends`` ``[U]`` and
+    ``turn_offsets`` ``[B + 1]``: :func:`gaecli.advantages.layout.turn_table` (empty, and
+    zeros, when neither the turn mode nor turn rewards read it);
+    ``turn_rewards``: float64 ``[U]`` (zeros when none were given; ``has_turn_rewards``
+    says)."""
+
+    advantage_lambd: np.ndarray
+    return_lambd: np.ndarray
+    split: bool
+    bootstrap: np.ndarray
+    turn_starts: np.ndarray
+    turn_ends: np.ndarray
+    turn_offsets: np.ndarray
+    turn_rewards: np.ndarray
+    has_turn_rewards: bool
+    turn_mode: bool
+
+
+def plan_variants(
+    trainable: np.ndarray,
+    offsets: np.ndarray,
+    *,
+    lambd: float,
+    timestep: str = "token",
+    lambd_critic: Optional[float] = None,
+    lambd_alpha: Optional[float] = None,
+    turn_rewards=None,
+    turn_offsets=None,
+    truncated=None,
+    bootstrap_values=None,
+) -> VariantPlan:
+    """The :class:`VariantPlan` of one batch (bool ``trainable`` ``[N]``, int64 ``offsets``
+    ``[B + 1]``), vectorised. ``turn_rewards`` are flat ``[U]`` in the turn order of the
+    batch (``turn_offsets``, when given, must be the batch's own, which the callers check);
+    ``truncated`` bool ``[B]`` and ``bootstrap_values`` ``[B]`` (read only where truncated)."""
+    batch = offsets.size - 1
+    turn_mode = timestep == "turn"
+    if turn_mode or turn_rewards is not None:
+        starts, ends, table_offsets = turn_table(trainable, offsets)
+    else:  # no turn is read: an empty table (the kernel's token pass needs none)
+        starts = ends = np.zeros(0, dtype=np.int64)
+        table_offsets = np.zeros(batch + 1, dtype=np.int64)
+    if lambd_alpha is not None:
+        lengths = np.diff(table_offsets) if turn_mode else trainable_counts(trainable, offsets)
+        advantage_lambd = adaptive_lambd(lambd_alpha, lengths)
+    else:
+        advantage_lambd = np.full(batch, float(lambd), dtype=np.float64)
+    returns_lambd = float(lambd) if lambd_critic is None else float(lambd_critic)
+    if truncated is None:
+        bootstrap = np.zeros(batch, dtype=np.float64)
+    else:
+        flags = as_numpy(truncated).astype(bool, copy=False)
+        bootstrap = np.where(flags, as_numpy(bootstrap_values).astype(np.float64, copy=False), 0.0)
+    has_turn_rewards = turn_rewards is not None
+    flat_turn_rewards = (
+        as_numpy(turn_rewards).astype(np.float64, copy=False) if has_turn_rewards else np.zeros(starts.size)
+    )
+    return VariantPlan(
+        advantage_lambd=advantage_lambd,
+        return_lambd=np.full(batch, returns_lambd, dtype=np.float64),
+        split=lambd_critic is not None or lambd_alpha is not None,
+        bootstrap=bootstrap,
+        turn_starts=starts.astype(np.int64, copy=False),
+        turn_ends=ends.astype(np.int64, copy=False),
+        turn_offsets=table_offsets,
+        turn_rewards=np.ascontiguousarray(flat_turn_rewards),
+        has_turn_rewards=has_turn_rewards,
+        turn_mode=turn_mode,
+    )
+
+
+VARIANT_KEYWORDS = (
+    "timestep",
+    "lambd_critic",
+    "lambd_alpha",
+    "turn_rewards",
+    "turn_offsets",
+    "truncated",
+    "bootstrap_values",
+)
+"""The keyword arguments a kernel that supports the variants takes besides γ and λ."""
