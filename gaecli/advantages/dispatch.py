@@ -104,21 +104,23 @@ def compute_screened_samples(spec: AdvantageSpec, buffers, *, kernel: str = "aut
         return None
     import torch
 
-    total = int(buffers.offsets[-1])
-    advantages = torch.empty(total, dtype=buffers.dtype)
-    returns = torch.empty(total, dtype=buffers.dtype)
-    starts = buffers.offsets[:-1] * advantages.element_size()
-    outputs = np.stack([advantages.data_ptr() + starts, returns.data_ptr() + starts])
+    # numpy allocates the outputs (as the packed form's kernel does): large buffers then get
+    # huge pages where the system offers them on request, and fewer page faults.
+    dtype = torch.empty(0, dtype=buffers.dtype).numpy().dtype
+    advantages = np.empty(int(buffers.offsets[-1]), dtype=dtype)
+    returns = np.empty_like(advantages)
+    starts = buffers.offsets[:-1] * dtype.itemsize
+    outputs = np.stack([advantages.ctypes.data + starts, returns.ctypes.data + starts])
     clean = samples(
         np.concatenate([buffers.addresses, outputs]),
         buffers.offsets,
         buffers.terminal.numpy(),
-        value_dtype=advantages.numpy().dtype,
+        value_dtype=dtype,
         mask_dtype=torch.empty(0, dtype=buffers.mask_dtype).numpy().dtype,
         gamma=spec.gamma,
         lambd=spec.lambd,
     )
-    return advantages, returns, clean
+    return torch.from_numpy(advantages), torch.from_numpy(returns), clean
 
 
 def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, terminal_rewards):
