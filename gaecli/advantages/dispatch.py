@@ -86,41 +86,43 @@ def compute_screened(
     return torch.from_numpy(advantages), torch.from_numpy(returns), clean
 
 
-def compute_screened_samples(spec: AdvantageSpec, buffers, *, kernel: str = "auto"):
-    """:func:`compute_screened` on the list form's samples where they lie
-    (:class:`gaecli.advantages.inputs.SampleBuffers`: CPU tensors, values float32/float64,
-    rewards the same, mask bool, integer or float), read in place with no concatenation.
-    Returns flat ``(advantages, returns, clean)`` ``[N]`` tensors in the sample order (split
-    them with ``buffers.lengths``), or None when ``kernel`` does not resolve to a kernel with
-    that form or the semantics is not ``masked``."""
+def samples_kernel(spec: AdvantageSpec, kernel: str = "auto"):
+    """The screened form over samples where they lie (``Kernel.samples_function``) of the
+    kernel ``kernel`` resolves to on the CPU for ``spec``, or None when it has none, the
+    semantics is not ``masked`` or ``kernel`` does not resolve (the caller's general path
+    checks the input first, then raises that)."""
     if spec.semantics != "masked":
         return None
     try:
-        entry = KERNELS[resolve_kernel(kernel, "cpu", spec)]
+        return KERNELS[resolve_kernel(kernel, "cpu", spec)].samples_function
     except KernelUnavailableError:
-        return None  # the caller's path checks the input first, then raises this
-    samples = entry.samples_function
+        return None
+
+
+def compute_screened_samples(spec: AdvantageSpec, buffers, advantages, returns, *, kernel: str = "auto"):
+    """:func:`compute_screened` on the list form's samples where they lie
+    (:class:`gaecli.advantages.inputs.SampleBuffers`: CPU tensors, values float32/float64,
+    rewards the same, mask bool, integer or float), read in place with no concatenation, into
+    ``advantages`` and ``returns``: flat contiguous ``[N]`` CPU tensors of the values' dtype,
+    sample ``i`` at ``buffers.offsets[i]:buffers.offsets[i + 1]`` (views of them may be taken
+    before: each position is written once). Returns ``clean``, or None when
+    :func:`samples_kernel` has no kernel for ``kernel`` (nothing written then)."""
+    samples = samples_kernel(spec, kernel)
     if samples is None:
         return None
     import torch
 
-    # numpy allocates the outputs (as the packed form's kernel does): large buffers then get
-    # huge pages where the system offers them on request, and fewer page faults.
-    dtype = torch.empty(0, dtype=buffers.dtype).numpy().dtype
-    advantages = np.empty(int(buffers.offsets[-1]), dtype=dtype)
-    returns = np.empty_like(advantages)
-    starts = buffers.offsets[:-1] * dtype.itemsize
-    outputs = np.stack([advantages.ctypes.data + starts, returns.ctypes.data + starts])
-    clean = samples(
+    starts = buffers.offsets[:-1] * advantages.element_size()
+    outputs = np.stack([advantages.data_ptr() + starts, returns.data_ptr() + starts])
+    return samples(
         np.concatenate([buffers.addresses, outputs]),
         buffers.offsets,
         buffers.terminal.numpy(),
-        value_dtype=dtype,
+        value_dtype=advantages.numpy().dtype,
         mask_dtype=torch.empty(0, dtype=buffers.mask_dtype).numpy().dtype,
         gamma=spec.gamma,
         lambd=spec.lambd,
     )
-    return torch.from_numpy(advantages), torch.from_numpy(returns), clean
 
 
 def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, terminal_rewards):

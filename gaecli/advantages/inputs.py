@@ -263,5 +263,13 @@ _DTYPE = operator.attrgetter("dtype")
 _IS_CPU = operator.attrgetter("is_cpu")
 
 
+def flat_outputs(total: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two empty flat ``[total]`` CPU tensors of ``dtype`` for a kernel's advantages and
+    returns, allocated by numpy as the packed form's kernel allocates its own (large buffers
+    then get huge pages where the system gives them on request: fewer page faults)."""
+    advantages = np.empty(total, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+    return torch.from_numpy(advantages), torch.from_numpy(np.empty_like(advantages))
+
+
 def split(flat: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
     return list(torch.split(flat, lengths)) if lengths else []
