@@ -187,3 +187,16 @@ def test_first_offending_sample_and_token_named(dtype, column, sample, token, ba
     assert str(raised.value) == message
     for before, after in zip(snapshot, batch.values + batch.rewards + masks):
         torch.testing.assert_close(after, before, rtol=0, atol=0, equal_nan=True)  # the input untouched
+
+
+def test_parameters_that_require_grad_read_in_place(in_place_only):
+    batch = ragged(8, torch.float32)
+    expected = gaecli.masked_gae(*batch.args(), gamma=batch.gamma, lambd=batch.lambd)
+    values = [torch.nn.Parameter(value.clone()) for value in batch.values]
+    advantages, returns = gaecli.masked_gae(
+        values, batch.rewards, batch.masks, batch.terminals, gamma=batch.gamma, lambd=batch.lambd
+    )
+    for index in range(len(LENGTHS)):
+        assert not advantages[index].requires_grad
+        assert_bitwise(f"advantages {index}", expected[0][index], advantages[index])
+        assert_bitwise(f"returns {index}", expected[1][index], returns[index])

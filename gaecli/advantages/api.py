@@ -28,6 +28,7 @@ from gaecli.advantages.dispatch import (
     compute,
     compute_screened,
     compute_screened_samples,
+    samples_kernel,
 )
 from gaecli.advantages.inputs import (
     FlatLists,
@@ -35,6 +36,7 @@ from gaecli.advantages.inputs import (
     check_packed,
     check_terminal,
     check_variant_inputs,
+    flat_outputs,
     pack_lists,
     sample_buffers,
     split,
@@ -161,17 +163,20 @@ def compute_advantages(
 
 def _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel):
     """The list form's fast path: a kernel that reads each sample where it lies and screens
-    it in the same pass (no concatenation), its flat outputs split into per-sample views.
-    None when the input does not fit that path or is not clean: the general path (pack,
-    then the packed form) then computes it or names the first offending sample and token."""
+    it in the same pass (no concatenation), writing into per-sample views of one flat result
+    (taken before the kernel runs, so that nothing but the return follows it). None when the
+    input does not fit that path or is not clean: the general path (pack, then the packed
+    form) then computes it or names the first offending sample and token."""
+    if samples_kernel(spec, kernel) is None:
+        return None
     buffers = sample_buffers(values, rewards, loss_mask, terminal_rewards, SCREENED_VALUES, SCREENED_MASKS)
     if buffers is None:
         return None
-    screened = compute_screened_samples(spec, buffers, kernel=kernel)
-    if screened is None or not screened[2]:
+    advantages, returns = flat_outputs(int(buffers.offsets[-1]), buffers.dtype)
+    pieces = split(advantages, buffers.lengths), split(returns, buffers.lengths)
+    if not compute_screened_samples(spec, buffers, advantages, returns, kernel=kernel):
         return None
-    advantages, returns, _ = screened
-    return split(advantages, buffers.lengths), split(returns, buffers.lengths)
+    return pieces
 
 
 def _with_variant_keywords(spec, row_inputs, turn_rewards, truncated, bootstrap_values):

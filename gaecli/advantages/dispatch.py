@@ -125,30 +125,35 @@ def compute_screened(
     return torch.from_numpy(advantages), torch.from_numpy(returns), clean
 
 
-def compute_screened_samples(spec: AdvantageSpec, buffers, *, kernel: str = "auto"):
-    """:func:`compute_screened` on the list form's samples where they lie
-    (:class:`gaecli.advantages.inputs.SampleBuffers`: CPU tensors, values float32/float64,
-    rewards the same, mask bool, integer or float), read in place with no concatenation.
-    Returns flat ``(advantages, returns, clean)`` ``[N]`` tensors in the sample order (split
-    them with ``buffers.lengths``), or None when ``kernel`` does not resolve to a kernel with
-    that form, the semantics is not ``masked`` or a variant is set."""
+def samples_kernel(spec: AdvantageSpec, kernel: str = "auto"):
+    """The screened form over samples where they lie (``Kernel.samples_function``) of the
+    kernel ``kernel`` resolves to on the CPU for ``spec``, or None when it has none, the
+    semantics is not ``masked``, a variant is set, or ``kernel`` does not resolve (the
+    caller's general path checks the input first, then raises that)."""
     if spec.semantics != "masked" or spec.variants:
         return None
     try:
-        entry = KERNELS[resolve_kernel(kernel, "cpu", spec)]
+        return KERNELS[resolve_kernel(kernel, "cpu", spec)].samples_function
     except KernelUnavailableError:
-        return None  # the caller's path checks the input first, then raises this
-    samples = entry.samples_function
+        return None
+
+
+def compute_screened_samples(spec: AdvantageSpec, buffers, advantages, returns, *, kernel: str = "auto"):
+    """:func:`compute_screened` on the list form's samples where they lie
+    (:class:`gaecli.advantages.inputs.SampleBuffers`: CPU tensors, values float32/float64,
+    rewards the same, mask bool, integer or float), read in place with no concatenation, into
+    ``advantages`` and ``returns``: flat contiguous ``[N]`` CPU tensors of the values' dtype,
+    sample ``i`` at ``buffers.offsets[i]:buffers.offsets[i + 1]`` (views of them may be taken
+    before: each position is written once). Returns ``clean``, or None when
+    :func:`samples_kernel` has no kernel for ``kernel`` (nothing written then)."""
+    samples = samples_kernel(spec, kernel)
     if samples is None:
         return None
     import torch
 
-    total = int(buffers.offsets[-1])
-    advantages = torch.empty(total, dtype=buffers.dtype)
-    returns = torch.empty(total, dtype=buffers.dtype)
     starts = buffers.offsets[:-1] * advantages.element_size()
     outputs = np.stack([advantages.data_ptr() + starts, returns.data_ptr() + starts])
-    clean = samples(
+    return samples(
         np.concatenate([buffers.addresses, outputs]),
         buffers.offsets,
         buffers.terminal.numpy(),
@@ -157,7 +162,6 @@ def compute_screened_samples(spec: AdvantageSpec, buffers, *, kernel: str = "aut
         gamma=spec.gamma,
         lambd=spec.lambd,
     )
-    return advantages, returns, clean
 
 
 def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, terminal_rewards, variants):

@@ -230,7 +230,7 @@ def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dt
         if not samples or not len(rewards) == len(loss_mask) == len(terminal_rewards) == samples:
             return None
         for seq, allowed in ((values, dtypes), (rewards, dtypes), (loss_mask, mask_dtypes)):
-            tensors = seq if all(isinstance(t, torch.Tensor) for t in seq) else _as_tensors("", seq)
+            tensors = seq if set(map(type, seq)) == {torch.Tensor} else _as_tensors("", seq)
             kinds = set(map(_DTYPE, tensors))
             if len(kinds) != 1 or str(next(iter(kinds))) not in allowed or not all(map(_IS_CPU, tensors)):
                 return None
@@ -256,12 +256,20 @@ def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dt
         return None
     addresses = np.array([list(map(torch.Tensor.data_ptr, tensors)) for tensors in columns], dtype=np.int64)
     offsets = np.zeros(samples + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    np.cumsum(np.array(lengths, dtype=np.int64), out=offsets[1:])
     return SampleBuffers(addresses, offsets, lengths, terminal, dtype, mask_dtype, tuple(columns))
 
 
 _DTYPE = operator.attrgetter("dtype")
 _IS_CPU = operator.attrgetter("is_cpu")
+
+
+def flat_outputs(total: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two empty flat ``[total]`` CPU tensors of ``dtype`` for a kernel's advantages and
+    returns, allocated by numpy as the packed form's kernel allocates its own (large buffers
+    then get huge pages where the system gives them on request: fewer page faults)."""
+    advantages = np.empty(total, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+    return torch.from_numpy(advantages), torch.from_numpy(np.empty_like(advantages))
 
 
 def split(flat: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
