@@ -24,6 +24,7 @@ class DiffOptions:
     ``unmasked``), or with ``against`` the stored column (and ``against_returns`` the
     stored returns); ``baseline`` and ``against`` together are refused. ``normalize`` /
     ``normalize_by`` whiten new and old the same way, each with its own statistics.
+    ``groups_out``: a Parquet file to write every ``group_by`` group's figures to.
     ``report_paths``: files the caller will write reports to, paths or (role, path) pairs
     (refused when one is an input or another output).
     Every value is checked when the options are made (:meth:`check`).
@@ -45,6 +46,7 @@ class DiffOptions:
     batch_rows: int = DEFAULT_BATCH_ROWS
     columns: Columns = field(default_factory=Columns)
     per_sample: Optional[str] = None
+    groups_out: Optional[str] = None
     report_paths: tuple = ()
     scatter_sample: int = SCATTER_SAMPLE
 
@@ -61,6 +63,8 @@ class DiffOptions:
             raise InvalidOptionError(
                 "--against compares with stored advantages, --baseline with recomputed ones: give one of them"
             )
+        if self.groups_out is not None and self.group_by is None:
+            raise InvalidOptionError("--groups-out needs --group-by (the column whose groups it lists)")
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
         if self.baseline is not None:

@@ -24,7 +24,8 @@ class DiffReport:
     kernel: str
     files: list[dict]
     summary: dict
-    groups: Optional[list[dict]]
+    groups: Optional[list[dict]]  # the groups hit hardest (GroupedFigures.hardest), largest first
+    group_count: Optional[int]  # groups in all (None without --group-by)
     top: list[TopSample]
     histogram: SignedLogHistogram
     scatter: tuple[np.ndarray, np.ndarray]
@@ -54,5 +55,7 @@ class DiffReport:
             "summary": self.summary,
             "top_samples": [entry.to_dict() for entry in self.top],
             "groups": self.groups,
+            "group_count": self.group_count,
+            "groups_out": options.groups_out,
             "per_sample": options.per_sample,
         }

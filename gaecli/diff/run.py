@@ -9,9 +9,10 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gaecli.comparison.figures import DiffAccumulator, RowFigures
-from gaecli.comparison.groups import GroupedFigures
+from gaecli.comparison.groups import GroupedFigures, group_key_type
 from gaecli.comparison.token_sample import TokenSample
 from gaecli.comparison.top_samples import TopSample, TopSamples, finite_or_none
 from gaecli.diff.options import DiffOptions
@@ -21,7 +22,14 @@ from gaecli.engines import EngineOptions, EngineSession, TaskFailure, map_units
 from gaecli.io.filesystem import to_path, total_size
 from gaecli.io.paths import check_writes, discover_inputs, report_writes
 from gaecli.io.reader import RolloutFile
-from gaecli.pipeline import Computation, check_file, check_scalar_column, computed_batches, engine_moments, whiten_rows
+from gaecli.pipeline import (
+    Computation,
+    check_file,
+    check_scalar_column,
+    computed_batches,
+    engine_file_moments,
+    whiten_rows,
+)
 from gaecli.progress import NoProgress, Progress
 from gaecli.stats import GroupedMoments
 
@@ -107,17 +115,19 @@ def diff_unit(
     kernel: str,
     moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
     per_sample: Optional[pa.Schema] = None,
+    footer: Optional[pq.FileMetaData] = None,
     progress: Optional[Progress] = None,
 ) -> FilePart:
     """Diff one file (the work unit of every engine; file ``index`` in the input order,
     which keys its top samples and token sample). ``moments``: the merged ``--normalize``
-    statistics (new, old); ``per_sample``: the ``--per-sample`` schema, when one is
-    written. ``progress`` (optional) is advanced per batch."""
+    statistics (new, old) of the file's groups; ``per_sample``: the ``--per-sample``
+    schema, when one is written. ``progress`` (optional) is advanced per batch.
+    ``footer``: the file's footer when read already (it is then not read again)."""
     computation = computation_of(options, kernel)
     part = FilePart.empty(path, options)
     if per_sample is not None:
         part.per_sample = []
-    rollout = RolloutFile(path)
+    rollout = RolloutFile(path, footer)
     try:
         _check_file(rollout.schema, path, options, computation)
         for computed in computed_batches(rollout, computation, _read_columns(rollout.schema, options)):
@@ -206,35 +216,40 @@ def _raise_first_failure(results: list) -> None:
 
 
 def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: EngineOptions) -> DiffReport:
-    """The diff over ``paths``: every file checked here first, the ``--normalize``
-    statistics pass, then one :func:`diff_unit` per file on ``engine``, merged in input
-    order (so the report is the same for any engine and worker count)."""
+    """The diff over ``paths``: every file's footer read once and checked here first, the
+    ``--normalize`` statistics pass, then one :func:`diff_unit` per file on ``engine``,
+    merged in input order (so the report is the same for any engine and worker count)."""
     from gaecli.advantages.kernels import resolve_kernel
     from gaecli.io.writer import AtomicParquetWriter
 
     kernel = resolve_kernel(options.kernel, options.device)
     computation = computation_of(options, kernel)
     files = [str(path) for path in paths]
-    total_rows, schema = 0, None
+    footers, schema, key_type = [], None, None
     for file in files:
-        rollout = RolloutFile(file)
+        rollout = RolloutFile(file)  # the one read of the file's footer: the passes reuse it
         try:
             _check_file(rollout.schema, file, options, computation)
-            total_rows += rollout.num_rows
+            footers.append(rollout.parquet.metadata)
             if file == files[0]:
                 schema = per_sample_schema(rollout.schema, options) if options.per_sample is not None else None
+                key_type = group_key_type(rollout.schema, options.group_by)
         finally:
             rollout.close()
+    total_rows = sum(footer.num_rows for footer in footers)
     engine = engine.for_inputs(total_size(files))
-    writer = AtomicParquetWriter(to_path(options.per_sample), schema) if schema is not None else None
+    writers = []
     try:
         with EngineSession() as session:  # one pool (or Ray) for both passes
-            moments = None
-            if options.whitening:
-                moments = engine_moments(files, computation, engine, progress, total_rows, session)
+            moments = [None] * len(files)
+            if options.whitening:  # each unit gets the statistics of its file's groups only
+                moments = engine_file_moments(files, computation, engine, progress, total_rows, session, footers)
             progress.start("diff", total_rows)
             try:
-                units = [(index, file, options, kernel, moments, schema) for index, file in enumerate(files)]
+                units = [
+                    (index, file, options, kernel, file_moments, schema, footer)
+                    for index, (file, file_moments, footer) in enumerate(zip(files, moments, footers))
+                ]
                 results = map_units(
                     diff_unit, units, files, engine, stop_on_failure=True, progress=progress, session=session
                 )
@@ -245,22 +260,34 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
         merged = FilePart.empty("", options)
         for part in results:
             merged.merge(part)
-        if writer is not None:
+            part.groups = None  # merged: the part's group arrays are not needed again
+        if schema is not None:
+            writers.append(AtomicParquetWriter(to_path(options.per_sample), schema))
             for part in results:
                 for batch in part.per_sample:
-                    writer.write(batch)
+                    writers[-1].write(batch)
                 part.per_sample = None
+        if options.groups_out is not None:
+            groups_schema, batches = merged.groups.batches(key_type)
+            writers.append(AtomicParquetWriter(to_path(options.groups_out), groups_schema))
+            for batch in batches:
+                writers[-1].write(batch)
+        for writer in writers:
+            writer.close()
+        for writer in writers:
             writer.commit()
     except BaseException:
-        if writer is not None:
+        for writer in reversed(writers):
             writer.abort()
         raise
+    groups = merged.groups
     return DiffReport(
         options=options,
         kernel=kernel,
         files=[{"file": part.file, "rows": part.rows, "tokens": part.tokens} for part in results],
         summary=merged.accumulator.figures(),
-        groups=merged.groups.result() if merged.groups is not None else None,
+        groups=groups.entries(groups.hardest()) if groups is not None else None,
+        group_count=groups.size if groups is not None else None,
         top=merged.top.entries,
         histogram=merged.accumulator.histogram,
         scatter=merged.sample.points(),
@@ -281,10 +308,17 @@ def _input_files(inputs: list[str | Path]) -> list[Path]:
 
 
 def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
-    """The report paths and ``--per-sample`` through the one rule of
+    """The report paths, ``--per-sample`` and ``--groups-out`` through the one rule of
     :func:`gaecli.io.paths.check_writes` (none may be an input or another report; no
     directory; a report's directory must exist) — before any work is done."""
-    check_writes(paths, [*report_writes(options.report_paths), ("per-sample file", options.per_sample)])
+    check_writes(
+        paths,
+        [
+            *report_writes(options.report_paths),
+            ("per-sample file", options.per_sample),
+            ("groups file", options.groups_out),
+        ],
+    )
 
 
 def diff_files(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gaecli.errors import GAEUsageError
-from gaecli.report import group_table, headline, quantile_note, summary_rows, top_table
+from gaecli.report import group_table, groups_note, headline, quantile_note, summary_rows, top_table
 
 if TYPE_CHECKING:
     from gaecli.diff import DiffReport
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 INSTALL_HINT = "pip install 'gaecli[plot]'"
 SCATTER_POINTS = 5_000
 TRACES = 10
-GROUP_BARS = 100
 DPI = 100
 NEW_COLOR, OLD_COLOR, MASK_COLOR = "#1f77b4", "#d62728", "#bbbbbb"
 
@@ -122,8 +121,8 @@ def scatter_plot(report: "DiffReport") -> str:
 
 
 def group_plot(document: dict) -> str:
-    """Mean |Δ advantage| and the share of changed samples per group, in key order (bars;
-    a line beyond GROUP_BARS groups)."""
+    """Mean |Δ advantage| and the share of changed samples of the groups hit hardest (the
+    document's, largest max |Δ advantage| first), as bars."""
     groups = document["groups"]
     keys = [str(group["key"]) for group in groups]
     mean_delta = [group["mean_abs_delta_advantage"] for group in groups]
@@ -131,14 +130,9 @@ def group_plot(document: dict) -> str:
     figure = _figure(10, 4.2)
     top, bottom = figure.subplots(2, 1, sharex=True)
     positions = np.arange(len(groups))
-    if len(groups) <= GROUP_BARS:
-        top.bar(positions, mean_delta, color=NEW_COLOR)
-        bottom.bar(positions, changed, color=OLD_COLOR)
-        bottom.set_xticks(positions, keys, rotation=90 if len(groups) > 12 else 0, fontsize=8)
-    else:
-        top.plot(positions, mean_delta, color=NEW_COLOR)
-        bottom.plot(positions, changed, color=OLD_COLOR)
-        bottom.set_xlabel(f"{len(groups):,} groups in key order")
+    top.bar(positions, mean_delta, color=NEW_COLOR)
+    bottom.bar(positions, changed, color=OLD_COLOR)
+    bottom.set_xticks(positions, keys, rotation=90 if len(groups) > 12 else 0, fontsize=8)
     top.set_ylabel("mean |Δ advantage|")
     bottom.set_ylabel("samples changed (%)")
     top.set_title(f"by {document['group_by']}", fontsize=10)
@@ -218,6 +212,7 @@ def render_html(report: "DiffReport") -> str:
     if document["groups"] is not None:
         headers, rows = group_table(document)
         parts += [f"<h2>By {html.escape(document['group_by'])}</h2>", group_plot(document), _table(headers, rows, {0})]
+        parts.append(f'<p class="note">{html.escape(groups_note(document))}</p>')
     headers, rows = top_table(document)
     parts.append("<h2>Top samples by max |Δ advantage|</h2>")
     if rows:

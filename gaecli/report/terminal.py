@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gaecli.report import TERMINAL_GROUPS, headline, number, percent, summary_rows
+from gaecli.report import groups_note, headline, number, percent, summary_rows
 
 
 def sample_label(entry: dict) -> str:
@@ -19,7 +19,7 @@ def sample_label(entry: dict) -> str:
 
 
 def render_diff(document: dict, console: Console) -> None:
-    """Headline, summary table, top samples, then at most ``TERMINAL_GROUPS`` groups."""
+    """Headline, summary table, top samples, then the groups hit hardest (the document's)."""
     console.print(f"[bold]gae diff[/]: {escape(headline(document))}", soft_wrap=True)
     summary = Table(show_header=False, title="over trainable tokens", title_justify="left")
     summary.add_column("figure")
@@ -47,7 +47,7 @@ def render_diff(document: dict, console: Console) -> None:
         table = Table(title=f"by {escape(document['group_by'])}", title_justify="left")
         for header in ("key", "samples", "changed", "tails", "credit", "mean |Δ|", "max |Δ|", "corr"):
             table.add_column(header, justify="left" if header == "key" else "right")
-        for group in document["groups"][:TERMINAL_GROUPS]:
+        for group in document["groups"]:
             table.add_row(
                 escape(str(group["key"])),
                 f"{group['samples']:,}",
@@ -59,8 +59,6 @@ def render_diff(document: dict, console: Console) -> None:
                 number(group["correlation"]),
             )
         console.print(table)
-        if len(document["groups"]) > TERMINAL_GROUPS:
-            more = len(document["groups"]) - TERMINAL_GROUPS
-            console.print(f"[dim]… and {more:,} more groups (see --json, --markdown or --html)[/]")
+        console.print(f"[dim]{escape(groups_note(document))}[/]", soft_wrap=True)
     if document["per_sample"]:
         console.print(f"per-sample figures → {escape(document['per_sample'])}", soft_wrap=True)
