@@ -22,10 +22,10 @@ from gaecli.advantages.spec import AdvantageSpec
 from gaecli.advantages.whiten import whiten_rows  # noqa: F401 - where diff and recompute take it from
 from gaecli.checks import BatchCheck, Finding, check_batch, check_schema, first_error
 from gaecli.errors import GAEInputError, GAEUsageError, InvalidDataError, InvalidOptionError
+from gaecli.grouping import GroupedMoments
 from gaecli.io.format import Columns, is_list_type, is_real_type, list_parts, numeric_numpy, output_float_type
 from gaecli.io.reader import RolloutFile
 from gaecli.kl import kl_rewards
-from gaecli.stats import GroupedMoments
 from gaecli.stop import check_stop
 
 # ----------------------------------------------------------------------------- checks

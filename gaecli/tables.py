@@ -110,7 +110,8 @@ def recompute_table(
     from gaecli.io.format import Columns
     from gaecli.kernels import resolve_kernel
     from gaecli.pipeline import computed_batches
-    from gaecli.recompute import RecomputeOptions, _check_job, _output_schema, computation_of, output_batch
+    from gaecli.recompute import RecomputeOptions
+    from gaecli.recompute.output import check_job, computation_of, output_batch, output_schema
 
     arrow, kind = to_arrow(table)
     settings = {} if batch_rows is None else {"batch_rows": batch_rows}
@@ -131,8 +132,8 @@ def recompute_table(
     computation = computation_of(options, kernel)
     rollout = TableRollout(arrow)
     job = _Job()
-    _check_job(rollout.schema, job, options, computation)
-    schema, list_type = _output_schema(rollout, job, options, kernel)
+    check_job(rollout.schema, job, options, computation)
+    schema, list_type = output_schema(rollout, job, options, kernel)
     schema = schema.with_metadata(arrow.schema.metadata)  # the table's own metadata (pandas' index), nothing added
     moments = _moments(rollout, computation) if options.whitening else None
     batches = [

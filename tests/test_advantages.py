@@ -28,7 +28,7 @@ from gaecli.advantages.reduction import (
     merge_results,
     normalize_reduction,
 )
-from gaecli.stats import GroupedMoments
+from gaecli.grouping import GroupedMoments
 
 from helpers import (
     FAST_KERNEL_NAMES,

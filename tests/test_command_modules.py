@@ -47,6 +47,6 @@ def test_a_command_module_loads_no_other_command(command):
 def test_recompute_and_diff_share_one_accumulator():
     from gaecli.comparison.figures import DiffAccumulator
     from gaecli.diff.run import DiffAccumulator as used_by_diff
-    from gaecli.recompute import DiffAccumulator as used_by_recompute
+    from gaecli.recompute.run import DiffAccumulator as used_by_recompute
 
     assert used_by_recompute is DiffAccumulator and used_by_diff is DiffAccumulator

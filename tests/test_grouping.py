@@ -1,4 +1,4 @@
-"""Group codes and grouped moments (gaecli.stats.KeyTable, GroupedMoments): codes match a
+"""Group codes and grouped moments (gaecli.grouping.KeyTable, GroupedMoments): codes match a
 plain Python dictionary in first-seen order for every key type, keys come back as given,
 state survives pickling, moments match a float64 loop and do not depend on batching."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gaecli.stats import GroupedMoments, KeyTable
+from gaecli.grouping import GroupedMoments, KeyTable
 
 
 def dictionary_codes(values: list) -> tuple[np.ndarray, list]:

@@ -12,7 +12,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from gaecli.stats import GroupedMoments, row_moments
+from gaecli.grouping import GroupedMoments
+from gaecli.stats import row_moments
 
 ROW_QUANTITIES: dict[str, tuple[Callable, type]] = {
     # name: (per-row function (per-token array [N], trainable [N], offsets [B + 1]) -> per-row arrays [B],
@@ -21,7 +22,7 @@ ROW_QUANTITIES: dict[str, tuple[Callable, type]] = {
 }
 """What a reduction can gather per row. ``trainable-moments``: count, sum and sum of squares
 over the row's trainable tokens (:func:`gaecli.stats.row_moments`), kept as compensated
-sums in row order (:class:`gaecli.stats.GroupedMoments`)."""
+sums in row order (:class:`gaecli.grouping.GroupedMoments`)."""
 
 
 @dataclass(frozen=True)

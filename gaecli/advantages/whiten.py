@@ -15,7 +15,7 @@ from gaecli.errors import GAEInputError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from gaecli.stats import GroupedMoments
+    from gaecli.grouping import GroupedMoments
 
 
 def whiten(advantages, loss_mask):
@@ -52,10 +52,10 @@ def whiten(advantages, loss_mask):
     return whitened if lengths is None else split(whitened, lengths)
 
 
-def whiten_by_group(advantages, mask, offsets, keys):
+def whiten_by_group(advantages, trainable, offsets, keys):
     """Whiten flat advantages ``[N]`` per group of rows: rows with equal ``keys`` (``[B]``: a
     tensor or a sequence of scalars) share a mean and a Bessel variance over their trainable
-    tokens (``mask`` bool ``[N]``, ``offsets`` ``[B + 1]``), in float64; masked positions
+    tokens (``trainable`` bool ``[N]``, ``offsets`` ``[B + 1]``), in float64; masked positions
     stay 0. A group without a trainable token raises :class:`gaecli.GAEInputError`."""
     import torch
 
@@ -73,20 +73,20 @@ def whiten_by_group(advantages, mask, offsets, keys):
         uniques, codes = np.unique(np.asarray(keys), return_inverse=True)
         uniques, codes = uniques.tolist(), torch.from_numpy(codes.reshape(-1).astype(np.int64))
     groups = len(uniques)
-    token_group = codes.to(advantages.device)[segment_ids(offsets, advantages.numel())][mask]
+    token_group = codes.to(advantages.device)[segment_ids(offsets, advantages.numel())][trainable]
     as_double = advantages.double()
-    trainable = as_double[mask]
+    chosen = as_double[trainable]
     counts = torch.zeros(groups, dtype=torch.float64, device=advantages.device).index_add_(
-        0, token_group, torch.ones_like(trainable)
+        0, token_group, torch.ones_like(chosen)
     )
     empty = (counts == 0).nonzero().flatten()
     if empty.numel():
         raise GAEInputError(f"cannot normalize: group {uniques[int(empty[0])]!r} has no trainable token")
-    means = torch.zeros_like(counts).index_add_(0, token_group, trainable) / counts
-    squares = torch.zeros_like(counts).index_add_(0, token_group, (trainable - means[token_group]) ** 2)
+    means = torch.zeros_like(counts).index_add_(0, token_group, chosen) / counts
+    squares = torch.zeros_like(counts).index_add_(0, token_group, (chosen - means[token_group]) ** 2)
     variances = torch.where(counts > 1, squares / (counts - 1).clamp(min=1), 0.0)
     whitened = torch.zeros_like(as_double)
-    whitened[mask] = (trainable - means[token_group]) / torch.sqrt(variances[token_group] + WHITEN_EPSILON)
+    whitened[trainable] = (chosen - means[token_group]) / torch.sqrt(variances[token_group] + WHITEN_EPSILON)
     return whitened.to(advantages.dtype)
 
 

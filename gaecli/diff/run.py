@@ -19,6 +19,7 @@ from gaecli.diff.options import DiffOptions
 from gaecli.diff.per_sample import per_sample_batch, per_sample_schema
 from gaecli.diff.report import DiffReport
 from gaecli.engines import EngineOptions, EngineSession, TaskFailure, map_units
+from gaecli.grouping import GroupedMoments
 from gaecli.io.filesystem import to_path, total_size
 from gaecli.io.paths import check_writes, discover_inputs, report_writes
 from gaecli.io.reader import RolloutFile
@@ -31,7 +32,6 @@ from gaecli.pipeline import (
     whiten_rows,
 )
 from gaecli.progress import NoProgress, Progress
-from gaecli.stats import GroupedMoments
 
 
 def computation_of(options: DiffOptions, kernel: str) -> Computation:

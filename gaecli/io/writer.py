@@ -71,6 +71,14 @@ class _CountingSink:
         return True
 
 
+def _parquet_writer(sink, schema: pa.Schema, compression: str) -> pq.ParquetWriter:
+    """The Parquet writer of every output (a temp file, a device or FIFO, an object-store
+    stream): no column statistics, dictionaries only where the input had them."""
+    return pq.ParquetWriter(
+        sink, schema, compression=compression, write_statistics=False, use_dictionary=dictionary_columns(schema)
+    )
+
+
 class AtomicParquetWriter:
     """Write record batches to ``target`` atomically.
 
@@ -115,13 +123,7 @@ class AtomicParquetWriter:
         self.temp = temp_beside(self.target)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
         try:
-            self._writer = pq.ParquetWriter(
-                self.temp,
-                schema,
-                compression=compression,
-                write_statistics=False,
-                use_dictionary=dictionary_columns(schema),
-            )
+            self._writer = _parquet_writer(self.temp, schema, compression)
         except (pa.ArrowException, OSError) as error:
             self._remove_temp()
             self._remove_created_dirs()
@@ -133,13 +135,7 @@ class AtomicParquetWriter:
         footer."""
         try:
             self._stream = pa.PythonFile(_CountingSink(open(self.target, "wb", buffering=1 << 20)), mode="w")
-            self._writer = pq.ParquetWriter(
-                self._stream,
-                schema,
-                compression=compression,
-                write_statistics=False,
-                use_dictionary=dictionary_columns(schema),
-            )
+            self._writer = _parquet_writer(self._stream, schema, compression)
         except (pa.ArrowException, OSError) as error:
             self._drop_remote()
             raise GAEUsageError(f"{self.target}: cannot write ({failure_reason(error)})") from error
@@ -153,13 +149,7 @@ class AtomicParquetWriter:
             pass  # object stores need no directories; opening the stream says what is wrong
         try:
             self._stream = filesystem.open_output_stream(path)
-            self._writer = pq.ParquetWriter(
-                self._stream,
-                schema,
-                compression=compression,
-                write_statistics=False,
-                use_dictionary=dictionary_columns(schema),
-            )
+            self._writer = _parquet_writer(self._stream, schema, compression)
         except (pa.ArrowException, OSError) as error:
             self._drop_remote()
             raise GAEUsageError(f"{self.target}: cannot write ({error})") from error

@@ -1,11 +1,9 @@
-"""``gae recompute`` as a library: stream rollout Parquet files, check every batch, compute
-masked-GAE advantages and returns, write the files back with them added (atomically), and
-compare against a baseline on the way."""
+"""The recompute run: plan the outputs, read each footer once, the ``--normalize`` pass, one
+unit per file on the engine, and the outcome of a run where files failed or were stopped."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -13,8 +11,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gaecli._version import __version__
-from gaecli.advantages.contract import check_discount, expand_baselines
 from gaecli.checks import row_reasons
 from gaecli.comparison.figures import DiffAccumulator
 from gaecli.engines import (
@@ -30,138 +26,21 @@ from gaecli.errors import (
     FilesFailedError,
     GAEUsageError,
     InvalidFilesError,
-    InvalidOptionError,
     RunInterrupted,
     UnusableFilesError,
 )
+from gaecli.grouping import GroupedMoments
 from gaecli.io.filesystem import is_stream, remove_dead_temps, total_size
-from gaecli.io.format import Columns, list_type_like, output_float_type
 from gaecli.io.paths import FileJob, plan_outputs, report_writes, with_suffix
-from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile, read_metadata, read_schema
+from gaecli.io.reader import RolloutFile, read_metadata
 from gaecli.io.writer import AtomicParquetWriter
-from gaecli.options import check_choice, check_count, check_number
 from gaecli.pipeline import (
-    Computation,
-    check_device,
-    check_file,
     computed_batches,
     engine_file_moments,
-    normalize_label,
-    whiten_rows,
 )
 from gaecli.progress import NoProgress, Progress
-from gaecli.stats import GroupedMoments
-
-REJECTS_SUFFIX = ".rejected"
-REASON_COLUMN = "reason"
-METADATA_PREFIX = "gaecli."
-
-
-@dataclass(frozen=True)
-class RecomputeOptions:
-    """Everything that shapes a recompute run (the CLI options, one to one).
-
-    ``normalize``: whiten the advantages over all trainable tokens of all inputs;
-    ``normalize_by``: whiten within groups of rows sharing this column's value (implies
-    normalize). ``on_invalid``: ``"stop"`` (first invalid row stops the run) or ``"skip"``
-    (invalid rows go whole to ``<output>.rejected.parquet`` with a ``reason`` column).
-    Every value is checked when the options are made (:meth:`check`).
-    ``report_paths``: files the caller will write reports to (e.g. ``--json``), refused
-    before any work when one is an input or an output (:func:`gaecli.io.paths.check_writes`).
-    """
-
-    gamma: float
-    lambd: float
-    kernel: str = "auto"
-    device: str = "cpu"
-    batch_rows: int = DEFAULT_BATCH_ROWS
-    columns: Columns = field(default_factory=Columns)
-    normalize: bool = False
-    normalize_by: Optional[str] = None
-    replace: bool = False
-    keep_baseline: bool = False
-    baseline: str = "unmasked"
-    on_invalid: str = "stop"
-    overwrite: bool = False
-    tolerance: float = 1e-6
-    skip_existing: bool = False
-    report_paths: tuple = ()  # paths (or (role, path) pairs) the caller writes reports to: checked, never written here
-
-    def __post_init__(self) -> None:
-        self.check()
-
-    def check(self) -> None:
-        """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
-        choices, a kernel or device not usable here, and contradicting options."""
-        from gaecli.kernels import resolve_kernel
-
-        check_discount(self.gamma, self.lambd, names=("--gamma", "--lambd"))
-        check_count("--batch-rows", self.batch_rows, 1)
-        check_number("--tol", self.tolerance, 0.0)
-        if len(expand_baselines(self.baseline, "baseline")) != 1:
-            raise InvalidOptionError(f"baseline: {self.baseline!r} names several baselines; recompute takes one")
-        check_choice("--on-invalid", self.on_invalid, ("stop", "skip"), "mode")
-        check_device(self.device)
-        resolve_kernel(self.kernel, self.device)
-        if self.skip_existing and self.overwrite:
-            raise InvalidOptionError(
-                "--skip-existing keeps existing outputs and --overwrite replaces them: give one of them"
-            )
-
-    @property
-    def whitening(self) -> bool:
-        return self.normalize or self.normalize_by is not None
-
-    @property
-    def baseline_columns(self) -> tuple[str, str]:
-        suffix = self.baseline.replace("-", "_")
-        return f"advantages_{suffix}", f"returns_{suffix}"
-
-
-@dataclass
-class FileOutcome:
-    """What became of one input file."""
-
-    source: str
-    output: str
-    rows: int = 0
-    tokens: int = 0
-    rejected_rows: int = 0
-    rejects_file: Optional[str] = None
-    skipped: bool = False
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
-@dataclass
-class RecomputeReport:
-    """The result of a run: files written, kernel used, and the comparison summary."""
-
-    files: list[FileOutcome]
-    kernel: str
-    options: RecomputeOptions
-    summary: dict
-
-    @property
-    def rejected_rows(self) -> int:
-        return sum(f.rejected_rows for f in self.files)
-
-    def to_dict(self) -> dict:
-        return {
-            "version": __version__,
-            "gamma": self.options.gamma,
-            "lambd": self.options.lambd,
-            "kernel": self.kernel,
-            "normalize": normalize_label(self.options),
-            "files": [f.to_dict() for f in self.files],
-            "rows": sum(f.rows for f in self.files),
-            "rejected_rows": self.rejected_rows,
-            "summary": self.summary,
-        }
-
-
-# ----------------------------------------------------------------------------- one file
+from gaecli.recompute.options import REASON_COLUMN, REJECTS_SUFFIX, FileOutcome, RecomputeOptions, RecomputeReport
+from gaecli.recompute.output import check_job, computation_of, existing_output, output_batch, output_schema
 
 
 @dataclass
@@ -179,143 +58,6 @@ class FileResult:
     @property
     def tokens(self) -> int:
         return self.outcome.tokens
-
-
-def new_column_names(options: RecomputeOptions) -> list[str]:
-    names = [options.columns.advantages, options.columns.returns]
-    if options.keep_baseline:
-        names.extend(options.baseline_columns)
-    return names
-
-
-def computation_of(options: RecomputeOptions, kernel: str) -> Computation:
-    """The pipeline settings of a recompute run (``kernel`` resolved)."""
-    return Computation(
-        gamma=options.gamma,
-        lambd=options.lambd,
-        kernel=kernel,
-        device=options.device,
-        batch_rows=options.batch_rows,
-        columns=options.columns,
-        old_semantics=options.baseline,
-        on_invalid=options.on_invalid,
-        normalize_by=options.normalize_by,
-    )
-
-
-def _check_job(schema: pa.Schema, job: FileJob, options: RecomputeOptions, computation: Computation) -> None:
-    check_file(schema, str(job.source), computation)
-    new_names = new_column_names(options)
-    clash = [name for name in new_names if name in schema.names]
-    if clash and not options.replace:
-        raise GAEUsageError(
-            f"{job.source}: column {clash[0]!r} exists already; pick another name "
-            f"(--advantages-col/--returns-col) or give --replace"
-        )
-    read = {name for _, name in options.columns.token_columns()} | {options.columns.terminal_reward}
-    overlap = read & set(new_names)
-    if overlap:
-        raise GAEUsageError(f"output column {sorted(overlap)[0]!r} is also an input column; choose another name")
-
-
-def _output_schema(
-    rollout: RolloutFile, job: FileJob, options: RecomputeOptions, kernel: str
-) -> tuple[pa.Schema, pa.DataType]:
-    columns = options.columns
-    float_type = output_float_type(rollout.schema, columns)
-    list_type = list_type_like(rollout.schema, columns, float_type)
-    schema = rollout.schema
-    for name in new_column_names(options):
-        new_field = pa.field(name, list_type)
-        if name in schema.names:
-            schema = schema.set(schema.get_field_index(name), new_field)
-        else:
-            schema = schema.append(new_field)
-    metadata = dict(rollout.schema.metadata or {})
-    record = {
-        "version": __version__,
-        **computation_record(options, kernel),
-        "baseline": options.baseline,
-        "on_invalid": options.on_invalid,
-        "source": job.source.name,
-    }
-    metadata.update({f"{METADATA_PREFIX}{key}".encode(): value.encode() for key, value in record.items()})
-    return schema.with_metadata(metadata), list_type
-
-
-def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]:
-    """What an output's metadata records about how it was computed, key (without the
-    ``gaecli.`` prefix) → value as written; ``--skip-existing`` keeps an output only when
-    all of these match. ``on_invalid`` and ``source`` are recorded but not compared: a
-    whole output holds the same rows under either mode unless a rejects file exists beside
-    it (which the resume checks), and sources are matched by path."""
-    record = {
-        "gamma": repr(float(options.gamma)),
-        "lambd": repr(float(options.lambd)),
-        "kernel": kernel,
-        "normalize": normalize_label(options),
-        "columns": options.columns.to_json(),
-        "keep_baseline": json.dumps(options.keep_baseline),
-    }
-    if options.keep_baseline:  # the baseline's columns are written only then
-        record["baseline"] = options.baseline
-    return record
-
-
-def first_difference(key: str, have: str, want: str) -> str:
-    """The first field where two recorded values differ, in words: ``columns`` (a JSON
-    object) is compared field by field."""
-    if key == "columns":
-        try:
-            had, wanted = json.loads(have), json.loads(want)
-        except ValueError:
-            had = None
-        if isinstance(had, dict):
-            for name in sorted(set(had) | set(wanted)):
-                old_value = had.get(name, "(not recorded)")
-                if old_value != wanted.get(name):
-                    return f"columns.{name} {json.dumps(old_value)}, not {json.dumps(wanted.get(name))}"
-    return f"{key} {have or '(not recorded)'}, not {want}"
-
-
-def output_batch(
-    computed,
-    options: RecomputeOptions,
-    schema: pa.Schema,
-    list_type: pa.DataType,
-    moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
-):
-    """One output batch of ``schema`` from a computed batch (:func:`gaecli.pipeline.computed_batches`):
-    its valid rows with the new columns added, the advantages whitened with ``moments`` when
-    given. Returns ``(batch, advantages, old advantages)`` (flat, as written)."""
-    packed, valid = computed.packed, computed.valid
-    advantages, returns, old_advantages, old_returns = (
-        computed.new,
-        computed.new_returns,
-        computed.old,
-        computed.old_returns,
-    )
-    if moments is not None:
-        keys = computed.keys(options.normalize_by)
-        whitened = whiten_rows(advantages, packed.offsets, moments[0], keys)
-        advantages = np.where(packed.trainable, whitened, 0.0).astype(advantages.dtype)
-        old_advantages = whiten_rows(old_advantages, packed.offsets, moments[1], keys).astype(old_advantages.dtype)
-    offsets_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
-    list_class = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
-    offsets_array = packed.arrow_offsets  # the input's, reused when no row was dropped
-    if offsets_array is None or offsets_array.type != offsets_type:
-        offsets_array = pa.array(packed.offsets, offsets_type)
-    new_columns = {options.columns.advantages: advantages, options.columns.returns: returns}
-    if options.keep_baseline:
-        new_columns.update(zip(options.baseline_columns, (old_advantages, old_returns)))
-    arrays = {name: valid.column(name) for name in valid.schema.names}
-    for name, flat in new_columns.items():
-        arrays[name] = list_class.from_arrays(offsets_array, pa.array(flat), type=list_type)
-    return (
-        pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema),
-        advantages,
-        old_advantages,
-    )
 
 
 def recompute_job(
@@ -341,8 +83,8 @@ def recompute_job(
     rollout = RolloutFile(job.source, footer)
     writers: list[AtomicParquetWriter] = []
     try:
-        _check_job(rollout.schema, job, options, computation)
-        schema, list_type = _output_schema(rollout, job, options, kernel)
+        check_job(rollout.schema, job, options, computation)
+        schema, list_type = output_schema(rollout, job, options, kernel)
         writer = AtomicParquetWriter(job.target, schema, compression=rollout.compression)
         writers.append(writer)
         rejects: Optional[AtomicParquetWriter] = None
@@ -388,39 +130,6 @@ def recompute_job(
     finally:
         rollout.close()
     return FileResult(outcome, diff)
-
-
-# ----------------------------------------------------------------------------- resuming
-
-
-def _existing_output(job: FileJob, options: RecomputeOptions, kernel: str) -> bool:
-    """Under ``--skip-existing``: True when the job's output is in place and whole (a
-    readable Parquet footer with gaecli metadata recording the same computation:
-    :func:`computation_record`; its rejects file, if any, readable too); False when it is
-    absent. Anything else is refused (:class:`GAEUsageError`), naming the first field that
-    differs: the file is not ours to replace."""
-    if not job.target.exists():
-        return False
-    rejects = with_suffix(job.target, REJECTS_SUFFIX)
-    try:
-        metadata = read_schema(job.target).metadata or {}
-        if options.on_invalid == "skip" and rejects.exists():
-            read_schema(rejects)
-    except (pa.ArrowException, OSError) as error:
-        raise GAEUsageError(
-            f"{job.target} exists but is not a whole Parquet file ({error}); "
-            f"remove it or give --overwrite instead of --skip-existing"
-        ) from error
-    if f"{METADATA_PREFIX}version".encode() not in metadata:
-        raise GAEUsageError(f"{job.target} exists but was not written by gaecli; remove it or give --overwrite")
-    for key, value in computation_record(options, kernel).items():
-        have = metadata.get(f"{METADATA_PREFIX}{key}".encode(), b"").decode()
-        if have != value:
-            raise GAEUsageError(
-                f"{job.target} exists but was written with {first_difference(key, have, value)}; "
-                f"give --overwrite to replace it"
-            )
-    return True
 
 
 def _read_footers(paths: list[Path]) -> list[Optional[pq.FileMetaData]]:
@@ -563,7 +272,7 @@ def recompute_files(
     )
     for job in jobs:
         _remove_leftovers(job.target)
-    skipped = [options.skip_existing and _existing_output(job, options, kernel) for job in jobs]
+    skipped = [options.skip_existing and existing_output(job, options, kernel) for job in jobs]
     progress = progress or NoProgress()
 
     todo = [job for job, skip in zip(jobs, skipped) if not skip]
@@ -572,7 +281,7 @@ def recompute_files(
         computation = computation_of(options, kernel)
         for job, footer, skip in zip(jobs, footers, skipped):
             if footer is not None and not skip:
-                _check_job(footer.schema.to_arrow_schema(), job, options, computation)
+                check_job(footer.schema.to_arrow_schema(), job, options, computation)
     engine = engine.for_inputs(total_size([job.source for job in todo]))
     results: list = [None] * len(todo)
     stamps = [_stamp(job.target) for job in jobs]

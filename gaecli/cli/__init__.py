@@ -1,0 +1,38 @@
+"""The ``gae`` command line: one thin function per command (a module each in this package)
+that parses options, calls one library function and renders its result."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Annotated, Optional
+
+import typer
+
+from gaecli._version import __version__
+from gaecli.cli.common import app
+
+# The modules that register the commands, in the order `gae --help` lists them.
+COMMAND_MODULES = ("recompute", "diff", "validate", "imports", "kernels")
+for _module in COMMAND_MODULES:
+    importlib.import_module(f"gaecli.cli.{_module}")
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"gae {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def callback(
+    version: Annotated[
+        Optional[bool],
+        typer.Option("--version", "-V", callback=_version_callback, is_eager=True, help="Show the version and exit."),
+    ] = None,
+) -> None:
+    """Recompute PPO advantages (GAE) from rollout dumps with the masked semantics."""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

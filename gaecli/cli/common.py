@@ -1,0 +1,268 @@
+"""What every ``gae`` command shares: the typer app, the exit codes, the one-line error and
+its exit code (:class:`errors_to_exit`), the JSON writer, and the options several commands
+take (columns, KL rewards, engines). Heavy modules are imported inside the functions so
+that ``gae --help`` starts fast."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, NoReturn, Optional
+
+import typer
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success · 1 the input data is invalid (rows that break the format) · "
+    "2 usage error, unreadable or unwritable file, refused operation."
+)
+
+app = typer.Typer(
+    name="gae",
+    help="Recompute PPO advantages (GAE) from rollout dumps with the masked semantics, "
+    "see how far the old ones were off, and validate the dumps.\n\n" + EXIT_CODES_HELP,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+EXIT_INVALID_DATA = 1
+EXIT_USAGE = 2
+
+JsonOption = Annotated[
+    Optional[str], typer.Option("--json", metavar="PATH", help="Write the result as JSON to PATH ('-' for stdout).")
+]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No human summary and no progress bar on stderr.")]
+
+
+def stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """Print one line to stderr and exit with ``code``."""
+    from rich.markup import escape
+
+    stderr_console().print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def write_json(document: Any, path: str | None) -> None:
+    """Write ``document`` as JSON to ``path`` ('-' = stdout); nothing when path is None."""
+    if path is None:
+        return
+    from gaecli.report import json_text
+
+    text = json_text(document)
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from gaecli.errors import GAEUsageError
+    from gaecli.report import write_text
+
+    try:
+        write_text(path, text)
+    except GAEUsageError as error:
+        fail(f"{error} (the JSON report)", EXIT_USAGE)
+
+
+def reports(**paths: Optional[str]) -> tuple[tuple[str, str], ...]:
+    """(role, path) pairs of the report options given, for the library's path check:
+    ``reports(JSON=…)`` → (("JSON report", …),)."""
+    return tuple((f"{kind} report", path) for kind, path in paths.items() if path is not None)
+
+
+# ----------------------------------------------------------------------------- shared
+
+
+ValuesColOption = Annotated[
+    str,
+    typer.Option(
+        "--values-col", help="Column of per-token critic values; 'none' takes them as 0.", rich_help_panel="Columns"
+    ),
+]
+RewardsColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rewards-col",
+        show_default=False,
+        rich_help_panel="Columns",
+        help="Column of per-token rewards; 'none' takes them as 0. Default: rewards, or none with --kl-coef (a "
+        "column named here is added to the KL rewards).",
+    ),
+]
+MaskColOption = Annotated[
+    str, typer.Option("--mask-col", help="Column of the 0/1 loss mask.", rich_help_panel="Columns")
+]
+TerminalColOption = Annotated[
+    str, typer.Option("--terminal-col", help="Column of the scalar terminal reward.", rich_help_panel="Columns")
+]
+DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.", hidden=False)]
+EngineOption = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        metavar="local|ray",
+        rich_help_panel="Scale out",
+        help="local: files in parallel worker processes on this machine; ray: Ray tasks (needs gaecli[ray]). "
+        "Results are bitwise the same.",
+    ),
+]
+WorkersOption = Annotated[
+    Optional[int],
+    typer.Option(
+        "--workers",
+        metavar="N",
+        show_default=False,
+        rich_help_panel="Scale out",
+        help="Files processed at once: worker processes (local) or CPUs of the Ray started here. Default: the "
+        "number of cores; local: at most one per 256 MB of input (a worker costs ~1 s to start).",
+    ),
+]
+RayAddressOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--ray-address",
+        metavar="ADDRESS",
+        show_default=False,
+        rich_help_panel="Scale out",
+        help="With --engine ray: the Ray cluster to join (e.g. auto or ray://head:10001); default: start Ray on "
+        "this machine.",
+    ),
+]
+
+
+def make_engine(engine: str, workers: Optional[int], ray_address: Optional[str]):
+    """The EngineOptions of the shared engine options."""
+    from gaecli.engines import EngineOptions
+
+    return EngineOptions(engine=engine, workers=workers, ray_address=ray_address)
+
+
+KLCoefOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--kl-coef",
+        metavar="C",
+        show_default=False,
+        rich_help_panel="KL rewards",
+        help="Per-token rewards = −C · KL(log_probs ‖ ref_log_probs), added to --rewards-col if one is named "
+        "(the default rewards column is then not read).",
+    ),
+]
+KLEstimatorOption = Annotated[
+    str,
+    typer.Option(
+        "--kl-estimator",
+        metavar="k1|k2|k3|low_var_kl",
+        rich_help_panel="KL rewards",
+        help="KL estimator of log-ratio x = log_probs − ref_log_probs: k1 = x, k2 = x²/2, k3 = exp(−x) − 1 + x, "
+        "low_var_kl = k3 clamped (see docs/format.md).",
+    ),
+]
+LogprobsColOption = Annotated[
+    str,
+    typer.Option(
+        "--logprobs-col",
+        help="Column of the policy's per-token log-probs (read with --kl-coef).",
+        rich_help_panel="KL rewards",
+    ),
+]
+RefLogprobsColOption = Annotated[
+    str,
+    typer.Option(
+        "--ref-logprobs-col",
+        help="Column of the reference model's per-token log-probs (read with --kl-coef).",
+        rich_help_panel="KL rewards",
+    ),
+]
+
+
+def make_columns(
+    values_col: str,
+    rewards_col: Optional[str],
+    mask_col: str,
+    terminal_col: str,
+    *,
+    kl_coef: Optional[float] = None,
+    kl_estimator: str = "k1",
+    logprobs_col: str = "log_probs",
+    ref_logprobs_col: str = "ref_log_probs",
+    **outputs,
+):
+    """The Columns of the shared column and KL options. ``rewards_col`` None: ``rewards``,
+    or no rewards column when ``kl_coef`` is given; 'none': no rewards column."""
+    from gaecli.io.format import Columns
+
+    none = lambda name: None if name.lower() == "none" else name  # noqa: E731
+    rewards = ("rewards" if kl_coef is None else None) if rewards_col is None else none(rewards_col)
+    return Columns(
+        values=none(values_col),
+        rewards=rewards,
+        loss_mask=mask_col,
+        terminal_reward=terminal_col,
+        log_probs=logprobs_col,
+        ref_log_probs=ref_logprobs_col,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        **outputs,
+    )
+
+
+class errors_to_exit:
+    """Map library errors to one line on stderr and the documented exit code."""
+
+    def __init__(self, debug: bool = False) -> None:
+        self.debug = debug
+
+    def __enter__(self) -> None:
+        import signal
+
+        from gaecli.stop import clear_stop, request_stop
+
+        clear_stop()
+        interrupted = []
+
+        def interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C; a repeat cannot cut the clean-up short
+            if not interrupted:
+                interrupted.append(signum)
+                request_stop()  # outlives a KeyboardInterrupt that third-party code swallows
+                raise KeyboardInterrupt
+
+        self._previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        import signal
+
+        from gaecli.stop import clear_stop, stop_requested
+
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        interrupted = stop_requested()
+        clear_stop()
+        if interrupted and (exc_type is None or not issubclass(exc_type, (KeyboardInterrupt, typer.Exit))):
+            # the signal's KeyboardInterrupt was swallowed, or turned into another error, by
+            # third-party code: the run stopped at the next batch or unit, or had finished
+            done = "every output was written whole" if exc_type is None else "no partial output was left"
+            fail(f"interrupted; {done}", 130)
+        if (
+            exc_type is None
+            or issubclass(exc_type, typer.Exit)
+            or self.debug
+            and not issubclass(exc_type, KeyboardInterrupt)
+        ):
+            return False
+        from gaecli.errors import GAEInputError, GAEUsageError, RunInterrupted
+
+        if isinstance(exc, RunInterrupted) and exc.written + exc.not_written:
+            fail(str(exc), 130)  # lists the outputs written and not written
+        if issubclass(exc_type, KeyboardInterrupt):
+            fail("interrupted; no partial output was left (outputs finished before are whole)", 130)
+        if issubclass(exc_type, GAEUsageError):  # before GAEInputError: an InvalidOptionError is both
+            fail(str(exc), EXIT_USAGE)
+        if issubclass(exc_type, GAEInputError):
+            fail(str(exc), EXIT_INVALID_DATA)
+        return False

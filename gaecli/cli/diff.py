@@ -1,0 +1,187 @@
+"""``gae diff``: options → :func:`gaecli.diff.diff_files` → the terminal, JSON, Markdown and HTML reports."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from gaecli.cli.common import (
+    EXIT_CODES_HELP,
+    EXIT_USAGE,
+    DebugOption,
+    EngineOption,
+    JsonOption,
+    KLCoefOption,
+    KLEstimatorOption,
+    LogprobsColOption,
+    MaskColOption,
+    QuietOption,
+    RayAddressOption,
+    RefLogprobsColOption,
+    RewardsColOption,
+    TerminalColOption,
+    ValuesColOption,
+    WorkersOption,
+    app,
+    errors_to_exit,
+    fail,
+    make_columns,
+    make_engine,
+    reports,
+    stderr_console,
+    write_json,
+)
+from gaecli.cli.progress import make_progress
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def diff(
+    inputs: Annotated[
+        list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")
+    ],
+    gamma: Annotated[float, typer.Option(help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
+    lambd: Annotated[float, typer.Option(help="GAE λ in [0, 1].")],
+    baseline: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="NAME",
+            show_default=False,
+            help="Old advantages recomputed with: unmasked (default), skip-masked (verl / AReaL) or zero-masked "
+            "(OpenRLHF).",
+        ),
+    ] = None,
+    against: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="COLUMN",
+            help="Compare with advantages stored in COLUMN (e.g. what the trainer used) instead of a baseline.",
+        ),
+    ] = None,
+    against_returns: Annotated[
+        Optional[str], typer.Option(metavar="COLUMN", help="With --against: the stored returns to compare.")
+    ] = None,
+    normalize: Annotated[
+        bool,
+        typer.Option(
+            "--normalize", help="Whiten new and old advantages over all trainable tokens, each with its own statistics."
+        ),
+    ] = False,
+    normalize_by: Annotated[
+        Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")
+    ] = None,
+    group_by: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="COLUMN",
+            help="Add the main figures per value of COLUMN (e.g. rollout_id: which steps were hit hardest).",
+        ),
+    ] = None,
+    id_col: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="COLUMN",
+            help="Column that identifies a sample (shown for the top samples, written with --per-sample).",
+        ),
+    ] = None,
+    top: Annotated[int, typer.Option(metavar="K", help="List the K samples with the largest max |Δ advantage|.")] = 10,
+    tol: Annotated[float, typer.Option(help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
+    kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",
+    device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
+    batch_rows: Annotated[int, typer.Option(help="Rows per streamed batch.")] = 256,
+    values_col: ValuesColOption = "values",
+    rewards_col: RewardsColOption = None,
+    mask_col: MaskColOption = "loss_mask",
+    terminal_col: TerminalColOption = "terminal_reward",
+    kl_coef: KLCoefOption = None,
+    kl_estimator: KLEstimatorOption = "k1",
+    logprobs_col: LogprobsColOption = "log_probs",
+    ref_logprobs_col: RefLogprobsColOption = "ref_log_probs",
+    json_path: JsonOption = None,
+    markdown: Annotated[
+        Optional[str],
+        typer.Option(
+            "--markdown", metavar="PATH", help="Write the report as Markdown tables to PATH ('-' for stdout)."
+        ),
+    ] = None,
+    html: Annotated[
+        Optional[str],
+        typer.Option(
+            "--html",
+            metavar="PATH",
+            help="Write one self-contained HTML file with plots to PATH (needs the plot extra).",
+        ),
+    ] = None,
+    per_sample: Annotated[
+        Optional[str],
+        typer.Option("--per-sample", metavar="PATH", help="Write one Parquet row per sample with its figures to PATH."),
+    ] = None,
+    groups_out: Annotated[
+        Optional[str],
+        typer.Option(
+            "--groups-out",
+            metavar="PATH",
+            help="With --group-by: write one Parquet row per group with its figures to PATH (the reports list the "
+            "20 groups hit hardest).",
+        ),
+    ] = None,
+    engine: EngineOption = "local",
+    workers: WorkersOption = None,
+    ray_address: RayAddressOption = None,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """How far were the old advantages off? Masked GAE against a baseline or stored advantages,
+    over trainable tokens."""
+    if json_path == "-" and markdown == "-":
+        fail("--json and --markdown cannot both write to stdout ('-')", EXIT_USAGE)
+    with errors_to_exit(debug):
+        from gaecli.diff import DiffOptions, diff_files
+        from gaecli.report import write_text
+        from gaecli.report.markdown import render_markdown
+        from gaecli.report.terminal import render_diff
+
+        if html is not None:
+            from gaecli.report.html import require_matplotlib
+
+            require_matplotlib()
+        options = DiffOptions(
+            gamma=gamma,
+            lambd=lambd,
+            baseline=baseline,
+            against=against,
+            against_returns=against_returns,
+            normalize=normalize,
+            normalize_by=normalize_by,
+            group_by=group_by,
+            id_col=id_col,
+            top=top,
+            tolerance=tol,
+            kernel=kernel,
+            device=device,
+            batch_rows=batch_rows,
+            columns=make_columns(
+                values_col,
+                rewards_col,
+                mask_col,
+                terminal_col,
+                kl_coef=kl_coef,
+                kl_estimator=kl_estimator,
+                logprobs_col=logprobs_col,
+                ref_logprobs_col=ref_logprobs_col,
+            ),
+            per_sample=per_sample,
+            groups_out=groups_out,
+            report_paths=reports(JSON=json_path, Markdown=markdown, HTML=html),
+        )
+        report = diff_files(inputs, options, make_progress(quiet), make_engine(engine, workers, ray_address))
+        document = report.to_dict()
+        write_json(document, json_path)
+        if markdown is not None:
+            write_text(markdown, render_markdown(document))
+        if html is not None:
+            from gaecli.report.html import render_html
+
+            write_text(html, render_html(report))
+    if not quiet:
+        render_diff(document, stderr_console())

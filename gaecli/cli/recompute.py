@@ -1,0 +1,127 @@
+"""``gae recompute``: options → :func:`gaecli.recompute.recompute_files` → the summary."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from gaecli.cli.common import (
+    EXIT_CODES_HELP,
+    DebugOption,
+    EngineOption,
+    JsonOption,
+    KLCoefOption,
+    KLEstimatorOption,
+    LogprobsColOption,
+    MaskColOption,
+    QuietOption,
+    RayAddressOption,
+    RefLogprobsColOption,
+    RewardsColOption,
+    TerminalColOption,
+    ValuesColOption,
+    WorkersOption,
+    app,
+    errors_to_exit,
+    make_columns,
+    make_engine,
+    reports,
+    stderr_console,
+    write_json,
+)
+from gaecli.cli.progress import make_progress
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def recompute(
+    inputs: Annotated[
+        list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")
+    ],
+    output: Annotated[str, typer.Option("--output", "-o", help="Output file (one input file) or directory.")],
+    gamma: Annotated[float, typer.Option(help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
+    lambd: Annotated[float, typer.Option(help="GAE λ in [0, 1].")],
+    kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",
+    device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
+    batch_rows: Annotated[int, typer.Option(help="Rows per streamed batch.")] = 256,
+    normalize: Annotated[
+        bool, typer.Option("--normalize", help="Whiten advantages over all trainable tokens of all inputs.")
+    ] = False,
+    normalize_by: Annotated[
+        Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")
+    ] = None,
+    values_col: ValuesColOption = "values",
+    rewards_col: RewardsColOption = None,
+    mask_col: MaskColOption = "loss_mask",
+    terminal_col: TerminalColOption = "terminal_reward",
+    kl_coef: KLCoefOption = None,
+    kl_estimator: KLEstimatorOption = "k1",
+    logprobs_col: LogprobsColOption = "log_probs",
+    ref_logprobs_col: RefLogprobsColOption = "ref_log_probs",
+    advantages_col: Annotated[
+        str, typer.Option(help="Name of the advantages column written.", rich_help_panel="Columns")
+    ] = "advantages",
+    returns_col: Annotated[
+        str, typer.Option(help="Name of the returns column written.", rich_help_panel="Columns")
+    ] = "returns",
+    replace: Annotated[bool, typer.Option("--replace", help="Replace output columns that exist already.")] = False,
+    keep_baseline: Annotated[
+        bool, typer.Option("--keep-baseline", help="Also write advantages_unmasked and returns_unmasked.")
+    ] = False,
+    on_invalid: Annotated[
+        str,
+        typer.Option(
+            help="stop: the first invalid row stops the run (exit 1); skip: invalid rows go to OUTPUT.rejected.parquet."
+        ),
+    ] = "stop",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing output files.")] = False,
+    skip_existing: Annotated[
+        bool, typer.Option("--skip-existing", help="Leave outputs that exist and are whole alone (resume a run).")
+    ] = False,
+    tol: Annotated[float, typer.Option(help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
+    engine: EngineOption = "local",
+    workers: WorkersOption = None,
+    ray_address: RayAddressOption = None,
+    json_path: JsonOption = None,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Recompute advantages and returns with masked GAE; write the files back with them added."""
+    with errors_to_exit(debug):
+        from gaecli.recompute import RecomputeOptions, recompute_files
+        from gaecli.report.recompute import render_recompute
+
+        options = RecomputeOptions(
+            gamma=gamma,
+            lambd=lambd,
+            kernel=kernel,
+            device=device,
+            batch_rows=batch_rows,
+            columns=make_columns(
+                values_col,
+                rewards_col,
+                mask_col,
+                terminal_col,
+                kl_coef=kl_coef,
+                kl_estimator=kl_estimator,
+                logprobs_col=logprobs_col,
+                ref_logprobs_col=ref_logprobs_col,
+                advantages=advantages_col,
+                returns=returns_col,
+            ),
+            normalize=normalize,
+            normalize_by=normalize_by,
+            replace=replace,
+            keep_baseline=keep_baseline,
+            on_invalid=on_invalid,
+            overwrite=overwrite,
+            tolerance=tol,
+            skip_existing=skip_existing,
+            report_paths=reports(JSON=json_path),
+        )
+        report = recompute_files(
+            inputs, output, options, make_progress(quiet), make_engine(engine, workers, ray_address)
+        ).to_dict()
+    write_json(report, json_path)
+    if not quiet:
+        render_recompute(report, stderr_console())

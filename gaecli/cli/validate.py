@@ -1,0 +1,116 @@
+"""``gae validate``: options → :func:`gaecli.validate.validate_files` → findings by rule."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from gaecli.cli.common import (
+    EXIT_USAGE,
+    DebugOption,
+    EngineOption,
+    JsonOption,
+    KLCoefOption,
+    KLEstimatorOption,
+    LogprobsColOption,
+    MaskColOption,
+    QuietOption,
+    RayAddressOption,
+    RefLogprobsColOption,
+    RewardsColOption,
+    TerminalColOption,
+    ValuesColOption,
+    WorkersOption,
+    app,
+    errors_to_exit,
+    fail,
+    make_columns,
+    make_engine,
+    reports,
+    stderr_console,
+    write_json,
+)
+from gaecli.cli.progress import make_progress
+
+
+@app.command(
+    epilog="Exit codes: 0 no errors (warnings allowed unless --strict) · 1 errors (or warnings under --strict) · "
+    "2 a file could not be read or the command was misused (wins over 1; the readable files are still checked)."
+)
+def validate(
+    inputs: Annotated[
+        Optional[list[str]],
+        typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.", show_default=False),
+    ] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Fail (exit 1) on warnings too.")] = False,
+    max_findings: Annotated[
+        int, typer.Option("--max-findings", metavar="N", help="List at most N findings; the counts stay exact.")
+    ] = 1000,
+    id_col: Annotated[
+        Optional[str],
+        typer.Option(
+            "--id-col",
+            metavar="COL[,COL]",
+            help="Column(s) that identify a sample: label findings, warn on duplicates within a file.",
+        ),
+    ] = None,
+    list_rules: Annotated[
+        bool, typer.Option("--list-rules", help="Print every rule (code, severity, what it finds, fix) and exit.")
+    ] = False,
+    batch_rows: Annotated[int, typer.Option(help="Rows per streamed batch.")] = 1024,
+    values_col: ValuesColOption = "values",
+    rewards_col: RewardsColOption = None,
+    mask_col: MaskColOption = "loss_mask",
+    terminal_col: TerminalColOption = "terminal_reward",
+    kl_coef: KLCoefOption = None,
+    kl_estimator: KLEstimatorOption = "k1",
+    logprobs_col: LogprobsColOption = "log_probs",
+    ref_logprobs_col: RefLogprobsColOption = "ref_log_probs",
+    engine: EngineOption = "local",
+    workers: WorkersOption = None,
+    ray_address: RayAddressOption = None,
+    json_path: JsonOption = None,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Check rollout files for the faults that make GAE silently wrong; findings grouped by rule on stderr."""
+    from gaecli.report.validate import render_rules, render_validate
+    from gaecli.validate import rules_document, validate_files
+
+    if list_rules:
+        write_json(rules_document(), json_path)
+        if not quiet and json_path != "-":
+            from rich.console import Console
+
+            render_rules(Console(highlight=False))
+        return
+    if not inputs:
+        fail("give at least one INPUT (or --list-rules)", EXIT_USAGE)
+    with errors_to_exit(debug):
+        id_columns = [name.strip() for name in id_col.split(",")] if id_col is not None else None
+        columns = make_columns(
+            values_col,
+            rewards_col,
+            mask_col,
+            terminal_col,
+            kl_coef=kl_coef,
+            kl_estimator=kl_estimator,
+            logprobs_col=logprobs_col,
+            ref_logprobs_col=ref_logprobs_col,
+        )
+        report = validate_files(
+            inputs,
+            columns,
+            id_columns=id_columns,
+            max_findings=max_findings,
+            batch_rows=batch_rows,
+            progress=make_progress(quiet),
+            engine=make_engine(engine, workers, ray_address),
+            report_paths=reports(JSON=json_path),
+        )
+    document = report.to_dict()
+    write_json(document, json_path)
+    if not quiet:
+        render_validate(document, stderr_console(), strict=strict)
+    raise typer.Exit(report.exit_code(strict))

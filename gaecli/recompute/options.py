@@ -1,0 +1,127 @@
+"""The options and the report of a recompute run (the library side of ``gae recompute``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from gaecli._version import __version__
+from gaecli.advantages.contract import check_discount, expand_baselines
+from gaecli.errors import (
+    InvalidOptionError,
+)
+from gaecli.io.format import Columns
+from gaecli.io.reader import DEFAULT_BATCH_ROWS
+from gaecli.options import check_choice, check_count, check_number
+from gaecli.pipeline import (
+    check_device,
+    normalize_label,
+)
+
+REJECTS_SUFFIX = ".rejected"
+REASON_COLUMN = "reason"
+METADATA_PREFIX = "gaecli."
+
+
+@dataclass(frozen=True)
+class RecomputeOptions:
+    """Everything that shapes a recompute run (the CLI options, one to one).
+
+    ``normalize``: whiten the advantages over all trainable tokens of all inputs;
+    ``normalize_by``: whiten within groups of rows sharing this column's value (implies
+    normalize). ``on_invalid``: ``"stop"`` (first invalid row stops the run) or ``"skip"``
+    (invalid rows go whole to ``<output>.rejected.parquet`` with a ``reason`` column).
+    Every value is checked when the options are made (:meth:`check`).
+    ``report_paths``: files the caller will write reports to (e.g. ``--json``), refused
+    before any work when one is an input or an output (:func:`gaecli.io.paths.check_writes`).
+    """
+
+    gamma: float
+    lambd: float
+    kernel: str = "auto"
+    device: str = "cpu"
+    batch_rows: int = DEFAULT_BATCH_ROWS
+    columns: Columns = field(default_factory=Columns)
+    normalize: bool = False
+    normalize_by: Optional[str] = None
+    replace: bool = False
+    keep_baseline: bool = False
+    baseline: str = "unmasked"
+    on_invalid: str = "stop"
+    overwrite: bool = False
+    tolerance: float = 1e-6
+    skip_existing: bool = False
+    report_paths: tuple = ()  # paths (or (role, path) pairs) the caller writes reports to: checked, never written here
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
+        choices, a kernel or device not usable here, and contradicting options."""
+        from gaecli.kernels import resolve_kernel
+
+        check_discount(self.gamma, self.lambd, names=("--gamma", "--lambd"))
+        check_count("--batch-rows", self.batch_rows, 1)
+        check_number("--tol", self.tolerance, 0.0)
+        if len(expand_baselines(self.baseline, "baseline")) != 1:
+            raise InvalidOptionError(f"baseline: {self.baseline!r} names several baselines; recompute takes one")
+        check_choice("--on-invalid", self.on_invalid, ("stop", "skip"), "mode")
+        check_device(self.device)
+        resolve_kernel(self.kernel, self.device)
+        if self.skip_existing and self.overwrite:
+            raise InvalidOptionError(
+                "--skip-existing keeps existing outputs and --overwrite replaces them: give one of them"
+            )
+
+    @property
+    def whitening(self) -> bool:
+        return self.normalize or self.normalize_by is not None
+
+    @property
+    def baseline_columns(self) -> tuple[str, str]:
+        suffix = self.baseline.replace("-", "_")
+        return f"advantages_{suffix}", f"returns_{suffix}"
+
+
+@dataclass
+class FileOutcome:
+    """What became of one input file."""
+
+    source: str
+    output: str
+    rows: int = 0
+    tokens: int = 0
+    rejected_rows: int = 0
+    rejects_file: Optional[str] = None
+    skipped: bool = False
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RecomputeReport:
+    """The result of a run: files written, kernel used, and the comparison summary."""
+
+    files: list[FileOutcome]
+    kernel: str
+    options: RecomputeOptions
+    summary: dict
+
+    @property
+    def rejected_rows(self) -> int:
+        return sum(f.rejected_rows for f in self.files)
+
+    def to_dict(self) -> dict:
+        return {
+            "version": __version__,
+            "gamma": self.options.gamma,
+            "lambd": self.options.lambd,
+            "kernel": self.kernel,
+            "normalize": normalize_label(self.options),
+            "files": [f.to_dict() for f in self.files],
+            "rows": sum(f.rows for f in self.files),
+            "rejected_rows": self.rejected_rows,
+            "summary": self.summary,
+        }

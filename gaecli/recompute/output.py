@@ -1,0 +1,193 @@
+"""What a recompute output holds: its new columns and schema, the metadata recording how it
+was computed, each output batch, and the ``--skip-existing`` check of an output in place."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+
+from gaecli._version import __version__
+from gaecli.errors import (
+    GAEUsageError,
+)
+from gaecli.grouping import GroupedMoments
+from gaecli.io.format import list_type_like, output_float_type
+from gaecli.io.paths import FileJob, with_suffix
+from gaecli.io.reader import RolloutFile, read_schema
+from gaecli.pipeline import (
+    Computation,
+    check_file,
+    normalize_label,
+    whiten_rows,
+)
+from gaecli.recompute.options import METADATA_PREFIX, REJECTS_SUFFIX, RecomputeOptions
+
+
+def new_column_names(options: RecomputeOptions) -> list[str]:
+    names = [options.columns.advantages, options.columns.returns]
+    if options.keep_baseline:
+        names.extend(options.baseline_columns)
+    return names
+
+
+def computation_of(options: RecomputeOptions, kernel: str) -> Computation:
+    """The pipeline settings of a recompute run (``kernel`` resolved)."""
+    return Computation(
+        gamma=options.gamma,
+        lambd=options.lambd,
+        kernel=kernel,
+        device=options.device,
+        batch_rows=options.batch_rows,
+        columns=options.columns,
+        old_semantics=options.baseline,
+        on_invalid=options.on_invalid,
+        normalize_by=options.normalize_by,
+    )
+
+
+def check_job(schema: pa.Schema, job: FileJob, options: RecomputeOptions, computation: Computation) -> None:
+    check_file(schema, str(job.source), computation)
+    new_names = new_column_names(options)
+    clash = [name for name in new_names if name in schema.names]
+    if clash and not options.replace:
+        raise GAEUsageError(
+            f"{job.source}: column {clash[0]!r} exists already; pick another name "
+            f"(--advantages-col/--returns-col) or give --replace"
+        )
+    read = {name for _, name in options.columns.token_columns()} | {options.columns.terminal_reward}
+    overlap = read & set(new_names)
+    if overlap:
+        raise GAEUsageError(f"output column {sorted(overlap)[0]!r} is also an input column; choose another name")
+
+
+def output_schema(
+    rollout: RolloutFile, job: FileJob, options: RecomputeOptions, kernel: str
+) -> tuple[pa.Schema, pa.DataType]:
+    columns = options.columns
+    float_type = output_float_type(rollout.schema, columns)
+    list_type = list_type_like(rollout.schema, columns, float_type)
+    schema = rollout.schema
+    for name in new_column_names(options):
+        new_field = pa.field(name, list_type)
+        if name in schema.names:
+            schema = schema.set(schema.get_field_index(name), new_field)
+        else:
+            schema = schema.append(new_field)
+    metadata = dict(rollout.schema.metadata or {})
+    record = {
+        "version": __version__,
+        **computation_record(options, kernel),
+        "baseline": options.baseline,
+        "on_invalid": options.on_invalid,
+        "source": job.source.name,
+    }
+    metadata.update({f"{METADATA_PREFIX}{key}".encode(): value.encode() for key, value in record.items()})
+    return schema.with_metadata(metadata), list_type
+
+
+def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]:
+    """What an output's metadata records about how it was computed, key (without the
+    ``gaecli.`` prefix) → value as written; ``--skip-existing`` keeps an output only when
+    all of these match. ``on_invalid`` and ``source`` are recorded but not compared: a
+    whole output holds the same rows under either mode unless a rejects file exists beside
+    it (which the resume checks), and sources are matched by path."""
+    record = {
+        "gamma": repr(float(options.gamma)),
+        "lambd": repr(float(options.lambd)),
+        "kernel": kernel,
+        "normalize": normalize_label(options),
+        "columns": options.columns.to_json(),
+        "keep_baseline": json.dumps(options.keep_baseline),
+    }
+    if options.keep_baseline:  # the baseline's columns are written only then
+        record["baseline"] = options.baseline
+    return record
+
+
+def first_difference(key: str, have: str, want: str) -> str:
+    """The first field where two recorded values differ, in words: ``columns`` (a JSON
+    object) is compared field by field."""
+    if key == "columns":
+        try:
+            had, wanted = json.loads(have), json.loads(want)
+        except ValueError:
+            had = None
+        if isinstance(had, dict):
+            for name in sorted(set(had) | set(wanted)):
+                old_value = had.get(name, "(not recorded)")
+                if old_value != wanted.get(name):
+                    return f"columns.{name} {json.dumps(old_value)}, not {json.dumps(wanted.get(name))}"
+    return f"{key} {have or '(not recorded)'}, not {want}"
+
+
+def output_batch(
+    computed,
+    options: RecomputeOptions,
+    schema: pa.Schema,
+    list_type: pa.DataType,
+    moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
+):
+    """One output batch of ``schema`` from a computed batch (:func:`gaecli.pipeline.computed_batches`):
+    its valid rows with the new columns added, the advantages whitened with ``moments`` when
+    given. Returns ``(batch, advantages, old advantages)`` (flat, as written)."""
+    packed, valid = computed.packed, computed.valid
+    advantages, returns, old_advantages, old_returns = (
+        computed.new,
+        computed.new_returns,
+        computed.old,
+        computed.old_returns,
+    )
+    if moments is not None:
+        keys = computed.keys(options.normalize_by)
+        whitened = whiten_rows(advantages, packed.offsets, moments[0], keys)
+        advantages = np.where(packed.trainable, whitened, 0.0).astype(advantages.dtype)
+        old_advantages = whiten_rows(old_advantages, packed.offsets, moments[1], keys).astype(old_advantages.dtype)
+    offsets_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
+    list_class = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
+    offsets_array = packed.arrow_offsets  # the input's, reused when no row was dropped
+    if offsets_array is None or offsets_array.type != offsets_type:
+        offsets_array = pa.array(packed.offsets, offsets_type)
+    new_columns = {options.columns.advantages: advantages, options.columns.returns: returns}
+    if options.keep_baseline:
+        new_columns.update(zip(options.baseline_columns, (old_advantages, old_returns)))
+    arrays = {name: valid.column(name) for name in valid.schema.names}
+    for name, flat in new_columns.items():
+        arrays[name] = list_class.from_arrays(offsets_array, pa.array(flat), type=list_type)
+    return (
+        pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema),
+        advantages,
+        old_advantages,
+    )
+
+
+def existing_output(job: FileJob, options: RecomputeOptions, kernel: str) -> bool:
+    """Under ``--skip-existing``: True when the job's output is in place and whole (a
+    readable Parquet footer with gaecli metadata recording the same computation:
+    :func:`computation_record`; its rejects file, if any, readable too); False when it is
+    absent. Anything else is refused (:class:`GAEUsageError`), naming the first field that
+    differs: the file is not ours to replace."""
+    if not job.target.exists():
+        return False
+    rejects = with_suffix(job.target, REJECTS_SUFFIX)
+    try:
+        metadata = read_schema(job.target).metadata or {}
+        if options.on_invalid == "skip" and rejects.exists():
+            read_schema(rejects)
+    except (pa.ArrowException, OSError) as error:
+        raise GAEUsageError(
+            f"{job.target} exists but is not a whole Parquet file ({error}); "
+            f"remove it or give --overwrite instead of --skip-existing"
+        ) from error
+    if f"{METADATA_PREFIX}version".encode() not in metadata:
+        raise GAEUsageError(f"{job.target} exists but was not written by gaecli; remove it or give --overwrite")
+    for key, value in computation_record(options, kernel).items():
+        have = metadata.get(f"{METADATA_PREFIX}{key}".encode(), b"").decode()
+        if have != value:
+            raise GAEUsageError(
+                f"{job.target} exists but was written with {first_difference(key, have, value)}; "
+                f"give --overwrite to replace it"
+            )
+    return True
