@@ -136,9 +136,14 @@ class GroupedFigures:
     def merge(self, other: "GroupedFigures") -> None:
         """Add another partition's groups (the next file): sums add, maxima combine, new keys
         come after ours in their first-seen order. Files are merged in input order, so the
-        figures do not depend on the engine or the number of workers."""
+        figures do not depend on the engine or the number of workers. While this holds no
+        group yet, ``other``'s table and arrays are taken over rather than copied (the same
+        figures, half the memory at a million groups): ``other`` is spent by the merge."""
         self.returns_compared |= other.returns_compared
         if other.size == 0:
+            return
+        if self.size == 0 and self.table.kind is None:
+            self.table, self.sums, self.maxima, self.size = other.table, other.sums, other.maxima, other.size
             return
         codes = self.table.encode(other.table.keys())  # distinct: one per group of other
         self._grow()

@@ -50,7 +50,10 @@ def per_sample_batch(
 ) -> pa.RecordBatch:
     """One batch's rows of the ``--per-sample`` file (one row per sample)."""
     count = rows.lengths.size
-    arrays = [pa.array([file] * count, pa.string()), pa.array(np.arange(first_row, first_row + count), pa.int64())]
+    arrays = [
+        pa.repeat(pa.scalar(file, pa.string()), count),
+        pa.array(np.arange(first_row, first_row + count), pa.int64()),
+    ]
     for name, column in (("id", ids), ("group", groups)):
         if name in schema.names:
             arrow_type = schema.field(name).type

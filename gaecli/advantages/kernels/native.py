@@ -11,7 +11,8 @@ to float32).
 Speed. A sample's backward pass is a chain of dependent float64 multiply-adds; a core that
 runs one sample at a time waits on that chain. Each thread therefore runs ``LANES`` samples
 side by side ("lanes") in one loop, and the core overlaps their independent chains. Samples
-are split into one token-balanced group per thread; inside a group the longest samples go
+are split into one token-balanced group per thread (a batch under ``SERIAL_TOKENS`` tokens is
+one group, on the calling thread); inside a group the longest samples go
 first and a lane takes the next sample as soon as its own ends, so only the last few
 samples of a group run alone. Which lane, group or thread computes a sample changes nothing
 in its arithmetic.
@@ -35,6 +36,11 @@ LANES = 4  # samples side by side per thread (_run_group's loop is written out f
 # lower lane runs alone for as many bytes.
 PAGE_BYTES = 4096
 LANE_SEPARATION_BYTES = 512
+# Below this many tokens a batch runs on the calling thread: starting the thread pool's
+# parallel region costs more than it saves (tens of microseconds idle, milliseconds on a
+# busy machine or with a worker process per core), and many-short-rows files are made of
+# such batches.
+SERIAL_TOKENS = 1 << 15
 
 
 def _step(values, rewards, loss_mask, advantages, returns, t, gamma, decay, carry, next_value, terminal, screen):
@@ -233,8 +239,9 @@ if AVAILABLE:
     _too_close = numba.njit(nogil=True)(_too_close)
     _run_group = numba.njit(nogil=True)(_run_group)
     _compiled = numba.njit(parallel=True, cache=True, nogil=True)(_masked_gae_batch)
+    _compiled_serial = numba.njit(cache=True, nogil=True)(_masked_gae_batch)  # prange runs as range
 else:  # pragma: no cover
-    _compiled = None
+    _compiled = _compiled_serial = None
 
 
 def native_gae_flat(
@@ -280,10 +287,11 @@ def native_gae_screened(
     batch = offsets.size - 1
     if batch <= 0:
         return advantages, returns, True
-    groups = max(1, min(numba.get_num_threads(), batch))
+    serial = int(offsets[-1] - offsets[0]) < SERIAL_TOKENS or numba.get_num_threads() == 1
+    groups = 1 if serial else max(1, min(numba.get_num_threads(), batch))
     order, group_bounds = _plan_groups(offsets, groups)
     screens = np.zeros(groups, dtype=np.float64)
-    _compiled(
+    (_compiled_serial if serial else _compiled)(
         values,
         rewards,
         loss_mask,
