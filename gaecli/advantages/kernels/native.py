@@ -217,6 +217,39 @@ def _masked_gae_batch(
         )
 
 
+def _masked_gae_serial(
+    values,
+    rewards,
+    loss_mask,
+    offsets,
+    terminal_rewards,
+    gamma,
+    lambd,
+    advantages,
+    returns,
+    order,
+    group_bounds,
+    screens,
+):
+    """:func:`_masked_gae_batch` on the calling thread. A function of its own, not the same
+    function compiled without ``parallel``: numba's cache keys compiled code by function and
+    signature, so the two would load each other's machine code."""
+    decay = gamma * lambd
+    for group in range(group_bounds.shape[0] - 1):
+        screens[group] = _run_group(
+            values,
+            rewards,
+            loss_mask,
+            offsets,
+            terminal_rewards,
+            gamma,
+            decay,
+            advantages,
+            returns,
+            order[group_bounds[group] : group_bounds[group + 1]],
+        )
+
+
 def _plan_groups(offsets: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
     """Split the samples into ``groups`` groups of about equal token counts: group ``g``
     holds the samples whose first position lies in ``[g, g + 1) * N / groups``, longest
@@ -239,7 +272,7 @@ if AVAILABLE:
     _too_close = numba.njit(nogil=True)(_too_close)
     _run_group = numba.njit(nogil=True)(_run_group)
     _compiled = numba.njit(parallel=True, cache=True, nogil=True)(_masked_gae_batch)
-    _compiled_serial = numba.njit(cache=True, nogil=True)(_masked_gae_batch)  # prange runs as range
+    _compiled_serial = numba.njit(cache=True, nogil=True)(_masked_gae_serial)
 else:  # pragma: no cover
     _compiled = _compiled_serial = None
 
