@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from gaecli.comparison.figures import PRODUCT_SUMS, RowFigures, correlations
 from gaecli.comparison.keys import json_value
+from gaecli.errors import GAEUsageError
 from gaecli.grouping import KeyTable
 
 GROUP_SUMS = (
@@ -214,34 +215,31 @@ class GroupedFigures:
         return [dict(zip(listed, values, strict=True)) for values in zip(*listed.values(), strict=True)]
 
     def keys(self, key_type: Optional[pa.DataType] = None) -> pa.Array:
-        """Every group's key in code order, as ``key_type`` where the keys cast to it safely
-        (the group column's type in the input), else as the key table holds them."""
+        """Every group's key in code order, as ``key_type`` (the group column's type in the
+        first input) when given: keys of another file's type that do not fit it are a
+        :class:`GAEUsageError`."""
         keys = self.table.keys()
-        if key_type is not None and keys.type != key_type:
-            try:
-                return keys.cast(key_type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                return keys
-        return keys
+        if key_type is None or keys.type == key_type:
+            return keys
+        try:
+            return keys.cast(key_type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            raise GAEUsageError(f"group keys of type {self.table.key_type} cannot be written as {key_type}") from error
 
     def batches(
         self, key_type: Optional[pa.DataType] = None, groups_per_batch: int = GROUPS_PER_BATCH
-    ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-        """Every group as rows of record batches (``key`` then the :data:`GROUP_FIGURES`), in
-        key order (ascending, nulls last), and their schema (:func:`groups_schema`);
-        ``key_type`` as :meth:`keys`. Memory beyond the state: the keys, their sort order
-        and one batch of figures."""
+    ) -> Iterator[pa.RecordBatch]:
+        """Every group as rows of record batches of :func:`groups_schema` (``key`` then the
+        :data:`GROUP_FIGURES`), in key order (ascending, nulls last); ``key_type`` as
+        :meth:`keys`. Memory beyond the state: the keys, their sort order and one batch of
+        figures."""
         keys = self.keys(key_type)
         order = pc.array_sort_indices(keys, order="ascending", null_placement="at_end").to_numpy()
         schema = groups_schema(keys.type)
-
-        def batches() -> Iterator[pa.RecordBatch]:
-            for start in range(0, order.size, groups_per_batch):
-                codes = order[start : start + groups_per_batch]
-                columns = {"key": keys.take(pa.array(codes, pa.int64())), **self.figures(codes)}
-                yield pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
-
-        return schema, batches()
+        for start in range(0, order.size, groups_per_batch):
+            codes = order[start : start + groups_per_batch]
+            columns = {"key": keys.take(pa.array(codes, pa.int64())), **self.figures(codes)}
+            yield pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
 
 
 def group_key_type(schema: pa.Schema, column: Optional[str]) -> Optional[pa.DataType]:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gaecli.comparison.figures import DiffAccumulator, RowFigures
-from gaecli.comparison.groups import GroupedFigures, group_key_type
+from gaecli.comparison.groups import GroupedFigures, group_key_type, groups_schema
 from gaecli.comparison.token_sample import TokenSample
 from gaecli.comparison.top_samples import TopSample, TopSamples, finite_or_none
 from gaecli.diff.options import DiffOptions
@@ -238,8 +238,15 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
             rollout.close()
     total_rows = sum(footer.num_rows for footer in footers)
     engine = engine.for_inputs(total_size(files))
-    writers = []
+    writers = []  # opened before any work, committed together after the last file
     try:
+        per_sample_writer = groups_writer = None
+        if schema is not None:
+            per_sample_writer = AtomicParquetWriter(to_path(options.per_sample), schema)
+            writers.append(per_sample_writer)
+        if options.groups_out is not None:
+            groups_writer = AtomicParquetWriter(to_path(options.groups_out), groups_schema(key_type))
+            writers.append(groups_writer)
         with EngineSession() as session:  # one pool (or Ray) for both passes
             moments = [None] * len(files)
             if options.whitening:  # each unit gets the statistics of its file's groups only
@@ -261,17 +268,14 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
         for part in results:
             merged.merge(part)
             part.groups = None  # merged: the part's group arrays are not needed again
-        if schema is not None:
-            writers.append(AtomicParquetWriter(to_path(options.per_sample), schema))
+        if per_sample_writer is not None:
             for part in results:
                 for batch in part.per_sample:
-                    writers[-1].write(batch)
+                    per_sample_writer.write(batch)
                 part.per_sample = None
-        if options.groups_out is not None:
-            groups_schema, batches = merged.groups.batches(key_type)
-            writers.append(AtomicParquetWriter(to_path(options.groups_out), groups_schema))
-            for batch in batches:
-                writers[-1].write(batch)
+        if groups_writer is not None:
+            for batch in merged.groups.batches(key_type):
+                groups_writer.write(batch)
         for writer in writers:
             writer.close()
         for writer in writers:
