@@ -1,17 +1,14 @@
 """Group codes and grouped statistics that do not depend on batch size or engine: the
 numba hash table of Arrow keys (:class:`KeyTable`), the whitening statistics of
-``--normalize`` / ``--normalize-by`` (:class:`GroupedMoments`, compensated sums per group)
-and the first-seen codes of one batch (:func:`encode_keys`)."""
+``--normalize`` / ``--normalize-by`` (:class:`GroupedMoments`, compensated sums per group)."""
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import numba
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from gaecli.errors import GAEUsageError
 
@@ -397,14 +394,3 @@ class GroupedMoments:
         if (codes < 0).any():
             raise KeyError(f"group {keys[int(np.flatnonzero(codes < 0)[0])].as_py()!r} has no statistics")
         return means[codes], stds[codes]
-
-
-def encode_keys(keys: pa.Array) -> tuple[np.ndarray, list]:
-    """Row codes into the list of distinct keys of a batch, in first-seen order (nulls are a
-    key of their own, None; dictionary arrays are decoded first)."""
-    if pa.types.is_dictionary(keys.type):
-        keys = keys.dictionary_decode()
-    encoded = pc.dictionary_encode(keys, null_encoding="encode")
-    # NaN != NaN: one shared NaN object, so that a NaN key finds its group in a dict
-    uniques = [math.nan if isinstance(key, float) and key != key else key for key in encoded.dictionary.to_pylist()]
-    return encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64), uniques

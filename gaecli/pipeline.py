@@ -630,12 +630,16 @@ def engine_reduction(
 
 def _moments_parts(
     paths: list[str], computation: Computation, engine, progress, total_rows: int, session, footers=None
-) -> tuple[tuple[GroupedMoments, GroupedMoments], list[dict[str, np.ndarray]], list]:
+) -> tuple[ReductionResult, list[dict[str, np.ndarray]], list]:
+    """The ``--normalize`` pass (one operand per side: ``new``, ``old``, ``old:1``...),
+    merged in input order and checked (:func:`checked_moments`); with each part's group codes
+    in the merged result, and the parts."""
     reduction = normalize_reduction(computation.normalize_by, len(computation.old_sides))
     parts = engine_reduction_parts(paths, computation, reduction, engine, progress, total_rows, session, footers)
     merged = ReductionResult(reduction)
     codes = [merged.merge(part) for part in parts]
-    return checked_moments(merged, computation.normalize_by), codes, parts
+    checked_moments(merged, computation.normalize_by)
+    return merged, codes, parts
 
 
 def engine_moments(
@@ -644,19 +648,35 @@ def engine_moments(
     """The ``--normalize`` statistics (:func:`gaecli.advantages.reduction.normalize_reduction`)
     by :func:`engine_reduction`: the moments of the new and the (first) old advantages;
     refuses (:class:`GAEInputError`) a group without any trainable token."""
-    return _moments_parts(paths, computation, engine, progress, total_rows, session)[0]
+    merged = _moments_parts(paths, computation, engine, progress, total_rows, session)[0]
+    return merged.groups["new"], merged.groups["old"]
 
 
-def engine_side_moments(
-    paths: list[str], computation: Computation, engine, progress, total_rows: int, session=None
-) -> tuple[GroupedMoments, tuple[GroupedMoments, ...]]:
-    """:func:`engine_moments` for every old side: the moments of the new advantages, and
-    those of each old side in the order of :attr:`Computation.old_sides` (each side's own,
-    the same bits as in a pass with that side alone)."""
-    reduction = normalize_reduction(computation.normalize_by, len(computation.old_sides))
-    merged = engine_reduction(paths, computation, reduction, engine, progress, total_rows, session)
-    new, _ = checked_moments(merged, computation.normalize_by)
-    return new, tuple(merged.groups[operand] for operand in reduction.operands[1:])
+def engine_file_side_moments(
+    paths: list[str],
+    computation: Computation,
+    engine,
+    progress,
+    total_rows: int,
+    session=None,
+    footers: Optional[list] = None,
+) -> list[tuple[GroupedMoments, tuple[GroupedMoments, ...]]]:
+    """:func:`engine_moments` for every side, handed out per file: for each of ``paths`` the
+    merged moments of the new advantages and of each old side (in the order of
+    :attr:`Computation.old_sides`; each side's own, the same bits as in a pass with that side
+    alone) of the groups its rows belong to, and only those, so that each file's unit is sent
+    what it needs (a few dozen bytes per group of the file) and not every group.
+    ``footers``: the files' footers where read already."""
+    merged, codes, parts = _moments_parts(paths, computation, engine, progress, total_rows, session, footers)
+    operands = merged.reduction.operands
+
+    def subset(operand: str, code: dict, part) -> GroupedMoments:
+        return merged.groups[operand].subset(code[operand], part.groups[operand].table)
+
+    return [
+        (subset("new", code, part), tuple(subset(operand, code, part) for operand in operands[1:]))
+        for code, part in zip(codes, parts)
+    ]
 
 
 def engine_file_moments(
@@ -668,15 +688,10 @@ def engine_file_moments(
     session=None,
     footers: Optional[list] = None,
 ) -> list[tuple[GroupedMoments, GroupedMoments]]:
-    """:func:`engine_moments`, handed out per file: for each of ``paths`` the merged moments
-    (new, old) of the groups its rows belong to, and only those, so that each file's unit
-    is sent what it needs (a few dozen bytes per group of the file) and not every group.
-    ``footers``: the files' footers where read already."""
-    (new, old), codes, parts = _moments_parts(paths, computation, engine, progress, total_rows, session, footers)
-    return [
-        (new.subset(code["new"], part.groups["new"].table), old.subset(code["old"], part.groups["old"].table))
-        for code, part in zip(codes, parts)
-    ]
+    """:func:`engine_file_side_moments` of the new and the first old side: for each of
+    ``paths``, (new, old) of the groups its rows belong to."""
+    per_file = engine_file_side_moments(paths, computation, engine, progress, total_rows, session, footers)
+    return [(new, olds[0]) for new, olds in per_file]
 
 
 def new_side_spec(options) -> AdvantageSpec:

@@ -159,8 +159,8 @@ def diff_table(table: Any, **options: Any):
     """``gae diff`` on a table (the kinds :func:`recompute_table` takes): the same
     :class:`gaecli.diff.DiffReport` that :func:`gaecli.diff_files` returns for a file of these
     rows, with ``file`` None in ``files`` and in the top samples, whose ``row`` is the table
-    row. ``options``: the fields of :class:`gaecli.DiffOptions` but ``per_sample`` and
-    ``report_paths`` (nothing is written). Raises as :func:`recompute_table`.
+    row. ``options``: the fields of :class:`gaecli.DiffOptions` but ``per_sample``,
+    ``groups_out`` and ``report_paths`` (nothing is written). Raises as :func:`recompute_table`.
 
     The table is written to a temporary Parquet file read by :func:`gaecli.diff_files`
     itself, so every figure is the command's, bit for bit; error messages name the table
@@ -174,7 +174,7 @@ def diff_table(table: Any, **options: Any):
     from gaecli.diff import DiffOptions, diff_files
     from gaecli.errors import GAEError, InvalidDataError
 
-    for refused in ("per_sample", "report_paths"):
+    for refused in ("per_sample", "groups_out", "report_paths"):
         if refused in options:
             raise GAEInputError(f"diff_table writes nothing: {refused} is not an option here")
     diff_options = DiffOptions(**options)

@@ -321,7 +321,10 @@ def test_grouped_figures(tmp_path):
     old, old_returns = outputs("skip-masked", data, gamma, lambd)
     credits = perturbed_credit("skip-masked", data, gamma, lambd)
     groups = report["groups"]
-    assert [group["key"] for group in groups] == [0, 1, 2, 3]
+    # every group (4 < 20), the hardest hit (largest max |Δ advantage|) first
+    assert sorted(group["key"] for group in groups) == [0, 1, 2, 3] and report["group_count"] == 4
+    maxima = [group["max_abs_delta_advantage"] for group in groups]
+    assert maxima == sorted(maxima, reverse=True) and report["groups_out"] is None
     for group in groups:
         rows = [row for row in range(len(data)) if row % 4 == group["key"]]
         part = data.take(rows)
@@ -486,6 +489,8 @@ def test_every_output_parses(tmp_path):
         "top_samples",
         "groups",
         "comparisons",
+        "group_count",
+        "groups_out",
         "per_sample",
     }
     assert (

@@ -508,6 +508,8 @@ def test_diff_engines_give_identical_reports(tmp_path, inputs, local_ray, monkey
             "r.md",
             "--per-sample",
             "rows.parquet",
+            "--groups-out",
+            "groups.parquet",
             *options,
         )
         assert result.exit_code == 0, result.output
@@ -515,14 +517,16 @@ def test_diff_engines_give_identical_reports(tmp_path, inputs, local_ray, monkey
             json.loads((run_dir / "r.json").read_text()),
             (run_dir / "r.md").read_text(),
             pq.read_table(run_dir / "rows.parquet"),
+            pq.read_table(run_dir / "groups.parquet"),
         )
-    document, markdown, rows = results["local", 1]
+    document, markdown, rows, groups = results["local", 1]
     assert len(document["files"]) == 3 and len(document["top_samples"]) == 7 and len(document["groups"]) == 3
-    assert rows.num_rows == 23 + 31 + 17
-    for key, (other_document, other_markdown, other_rows) in results.items():
+    assert rows.num_rows == 23 + 31 + 17 and groups.num_rows == 3
+    for key, (other_document, other_markdown, other_rows, other_groups) in results.items():
         assert other_document == document, f"{key}: JSON differs from one worker's"
         assert other_markdown == markdown, f"{key}: Markdown differs"
         assert other_rows.equals(rows), f"{key}: per-sample rows differ"
+        assert other_groups.equals(groups), f"{key}: groups file differs"
 
 
 def test_diff_engines_keep_the_same_token_sample_and_top_arrays(inputs, local_ray):

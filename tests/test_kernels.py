@@ -317,3 +317,22 @@ def test_cuda_kernels_match_reference_and_are_batch_invariant(kernel):
     for index in range(len(batch)):
         alone = run(kernel, on_device.subset([index]))
         assert_bitwise(f"{kernel} cuda sample {index}", alone[0][0], advantages[index])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_serial_and_parallel_runs_are_bitwise_equal(monkeypatch, dtype):
+    # A batch under SERIAL_TOKENS runs on the calling thread, a larger one in the thread
+    # pool: the same bits either way, and the float64 reference's numbers.
+    from gaecli.advantages.kernels import native
+
+    lengths = np.random.default_rng(3).integers(0, 300, 200).tolist()
+    batch = make_batch(11, lengths, dtype=dtype)
+    monkeypatch.setattr(native, "SERIAL_TOKENS", 1 << 62)
+    serial = run("native", batch)
+    monkeypatch.setattr(native, "SERIAL_TOKENS", 0)
+    parallel = run("native", batch)
+    reference = run("reference", batch.as_float64())
+    for which, name in ((0, "advantages"), (1, "returns")):
+        for index in range(len(batch)):
+            assert_bitwise(f"sample {index} {name}", serial[which][index], parallel[which][index])
+        assert_close(f"native {name}", reference[which], serial[which])

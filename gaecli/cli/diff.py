@@ -131,6 +131,15 @@ def diff(
         Optional[str],
         typer.Option("--per-sample", metavar="PATH", help="Write one Parquet row per sample with its figures to PATH."),
     ] = None,
+    groups_out: Annotated[
+        Optional[str],
+        typer.Option(
+            "--groups-out",
+            metavar="PATH",
+            help="With --group-by: write one Parquet row per group with its figures to PATH (the reports list the "
+            "20 groups hit hardest).",
+        ),
+    ] = None,
     engine: EngineOption = "local",
     workers: WorkersOption = None,
     ray_address: RayAddressOption = None,
@@ -178,6 +187,7 @@ def diff(
             ),
             per_sample=per_sample,
             variants=make_variants(timestep, lambd_critic, lambd_alpha, turn_rewards_col, truncated_col, bootstrap_col),
+            groups_out=groups_out,
             report_paths=reports(JSON=json_path, Markdown=markdown, HTML=html),
         )
         report = diff_files(inputs, options, make_progress(quiet), make_engine(engine, workers, ray_address))

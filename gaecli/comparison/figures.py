@@ -153,16 +153,25 @@ def _mean_std(count: int, total: float, squares: float) -> tuple[Optional[float]
 
 
 def correlation(count: float, sums) -> Optional[float]:
-    """Pearson correlation from Σx, Σy, Σx², Σy², Σxy (None when a variance is 0)."""
-    sum_x, sum_y, sum_xx, sum_yy, sum_xy = sums
-    if count < 2:
-        return None
-    covariance = sum_xy - sum_x * sum_y / count
-    variance_x = sum_xx - sum_x * sum_x / count
-    variance_y = sum_yy - sum_y * sum_y / count
-    if variance_x <= 0.0 or variance_y <= 0.0:
-        return None
-    return float(max(-1.0, min(1.0, covariance / math.sqrt(variance_x * variance_y))))
+    """Pearson correlation from Σx, Σy, Σx², Σy², Σxy (None when a variance is 0): one
+    value of :func:`correlations`."""
+    value = correlations(np.array([count], dtype=np.float64), np.array([sums], dtype=np.float64))[0]
+    return None if np.isnan(value) else float(value)
+
+
+def correlations(counts: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """Pearson correlations ``[G]`` from ``counts [G]`` and the :data:`PRODUCT_SUMS`
+    ``[G, 5]`` (Σx, Σy, Σx², Σy², Σxy) of ``G`` sets; NaN where undefined (fewer than two
+    values, or a variance of 0)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    sum_x, sum_y, sum_xx, sum_yy, sum_xy = np.asarray(sums, dtype=np.float64).T
+    with np.errstate(invalid="ignore", divide="ignore"):
+        covariance = sum_xy - sum_x * sum_y / counts
+        variance_x = sum_xx - sum_x * sum_x / counts
+        variance_y = sum_yy - sum_y * sum_y / counts
+        defined = (counts >= 2) & (variance_x > 0.0) & (variance_y > 0.0)
+        value = np.clip(covariance / np.sqrt(variance_x * variance_y), -1.0, 1.0)
+    return np.where(defined, value, np.nan)
 
 
 def _delta_histogram() -> SignedLogHistogram:

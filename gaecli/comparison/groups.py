@@ -1,16 +1,21 @@
-"""The figures of the comparison per value of a group column (``gae diff --group-by``),
-merged exactly across batches and files."""
+"""The figures of the comparison per value of a group column (``gae diff --group-by``):
+flat per-group arrays merged across batches and files, the groups hit hardest (what the
+reports show), and every group as Arrow record batches (the ``--groups-out`` file)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from collections.abc import Iterator
+from typing import Optional
 
+import numba
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from gaecli.comparison.figures import PRODUCT_SUMS, RowFigures, correlation, ratio
+from gaecli.comparison.figures import PRODUCT_SUMS, RowFigures, correlations
 from gaecli.comparison.keys import json_value
-from gaecli.grouping import encode_keys
+from gaecli.errors import GAEUsageError
+from gaecli.grouping import KeyTable
 
 GROUP_SUMS = (
     "samples",
@@ -25,107 +30,233 @@ GROUP_SUMS = (
     "sign_flips",
     *PRODUCT_SUMS,
 )
+_SUM = {name: index for index, name in enumerate(GROUP_SUMS)}
+GROUP_MAXIMA = ("max_abs_delta_advantage", "max_abs_delta_return")
+
+# each group's figures: the keys of a ``groups[]`` entry after ``key``, and the columns of
+# the ``--groups-out`` file after ``key`` (docs/diff.md)
+GROUP_FIGURES = (
+    ("samples", pa.int64()),
+    ("tokens", pa.int64()),
+    ("trainable_tokens", pa.int64()),
+    ("changed_samples", pa.int64()),
+    ("changed_share", pa.float64()),
+    ("fully_masked_samples", pa.int64()),
+    ("masked_tail_samples", pa.int64()),
+    ("mean_terminal_credit", pa.float64()),
+    ("mean_abs_delta_advantage", pa.float64()),
+    ("max_abs_delta_advantage", pa.float64()),
+    ("mean_abs_delta_return", pa.float64()),
+    ("max_abs_delta_return", pa.float64()),
+    ("sign_flip_share", pa.float64()),
+    ("correlation", pa.float64()),
+)
+HARDEST_GROUPS = 20  # the groups the reports list (largest max |Δ advantage|)
+GROUPS_PER_BATCH = 65_536  # groups per record batch of the --groups-out file
+
+
+@numba.njit(cache=True, nogil=True)
+def _add_rows(sums, maxima, codes, values, row_maxima):
+    # row by row in the order given: each row's values added to its group's sums, and its
+    # maxima kept when larger (a NaN sticks, as np.maximum has it)
+    for i in range(codes.shape[0]):
+        group = codes[i]
+        for j in range(values.shape[1]):
+            sums[group, j] += values[i, j]
+        for j in range(row_maxima.shape[1]):
+            value = row_maxima[i, j]
+            if value > maxima[group, j] or value != value:
+                maxima[group, j] = value
+
+
+def _grown_rows(array: np.ndarray, needed: int) -> np.ndarray:
+    """``array`` ``[n, k]`` copied into one of at least ``needed`` rows (doubling)."""
+    grown = np.zeros((max(needed, 2 * array.shape[0]), array.shape[1]), dtype=array.dtype)
+    grown[: array.shape[0]] = array
+    return grown
 
 
 class GroupedFigures:
-    """The main figures per value of the ``--group-by`` column. Sums are added row by row
-    in file order within a file (``np.add.at``), and files' sums in input order
-    (:meth:`merge`), so they depend neither on the batch size nor on the engine."""
+    """The main figures per value of the ``--group-by`` column.
+
+    State: the keys' :class:`gaecli.grouping.KeyTable` and, per group, the
+    :data:`GROUP_SUMS` and :data:`GROUP_MAXIMA` as rows of two flat float64 arrays (136
+    bytes a group besides its key), grown by doubling; no Python runs per group or per row.
+    Sums are added row by row in file order within a file, and files' sums in input order
+    (:meth:`merge`), so they depend neither on the batch size nor on the engine or worker
+    count. Groups are numbered (codes) in first-seen order."""
 
     def __init__(self, baseline: Optional[str]) -> None:
         self.baseline = baseline
-        self.codes: dict[Any, int] = {}
-        self.keys: list = []
+        self.table = KeyTable()
+        self.size = 0
         self.sums = np.zeros((0, len(GROUP_SUMS)))
-        self.max_abs = np.zeros(0)  # max |Δ advantage| per group
-        self.max_abs_return = np.zeros(0)  # max |Δ return| per group
+        self.maxima = np.zeros((0, len(GROUP_MAXIMA)))
         self.returns_compared = False
 
-    def _codes(self, keys: list) -> np.ndarray:
-        """The group code of each key; a key not seen yet gets the next code (first-seen
-        order) and zero sums and maxima."""
-        codes = np.empty(len(keys), dtype=np.int64)
-        for index, key in enumerate(keys):
-            code = self.codes.get(key)
-            if code is None:
-                code = self.codes[key] = len(self.keys)
-                self.keys.append(key)
-            codes[index] = code
-        grow = len(self.keys) - self.sums.shape[0]
-        if grow > 0:
-            self.sums = np.vstack([self.sums, np.zeros((grow, self.sums.shape[1]))])
-            self.max_abs = np.concatenate([self.max_abs, np.zeros(grow)])
-            self.max_abs_return = np.concatenate([self.max_abs_return, np.zeros(grow)])
-        return codes
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["sums"] = self.sums[: self.size].copy()
+        state["maxima"] = self.maxima[: self.size].copy()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.sums = np.array(self.sums)  # writable (a Ray result's arrays are read-only)
+        self.maxima = np.array(self.maxima)
+
+    def _grow(self) -> None:
+        """Room for every key of the table (new groups start at zero)."""
+        if self.table.size > self.sums.shape[0]:
+            self.sums = _grown_rows(self.sums, self.table.size)
+            self.maxima = _grown_rows(self.maxima, self.table.size)
+        self.size = self.table.size
 
     def update(self, keys: pa.Array, rows: RowFigures) -> np.ndarray:
         """Add one batch's rows under their group keys; returns each row's group code."""
-        local, uniques = encode_keys(keys)
-        codes = self._codes(uniques)[local]
+        codes = self.table.encode(keys)
+        self._grow()
         with_returns = not np.isnan(rows.max_abs_return).all() if rows.lengths.size else False
         self.returns_compared |= with_returns
-        credit = np.where(rows.with_tail & ~np.isnan(rows.credit), rows.credit, 0.0)
-        values = np.column_stack(
-            [
-                np.ones(rows.lengths.size),
-                rows.lengths,
-                rows.trainable,
-                rows.changed,
-                rows.fully_masked,
-                rows.with_tail,
-                credit,
-                rows.sum_abs,
-                np.nan_to_num(rows.sum_abs_return),
-                rows.sign_flips,
-                rows.sums,
-            ]
-        ).astype(np.float64)
-        np.add.at(self.sums, codes, values)
-        np.maximum.at(self.max_abs, codes, rows.max_abs)
-        np.maximum.at(self.max_abs_return, codes, np.nan_to_num(rows.max_abs_return))
+        values = np.empty((rows.lengths.size, len(GROUP_SUMS)))
+        values[:, _SUM["samples"]] = 1.0
+        values[:, _SUM["tokens"]] = rows.lengths
+        values[:, _SUM["trainable_tokens"]] = rows.trainable
+        values[:, _SUM["changed_samples"]] = rows.changed
+        values[:, _SUM["fully_masked_samples"]] = rows.fully_masked
+        values[:, _SUM["masked_tail_samples"]] = rows.with_tail
+        values[:, _SUM["credit_sum"]] = np.where(rows.with_tail & ~np.isnan(rows.credit), rows.credit, 0.0)
+        values[:, _SUM["sum_abs"]] = rows.sum_abs
+        values[:, _SUM["sum_abs_return"]] = np.nan_to_num(rows.sum_abs_return)
+        values[:, _SUM["sign_flips"]] = rows.sign_flips
+        values[:, _SUM[PRODUCT_SUMS[0]] :] = rows.sums
+        row_maxima = np.column_stack([rows.max_abs, np.nan_to_num(rows.max_abs_return)]).astype(np.float64)
+        _add_rows(self.sums, self.maxima, codes, values, row_maxima)
         return codes
 
     def merge(self, other: "GroupedFigures") -> None:
         """Add another partition's groups (the next file): sums add, maxima combine, new keys
         come after ours in their first-seen order. Files are merged in input order, so the
-        figures do not depend on the engine or the number of workers."""
-        codes = self._codes(other.keys)
-        self.sums[codes] += other.sums
-        self.max_abs[codes] = np.maximum(self.max_abs[codes], other.max_abs)
-        self.max_abs_return[codes] = np.maximum(self.max_abs_return[codes], other.max_abs_return)
+        figures do not depend on the engine or the number of workers. While this holds no
+        group yet, ``other``'s table and arrays are taken over rather than copied (the same
+        figures, half the memory at a million groups): ``other`` is spent by the merge."""
         self.returns_compared |= other.returns_compared
+        if other.size == 0:
+            return
+        if self.size == 0 and self.table.kind is None:
+            self.table, self.sums, self.maxima, self.size = other.table, other.sums, other.maxima, other.size
+            return
+        codes = self.table.encode(other.table.keys())  # distinct: one per group of other
+        self._grow()
+        self.sums[codes] += other.sums[: other.size]
+        self.maxima[codes] = np.maximum(self.maxima[codes], other.maxima[: other.size])
 
-    def result(self) -> list[dict]:
-        """One dict per group, in key order (first-seen order when keys do not sort)."""
-        order = list(range(len(self.keys)))
-        try:
-            order.sort(key=lambda code: (self.keys[code] is None, self.keys[code]))
-        except TypeError:
-            pass
-        groups = []
-        for code in order:
-            row = dict(zip(GROUP_SUMS, self.sums[code].tolist(), strict=True))
-            samples, trainable = int(row["samples"]), int(row["trainable_tokens"])
-            tail = int(row["masked_tail_samples"])
-            groups.append(
-                {
-                    "key": json_value(self.keys[code]),
-                    "samples": samples,
-                    "tokens": int(row["tokens"]),
-                    "trainable_tokens": trainable,
-                    "changed_samples": int(row["changed_samples"]),
-                    "changed_share": ratio(row["changed_samples"], samples),
-                    "fully_masked_samples": int(row["fully_masked_samples"]),
-                    "masked_tail_samples": tail,
-                    "mean_terminal_credit": row["credit_sum"] / tail if tail and self.baseline is not None else None,
-                    "mean_abs_delta_advantage": row["sum_abs"] / trainable if trainable else 0.0,
-                    "max_abs_delta_advantage": float(self.max_abs[code]),
-                    "mean_abs_delta_return": (
-                        (row["sum_abs_return"] / trainable if trainable else 0.0) if self.returns_compared else None
-                    ),
-                    "max_abs_delta_return": float(self.max_abs_return[code]) if self.returns_compared else None,
-                    "sign_flip_share": ratio(row["sign_flips"], trainable),
-                    "correlation": correlation(trainable, [row[name] for name in PRODUCT_SUMS]),
-                }
+    # ------------------------------------------------------------------------- results
+
+    def hardest(self, count: int = HARDEST_GROUPS) -> np.ndarray:
+        """The codes of the ``count`` groups with the largest max |Δ advantage|, largest
+        first (a NaN maximum counts as the largest); ties in first-seen order (input file
+        order, then row). Linear in the number of groups (a partition, not a sort)."""
+        ranks = self.maxima[: self.size, 0]
+        ranks = np.where(np.isnan(ranks), np.inf, ranks)
+        candidates = np.arange(self.size)
+        if self.size > count:
+            if count == 0:
+                return candidates[:0]
+            threshold = ranks[np.argpartition(ranks, self.size - count)[self.size - count]]
+            candidates = np.flatnonzero(ranks >= threshold)  # every tie at the cut
+        order = np.lexsort((candidates, -ranks[candidates]))
+        return candidates[order][:count]
+
+    def figures(self, codes: np.ndarray) -> dict[str, pa.Array]:
+        """The :data:`GROUP_FIGURES` of groups ``codes``, as Arrow arrays (null where a
+        figure is undefined, as docs/diff.md says)."""
+        sums = self.sums[codes]
+        maxima = self.maxima[codes]
+
+        def total(name: str) -> np.ndarray:
+            return sums[:, _SUM[name]]
+
+        def share(part: np.ndarray, whole: np.ndarray, defined: np.ndarray) -> pa.Array:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return pa.array(part / np.where(defined, whole, 1.0), pa.float64(), mask=~defined)
+
+        samples, trainable, tails = total("samples"), total("trainable_tokens"), total("masked_tail_samples")
+        with_trainable = trainable > 0
+        compared = np.full(codes.size, self.returns_compared)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean_abs = np.where(with_trainable, total("sum_abs") / np.where(with_trainable, trainable, 1.0), 0.0)
+            mean_abs_return = np.where(
+                with_trainable, total("sum_abs_return") / np.where(with_trainable, trainable, 1.0), 0.0
             )
-        return groups
+        correlation = correlations(trainable, sums[:, _SUM[PRODUCT_SUMS[0]] :])
+        return {
+            "samples": pa.array(samples.astype(np.int64)),
+            "tokens": pa.array(total("tokens").astype(np.int64)),
+            "trainable_tokens": pa.array(trainable.astype(np.int64)),
+            "changed_samples": pa.array(total("changed_samples").astype(np.int64)),
+            "changed_share": share(total("changed_samples"), samples, samples > 0),
+            "fully_masked_samples": pa.array(total("fully_masked_samples").astype(np.int64)),
+            "masked_tail_samples": pa.array(tails.astype(np.int64)),
+            "mean_terminal_credit": share(total("credit_sum"), tails, (tails > 0) & (self.baseline is not None)),
+            "mean_abs_delta_advantage": pa.array(mean_abs, pa.float64()),
+            "max_abs_delta_advantage": pa.array(maxima[:, 0], pa.float64()),
+            "mean_abs_delta_return": pa.array(mean_abs_return, pa.float64(), mask=~compared),
+            "max_abs_delta_return": pa.array(maxima[:, 1], pa.float64(), mask=~compared),
+            "sign_flip_share": share(total("sign_flips"), trainable, with_trainable),
+            "correlation": pa.array(correlation, pa.float64(), mask=np.isnan(correlation)),
+        }
+
+    def entries(self, codes: np.ndarray) -> list[dict]:
+        """The ``groups[]`` entries of the JSON report for groups ``codes``, in that order."""
+        columns = {"key": self.table.keys().take(pa.array(codes, pa.int64())), **self.figures(codes)}
+        listed = {name: column.to_pylist() for name, column in columns.items()}
+        listed["key"] = [json_value(key) for key in listed["key"]]
+        return [dict(zip(listed, values, strict=True)) for values in zip(*listed.values(), strict=True)]
+
+    def keys(self, key_type: Optional[pa.DataType] = None) -> pa.Array:
+        """Every group's key in code order, as ``key_type`` (the group column's type in the
+        first input) when given: keys of another file's type that do not fit it are a
+        :class:`GAEUsageError`."""
+        keys = self.table.keys()
+        if key_type is None or keys.type == key_type:
+            return keys
+        try:
+            return keys.cast(key_type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            raise GAEUsageError(f"group keys of type {self.table.key_type} cannot be written as {key_type}") from error
+
+    def batches(
+        self, comparison: str, key_type: Optional[pa.DataType] = None, groups_per_batch: int = GROUPS_PER_BATCH
+    ) -> Iterator[pa.RecordBatch]:
+        """Every group as rows of record batches of :func:`groups_schema` (``key``,
+        ``comparison``, then the :data:`GROUP_FIGURES`), in key order (ascending, nulls
+        last); ``key_type`` as :meth:`keys`. Memory beyond the state: the keys, their sort
+        order and one batch of figures."""
+        keys = self.keys(key_type)
+        order = pc.array_sort_indices(keys, order="ascending", null_placement="at_end").to_numpy()
+        schema = groups_schema(keys.type)
+        for start in range(0, order.size, groups_per_batch):
+            codes = order[start : start + groups_per_batch]
+            columns = {
+                "key": keys.take(pa.array(codes, pa.int64())),
+                "comparison": pa.array([comparison] * codes.size, pa.string()),
+                **self.figures(codes),
+            }
+            yield pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+
+
+def group_key_type(schema: pa.Schema, column: Optional[str]) -> Optional[pa.DataType]:
+    """The type of the group column ``column`` in ``schema`` (a dictionary's value type);
+    None without a column."""
+    if column is None:
+        return None
+    arrow_type = schema.field(column).type
+    return arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+
+
+def groups_schema(key_type: pa.DataType) -> pa.Schema:
+    """The ``--groups-out`` file's schema: ``key`` (the group column's type), ``comparison``
+    (the old side's name), then the :data:`GROUP_FIGURES`."""
+    figures = (pa.field(name, arrow_type) for name, arrow_type in GROUP_FIGURES)
+    return pa.schema([pa.field("key", key_type), pa.field("comparison", pa.string()), *figures])

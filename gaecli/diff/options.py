@@ -29,6 +29,8 @@ class DiffOptions:
     given), or with ``against`` the stored column (and ``against_returns`` the stored
     returns); two kinds together are refused. ``normalize`` / ``normalize_by`` whiten new
     and every old side the same way, each with its own statistics.
+    ``groups_out``: a Parquet file to write every ``group_by`` group's figures to (every
+    comparison's, with a ``comparison`` column).
     ``report_paths``: files the caller will write reports to, paths or (role, path) pairs
     (refused when one is an input or another output). ``variants``: the GAE variants of
     the new side only (docs/variants.md); the old side stays the baseline or the stored column.
@@ -52,6 +54,7 @@ class DiffOptions:
     columns: Columns = field(default_factory=Columns)
     per_sample: Optional[str] = None
     variants: VariantOptions = field(default_factory=VariantOptions)
+    groups_out: Optional[str] = None
     report_paths: tuple = ()
     scatter_sample: int = SCATTER_SAMPLE
 
@@ -70,6 +73,8 @@ class DiffOptions:
                 f"{' and '.join(given)} each choose the old advantages (--baseline: recomputed under trainer "
                 f"profiles, --against: stored in a column): give one of them"
             )
+        if self.groups_out is not None and self.group_by is None:
+            raise InvalidOptionError("--groups-out needs --group-by (the column whose groups it lists)")
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
         self.sides  # noqa: B018 - the baseline list checked (unknown names, duplicates)

@@ -78,7 +78,10 @@ def _comparison_batch(
 ) -> pa.RecordBatch:
     """One comparison's rows of a batch (one row per sample)."""
     count = rows.lengths.size
-    arrays = [pa.array([file] * count, pa.string()), pa.array(np.arange(first_row, first_row + count), pa.int64())]
+    arrays = [
+        pa.repeat(pa.scalar(file, pa.string()), count),
+        pa.array(np.arange(first_row, first_row + count), pa.int64()),
+    ]
     for name, column in (("id", ids), ("group", groups)):
         if name in schema.names:
             arrow_type = schema.field(name).type

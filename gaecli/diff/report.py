@@ -25,7 +25,8 @@ class ComparisonResult:
 
     side: ComparisonSide
     summary: dict
-    groups: Optional[list[dict]]
+    groups: Optional[list[dict]]  # the groups hit hardest (GroupedFigures.hardest), largest first
+    group_count: Optional[int]  # groups in all (None without --group-by)
     top: list[TopSample]
     histogram: SignedLogHistogram
     scatter: tuple[np.ndarray, np.ndarray]
@@ -68,6 +69,10 @@ class DiffReport:
         return self.first.groups
 
     @property
+    def group_count(self) -> Optional[int]:
+        return self.first.group_count
+
+    @property
     def top(self) -> list[TopSample]:
         return self.first.top
 
@@ -104,6 +109,8 @@ class DiffReport:
             "summary": first["summary"],
             "top_samples": first["top_samples"],
             "groups": first["groups"],
+            "group_count": self.first.group_count,
+            "groups_out": options.groups_out,
             "comparisons": comparisons,
             "per_sample": options.per_sample,
         }

@@ -10,9 +10,10 @@ from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gaecli.comparison.figures import DiffAccumulator, RowFigures
-from gaecli.comparison.groups import GroupedFigures
+from gaecli.comparison.groups import GroupedFigures, group_key_type, groups_schema
 from gaecli.comparison.sides import ComparisonSide
 from gaecli.comparison.token_sample import TokenSample
 from gaecli.comparison.top_samples import TopSample, TopSamples, finite_or_none
@@ -29,7 +30,7 @@ from gaecli.pipeline import (
     check_file,
     check_scalar_column,
     computed_batches,
-    engine_side_moments,
+    engine_file_side_moments,
     whiten_rows,
 )
 from gaecli.progress import NoProgress, Progress
@@ -140,18 +141,20 @@ def diff_unit(
     kernel: str,
     moments: Optional[tuple[GroupedMoments, tuple[GroupedMoments, ...]]] = None,
     per_sample: Optional[pa.Schema] = None,
+    footer: Optional[pq.FileMetaData] = None,
     progress: Optional[Progress] = None,
 ) -> FilePart:
     """Diff one file (the work unit of every engine; file ``index`` in the input order,
     which keys its top samples and token sample): each batch read and its new side computed
     once, then compared with every old side. ``moments``: the merged ``--normalize``
-    statistics (new, one per old side); ``per_sample``: the ``--per-sample`` schema, when
-    one is written. ``progress`` (optional) is advanced per batch."""
+    statistics (new, one per old side) of the file's groups; ``per_sample``: the
+    ``--per-sample`` schema, when one is written. ``progress`` (optional) is advanced per
+    batch. ``footer``: the file's footer when read already (it is then not read again)."""
     computation = computation_of(options, kernel)
     part = FilePart.empty(path, options)
     if per_sample is not None:
         part.per_sample = []
-    rollout = RolloutFile(path)
+    rollout = RolloutFile(path, footer)
     try:
         _check_file(rollout.schema, path, options, computation)
         for computed in computed_batches(rollout, computation, _read_columns(rollout.schema, options)):
@@ -245,35 +248,47 @@ def _raise_first_failure(results: list) -> None:
 
 
 def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: EngineOptions) -> DiffReport:
-    """The diff over ``paths``: every file checked here first, the ``--normalize``
-    statistics pass, then one :func:`diff_unit` per file on ``engine``, merged in input
-    order (so the report is the same for any engine and worker count)."""
+    """The diff over ``paths``: every file's footer read once and checked here first, the
+    ``--normalize`` statistics pass, then one :func:`diff_unit` per file on ``engine``,
+    merged in input order (so the report is the same for any engine and worker count)."""
     from gaecli.advantages.kernels import resolve_kernel
     from gaecli.io.writer import AtomicParquetWriter
 
     kernel = resolve_kernel(options.kernel, options.device, options.new_spec)
     computation = computation_of(options, kernel)
     files = [str(path) for path in paths]
-    total_rows, schema = 0, None
+    footers, schema, key_type = [], None, None
     for file in files:
-        rollout = RolloutFile(file)
+        rollout = RolloutFile(file)  # the one read of the file's footer: the passes reuse it
         try:
             _check_file(rollout.schema, file, options, computation)
-            total_rows += rollout.num_rows
+            footers.append(rollout.parquet.metadata)
             if file == files[0]:
                 schema = per_sample_schema(rollout.schema, options) if options.per_sample is not None else None
+                key_type = group_key_type(rollout.schema, options.group_by)
         finally:
             rollout.close()
+    total_rows = sum(footer.num_rows for footer in footers)
     engine = engine.for_inputs(total_size(files))
-    writer = AtomicParquetWriter(to_path(options.per_sample), schema) if schema is not None else None
+    writers = []  # opened before any work, committed together after the last file
     try:
+        per_sample_writer = groups_writer = None
+        if schema is not None:
+            per_sample_writer = AtomicParquetWriter(to_path(options.per_sample), schema)
+            writers.append(per_sample_writer)
+        if options.groups_out is not None:
+            groups_writer = AtomicParquetWriter(to_path(options.groups_out), groups_schema(key_type))
+            writers.append(groups_writer)
         with EngineSession() as session:  # one pool (or Ray) for both passes
-            moments = None
-            if options.whitening:
-                moments = engine_side_moments(files, computation, engine, progress, total_rows, session)
+            moments = [None] * len(files)
+            if options.whitening:  # each unit gets the statistics of its file's groups only
+                moments = engine_file_side_moments(files, computation, engine, progress, total_rows, session, footers)
             progress.start("diff", total_rows)
             try:
-                units = [(index, file, options, kernel, moments, schema) for index, file in enumerate(files)]
+                units = [
+                    (index, file, options, kernel, file_moments, schema, footer)
+                    for index, (file, file_moments, footer) in enumerate(zip(files, moments, footers))
+                ]
                 results = map_units(
                     diff_unit, units, files, engine, stop_on_failure=True, progress=progress, session=session
                 )
@@ -284,14 +299,23 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
         merged = FilePart.empty("", options)
         for part in results:
             merged.merge(part)
-        if writer is not None:
+            for comparison in part.comparisons:
+                comparison.groups = None  # merged: the part's group arrays are not needed again
+        if per_sample_writer is not None:
             for part in results:
                 for batch in part.per_sample:
-                    writer.write(batch)
+                    per_sample_writer.write(batch)
                 part.per_sample = None
+        if groups_writer is not None:
+            for comparison in merged.comparisons:
+                for batch in comparison.groups.batches(comparison.side.name, key_type):
+                    groups_writer.write(batch)
+        for writer in writers:
+            writer.close()
+        for writer in writers:
             writer.commit()
     except BaseException:
-        if writer is not None:
+        for writer in reversed(writers):
             writer.abort()
         raise
     return DiffReport(
@@ -302,7 +326,8 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
             ComparisonResult(
                 side=comparison.side,
                 summary=comparison.accumulator.figures(),
-                groups=comparison.groups.result() if comparison.groups is not None else None,
+                groups=None if comparison.groups is None else comparison.groups.entries(comparison.groups.hardest()),
+                group_count=None if comparison.groups is None else comparison.groups.size,
                 top=comparison.top.entries,
                 histogram=comparison.accumulator.histogram,
                 scatter=comparison.sample.points(),
@@ -326,10 +351,17 @@ def _input_files(inputs: list[str | Path]) -> list[Path]:
 
 
 def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
-    """The report paths and ``--per-sample`` through the one rule of
+    """The report paths, ``--per-sample`` and ``--groups-out`` through the one rule of
     :func:`gaecli.io.paths.check_writes` (none may be an input or another report; no
     directory; a report's directory must exist) — before any work is done."""
-    check_writes(paths, [*report_writes(options.report_paths), ("per-sample file", options.per_sample)])
+    check_writes(
+        paths,
+        [
+            *report_writes(options.report_paths),
+            ("per-sample file", options.per_sample),
+            ("groups file", options.groups_out),
+        ],
+    )
 
 
 def diff_files(

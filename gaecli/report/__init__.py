@@ -14,8 +14,6 @@ import pyarrow as pa
 from gaecli.errors import GAEUsageError
 from gaecli.io.filesystem import write_whole
 
-TERMINAL_GROUPS = 20
-
 
 def number(value) -> str:
     """A figure for a person: integers with separators, floats with 4 significant digits,
@@ -228,8 +226,8 @@ def top_table(document: dict, comparison: Optional[dict] = None) -> tuple[list[s
 
 
 def group_table(document: dict, comparison: Optional[dict] = None) -> tuple[list[str], list[list[str]]]:
-    """Headers and rows of the per-group table of ``comparison`` (default: the first; empty
-    without --group-by)."""
+    """Headers and rows of the per-group table of ``comparison`` (default: the first): its
+    groups hit hardest, largest max |Δ advantage| first; empty without --group-by."""
     comparison = comparison or comparisons(document)[0]
     headers = [
         document["group_by"] or "group",
@@ -260,6 +258,19 @@ def group_table(document: dict, comparison: Optional[dict] = None) -> tuple[list
             ]
         )
     return headers, rows
+
+
+def groups_note(document: dict) -> str:
+    """What the groups table lists: the groups hit hardest, of how many, and where every
+    group's figures are (the ``--groups-out`` file)."""
+    shown, total = len(document["groups"] or []), document["group_count"] or 0
+    listed = f"All {total:,} groups" if shown == total else f"The {shown:,} of {total:,} groups"
+    where = (
+        f"every group's figures are in {document['groups_out']}"
+        if document["groups_out"] is not None
+        else "--groups-out PATH writes every group's figures"
+    )
+    return f"{listed}, largest max |Δ advantage| first; {where}."
 
 
 def quantile_note(document: dict) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 
 from gaecli.errors import GAEUsageError
-from gaecli.report import comparison_title, group_table, headline, quantile_note, summary_table, top_table
+from gaecli.report import comparison_title, group_table, groups_note, headline, quantile_note, summary_table, top_table
 
 if TYPE_CHECKING:
     from gaecli.diff.report import ComparisonResult, DiffReport
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 INSTALL_HINT = "pip install 'gaecli[plot]'"
 SCATTER_POINTS = 5_000
 TRACES = 10
-GROUP_BARS = 100
 DPI = 100
 NEW_COLOR, OLD_COLOR, MASK_COLOR = "#1f77b4", "#d62728", "#bbbbbb"
 
@@ -122,8 +121,8 @@ def scatter_plot(report: "DiffReport | ComparisonResult") -> str:
 
 
 def group_plot(document: dict, comparison: Optional[dict] = None) -> str:
-    """Mean |Δ advantage| and the share of changed samples per group of ``comparison``
-    (default: the first), in key order (bars; a line beyond GROUP_BARS groups)."""
+    """Mean |Δ advantage| and the share of changed samples of the groups hit hardest of
+    ``comparison`` (default: the first; largest max |Δ advantage| first), as bars."""
     groups = (comparison or document)["groups"]
     keys = [str(group["key"]) for group in groups]
     mean_delta = [group["mean_abs_delta_advantage"] for group in groups]
@@ -131,14 +130,9 @@ def group_plot(document: dict, comparison: Optional[dict] = None) -> str:
     figure = _figure(10, 4.2)
     top, bottom = figure.subplots(2, 1, sharex=True)
     positions = np.arange(len(groups))
-    if len(groups) <= GROUP_BARS:
-        top.bar(positions, mean_delta, color=NEW_COLOR)
-        bottom.bar(positions, changed, color=OLD_COLOR)
-        bottom.set_xticks(positions, keys, rotation=90 if len(groups) > 12 else 0, fontsize=8)
-    else:
-        top.plot(positions, mean_delta, color=NEW_COLOR)
-        bottom.plot(positions, changed, color=OLD_COLOR)
-        bottom.set_xlabel(f"{len(groups):,} groups in key order")
+    top.bar(positions, mean_delta, color=NEW_COLOR)
+    bottom.bar(positions, changed, color=OLD_COLOR)
+    bottom.set_xticks(positions, keys, rotation=90 if len(groups) > 12 else 0, fontsize=8)
     top.set_ylabel("mean |Δ advantage|")
     bottom.set_ylabel("samples changed (%)")
     top.set_title(f"by {document['group_by']}", fontsize=10)
@@ -208,6 +202,7 @@ def _comparison_parts(document: dict, result: "ComparisonResult", comparison: di
             f"<h2>By {html.escape(document['group_by'])}{html.escape(title)}</h2>",
             group_plot(document, comparison),
             _table(headers, rows, {0}),
+            f'<p class="note">{html.escape(groups_note(document))}</p>',
         ]
     headers, rows = top_table(document, comparison)
     parts.append(f"<h2>Top samples by max |Δ advantage|{html.escape(title)}</h2>")

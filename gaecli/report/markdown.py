@@ -3,9 +3,16 @@ request or an issue."""
 
 from __future__ import annotations
 
-from gaecli.report import comparison_title, comparisons, group_table, headline, quantile_note, summary_table, top_table
-
-MARKDOWN_GROUPS = 200
+from gaecli.report import (
+    comparison_title,
+    comparisons,
+    group_table,
+    groups_note,
+    headline,
+    quantile_note,
+    summary_table,
+    top_table,
+)
 
 
 def cell(text: str) -> str:
@@ -22,8 +29,8 @@ def table(headers: list[str], rows: list[list[str]], align_right: set[int] = fro
 
 def render_markdown(document: dict) -> str:
     """The whole report: headline, the summary (one column per comparison), then per
-    comparison its top samples and groups (at most ``MARKDOWN_GROUPS``), and how the
-    quantiles were computed."""
+    comparison its top samples and the groups hit hardest, and how the quantiles were
+    computed."""
     lines = ["# gae diff", "", headline(document), ""]
     lines += ["## Summary (trainable tokens only)", ""]
     headers, rows = summary_table(document)
@@ -39,9 +46,8 @@ def render_markdown(document: dict) -> str:
         headers, rows = group_table(document, comparison)
         if comparison["groups"] is not None:
             lines += ["", f"## By `{document['group_by']}`{title}", ""]
-            lines += table(headers, rows[:MARKDOWN_GROUPS], set(range(1, len(headers))))
-            if len(rows) > MARKDOWN_GROUPS:
-                lines += ["", f"{len(rows) - MARKDOWN_GROUPS:,} more groups in the JSON report."]
+            lines += table(headers, rows, set(range(1, len(headers))))
+            lines += ["", groups_note(document)]
     files = ", ".join(f"`{f['file']}`" for f in document["files"])
     lines += ["", f"Files: {files}. {quantile_note(document)} gaecli {document['version']}.", ""]
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gaecli.report import TERMINAL_GROUPS, comparison_title, comparisons, headline, number, percent, summary_table
+from gaecli.report import comparison_title, comparisons, groups_note, headline, number, percent, summary_table
 
 
 def sample_label(entry: dict) -> str:
@@ -20,7 +20,7 @@ def sample_label(entry: dict) -> str:
 
 def render_diff(document: dict, console: Console) -> None:
     """Headline, summary table (one column per comparison), then per comparison its top
-    samples and at most ``TERMINAL_GROUPS`` groups."""
+    samples and the groups hit hardest."""
     console.print(f"[bold]gae diff[/]: {escape(headline(document))}", soft_wrap=True)
     headers, rows = summary_table(document)
     summary = Table(show_header=len(headers) > 2, title="over trainable tokens", title_justify="left")
@@ -58,7 +58,7 @@ def _render_comparison(document: dict, comparison: dict, console: Console) -> No
         table = Table(title=f"by {escape(document['group_by'])}{title}", title_justify="left")
         for header in ("key", "samples", "changed", "tails", "credit", "mean |Δ|", "max |Δ|", "corr"):
             table.add_column(header, justify="left" if header == "key" else "right")
-        for group in comparison["groups"][:TERMINAL_GROUPS]:
+        for group in comparison["groups"]:
             table.add_row(
                 escape(str(group["key"])),
                 f"{group['samples']:,}",
@@ -70,6 +70,4 @@ def _render_comparison(document: dict, comparison: dict, console: Console) -> No
                 number(group["correlation"]),
             )
         console.print(table)
-        if len(comparison["groups"]) > TERMINAL_GROUPS:
-            more = len(comparison["groups"]) - TERMINAL_GROUPS
-            console.print(f"[dim]… and {more:,} more groups (see --json, --markdown or --html)[/]")
+        console.print(f"[dim]{escape(groups_note(document))}[/]", soft_wrap=True)

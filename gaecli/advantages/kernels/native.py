@@ -15,7 +15,8 @@ to float32).
 Speed. A sample's backward pass is a chain of dependent float64 multiply-adds; a core that
 runs one sample at a time waits on that chain. Each thread therefore runs ``LANES`` samples
 side by side ("lanes") in one loop, and the core overlaps their independent chains. Samples
-are split into one token-balanced group per thread; inside a group the longest samples go
+are split into one token-balanced group per thread (a batch under ``SERIAL_TOKENS`` tokens is
+one group, on the calling thread); inside a group the longest samples go
 first and a lane takes the next sample as soon as its own ends, so only the last few
 samples of a group run alone. Which lane, group or thread computes a sample changes nothing
 in its arithmetic.
@@ -43,6 +44,11 @@ PAGE_BYTES = 4096
 LANE_SEPARATION_BYTES = 512
 # The rows of the kernel's ``addresses`` [5, B]: where each sample's buffers start.
 VALUES, REWARDS, MASK, ADVANTAGES, RETURNS = range(5)
+# Below this many tokens a batch runs on the calling thread: starting the thread pool's
+# parallel region costs more than it saves (tens of microseconds idle, milliseconds on a
+# busy machine or with a worker process per core), and many-short-rows files are made of
+# such batches.
+SERIAL_TOKENS = 1 << 15
 
 
 def _step(values, rewards, loss_mask, advantages, returns, t, gamma, decay, carry, next_value, terminal, screen):
@@ -231,6 +237,26 @@ def _masked_gae_batch(
         )
 
 
+def _masked_gae_serial(
+    addresses, lengths, terminal_rewards, gamma, lambd, order, group_bounds, screens, value_kind, mask_kind
+):
+    """:func:`_masked_gae_batch` on the calling thread. A function of its own, not the same
+    function compiled without ``parallel``: numba's cache keys compiled code by function and
+    signature, so the two would load each other's machine code."""
+    decay = gamma * lambd
+    for group in range(group_bounds.shape[0] - 1):
+        screens[group] = _run_group(
+            addresses,
+            lengths,
+            terminal_rewards,
+            gamma,
+            decay,
+            order[group_bounds[group] : group_bounds[group + 1]],
+            value_kind,
+            mask_kind,
+        )
+
+
 def _plan_groups(offsets: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
     """Split the samples into ``groups`` groups of about equal token counts: group ``g``
     holds the samples whose first position lies in ``[g, g + 1) * N / groups``, longest
@@ -255,8 +281,9 @@ if AVAILABLE:
     _too_close = numba.njit(nogil=True)(_too_close)
     _run_group = numba.njit(nogil=True)(_run_group)
     _compiled = numba.njit(parallel=True, cache=True, nogil=True)(_masked_gae_batch)
+    _compiled_serial = numba.njit(cache=True, nogil=True)(_masked_gae_serial)
 else:  # pragma: no cover
-    _compiled = None
+    _compiled = _compiled_serial = None
 
 
 def native_gae_samples(
@@ -283,10 +310,11 @@ def native_gae_samples(
     batch = offsets.size - 1
     if batch <= 0:
         return True
-    groups = max(1, min(numba.get_num_threads(), batch))
+    serial = int(offsets[-1] - offsets[0]) < SERIAL_TOKENS or numba.get_num_threads() == 1
+    groups = 1 if serial else max(1, min(numba.get_num_threads(), batch))
     order, group_bounds = _plan_groups(offsets, groups)
     screens = np.zeros(groups, dtype=np.float64)
-    _compiled(
+    (_compiled_serial if serial else _compiled)(
         addresses,
         np.diff(offsets),
         terminal_rewards,
