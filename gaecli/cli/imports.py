@@ -9,6 +9,7 @@ import typer
 from gaecli.cli.common import (
     EXIT_CODES_HELP,
     DebugOption,
+    GaeTyper,
     JsonOption,
     QuietOption,
     app,
@@ -19,7 +20,7 @@ from gaecli.cli.common import (
 )
 from gaecli.cli.progress import make_progress
 
-import_app = typer.Typer(
+import_app = GaeTyper(
     help="Import trainers' dumps into the rollout Parquet format.",
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -30,7 +31,9 @@ app.add_typer(
 )
 
 
-ImportOutputOption = Annotated[str, typer.Option("--output", "-o", help="The Parquet file (path or URI) to write.")]
+ImportOutputOption = Annotated[
+    str, typer.Option("--output", "-o", metavar="PATH", help="The Parquet file (path or URI) to write.")
+]
 ImportOverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output file.")]
 
 

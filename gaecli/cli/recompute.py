@@ -38,7 +38,9 @@ def recompute(
     inputs: Annotated[
         list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")
     ],
-    output: Annotated[str, typer.Option("--output", "-o", help="Output file (one input file) or directory.")],
+    output: Annotated[
+        str, typer.Option("--output", "-o", metavar="PATH", help="Output file (one input file) or directory.")
+    ],
     gamma: Annotated[float, typer.Option(help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
     lambd: Annotated[float, typer.Option(help="GAE λ in [0, 1].")],
     kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",

@@ -14,6 +14,7 @@ from gaecli.io.format import Columns
 from gaecli.io.reader import DEFAULT_BATCH_ROWS
 from gaecli.options import check_choice, check_count, check_number
 from gaecli.pipeline import (
+    ON_INVALID_MODES,
     check_device,
     normalize_label,
 )
@@ -66,7 +67,7 @@ class RecomputeOptions:
         check_number("--tol", self.tolerance, 0.0)
         if len(expand_baselines(self.baseline, "baseline")) != 1:
             raise InvalidOptionError(f"baseline: {self.baseline!r} names several baselines; recompute takes one")
-        check_choice("--on-invalid", self.on_invalid, ("stop", "skip"), "mode")
+        check_choice("--on-invalid", self.on_invalid, ON_INVALID_MODES, "mode")
         check_device(self.device)
         resolve_kernel(self.kernel, self.device)
         if self.skip_existing and self.overwrite:
