@@ -30,7 +30,7 @@ from gaecli.cli.common import (
     stderr_console,
     write_json,
 )
-from gaecli.cli.progress import make_progress
+from gaecli.cli.progress import make_progress, print_closing
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -89,6 +89,7 @@ def recompute(
     debug: DebugOption = False,
 ) -> None:
     """Recompute advantages and returns with masked GAE; write the files back with them added."""
+    progress = make_progress(quiet)
     with errors_to_exit(debug):
         from gaecli.recompute import RecomputeOptions, recompute_files
         from gaecli.report.recompute import render_recompute
@@ -121,9 +122,9 @@ def recompute(
             skip_existing=skip_existing,
             report_paths=reports(JSON=json_path),
         )
-        report = recompute_files(
-            inputs, output, options, make_progress(quiet), make_engine(engine, workers, ray_address)
-        ).to_dict()
+        report = recompute_files(inputs, output, options, progress, make_engine(engine, workers, ray_address)).to_dict()
     write_json(report, json_path)
     if not quiet:
-        render_recompute(report, stderr_console())
+        console = stderr_console()
+        render_recompute(report, console)
+        print_closing(progress, console)

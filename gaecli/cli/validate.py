@@ -31,7 +31,7 @@ from gaecli.cli.common import (
     stderr_console,
     write_json,
 )
-from gaecli.cli.progress import make_progress
+from gaecli.cli.progress import make_progress, print_closing
 
 
 @app.command(
@@ -87,6 +87,7 @@ def validate(
         return
     if not inputs:
         fail("give at least one INPUT (or --list-rules)", EXIT_USAGE)
+    progress = make_progress(quiet)
     with errors_to_exit(debug):
         id_columns = [name.strip() for name in id_col.split(",")] if id_col is not None else None
         columns = make_columns(
@@ -105,12 +106,14 @@ def validate(
             id_columns=id_columns,
             max_findings=max_findings,
             batch_rows=batch_rows,
-            progress=make_progress(quiet),
+            progress=progress,
             engine=make_engine(engine, workers, ray_address),
             report_paths=reports(JSON=json_path),
         )
     document = report.to_dict()
     write_json(document, json_path)
     if not quiet:
-        render_validate(document, stderr_console(), strict=strict)
+        console = stderr_console()
+        render_validate(document, console, strict=strict)
+        print_closing(progress, console)
     raise typer.Exit(report.exit_code(strict))
