@@ -45,8 +45,15 @@ def validate(
     ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Fail (exit 1) on warnings too.")] = False,
     max_findings: Annotated[
-        int, typer.Option("--max-findings", metavar="N", help="List at most N findings; the counts stay exact.")
-    ] = 1000,
+        Optional[int],
+        typer.Option(
+            "--max-findings",
+            metavar="N",
+            show_default=False,
+            help="List at most N findings in the JSON (default 1000) and N per rule on the terminal (default 3); "
+            "the counts stay exact.",
+        ),
+    ] = None,
     id_col: Annotated[
         Optional[str],
         typer.Option(
@@ -76,7 +83,7 @@ def validate(
 ) -> None:
     """Check rollout files for the faults that make GAE silently wrong; findings grouped by rule on stderr."""
     from gaecli.report.validate import render_rules, render_validate
-    from gaecli.validate import rules_document, validate_files
+    from gaecli.validate import DEFAULT_MAX_FINDINGS, rules_document, validate_files
 
     if list_rules:
         write_json(rules_document(), json_path)
@@ -104,7 +111,7 @@ def validate(
             inputs,
             columns,
             id_columns=id_columns,
-            max_findings=max_findings,
+            max_findings=DEFAULT_MAX_FINDINGS if max_findings is None else max_findings,
             batch_rows=batch_rows,
             progress=progress,
             engine=make_engine(engine, workers, ray_address),
@@ -114,6 +121,6 @@ def validate(
     write_json(document, json_path)
     if not quiet:
         console = stderr_console()
-        render_validate(document, console, strict=strict)
+        render_validate(document, console, strict=strict, rows_per_rule=max_findings)
         print_closing(progress, console)
     raise typer.Exit(report.exit_code(strict))

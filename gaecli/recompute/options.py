@@ -87,9 +87,9 @@ class RecomputeOptions:
 
 @dataclass
 class FileOutcome:
-    """What became of one input file."""
+    """What became of one input file (``file``: the input, named so in every command's JSON)."""
 
-    source: str
+    file: str
     output: str
     rows: int = 0
     tokens: int = 0
