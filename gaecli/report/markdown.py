@@ -3,7 +3,7 @@ request or an issue."""
 
 from __future__ import annotations
 
-from gaecli.report import group_table, headline, quantile_note, summary_rows, top_table
+from gaecli.report import group_table, headline, nesting, quantile_note, summary_rows, top_table, verdict
 
 MARKDOWN_GROUPS = 200
 
@@ -20,12 +20,22 @@ def table(headers: list[str], rows: list[list[str]], align_right: set[int] = fro
     return lines
 
 
+SUB_ROW_MARK = "↳ "
+"""What starts the label of a row that details the row above (Markdown drops leading spaces)."""
+
+
+def nested_label(label: str) -> str:
+    """A table label with its level (:func:`gaecli.report.nesting`) shown: ``↳ ÷ σ …``."""
+    level, text = nesting(label)
+    return "  " * max(level - 1, 0) + SUB_ROW_MARK * min(level, 1) + text
+
+
 def render_markdown(document: dict) -> str:
     """The whole report: headline, summary, top samples, groups (at most
     ``MARKDOWN_GROUPS``), and how the quantiles were computed."""
-    lines = ["# gae diff", "", headline(document), ""]
+    lines = ["# gae diff", "", f"**{verdict(document)}**", "", headline(document), ""]
     lines += ["## Summary (trainable tokens only)", ""]
-    lines += table(["figure", "value"], [list(row) for row in summary_rows(document)], {1})
+    lines += table(["figure", "value"], [[nested_label(label), value] for label, value in summary_rows(document)], {1})
     headers, rows = top_table(document)
     lines += ["", "## Top samples by max |Δ advantage|", ""]
     if rows:
