@@ -144,3 +144,21 @@ def test_flags_show_no_type_and_values_a_readable_metavar():
     assert rows["--output"][1:3] == ["-o", "PATH"]
     assert rows["--on-invalid"][1] == "stop|skip"
     assert rows["--kernel"][1] == "NAME"
+
+
+GROUP_TEXTS = {
+    "gae": [app.info.help, "Show the version and exit."],
+    "gae import": [info.help for info in app.registered_groups if info.name == "import"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(GROUP_TEXTS))
+def test_group_help_shows_every_word_and_no_type_metavars(name):
+    text = render_help(name.split()[1:])
+    words = set(text.translate(BOX).split())
+    assert all(GROUP_TEXTS[name])
+    for source in GROUP_TEXTS[name]:
+        missing = [word for word in source.split() if word not in words]
+        assert missing == [], f"{source!r} loses {missing}"
+    assert re.search(r"<[a-z][a-z_\[\]| ]*>", text) is None and "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
