@@ -198,3 +198,14 @@ def test_import_closes_with_the_time(tmp_path):
     result = cli("import", "nemo-rl", dump, "-o", tmp_path / "out.parquet")
     assert result.exit_code == 0, result.output
     assert closing_line(result.stderr).startswith("took ") and "tokens/s" in closing_line(result.stderr)
+
+
+def test_the_bar_shows_one_phase_at_a_time():
+    from gaecli.cli.progress import _RichProgress
+
+    progress = _RichProgress()
+    for phase in ("statistics", "recompute"):
+        progress.start(phase, 10)
+        progress.advance(10, 100)
+        progress.finish()
+    assert [task.description for task in progress._bar.tasks] == ["recompute"]

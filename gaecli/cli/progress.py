@@ -68,14 +68,15 @@ class ProgressState:
         with self.lock:
             self.files, self.total_files = done, total
 
-    def status(self) -> str:
+    def status(self, share: bool = True) -> str:
         """``6,912/61,440 rows (11 %) · 3/60 files · elapsed 0:14 · left 1:50 · 494 rows/s · 2.1 M
-        tokens/s`` (``left`` and the rates once a row is done)."""
+        tokens/s`` (``left`` and the rates once a row is done; the share only with ``share``:
+        a bar shows it)."""
         with self.lock:
             elapsed = max(self.clock() - self.phase_started, 0.0)
             rows, total, tokens = self.rows, self.total_rows, self.tokens
             files, total_files = self.files, self.total_files
-        parts = [f"{rows:,}/{total:,} rows" + (f" ({100 * rows // total} %)" if total else "")]
+        parts = [f"{rows:,}/{total:,} rows" + (f" ({100 * rows // total} %)" if total and share else "")]
         if total_files:
             parts.append(f"{files:,}/{total_files:,} files")
         parts.append(f"elapsed {duration(elapsed)}")
@@ -106,11 +107,11 @@ class _RichProgress(ProgressState):
 
         class StatusColumn(ProgressColumn):
             def render(self, task) -> Text:
-                return Text(state.status())
+                return Text(state.status(share=False))
 
         self._bar = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(bar_width=20),
+            BarColumn(bar_width=12),
             StatusColumn(),
             console=stderr_console(),
             transient=True,
@@ -119,6 +120,8 @@ class _RichProgress(ProgressState):
 
     def start(self, phase: str, total_rows: int) -> None:
         super().start(phase, total_rows)
+        if self._task is not None:  # the bar of the phase before
+            self._bar.remove_task(self._task)
         self._bar.start()
         self._task = self._bar.add_task(phase, total=total_rows)
         self._bar.refresh()
