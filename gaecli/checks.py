@@ -132,7 +132,8 @@ RULES: dict[str, Rule] = {
             "fully-masked",
             WARNING,
             "every response token is masked",
-            "the sample trains nothing and its terminal reward is dropped; check the mask builder",
+            "drop the row before training, or fix the mask builder if the response has generated tokens that "
+            "should be trainable (a mask shifted by the prompt length or built from the wrong role)",
         ),
         Rule(
             "masked-tail",

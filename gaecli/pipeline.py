@@ -48,6 +48,13 @@ from gaecli.stop import check_stop
 # ----------------------------------------------------------------------------- checks
 
 
+DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
+"""The torch device types the kernels run on (``cuda:N`` names one GPU)."""
+
+ON_INVALID_MODES: tuple[str, ...] = ("stop", "skip")
+"""What an invalid row does: stop the run, or go to the rejects file while the run goes on."""
+
+
 def check_device(device: str) -> None:
     """Refuse (:class:`InvalidOptionError`) a device that is not cpu or cuda, or CUDA where
     torch cannot use it. ``cpu`` is accepted without importing torch."""
@@ -59,7 +66,7 @@ def check_device(device: str) -> None:
         device_type = torch.device(device).type
     except (RuntimeError, TypeError) as error:
         raise InvalidOptionError(f"unknown device {device!r}; use cpu or cuda") from error
-    if device_type not in ("cpu", "cuda"):
+    if device_type not in DEVICE_TYPES:
         raise InvalidOptionError(f"device {device!r} is not supported; use cpu or cuda")
     if device_type == "cuda" and not torch.cuda.is_available():
         raise InvalidOptionError(f"device {device!r}: CUDA is not available to torch here; use --device cpu")

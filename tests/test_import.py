@@ -167,7 +167,7 @@ def test_summary_json_and_the_rewards_note(tmp_path):
     assert document["rows"] == 4
     assert document["tokens"] == sum(mask.numel() for mask in data["loss_masks"])
     assert document["files"] == [
-        {"source": str(source), "rollout_id": 0, "rank": 0, "rows": 4, "tokens": document["tokens"]}
+        {"file": str(source), "rollout_id": 0, "rank": 0, "rows": 4, "tokens": document["tokens"]}
     ]
     assert document["missing_keys"] == [] and document["ignored_keys"] == ["tokens"]
     assert document["length_mismatch_rows"] == 0

@@ -554,6 +554,6 @@ def test_a_directory_and_its_subdirectory_are_read_once(tmp_path):
     assert result.exit_code == 0, result.output
     assert files_under(out) == ["a.parquet", "sub/b.parquet"]  # the first root (d) is mirrored
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["rows"] == 20 and [f["source"] for f in report["files"]] == [str(s) for s in sources]
+    assert report["rows"] == 20 and [f["file"] for f in report["files"]] == [str(s) for s in sources]
     for source in sources:
         assert_gae_of(pq.read_table(source), pq.read_table(out / source.relative_to(tmp_path / "d")))

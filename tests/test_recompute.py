@@ -934,7 +934,7 @@ def test_json_summary_on_a_hand_made_file(tmp_path):
     assert report["rows"] == 5 and report["rejected_rows"] == 0
     assert report["files"] == [
         {
-            "source": str(source),
+            "file": str(source),
             "output": str(tmp_path / "out.parquet"),
             "rows": 5,
             "tokens": 10,

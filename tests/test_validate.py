@@ -446,3 +446,47 @@ def test_docs_list_every_rule():
     docs = (Path(__file__).resolve().parents[1] / "docs" / "validate.md").read_text()
     for code, rule in RULES.items():
         assert f"`{code}`" in docs and rule.hint in docs, code
+
+
+def _tail_rows_file(tmp_path: Path, tails: int) -> Path:
+    rows = [clean_row(i) for i in range(10)]
+    for index in range(tails):
+        rows[index]["loss_mask"] = [1, 1, 0]
+    return write_rows(tmp_path / "tails.parquet", rows)
+
+
+def _listed_rows(stderr: str) -> list[int]:
+    """The rows of the findings listed under their rule on the terminal."""
+    return [int(line.split(", row ")[1].split(",")[0]) for line in stderr.splitlines() if ", row " in line]
+
+
+@pytest.mark.parametrize(
+    "extra, shown", [((), [0, 1, 2]), (("--max-findings", "5"), [0, 1, 2, 3, 4]), (("--max-findings", "1"), [0])]
+)
+def test_max_findings_bounds_the_rows_shown_per_rule_on_the_terminal(tmp_path, extra, shown):
+    path = _tail_rows_file(tmp_path, 6)
+    result = runner.invoke(app, ["validate", str(path), *extra])
+    assert result.exit_code == 0, result.output
+    assert _listed_rows(result.stderr) == shown
+    assert f"… and {6 - len(shown)} more" in result.stderr
+
+
+def test_the_fully_masked_fix_says_how_to_fix_not_what_is_wrong():
+    rule = RULES["fully-masked"]
+    message = "every token is masked: the sample trains nothing and its terminal reward is dropped"
+    assert rule.hint.split()[0] == "drop"  # an action
+    assert "trains nothing" not in rule.hint and "terminal reward" not in rule.hint and message not in rule.hint
+    assert "mask builder" in rule.hint
+
+
+def test_the_input_is_named_file_in_every_command_json(tmp_path):
+    path = clean_file(tmp_path / "f.parquet")
+    _, validated, _ = validate(path)
+    out = tmp_path / "out.parquet"
+    recomputed = runner.invoke(
+        app, ["recompute", str(path), "-o", str(out), "--gamma", "1", "--lambd", "1", "--json", "-"]
+    )
+    diffed = runner.invoke(app, ["diff", str(path), "--gamma", "1", "--lambd", "1", "--json", "-"])
+    for document in (validated, json.loads(recomputed.stdout), json.loads(diffed.stdout)):
+        assert [entry["file"] for entry in document["files"]] == [str(path)]
+        assert all("source" not in entry for entry in document["files"])

@@ -9,13 +9,154 @@ import sys
 from typing import Annotated, Any, NoReturn, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success · 1 the input data is invalid (rows that break the format) · "
     "2 usage error, unreadable or unwritable file, refused operation."
 )
 
-app = typer.Typer(
+# ----------------------------------------------------------------------------- help
+
+
+def option_choices() -> dict[str, tuple[str, ...]]:
+    """The values of every option that takes one of a closed set, by option name, from the
+    library's constants (imported when a help is shown, not when a command runs). An option
+    of a closed set joins here; its help then lists them."""
+    from gaecli.advantages.contract import BASELINES, MASKED, TIMESTEPS
+    from gaecli.advantages.kernels import AUTO, KERNELS
+    from gaecli.engines import ENGINES
+    from gaecli.kl import KL_ESTIMATORS
+    from gaecli.pipeline import DEVICE_TYPES, ON_INVALID_MODES
+
+    return {
+        "--kernel": (AUTO, *KERNELS),
+        "--device": DEVICE_TYPES,
+        "--on-invalid": ON_INVALID_MODES,
+        "--baseline": (MASKED, *BASELINES),
+        "--timestep": TIMESTEPS,
+        "--kl-estimator": tuple(KL_ESTIMATORS),
+        "--engine": ENGINES,
+    }
+
+
+CHOICES_METAVAR_WIDTH = 10
+"""Choices up to this many characters joined (``stop|skip``) are the option's metavar; longer
+sets show ``NAME`` and list the choices after the help."""
+
+TYPE_METAVARS = {int: "N", float: "NUMBER", str: "TEXT"}
+"""The metavar of an option without one, by the type of its value; a ``…-col`` option's is ``COLUMN``."""
+
+
+def _literal(text: Optional[str]) -> Optional[str]:
+    """``text`` as shown: its square brackets kept literally in rich markup (``gaecli[ray]``),
+    the line breaks within a paragraph of a docstring made spaces (typer keeps them in a
+    command list)."""
+    if text is None:
+        return None
+    import inspect
+
+    from rich.markup import escape
+
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return escape("\n\n".join(" ".join(paragraph.split("\n")) for paragraph in paragraphs))
+
+
+class _ReadableHelp:
+    """What the commands' help shows beyond typer's defaults: help texts literal (no rich
+    markup eats ``[ray]``), readable metavars (``N``, ``COLUMN``, nothing for a flag) instead
+    of ``<int>`` or ``<bool>``, the choices of every option of :func:`option_choices`, and a
+    usage line ``[OPTIONS] INPUT...``."""
+
+    def _literal_texts(self) -> None:
+        for attribute in ("help", "epilog", "short_help"):
+            setattr(self, attribute, _literal(getattr(self, attribute)))
+        for param in self.params:
+            if getattr(param, "help", None):
+                param.help = _literal(param.help)
+
+    def _readable_params(self, ctx) -> None:
+        if getattr(self, "_readable", False):
+            return
+        self._readable = True
+        choices = option_choices()
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                param.display_type_rich = _no_type  # the name column shows the argument's metavar
+                continue
+            long_name = next((name for name in param.opts if name.startswith("--")), None)
+            extra = []
+            if long_name in choices:
+                names = choices[long_name]
+                joined = "|".join(names)
+                param.metavar = joined if len(joined) <= CHOICES_METAVAR_WIDTH else "NAME"
+                if param.metavar == "NAME":
+                    extra.append(f"[choices: {', '.join(names)}]")
+            elif param.metavar is None:
+                value_type = param.type_descriptor.annotation
+                if param.is_flag:
+                    param.metavar = ""
+                elif value_type is str and param.name.endswith("_col"):
+                    param.metavar = "COLUMN"
+                else:
+                    param.metavar = TYPE_METAVARS.get(value_type, "VALUE")
+            number_range = param._get_number_range_help_str()
+            if number_range:
+                extra.append(f"[range: {number_range}]")
+                param._get_number_range_help_str = _no_type
+            if extra:
+                param.help = " ".join([param.help or "", *(_literal(text) for text in extra)]).strip()
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = param.metavar or param.name.upper() + ("..." if param.nargs != 1 else "")
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+    def format_help(self, ctx, formatter) -> None:
+        self._readable_params(ctx)
+        super().format_help(ctx, formatter)
+
+
+def _no_type(*args, **kwargs) -> None:
+    """An argument's type in the help: none shown (its metavar says it)."""
+    return None
+
+
+class GaeCommand(_ReadableHelp, TyperCommand):
+    """A ``gae`` command: typer's, with :class:`_ReadableHelp`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._literal_texts()
+
+
+class GaeGroup(_ReadableHelp, TyperGroup):
+    """A ``gae`` command group: typer's, with :class:`_ReadableHelp`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._literal_texts()
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return TyperGroup.collect_usage_pieces(self, ctx)
+
+
+class GaeTyper(typer.Typer):
+    """A typer app whose commands and groups are :class:`GaeCommand` and :class:`GaeGroup`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("cls", GaeGroup)
+        super().__init__(*args, **kwargs)
+
+    def command(self, *args, **kwargs):
+        kwargs.setdefault("cls", GaeCommand)
+        return super().command(*args, **kwargs)
+
+
+app = GaeTyper(
     name="gae",
     help="Recompute PPO advantages (GAE) from rollout dumps with the masked semantics, "
     "see how far the old ones were off, and validate the dumps.\n\n" + EXIT_CODES_HELP,
@@ -157,7 +298,6 @@ KLEstimatorOption = Annotated[
     str,
     typer.Option(
         "--kl-estimator",
-        metavar="k1|k2|k3|low_var_kl",
         rich_help_panel="KL rewards",
         help="KL estimator of log-ratio x = log_probs − ref_log_probs: k1 = x, k2 = x²/2, k3 = exp(−x) − 1 + x, "
         "low_var_kl = k3 clamped (see docs/format.md).",

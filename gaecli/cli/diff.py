@@ -39,7 +39,7 @@ from gaecli.cli.common import (
     stderr_console,
     write_json,
 )
-from gaecli.cli.progress import make_progress
+from gaecli.cli.progress import make_progress, print_closing
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -150,6 +150,7 @@ def diff(
     or stored advantages, over trainable tokens."""
     if json_path == "-" and markdown == "-":
         fail("--json and --markdown cannot both write to stdout ('-')", EXIT_USAGE)
+    progress = make_progress(quiet)
     with errors_to_exit(debug):
         from gaecli.diff import DiffOptions, diff_files
         from gaecli.report import write_text
@@ -190,7 +191,7 @@ def diff(
             groups_out=groups_out,
             report_paths=reports(JSON=json_path, Markdown=markdown, HTML=html),
         )
-        report = diff_files(inputs, options, make_progress(quiet), make_engine(engine, workers, ray_address))
+        report = diff_files(inputs, options, progress, make_engine(engine, workers, ray_address))
         document = report.to_dict()
         write_json(document, json_path)
         if markdown is not None:
@@ -200,4 +201,6 @@ def diff(
 
             write_text(html, render_html(report))
     if not quiet:
-        render_diff(document, stderr_console())
+        console = stderr_console()
+        render_diff(document, console)
+        print_closing(progress, console)

@@ -9,6 +9,7 @@ import typer
 from gaecli.cli.common import (
     EXIT_CODES_HELP,
     DebugOption,
+    GaeTyper,
     JsonOption,
     QuietOption,
     app,
@@ -17,9 +18,9 @@ from gaecli.cli.common import (
     stderr_console,
     write_json,
 )
-from gaecli.cli.progress import make_progress
+from gaecli.cli.progress import make_progress, print_closing
 
-import_app = typer.Typer(
+import_app = GaeTyper(
     help="Import trainers' dumps into the rollout Parquet format.",
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -30,7 +31,9 @@ app.add_typer(
 )
 
 
-ImportOutputOption = Annotated[str, typer.Option("--output", "-o", help="The Parquet file (path or URI) to write.")]
+ImportOutputOption = Annotated[
+    str, typer.Option("--output", "-o", metavar="PATH", help="The Parquet file (path or URI) to write.")
+]
 ImportOverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output file.")]
 
 
@@ -38,9 +41,10 @@ def _run_import(
     import_function, inputs: list[str], output: str, overwrite: bool, json_path: Optional[str], quiet: bool, debug: bool
 ) -> None:
     """What every ``gae import FORMAT`` does: call the importer, write the JSON, print the summary."""
+    progress = make_progress(quiet)
     with errors_to_exit(debug):
         report = import_function(
-            inputs, output, overwrite=overwrite, progress=make_progress(quiet), report_paths=reports(JSON=json_path)
+            inputs, output, overwrite=overwrite, progress=progress, report_paths=reports(JSON=json_path)
         )
     write_json(report.to_dict(), json_path)
     if not quiet:
@@ -49,6 +53,7 @@ def _run_import(
         console = stderr_console()
         for line in report.summary_lines():
             console.print(escape(line), soft_wrap=True)
+        print_closing(progress, console)
 
 
 def _import_command(name: str, importer: str, metavar: str, inputs_help: str, summary: str) -> None:

@@ -37,7 +37,7 @@ from gaecli.cli.common import (
     stderr_console,
     write_json,
 )
-from gaecli.cli.progress import make_progress
+from gaecli.cli.progress import make_progress, print_closing
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -45,7 +45,9 @@ def recompute(
     inputs: Annotated[
         list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")
     ],
-    output: Annotated[str, typer.Option("--output", "-o", help="Output file (one input file) or directory.")],
+    output: Annotated[
+        str, typer.Option("--output", "-o", metavar="PATH", help="Output file (one input file) or directory.")
+    ],
     gamma: Annotated[float, typer.Option(help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
     lambd: Annotated[float, typer.Option(help="GAE λ in [0, 1].")],
     kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",
@@ -113,6 +115,7 @@ def recompute(
     debug: DebugOption = False,
 ) -> None:
     """Recompute advantages and returns with masked GAE; write the files back with them added."""
+    progress = make_progress(quiet)
     with errors_to_exit(debug):
         from gaecli.recompute import RecomputeOptions, recompute_files
         from gaecli.report.recompute import render_recompute
@@ -147,9 +150,9 @@ def recompute(
             variants=make_variants(timestep, lambd_critic, lambd_alpha, turn_rewards_col, truncated_col, bootstrap_col),
             report_paths=reports(JSON=json_path),
         )
-        report = recompute_files(
-            inputs, output, options, make_progress(quiet), make_engine(engine, workers, ray_address)
-        ).to_dict()
+        report = recompute_files(inputs, output, options, progress, make_engine(engine, workers, ray_address)).to_dict()
     write_json(report, json_path)
     if not quiet:
-        render_recompute(report, stderr_console())
+        console = stderr_console()
+        render_recompute(report, console)
+        print_closing(progress, console)

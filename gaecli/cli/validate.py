@@ -35,7 +35,7 @@ from gaecli.cli.common import (
     stderr_console,
     write_json,
 )
-from gaecli.cli.progress import make_progress
+from gaecli.cli.progress import make_progress, print_closing
 
 
 @app.command(
@@ -49,8 +49,15 @@ def validate(
     ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Fail (exit 1) on warnings too.")] = False,
     max_findings: Annotated[
-        int, typer.Option("--max-findings", metavar="N", help="List at most N findings; the counts stay exact.")
-    ] = 1000,
+        Optional[int],
+        typer.Option(
+            "--max-findings",
+            metavar="N",
+            show_default=False,
+            help="List at most N findings in the JSON (default 1000) and N per rule on the terminal (default 3); "
+            "the counts stay exact.",
+        ),
+    ] = None,
     id_col: Annotated[
         Optional[str],
         typer.Option(
@@ -83,7 +90,7 @@ def validate(
 ) -> None:
     """Check rollout files for the faults that make GAE silently wrong; findings grouped by rule on stderr."""
     from gaecli.report.validate import render_rules, render_validate
-    from gaecli.validate import rules_document, validate_files
+    from gaecli.validate import DEFAULT_MAX_FINDINGS, rules_document, validate_files
 
     if list_rules:
         write_json(rules_document(), json_path)
@@ -94,6 +101,7 @@ def validate(
         return
     if not inputs:
         fail("give at least one INPUT (or --list-rules)", EXIT_USAGE)
+    progress = make_progress(quiet)
     with errors_to_exit(debug):
         id_columns = [name.strip() for name in id_col.split(",")] if id_col is not None else None
         columns = make_columns(
@@ -110,9 +118,9 @@ def validate(
             inputs,
             columns,
             id_columns=id_columns,
-            max_findings=max_findings,
+            max_findings=DEFAULT_MAX_FINDINGS if max_findings is None else max_findings,
             batch_rows=batch_rows,
-            progress=make_progress(quiet),
+            progress=progress,
             engine=make_engine(engine, workers, ray_address),
             report_paths=reports(JSON=json_path),
             variants=make_variants(
@@ -122,5 +130,7 @@ def validate(
     document = report.to_dict()
     write_json(document, json_path)
     if not quiet:
-        render_validate(document, stderr_console(), strict=strict)
+        console = stderr_console()
+        render_validate(document, console, strict=strict, rows_per_rule=max_findings)
+        print_closing(progress, console)
     raise typer.Exit(report.exit_code(strict))

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from gaecli.errors import GAEInputError, GAEUsageError, InvalidOptionError, RunInterrupted
 from gaecli.options import check_choice, check_count
+from gaecli.progress import report_files_done
 from gaecli.stop import check_stop, stop_requested
 
 ENGINES = ("local", "ray")
@@ -188,12 +189,27 @@ def map_units(
     )
 
 
+class FilesDone:
+    """Counts the units of a map that have finished and tells ``progress`` (its optional
+    ``files_done``: one unit is one file): 0 of ``total`` at once, then one more per :meth:`add`."""
+
+    def __init__(self, progress, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, 0
+        report_files_done(progress, 0, total)
+
+    def add(self) -> None:
+        self.done += 1
+        report_files_done(self.progress, self.done, self.total)
+
+
 def _map_in_process(function, tasks, stop_on_failure, progress) -> list[Any]:
     results: list[Any] = [None] * len(tasks)
+    files_done = FilesDone(progress, len(tasks))
     try:
         for index, args in enumerate(tasks):
             check_stop()  # an interrupt swallowed by the unit before still stops the run here
             results[index] = run_unit(function, args, progress)
+            files_done.add()
             if stop_on_failure and isinstance(results[index], TaskFailure):
                 break
     except BaseException as error:  # the running unit has aborted; the rest never start

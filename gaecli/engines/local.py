@@ -24,7 +24,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Optional, Sequence
 
-from gaecli.engines import EXIT_UNUSABLE, FINISHED, EngineSession, TaskFailure, run_unit
+from gaecli.engines import EXIT_UNUSABLE, FINISHED, EngineSession, FilesDone, TaskFailure, run_unit
 from gaecli.errors import RunInterrupted
 from gaecli.progress import ForwardingProgress, NoProgress
 from gaecli.stop import request_stop
@@ -278,6 +278,7 @@ def map_units_local(
     results: list[Any] = [None] * len(tasks)
     futures: dict[Future, int] = {}
     broken = False
+    files_done = FilesDone(progress, len(tasks))
     try:
         with _stop_signals_blocked():
             futures = {
@@ -296,6 +297,7 @@ def map_units_local(
                 except BrokenProcessPool:
                     broken = True
                     results[index] = _WORKER_DIED  # said precisely below, once the pool has stopped
+                files_done.add()
                 if stop_on_failure and isinstance(results[index], TaskFailure) and not stopping:
                     stopping = True
                     for other in pending:

@@ -15,7 +15,7 @@ import socket
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from gaecli.engines import EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, advance, run_unit
+from gaecli.engines import EXIT_UNUSABLE, EngineOptions, EngineSession, FilesDone, TaskFailure, advance, run_unit
 from gaecli.errors import GAEUsageError, RunInterrupted
 from gaecli.progress import ForwardingProgress, NoProgress
 
@@ -152,6 +152,7 @@ def map_units_ray(
     results: list[Any] = [None] * len(tasks)
     refs: dict = {}
     queue = None
+    files_done = FilesDone(progress, len(tasks))
     try:
         if progress is not None and not isinstance(progress, NoProgress):
             from ray.util.queue import Queue
@@ -178,6 +179,7 @@ def map_units_ray(
                     )
                 if queue is None:
                     advance(progress, results[index])
+                files_done.add()
                 if stop_on_failure and isinstance(results[index], TaskFailure):
                     for other in pending:
                         ray.cancel(other)

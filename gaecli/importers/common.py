@@ -86,9 +86,10 @@ ROWS_KEY = "loss_masks"  # the list whose length is the number of samples
 class ImportedFile:
     """One input file read: its rollout, rank and how many samples and tokens it gave.
     ``cp_rank``, ``data_parallel_rank`` and ``note`` are set only where they apply (a
-    context-parallel miles dump, a file skipped or read as a copy of another)."""
+    context-parallel miles dump, a file skipped or read as a copy of another). ``file``: the
+    input, named so in every command's JSON."""
 
-    source: str
+    file: str
     rollout_id: int
     rank: Optional[int]
     rows: int

@@ -15,6 +15,7 @@ from gaecli.io.format import Columns
 from gaecli.io.reader import DEFAULT_BATCH_ROWS
 from gaecli.options import check_choice, check_count, check_number
 from gaecli.pipeline import (
+    ON_INVALID_MODES,
     VariantOptions,
     check_device,
     new_side_spec,
@@ -71,7 +72,7 @@ class RecomputeOptions:
         check_number("--tol", self.tolerance, 0.0)
         if len(expand_baselines(self.baseline, "baseline")) != 1:
             raise InvalidOptionError(f"baseline: {self.baseline!r} names several baselines; recompute takes one")
-        check_choice("--on-invalid", self.on_invalid, ("stop", "skip"), "mode")
+        check_choice("--on-invalid", self.on_invalid, ON_INVALID_MODES, "mode")
         check_device(self.device)
         resolve_kernel(self.kernel, self.device, new_side_spec(self))
         if self.skip_existing and self.overwrite:
@@ -91,9 +92,9 @@ class RecomputeOptions:
 
 @dataclass
 class FileOutcome:
-    """What became of one input file."""
+    """What became of one input file (``file``: the input, named so in every command's JSON)."""
 
-    source: str
+    file: str
     output: str
     rows: int = 0
     tokens: int = 0

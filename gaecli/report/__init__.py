@@ -128,12 +128,12 @@ def _summary_entries(s: dict) -> list[tuple[str, str, str]]:
         )
         rows.append(("tail_length", "  tail length mean / median / p99 / max", tail))
         if s["mean_terminal_credit"] is None:
-            rows.append(("credit", "  terminal credit of the old advantages", "— (not defined for stored advantages)"))
+            rows.append(("credit", "  old terminal credit", "— (not defined for stored advantages)"))
         else:
             rows.append(
                 (
                     "credit",
-                    "  terminal credit of the old advantages (mean / min)",
+                    "  old terminal credit (mean / min)",
                     f"{number(s['mean_terminal_credit'])} / {number(s['min_terminal_credit'])}",
                 )
             )
@@ -184,6 +184,56 @@ def summary_table(document: dict) -> tuple[list[str], list[list[str]]]:
         values.append({key: value for key, _, value in entries})
     rows = [[label, *(column.get(key, "—") for column in values)] for key, label in labels.items()]
     return headers, rows
+
+
+SUB_ROW_INDENT = "  "
+"""What starts the label of a row that details the row above it, once per level (the tables' labels)."""
+
+
+def nesting(label: str) -> tuple[int, str]:
+    """The level of a table label (0: a row of its own; 1: it details the row above) and its
+    text without the indentation: ``"  ÷ σ …"`` → ``(1, "÷ σ …")``. Each report shows the
+    level its own way (indented on the terminal, ``↳`` in Markdown, a nested cell in HTML)."""
+    level = 0
+    while label.startswith(SUB_ROW_INDENT * (level + 1)):
+        level += 1
+    return level, label[len(SUB_ROW_INDENT) * level :]
+
+
+def verdict(document: dict) -> str:
+    """The report's answer in one sentence (of the first comparison): how many samples
+    changed, the largest |Δ advantage| (in σ of the new advantages when defined), and what
+    masked tails did to the terminal reward: ``52 of 92 samples changed; largest |Δ
+    advantage| 0.918 σ; 27 samples end in a masked tail, where the old advantages kept 0.85
+    of the terminal reward on average.``"""
+    s = document["summary"]
+    samples, changed = s["samples"], s["changed_samples"]
+    if not changed:
+        return f"No sample changed (of {samples:,}, tol {s['tolerance']:g})."
+    parts = [f"{changed:,} of {samples:,} samples changed"]
+    in_sigma = s["max_abs_delta_advantage_over_std"]
+    if in_sigma is not None and math.isfinite(in_sigma):
+        parts.append(f"largest |Δ advantage| {in_sigma:.3g} σ")
+    else:
+        parts.append(f"largest |Δ advantage| {number(s['max_abs_delta_advantage'])}")
+    tails = s["masked_tail_samples"]
+    if not tails:
+        parts.append("no sample ends in a masked tail")
+    else:
+        ending = f"{tails:,} sample{'s' if tails != 1 else ''} end{'s' if tails == 1 else ''} in a masked tail"
+        credit, lost = s["mean_terminal_credit"], s["zero_credit_samples"] or 0
+        if credit is not None and lost == tails:
+            ending += ", where the old advantages lost the terminal reward"
+        elif credit is not None and credit < 1.0:
+            ending += f", where the old advantages kept {credit:.2f} of the terminal reward on average"
+            ending += f" ({lost:,} kept none of it)" if lost else ""
+        elif credit is not None:
+            ending += ", where the old advantages kept all of the terminal reward"
+        parts.append(ending)
+    listed = document.get("comparisons") or []
+    if len(listed) > 1:
+        parts.append(f"against {listed[0]['name']}, the first of {len(listed)} comparisons")
+    return "; ".join(parts) + "."
 
 
 def top_table(document: dict, comparison: Optional[dict] = None) -> tuple[list[str], list[list[str]]]:

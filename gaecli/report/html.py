@@ -1,7 +1,8 @@
 """``gae diff --html``: one self-contained HTML file — the tables, and plots drawn with
 matplotlib (the optional ``plot`` extra, Agg canvas, no pyplot state) embedded as base64
 PNG: the Δ advantage histogram, old vs new advantages on a token sample, the figures per
-group, and the per-token traces of the top samples with their masked spans shaded.
+group, and new − old along the response of the top samples with their masked spans shaded.
+The page opens with the verdict sentence.
 Nothing in the file points outside it."""
 
 from __future__ import annotations
@@ -14,7 +15,17 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 
 from gaecli.errors import GAEUsageError
-from gaecli.report import comparison_title, group_table, groups_note, headline, quantile_note, summary_table, top_table
+from gaecli.report import (
+    comparison_title,
+    group_table,
+    groups_note,
+    headline,
+    nesting,
+    quantile_note,
+    summary_table,
+    top_table,
+    verdict,
+)
 
 if TYPE_CHECKING:
     from gaecli.diff.report import ComparisonResult, DiffReport
@@ -34,6 +45,8 @@ th, td { border: 1px solid #ddd; padding: 0.25rem 0.6rem; text-align: right; }
 th { background: #f4f4f4; } td.text, th.text { text-align: left; }
 img { max-width: 100%; display: block; margin: 0.5rem 0; }
 .note { color: #666; font-size: 0.85rem; }
+.verdict { font-size: 1.15rem; font-weight: 600; }
+td.sub1 { padding-left: 1.8rem; color: #444; } td.sub2 { padding-left: 3.2rem; color: #444; }
 """
 
 
@@ -139,13 +152,21 @@ def group_plot(document: dict, comparison: Optional[dict] = None) -> str:
     return _img(figure, f"figures per {document['group_by']}")
 
 
-def trace_plot(report: "DiffReport | ComparisonResult") -> str:
-    """Per-token old and new advantages of the first TRACES top samples at their trainable
-    tokens (what was trained on); masked spans grey."""
+def token_delta(entry) -> np.ndarray:
+    """new − old advantage of a top sample at each response token (float64), NaN at masked
+    tokens (not trained on: nothing to compare)."""
+    return np.where(entry.trainable, np.asarray(entry.new, np.float64) - np.asarray(entry.old, np.float64), np.nan)
+
+
+def delta_trace_plot(report: "DiffReport | ComparisonResult") -> str:
+    """Per-token new − old advantage of the first TRACES top samples along the response, at
+    their trainable tokens (what was trained on), masked spans shaded: where the old
+    advantages went wrong (before observation blocks, over masked tails) stands out."""
     entries = report.top[:TRACES]
-    figure = _figure(10, 2.3 * len(entries) + 0.4)
+    figure = _figure(10, 1.9 * len(entries) + 0.5)
     for axes, entry in zip(np.atleast_1d(figure.subplots(len(entries), 1)), entries):
         positions = np.arange(entry.new.size)
+        delta = token_delta(entry)
         axes.fill_between(
             positions,
             0,
@@ -158,21 +179,32 @@ def trace_plot(report: "DiffReport | ComparisonResult") -> str:
             linewidth=0,
             label="masked",
         )
-        axes.plot(positions, np.where(entry.trainable, entry.old, np.nan), color=OLD_COLOR, linewidth=1, label="old")
-        axes.plot(
-            positions,
-            np.where(entry.trainable, entry.new, np.nan),
-            color=NEW_COLOR,
-            linewidth=1,
-            label="new (masked GAE)",
-        )
+        axes.axhline(0.0, color="#555", linewidth=0.8)
+        for sign, color, label in ((1, NEW_COLOR, "new > old"), (-1, OLD_COLOR, "new < old")):
+            part = np.where(np.sign(delta) == sign, delta, 0.0)
+            axes.fill_between(positions, 0, part, step="mid", color=color, alpha=0.35, linewidth=0, label=label)
+        axes.step(positions, delta, where="mid", color="#222", linewidth=0.9, label="new − old")
         label = f"{entry.file} row {entry.row}" + (f" · id {entry.id}" if entry.id is not None else "")
         axes.set_title(f"{label} · max |Δ| {entry.max_abs_delta_advantage:.4g}", fontsize=9, loc="left")
         axes.set_xlim(-0.5, max(entry.new.size - 0.5, 0.5))
-        axes.set_ylabel("advantage", fontsize=8)
-    figure.axes[0].legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False, ncols=3)
+        axes.set_ylabel("Δ advantage", fontsize=8)
+    figure.axes[0].legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False, ncols=4)
     figure.axes[-1].set_xlabel("response token")
-    return _img(figure, "per-token advantages of the top samples")
+    return _img(figure, "per-token new minus old advantage of the top samples, masked spans shaded")
+
+
+def _summary_table(headers: list[str], rows: list[list[str]]) -> str:
+    """The summary table (one value column per comparison), a row that details the one above
+    it in a nested cell."""
+    body = []
+    for label, *values in rows:
+        level, text = nesting(label)
+        label_class = f"text sub{level}" if level else "text"
+        cells = "".join(f"<td>{html.escape(value)}</td>" for value in values)
+        body.append(f'<tr><td class="{label_class}">{html.escape(text)}</td>{cells}</tr>')
+    head_cells = "".join(f"<th>{html.escape(header)}</th>" for header in headers[1:])
+    head = f'<thead><tr><th class="text">{html.escape(headers[0])}</th>{head_cells}</tr></thead>'
+    return f"<table>{head}<tbody>{''.join(body)}</tbody></table>"
 
 
 def _table(headers: list[str], rows: list[list[str]], text_columns: set[int]) -> str:
@@ -207,7 +239,7 @@ def _comparison_parts(document: dict, result: "ComparisonResult", comparison: di
     headers, rows = top_table(document, comparison)
     parts.append(f"<h2>Top samples by max |Δ advantage|{html.escape(title)}</h2>")
     if rows:
-        parts += [_table(headers, rows, {1, 3, 4} if document["group_by"] else {1, 3}), trace_plot(result)]
+        parts += [_table(headers, rows, {1, 3, 4} if document["group_by"] else {1, 3}), delta_trace_plot(result)]
         if len(result.top) > TRACES:
             parts.append(f'<p class="note">Traces of the first {TRACES} samples.</p>')
     else:
@@ -230,9 +262,10 @@ def render_html(report: "DiffReport") -> str:
         "</head>",
         "<body>",
         "<h1>gae diff</h1>",
+        f'<p class="verdict">{html.escape(verdict(document))}</p>',
         f"<p>{html.escape(headline(document))}</p>",
         "<h2>Summary (trainable tokens only)</h2>",
-        _table(*summary_table(document), {0}),
+        _summary_table(*summary_table(document)),
     ]
     for result, comparison in zip(report.comparisons, document["comparisons"], strict=True):
         parts += _comparison_parts(document, result, comparison)

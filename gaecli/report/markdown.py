@@ -9,9 +9,11 @@ from gaecli.report import (
     group_table,
     groups_note,
     headline,
+    nesting,
     quantile_note,
     summary_table,
     top_table,
+    verdict,
 )
 
 
@@ -27,13 +29,24 @@ def table(headers: list[str], rows: list[list[str]], align_right: set[int] = fro
     return lines
 
 
+SUB_ROW_MARK = "↳ "
+"""What starts the label of a row that details the row above (Markdown drops leading spaces)."""
+
+
+def nested_label(label: str) -> str:
+    """A table label with its level (:func:`gaecli.report.nesting`) shown: ``↳ ÷ σ …``."""
+    level, text = nesting(label)
+    return "  " * max(level - 1, 0) + SUB_ROW_MARK * min(level, 1) + text
+
+
 def render_markdown(document: dict) -> str:
-    """The whole report: headline, the summary (one column per comparison), then per
-    comparison its top samples and the groups hit hardest, and how the quantiles were
-    computed."""
-    lines = ["# gae diff", "", headline(document), ""]
+    """The whole report: the verdict, headline, the summary (one column per comparison),
+    then per comparison its top samples and the groups hit hardest, and how the quantiles
+    were computed."""
+    lines = ["# gae diff", "", f"**{verdict(document)}**", "", headline(document), ""]
     lines += ["## Summary (trainable tokens only)", ""]
     headers, rows = summary_table(document)
+    rows = [[nested_label(row[0]), *row[1:]] for row in rows]
     lines += table(headers, rows, set(range(1, len(headers))))
     for comparison in comparisons(document):
         title = comparison_title(document, comparison)

@@ -3,6 +3,8 @@ rule with counts and their first rows, and the rule list. Nothing here computes.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from rich.console import Console
 from rich.markup import escape
 
@@ -28,11 +30,12 @@ def _where(finding: dict) -> str:
 
 
 def render_validate(
-    report: dict, console: Console, *, strict: bool = False, rows_per_rule: int = ROWS_PER_RULE
+    report: dict, console: Console, *, strict: bool = False, rows_per_rule: Optional[int] = None
 ) -> None:
     """The findings of ``report`` (:meth:`ValidationReport.to_dict`) grouped by rule, errors
-    first: severity, code, count and summary, the first ``rows_per_rule`` findings listed,
-    the fix hint; then unreadable files and a verdict line."""
+    first: severity, code, count and summary, the first ``rows_per_rule`` findings listed
+    (None: :data:`ROWS_PER_RULE`), the fix hint; then unreadable files and a verdict line."""
+    rows_per_rule = ROWS_PER_RULE if rows_per_rule is None else rows_per_rule
     files, counts = report["files"], report["counts"]
     checked = sum(f["rows_checked"] for f in files)
     unreadable = len(report["unreadable"])

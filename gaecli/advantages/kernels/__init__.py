@@ -142,6 +142,8 @@ KERNELS: dict[str, Kernel] = {
 
 # Fastest batch-invariant kernel first, per device type; then any other capable one. On CUDA
 # the kernels' speeds are not measured yet (scripts/bench_gpu.py), so ``auto`` keeps ``scan``.
+AUTO = "auto"
+"""The kernel name that picks the fastest usable kernel (:data:`AUTO_ORDER`)."""
 AUTO_ORDER = {"cpu": ("native", "scan"), "cuda": ("scan",)}
 AUTO_FALLBACK = "vanilla"
 
@@ -167,7 +169,7 @@ def resolve_kernel(name: str, device="cpu", spec: Optional["AdvantageSpec"] = No
     """
     kind = device_type(device)
     usable = available_kernels(device)
-    if name == "auto":
+    if name == AUTO:
         capable = [candidate for candidate in usable if not KERNELS[candidate].missing(spec)]
         for candidate in (*AUTO_ORDER.get(kind, ("scan",)), AUTO_FALLBACK, *capable):
             if candidate in capable:
