@@ -21,10 +21,7 @@ import pyarrow.compute as pc
 from gaecli._version import __version__
 from gaecli.advantages.spec import AdvantageSpec, RowInput
 from gaecli.checks import (
-    ERROR,
     ROW_INPUT_TYPES,
-    RULES,
-    WARNING,
     Finding,
     check_batch,
     check_row_input_schema,
@@ -38,6 +35,7 @@ from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_wr
 from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
 from gaecli.options import check_count
 from gaecli.progress import NoProgress, Progress
+from gaecli.rules import ERROR, RULES, WARNING
 
 if TYPE_CHECKING:
     from gaecli.pipeline import VariantOptions
@@ -412,7 +410,7 @@ def validate_files(
     report_paths: Sequence[ReportPath] = (),
     variants: Optional[VariantOptions] = None,
 ) -> ValidationReport:
-    """Check rollout files against every rule in :data:`gaecli.checks.RULES`.
+    """Check rollout files against every rule in :data:`gaecli.rules.RULES`.
 
     ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs; a
     file named twice is checked once. An input that names nothing, or a file that cannot

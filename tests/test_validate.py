@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from gaecli.checks import RULES
 from gaecli.cli import app
+from gaecli.rules import RULES
 
 runner = CliRunner()
 

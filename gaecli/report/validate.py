@@ -8,7 +8,7 @@ from typing import Optional
 from rich.console import Console
 from rich.markup import escape
 
-from gaecli.checks import ERROR, RULES
+from gaecli.rules import ERROR, RULES
 
 ROWS_PER_RULE = 3
 STYLE = {ERROR: "bold red", "warning": "yellow"}

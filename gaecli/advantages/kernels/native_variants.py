@@ -1,0 +1,232 @@
+"""The native kernel's compiled pass for the GAE variants (docs/variants.md): per-sample λ,
+the returns' own λ, turn rewards, turn-level timesteps and the truncation bootstrap, one
+float64 pass per sample over flat buffers, spread over the cores like the plain kernel's
+(:mod:`gaecli.advantages.kernels.native`), bitwise batch invariant."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gaecli.advantages.kernels.native import AVAILABLE, _plan_groups, numba
+
+
+def _variant_token_sample(
+    values,
+    rewards,
+    loss_mask,
+    start,
+    end,
+    terminal,
+    gamma,
+    decay,
+    return_decay,
+    split,
+    plan_arrays,
+    sample,
+    advantages,
+    returns,
+):
+    """One sample of the variants with ``timestep="token"`` (docs/variants.md): the plain
+    recursion with a turn's reward on its last trainable token, the bootstrap value after
+    the last trainable token, and the returns' own recursion when ``split``."""
+    bootstrap, turn_offsets, turn_rewards, has_turn_rewards = plan_arrays
+    carry = 0.0
+    return_carry = 0.0
+    next_value = bootstrap[sample]
+    turn = turn_offsets[sample + 1] - 1
+    for t in range(end - 1, start - 1, -1):
+        if loss_mask[t] == 0:
+            advantages[t] = 0.0
+            returns[t] = 0.0
+            continue
+        value = np.float64(values[t])
+        reward = np.float64(rewards[t])
+        if has_turn_rewards and (t == end - 1 or loss_mask[t + 1] == 0):
+            reward = reward + turn_rewards[turn]
+            turn -= 1
+        delta = reward + terminal + gamma * next_value - value
+        carry = delta + decay * carry
+        advantages[t] = carry
+        if split:
+            return_carry = delta + return_decay * return_carry
+            returns[t] = return_carry + value
+        else:
+            returns[t] = carry + value
+        next_value = value
+        terminal = 0.0
+
+
+def _variant_turn_sample(
+    values,
+    rewards,
+    start,
+    end,
+    terminal,
+    gamma,
+    decay,
+    return_decay,
+    split,
+    plan_arrays,
+    turn_table,
+    sample,
+    advantages,
+    returns,
+):
+    """One sample of the variants with ``timestep="turn"`` (docs/variants.md): one timestep
+    per turn (its value the value at its first token, its reward its turn reward, plus z for
+    the last turn); every token of turn u gets ``A_u + r[t]`` and ``A_u(λ of the returns)
+    + V_u``; masked positions 0."""
+    bootstrap, turn_offsets, turn_rewards, has_turn_rewards = plan_arrays
+    turn_starts, turn_ends = turn_table
+    for t in range(start, end):
+        advantages[t] = 0.0
+        returns[t] = 0.0
+    carry = 0.0
+    return_carry = 0.0
+    next_value = bootstrap[sample]
+    for turn in range(turn_offsets[sample + 1] - 1, turn_offsets[sample] - 1, -1):
+        first = turn_starts[turn]
+        value = np.float64(values[first])
+        reward = turn_rewards[turn] if has_turn_rewards else 0.0
+        delta = reward + terminal + gamma * next_value - value
+        carry = delta + decay * carry
+        if split:
+            return_carry = delta + return_decay * return_carry
+            returned = return_carry + value
+        else:
+            returned = carry + value
+        for t in range(first, turn_ends[turn]):
+            advantages[t] = carry + np.float64(rewards[t])
+            returns[t] = returned
+        next_value = value
+        terminal = 0.0
+
+
+def _variant_batch(
+    values,
+    rewards,
+    loss_mask,
+    offsets,
+    terminal_rewards,
+    gamma,
+    advantage_lambd,
+    return_lambd,
+    split,
+    turn_mode,
+    bootstrap,
+    turn_starts,
+    turn_ends,
+    turn_offsets,
+    turn_rewards,
+    has_turn_rewards,
+    order,
+    group_bounds,
+    advantages,
+    returns,
+):
+    """Every sample of the batch under the variants; group ``g`` is the samples
+    ``order[group_bounds[g]:group_bounds[g + 1]]`` (longest first), the groups run in
+    parallel, each sample alone in float64 (so the result does not depend on the grouping)."""
+    plan_arrays = (bootstrap, turn_offsets, turn_rewards, has_turn_rewards)
+    for group in numba.prange(group_bounds.shape[0] - 1):
+        for index in range(group_bounds[group], group_bounds[group + 1]):
+            sample = order[index]
+            start, end = offsets[sample], offsets[sample + 1]
+            terminal = np.float64(terminal_rewards[sample])
+            decay = gamma * advantage_lambd[sample]
+            return_decay = gamma * return_lambd[sample]
+            if turn_mode:
+                _variant_turn_sample(
+                    values,
+                    rewards,
+                    start,
+                    end,
+                    terminal,
+                    gamma,
+                    decay,
+                    return_decay,
+                    split,
+                    plan_arrays,
+                    (turn_starts, turn_ends),
+                    sample,
+                    advantages,
+                    returns,
+                )
+            else:
+                _variant_token_sample(
+                    values,
+                    rewards,
+                    loss_mask,
+                    start,
+                    end,
+                    terminal,
+                    gamma,
+                    decay,
+                    return_decay,
+                    split,
+                    plan_arrays,
+                    sample,
+                    advantages,
+                    returns,
+                )
+
+
+if AVAILABLE:
+    _variant_token_sample = numba.njit(nogil=True)(_variant_token_sample)
+    _variant_turn_sample = numba.njit(nogil=True)(_variant_turn_sample)
+    _variant_compiled = numba.njit(parallel=True, cache=True, nogil=True)(_variant_batch)
+else:  # pragma: no cover
+    _variant_compiled = None
+
+
+def native_variant_flat(
+    values: np.ndarray,
+    rewards: np.ndarray,
+    loss_mask: np.ndarray,
+    offsets: np.ndarray,
+    terminal_rewards: np.ndarray,
+    *,
+    gamma: float,
+    lambd: float,
+    **variants,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The GAE variants (docs/variants.md) on flat numpy buffers: arguments as
+    :func:`native_gae_flat` plus the keywords of
+    :data:`gaecli.advantages.variants.VARIANT_KEYWORDS` (per-row inputs as numpy arrays or
+    tensors, checked by the caller). The turn table and the per-sample λ are computed
+    vectorised (:func:`gaecli.advantages.variants.plan_variants`); one compiled pass per
+    sample, in float64, rounded once on output: bitwise batch invariant."""
+    from gaecli.advantages.variants import plan_variants
+
+    trainable = loss_mask if loss_mask.dtype == np.bool_ else loss_mask != 0
+    plan = plan_variants(trainable, offsets, lambd=lambd, **variants)
+    advantages = np.empty_like(values)
+    returns = np.empty_like(values)
+    batch = offsets.size - 1
+    if batch <= 0:
+        return advantages, returns
+    groups = max(1, min(numba.get_num_threads(), batch))
+    order, group_bounds = _plan_groups(offsets, groups)
+    _variant_compiled(
+        values,
+        rewards,
+        trainable,
+        offsets,
+        terminal_rewards,
+        float(gamma),
+        plan.advantage_lambd,
+        plan.return_lambd,
+        plan.split,
+        plan.turn_mode,
+        plan.bootstrap,
+        plan.turn_starts,
+        plan.turn_ends,
+        plan.turn_offsets,
+        plan.turn_rewards,
+        plan.has_turn_rewards,
+        order,
+        group_bounds,
+        advantages,
+        returns,
+    )
+    return advantages, returns

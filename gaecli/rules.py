@@ -1,0 +1,135 @@
+"""The validation rules: each fault a rollout row or file can have, with its stable code,
+its severity, what it finds and how to fix it (``gae validate --list-rules``); the checks
+that find them are in :mod:`gaecli.checks`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ERROR = "error"
+WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A validation rule: stable code, severity, what it finds and how to fix it."""
+
+    code: str
+    severity: str
+    summary: str
+    hint: str
+
+
+RULES: dict[str, Rule] = {
+    rule.code: rule
+    for rule in (
+        Rule(
+            "missing-column",
+            ERROR,
+            "a required column is absent",
+            "rename it with --values-col/--rewards-col/--mask-col/--terminal-col "
+            "(--logprobs-col/--ref-logprobs-col with --kl-coef), "
+            "or pass 'none' for values or rewards",
+        ),
+        Rule(
+            "duplicate-column",
+            ERROR,
+            "two or more columns share one name",
+            "rename or drop the copies: a column is looked up by its name, which must be unique",
+        ),
+        Rule(
+            "wrong-type",
+            ERROR,
+            "a column has a type other than the documented one",
+            "cast it: lists of float32/float64 for values, rewards and log-probs, lists of bool/int/float for "
+            "the mask, a number for the terminal reward",
+        ),
+        Rule(
+            "null",
+            ERROR,
+            "a null list, a null inside a list, or a null terminal reward",
+            "drop the row or fill the nulls before training on it",
+        ),
+        Rule(
+            "length-mismatch",
+            ERROR,
+            "values, rewards, log-probs and loss_mask lists of a row differ in length",
+            "the mask was cut or padded apart from the response: rebuild it to the response length",
+        ),
+        Rule(
+            "response-length-mismatch",
+            ERROR,
+            "response_length disagrees with the list lengths",
+            "trainers cut a longer mask and drop trailing tokens of a shorter one: align the lists with the response",
+        ),
+        Rule(
+            "mask-value",
+            ERROR,
+            "a loss_mask value other than 0 or 1",
+            "masks must be 0/1 (bool, int or float); threshold or rebuild the mask",
+        ),
+        Rule(
+            "non-finite",
+            ERROR,
+            "NaN or ±Inf in values, rewards, log-probs or the terminal reward",
+            "find the step that produced it (critic divergence, log-prob of an impossible token) and drop the row",
+        ),
+        Rule(
+            "overflow",
+            ERROR,
+            "values, rewards and terminal reward so large that advantages or returns can overflow "
+            "to ±Inf in the output float type (or, in recompute, did)",
+            "the row's magnitudes are far beyond any reward scale: find the step that produced them and drop the row",
+        ),
+        Rule(
+            "turn-rewards-length",
+            ERROR,
+            "a turn-rewards list whose length is not the row's number of turns (maximal runs of trainable tokens)",
+            "give one reward per turn, in order (an empty list for a fully masked row), or rebuild the mask",
+        ),
+        Rule(
+            "turn-rewards-null",
+            ERROR,
+            "a null turn-rewards list or a null inside one",
+            "fill the turn rewards (0 for a turn without one) or drop the row",
+        ),
+        Rule(
+            "turn-rewards-non-finite",
+            ERROR,
+            "NaN or ±Inf in a turn-rewards list",
+            "find the step that produced it (the turn's judge or environment) and drop the row",
+        ),
+        Rule(
+            "truncated-null",
+            ERROR,
+            "a null truncated flag",
+            "say for every row whether it was truncated (true) or ended (false)",
+        ),
+        Rule(
+            "bootstrap-invalid",
+            ERROR,
+            "a truncated row whose bootstrap value is null, NaN or ±Inf",
+            "store the critic's value after the last token of every truncated row, or drop the row",
+        ),
+        Rule(
+            "fully-masked",
+            WARNING,
+            "every response token is masked",
+            "drop the row before training, or fix the mask builder if the response has generated tokens that "
+            "should be trainable (a mask shifted by the prompt length or built from the wrong role)",
+        ),
+        Rule(
+            "masked-tail",
+            WARNING,
+            "the response ends in masked tokens",
+            "the old GAE decayed this sample's terminal reward over the tail; recompute with gae recompute",
+        ),
+        Rule("empty-response", WARNING, "the response has no token", "check the rollout that produced it"),
+        Rule(
+            "duplicate-id",
+            WARNING,
+            "the id appears more than once in the file",
+            "deduplicate the rows or name the right id column with --id-col",
+        ),
+    )
+}
