@@ -75,6 +75,8 @@ def test_spec_defaults_and_fields():
         "timestep": "token",
         "lambd_critic": None,
         "lambd_alpha": None,
+        "group_by": None,
+        "step_by": None,
     }
     assert spec.features == frozenset({"estimator:gae", "timestep:token"})
     assert spec.row_inputs == ()
@@ -102,7 +104,8 @@ def test_spec_is_immutable_hashable_and_picklable():
         ({"normalize": "some"}, "unknown normalize 'some'"),
         ({"normalize": "by"}, "normalize='by' needs normalize_by"),
         ({"normalize_by": "prompt"}, "normalize_by needs normalize='by'"),
-        ({"estimator": "grpo"}, "unknown estimator 'grpo'; implemented: gae"),
+        ({"estimator": "sarsa"}, "unknown estimator 'sarsa'; implemented: gae, grpo"),
+        ({"estimator": "grpo", "group_by": "uid"}, "estimator 'grpo' does not use gamma"),
         ({"timestep": "turn"}, "unknown timestep 'turn'; implemented: token"),
         ({"lambd_critic": 1.0}, "lambd_critic is not implemented yet"),
         ({"lambd_alpha": 0.05}, "lambd_alpha is not implemented yet"),

@@ -20,7 +20,15 @@ from typing import Any, Literal, Optional, Union
 import torch
 
 from gaecli.advantages.dispatch import compute, compute_screened
-from gaecli.advantages.inputs import check_contents, check_packed, check_terminal, pack_lists, split
+from gaecli.advantages.inputs import (
+    as_sample_tensor,
+    check_contents,
+    check_packed,
+    check_terminal,
+    pack_lists,
+    prepare_packed,
+    split,
+)
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.advantages.whiten import whiten, whiten_by_group
 from gaecli.errors import GAEInputError
@@ -33,7 +41,7 @@ TerminalRewards = Union[Sequence[float], torch.Tensor]
 
 
 def compute_advantages_packed(
-    values: torch.Tensor,
+    values: Optional[torch.Tensor],
     rewards: torch.Tensor,
     loss_mask: torch.Tensor,
     offsets: torch.Tensor,
@@ -50,8 +58,12 @@ def compute_advantages_packed(
     device; the advantages whitened as ``spec.normalize`` says (returns never).
 
     ``row_inputs`` maps the name of each per-row input the spec reads
-    (``spec.row_inputs``; today the ``normalize_by`` key) to ``[B]`` values (a tensor or a
-    sequence). ``kernel``: ``auto`` (a capable kernel) or a name that supports the spec (else
+    (``spec.row_inputs``: the ``normalize_by`` key, the ``group_by`` and ``step_by`` ids of a
+    critic-free estimator) to ``[B]`` values (a tensor, a numpy or Arrow array, or a
+    sequence; a null group or step id is refused). A critic-free estimator
+    (docs/estimators.md) reads no values: ``values`` may be None (the outputs then take the
+    rewards' dtype), and its statistics cover this call's samples. ``kernel``: ``auto`` (a
+    capable kernel) or a name that supports the spec (else
     :class:`gaecli.KernelUnavailableError`). Raises :class:`gaecli.GAEInputError` naming the
     sample for bad data, and for a missing per-row input.
     """
@@ -61,6 +73,10 @@ def compute_advantages_packed(
     missing = [needed.name for needed in spec.row_inputs if needed.name not in row_inputs]
     if missing:
         raise GAEInputError(f"spec reads per-row input {missing[0]!r}: pass row_inputs={{{missing[0]!r}: ...}}")
+    if spec.critic_free:
+        return _critic_free_packed(
+            spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate
+        )
     values, rewards, loss_mask, offsets, terminal = check_packed(values, rewards, loss_mask, offsets, terminal_rewards)
     screened = compute_screened(spec, values, rewards, loss_mask, offsets, terminal, kernel=kernel)
     if screened is None:
@@ -83,8 +99,39 @@ def compute_advantages_packed(
     return advantages, returns
 
 
+def _zeros_like_rewards(sample) -> torch.Tensor:
+    tensor = as_sample_tensor(sample)
+    dtype = tensor.dtype if tensor.is_floating_point() else torch.get_default_dtype()
+    return torch.zeros(tensor.shape, dtype=dtype, device=tensor.device)
+
+
+def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate):
+    from gaecli.advantages.estimators import critic_free_batch, keys_array
+
+    if values is None:  # not read: zeros give the checks their shape, dtype and device
+        if not isinstance(rewards, torch.Tensor):
+            raise GAEInputError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+        dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
+        values = torch.zeros(rewards.shape, dtype=dtype, device=rewards.device)
+    values, rewards, mask, offsets, terminal = prepare_packed(
+        values, rewards, loss_mask, offsets, terminal_rewards, validate
+    )
+    rows = offsets.numel() - 1
+    ids = {
+        name: None if name is None else keys_array(row_inputs[name], rows, what)
+        for name, what in ((spec.group_by, "group id"), (spec.step_by, "step id"))
+    }
+    arrays = [tensor.detach().cpu().numpy() for tensor in (rewards, mask, offsets, terminal)]
+    advantages, returns = critic_free_batch(
+        spec, *arrays, ids.get(spec.group_by), ids.get(spec.step_by), kernel=kernel, device=values.device
+    )
+    same = returns is advantages
+    advantages = torch.from_numpy(advantages).to(values.device)
+    return advantages, advantages if same else torch.from_numpy(returns).to(values.device)
+
+
 def compute_advantages(
-    values: Sequence[torch.Tensor],
+    values: Optional[Sequence[torch.Tensor]],
     rewards: Sequence[torch.Tensor],
     loss_mask: Sequence[torch.Tensor],
     terminal_rewards: TerminalRewards,
@@ -95,7 +142,10 @@ def compute_advantages(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """List form of :func:`compute_advantages_packed`: one 1-D tensor of length R_i per
     sample for values, rewards and loss_mask, one terminal reward per sample (and one value
-    per sample in each ``row_inputs`` entry). Returns lists of ``[R_i]`` tensors."""
+    per sample in each ``row_inputs`` entry). Returns lists of ``[R_i]`` tensors. ``values``
+    may be None for a critic-free estimator."""
+    if values is None:
+        values = [_zeros_like_rewards(sample) for sample in rewards]
     packed = pack_lists(values, rewards, loss_mask, terminal_rewards)
     flat_values, flat_rewards, flat_mask, offsets, terminal, lengths = packed
     advantages, returns = compute_advantages_packed(

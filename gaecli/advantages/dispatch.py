@@ -28,11 +28,31 @@ _SCREENED_MASKS = (
 )
 
 
+ROW_ADVANTAGE = "row-advantage"
+"""The per-row input of an outcome estimator's per-token pass: each row's advantage (float64
+``[B]``, :meth:`gaecli.advantages.estimators.ScoreStatistics.row_advantages`)."""
+
+
 def compute(
-    spec: AdvantageSpec, values, rewards, trainable, offsets, terminal_rewards, *, kernel: str = "auto", device=None
+    spec: AdvantageSpec,
+    values,
+    rewards,
+    trainable,
+    offsets,
+    terminal_rewards,
+    *,
+    kernel: str = "auto",
+    device=None,
+    row_inputs=None,
 ):
     """Advantages and returns of one packed batch under ``spec``, before normalisation
-    (whitening needs statistics over the whole input: :mod:`gaecli.advantages.whiten`).
+    (whitening needs statistics over the whole input: :mod:`gaecli.advantages.whiten`; the
+    ``reinforce++`` estimators' whitening too).
+
+    Critic-free estimators (docs/estimators.md) read no values (``values`` may be None):
+    ``reinforce++`` is masked GAE with V = 0 and λ = 1 on the kernel (advantages = returns =
+    G); the outcome estimators need ``row_inputs[ROW_ADVANTAGE]``, each row's advantage from
+    its group's statistics, which is written to the row's trainable tokens (returns the same).
 
     Shapes: flat ``[N]`` ``values``, ``rewards`` (one float dtype, which the outputs take)
     and bool ``trainable``; int64 ``offsets`` ``[B + 1]``; ``terminal_rewards`` ``[B]`` in the
@@ -46,6 +66,8 @@ def compute(
     refused, ``auto`` picks one that can). The inputs are not checked (the API and the
     commands check them first) and not modified.
     """
+    if spec.critic_free:
+        return _critic_free(spec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs)
     if isinstance(values, np.ndarray):
         device = "cpu" if device is None else device
         entry = KERNELS[resolve_kernel(kernel, device, spec)]
@@ -55,6 +77,30 @@ def compute(
         return _on_tensors(spec, entry.function, device, values, rewards, trainable, offsets, terminal_rewards)
     entry = KERNELS[resolve_kernel(kernel, values.device, spec)]
     return _run(spec, entry.function, values, rewards, trainable, offsets, terminal_rewards)
+
+
+def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs):
+    if spec.estimator == "reinforce++":
+        returns_spec = AdvantageSpec(spec.gamma, 1.0)
+        zeros = np.zeros_like(rewards) if isinstance(rewards, np.ndarray) else rewards.new_zeros(rewards.shape)
+        returns, _ = compute(
+            returns_spec, zeros, rewards, trainable, offsets, terminal_rewards, kernel=kernel, device=device
+        )
+        return returns, returns
+    from gaecli.advantages.estimators import spread_rows
+
+    row_values = (row_inputs or {}).get(ROW_ADVANTAGE)
+    if row_values is None:
+        raise ValueError(f"estimator {spec.estimator!r}: row_inputs[{ROW_ADVANTAGE!r}] (each row's advantage) needed")
+    if isinstance(rewards, np.ndarray):
+        advantages = spread_rows(row_values, trainable, offsets, rewards.dtype)
+        return advantages, advantages
+    import torch
+
+    lengths = offsets[1:] - offsets[:-1]
+    per_token = torch.repeat_interleave(torch.as_tensor(row_values, device=rewards.device), lengths)
+    advantages = torch.where(trainable, per_token, 0.0).to(rewards.dtype)
+    return advantages, advantages
 
 
 def compute_screened(
@@ -68,6 +114,8 @@ def compute_screened(
     kernel with a screened form, a semantics other than ``masked``, or dtypes it does not
     read (values float32/float64, rewards the same, mask bool, integer or float). The tensors
     (mask: bool, integer or float 0/1 as given) are read in place and not modified."""
+    if spec.critic_free:
+        return None
     if values.device.type != "cpu" or spec.semantics != "masked" or str(values.dtype) not in _SCREENED_VALUES:
         return None
     if rewards.dtype != values.dtype or str(loss_mask.dtype) not in _SCREENED_MASKS:
