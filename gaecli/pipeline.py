@@ -16,7 +16,14 @@ from typing import Iterator, Optional
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.dispatch import compute
+from gaecli.advantages.contract import (
+    CRITIC_FREE,
+    ESTIMATOR_PARAMETERS,
+    GROUPED_ESTIMATORS,
+    STEP_ESTIMATORS,
+    WHITENED_ESTIMATORS,
+)
+from gaecli.advantages.dispatch import ROW_ADVANTAGE, compute
 from gaecli.advantages.reduction import Reduction, ReductionResult, merge_results, normalize_reduction
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.advantages.whiten import whiten_rows  # noqa: F401 - where diff and recompute take it from
@@ -66,6 +73,49 @@ def check_scalar_column(schema: pa.Schema, file: str, flag: str, name: Optional[
         raise GAEUsageError(
             f"{file}: {flag} column {name!r} is {schema.field(name).type}; "
             f"use a column of scalars (ids, strings, numbers)"
+        )
+
+
+def check_estimators(
+    estimators: tuple[str, ...],
+    gamma: Optional[float],
+    lambd: Optional[float],
+    group_by: Optional[str],
+    step_by: Optional[str],
+    normalize: bool,
+) -> None:
+    """The options of the estimators computed by a command (``estimators``: those of its
+    sides, ``gae`` standing for a GAE baseline too), refused with
+    :class:`InvalidOptionError` (exit 2): ``--gamma`` / ``--lambd`` missing where an
+    estimator reads them or given where none does, ``--group-col`` missing where an estimator
+    groups or given where none does, ``--step-col`` given where none has a statistic per
+    step, ``--normalize`` / ``--normalize-by`` with a critic-free estimator (docs/estimators.md)."""
+    from gaecli.advantages.contract import ESTIMATORS
+    from gaecli.options import check_choice, check_number
+
+    for estimator in estimators:
+        check_choice("--estimator", estimator, ESTIMATORS, "estimator")
+    names = " and ".join(dict.fromkeys(estimators))
+    for name, value in (("gamma", gamma), ("lambd", lambd)):
+        used = [estimator for estimator in estimators if name in ESTIMATOR_PARAMETERS.get(estimator, ())]
+        if used and value is None:
+            raise InvalidOptionError(f"--{name} is required by --estimator {used[0]}")
+        if not used and value is not None:
+            raise InvalidOptionError(f"--{name} is not used by --estimator {names}; leave it out")
+        check_number(f"--{name}", value, 0.0, 1.0)
+    critic_free = [estimator for estimator in estimators if estimator in CRITIC_FREE]
+    if critic_free and normalize:
+        raise InvalidOptionError(
+            f"--normalize/--normalize-by: --estimator {critic_free[0]} defines its own scaling; leave them out"
+        )
+    grouped = [estimator for estimator in estimators if estimator in GROUPED_ESTIMATORS]
+    if grouped and group_by is None:
+        raise InvalidOptionError(f"--estimator {grouped[0]} needs --group-col (the prompt-group id column)")
+    if not grouped and group_by is not None:
+        raise InvalidOptionError(f"--group-col is not used by --estimator {names}; leave it out")
+    if step_by is not None and not any(estimator in STEP_ESTIMATORS for estimator in estimators):
+        raise InvalidOptionError(
+            f"--step-col is not used by --estimator {names} (it splits gpg's α and the reinforce++ whitening)"
         )
 
 
@@ -135,11 +185,14 @@ def pack_batch(
     return PackedBatch(floats(columns.values), rewards, trainable, offsets, terminal, arrow_offsets)
 
 
-def compute_packed(packed: PackedBatch, spec: AdvantageSpec, kernel: str, device: str) -> tuple[np.ndarray, np.ndarray]:
+def compute_packed(
+    packed: PackedBatch, spec: AdvantageSpec, kernel: str, device: str, row_inputs: Optional[dict] = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Advantages and returns (flat numpy, the values' dtype) of a packed batch under
     ``spec``, by the one dispatch (:func:`gaecli.advantages.dispatch.compute`): the
     ``native`` kernel on the CPU runs without torch, every other kernel and device on
-    tensors, the same bits where both can run."""
+    tensors, the same bits where both can run. ``row_inputs``: the per-row inputs of a
+    critic-free estimator (each row's advantage)."""
     return compute(
         spec,
         packed.values,
@@ -149,6 +202,7 @@ def compute_packed(packed: PackedBatch, spec: AdvantageSpec, kernel: str, device
         packed.terminal_rewards,
         kernel=kernel,
         device=device,
+        row_inputs=row_inputs,
     )
 
 
@@ -209,16 +263,72 @@ class Computation:
     against_returns: Optional[str] = None
     on_invalid: str = "stop"
     normalize_by: Optional[str] = None
+    estimator: str = "gae"
+    old_estimator: Optional[str] = None
+    group_by: Optional[str] = None
+    step_by: Optional[str] = None
 
     @cached_property
     def new_spec(self) -> AdvantageSpec:
-        """What the new advantages are: the masked contract with γ and λ (not whitened here)."""
-        return AdvantageSpec(self.gamma, self.lambd)
+        """What the new advantages are: masked GAE with γ and λ, or the critic-free
+        ``estimator`` (not whitened here)."""
+        return self.estimator_spec(self.estimator)
 
     @cached_property
     def old_spec(self) -> Optional[AdvantageSpec]:
-        """What the old advantages are when recomputed: the ``old_semantics`` baseline."""
+        """What the old advantages are when recomputed: the ``old_estimator``, else the
+        ``old_semantics`` baseline; None when they are stored (``against``) or not computed."""
+        if self.old_estimator is not None:
+            return self.estimator_spec(self.old_estimator)
         return None if self.old_semantics is None else AdvantageSpec(self.gamma, self.lambd, self.old_semantics)
+
+    def estimator_spec(self, estimator: str) -> AdvantageSpec:
+        """The spec of ``estimator`` under the masked contract, with the parameters and per-row
+        ids it reads and no others (one set of options serves both sides of a comparison)."""
+        used = ESTIMATOR_PARAMETERS.get(estimator, ())
+        return AdvantageSpec(
+            self.gamma if "gamma" in used else None,
+            self.lambd if "lambd" in used else None,
+            estimator=estimator,
+            group_by=self.group_by if estimator in GROUPED_ESTIMATORS else None,
+            step_by=self.step_by if estimator in STEP_ESTIMATORS else None,
+        )
+
+    @property
+    def sides(self) -> tuple[AdvantageSpec, ...]:
+        """The specs computed here: the new one, and the old one when recomputed."""
+        return (self.new_spec,) if self.old_spec is None else (self.new_spec, self.old_spec)
+
+    @property
+    def needs_scores(self) -> bool:
+        """Whether a side needs the score statistics of every file first (a grouped estimator)."""
+        return any(spec.estimator in GROUPED_ESTIMATORS for spec in self.sides)
+
+    @property
+    def whitened_sides(self) -> tuple[bool, bool]:
+        """Which sides (new, old) are whitened over the input: both under ``--normalize``
+        (``normalize_by`` set, or the caller's flag), each ``reinforce++`` estimator's side."""
+        old = self.old_spec
+        return (
+            self.new_spec.estimator in WHITENED_ESTIMATORS,
+            old is not None and old.estimator in WHITENED_ESTIMATORS,
+        )
+
+    @property
+    def whiten_key(self) -> Optional[str]:
+        """The column whose values split the whitening statistics: ``--normalize-by``, or the
+        step id of the ``reinforce++`` estimators (None: the whole input)."""
+        return self.normalize_by if self.normalize_by is not None else self.step_by
+
+    def id_columns(self) -> tuple[tuple[str, str], ...]:
+        """(option, column) of the per-row ids a side reads (group, step): a null id is
+        invalid data."""
+        named = (("--group-col", self.group_by), ("--step-col", self.step_by))
+        return tuple(
+            (flag, name)
+            for (flag, name), field_name in zip(named, ("group_by", "step_by"))
+            if name is not None and any(getattr(spec, field_name) is not None for spec in self.sides)
+        )
 
 
 @dataclass
@@ -238,34 +348,103 @@ class ComputedBatch:
     new_returns: np.ndarray
     old: np.ndarray
     old_returns: Optional[np.ndarray]
+    scores: Optional[np.ndarray] = None
 
     def keys(self, name: Optional[str]) -> Optional[pa.Array]:
         """The valid rows' values of column ``name`` (None when ``name`` is None)."""
         return self.valid.column(name) if name is not None else None
 
 
+def id_findings(batch: pa.RecordBatch, computation: Computation, file: str, first_row: int) -> list[Finding]:
+    """``null`` findings (one per row, the lowest row first) for rows whose group or step id
+    is null: such a row belongs to no group."""
+    found: dict[int, Finding] = {}
+    for flag, name in computation.id_columns():
+        column = batch.column(name)
+        if column.null_count:
+            for row in np.flatnonzero(np.asarray(column.is_null())).tolist():
+                message = f"the {'group' if flag == '--group-col' else 'step'} id ({flag}) is null"
+                found.setdefault(first_row + row, Finding(file, first_row + row, name, "null", message))
+    return [found[row] for row in sorted(found)]
+
+
+def _side(
+    packed: PackedBatch,
+    spec: AdvantageSpec,
+    computation: Computation,
+    valid: pa.RecordBatch,
+    scores: Optional[np.ndarray],
+    statistics,
+) -> tuple[np.ndarray, np.ndarray]:
+    row_inputs = None
+    if spec.estimator in GROUPED_ESTIMATORS:
+        if statistics is None:
+            raise ValueError(f"estimator {spec.estimator!r}: the score statistics of the input are needed")
+        step_keys = valid.column(spec.step_by) if spec.step_by is not None else None
+        advantages = statistics.row_advantages(spec.estimator, scores, valid.column(spec.group_by), step_keys)
+        row_inputs = {ROW_ADVANTAGE: advantages}
+    return compute_packed(packed, spec, computation.kernel, computation.device, row_inputs)
+
+
 def computed_batches(
-    rollout: RolloutFile, computation: Computation, read: Optional[list[str]] = None
+    rollout: RolloutFile,
+    computation: Computation,
+    read: Optional[list[str]] = None,
+    statistics=None,
+    compute_sides: bool = True,
 ) -> Iterator[ComputedBatch]:
     """Every batch of ``rollout`` checked, packed, with new and old advantages computed.
-    ``read``: the columns to read (None: all)."""
+    ``read``: the columns to read (None: all). ``statistics``: the score statistics
+    (:class:`gaecli.advantages.estimators.ScoreStatistics`) of this file's groups, merged over
+    the input, when a side is a grouped estimator. ``compute_sides`` False: only the checks,
+    the packing and each row's score (the score-statistics pass; ``new`` and ``old`` empty)."""
     columns = computation.columns
     file = str(rollout.path)
     dtype = output_float_type(rollout.schema, columns).to_pandas_dtype()
+    critic_free = any(spec.critic_free for spec in computation.sides)
     first_row = first_token = 0
     for batch in rollout.iter_batches(computation.batch_rows, read):
         check_stop()  # a signal whose KeyboardInterrupt third-party code swallowed (gaecli.stop)
         check = check_batch(batch, columns, file, first_row)
+        null_ids = id_findings(batch, computation, file, first_row)
+        if null_ids:
+            check, _ = with_findings(check, null_ids, first_row)
         valid = batch
         if not check.ok:
             if computation.on_invalid == "stop":
                 raise InvalidDataError(first_error(check.findings))
             valid = batch.filter(pa.array(~check.invalid))
         packed = pack_batch(valid, columns, dtype, check if valid is batch else None)
-        kernel, device = computation.kernel, computation.device
-        new, new_returns = compute_packed(packed, computation.new_spec, kernel, device)
-        if computation.against is None:
-            old, old_returns = compute_packed(packed, computation.old_spec, kernel, device)
+        scores = None
+        if critic_free:
+            from gaecli.advantages.estimators import row_scores
+
+            scores, _ = row_scores(packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards)
+            if not np.isfinite(scores).all():  # finite rewards whose sum overflowed: the row is rejected in every pass
+                bad = np.flatnonzero(~np.isfinite(scores))
+                valid_rows = np.flatnonzero(~check.invalid)
+                name = columns.rewards or columns.terminal_reward
+                overflow = [
+                    Finding(file, first_row + int(valid_rows[row]), name, "overflow", "the score overflowed")
+                    for row in bad.tolist()
+                ]
+                if computation.on_invalid == "stop":
+                    raise InvalidDataError(overflow[0])
+                check, keep = with_findings(check, overflow, first_row)
+                valid = batch.filter(pa.array(~check.invalid))
+                packed = drop_rows(packed, keep, np.repeat(keep, np.diff(packed.offsets)))
+                scores = scores[keep]
+        if not compute_sides:
+            empty = np.zeros(0, dtype=dtype)
+            yield ComputedBatch(batch, valid, check, first_row, first_token, packed, empty, empty, empty, None, scores)
+            first_row += batch.num_rows
+            first_token += packed.tokens
+            continue
+        new, new_returns = _side(packed, computation.new_spec, computation, valid, scores, statistics)
+        if computation.against is None and computation.old_spec is None:
+            old, old_returns = new, new_returns  # nothing to compare with: the new side itself
+        elif computation.against is None:
+            old, old_returns = _side(packed, computation.old_spec, computation, valid, scores, statistics)
         else:
             old = stored_column(valid, computation.against, packed.offsets, columns.loss_mask, file, first_row)
             old_returns = None
@@ -274,8 +453,8 @@ def computed_batches(
                     valid, computation.against_returns, packed.offsets, columns.loss_mask, file, first_row
                 )
         outputs = {columns.advantages: new, columns.returns: new_returns}
-        if computation.against is None:
-            suffix = computation.old_semantics.replace("-", "_")
+        if computation.against is None and computation.old_spec is not None:
+            suffix = (computation.old_estimator or computation.old_semantics).replace("-", "_").replace("+", "p")
             outputs.update({f"advantages_{suffix}": old, f"returns_{suffix}": old_returns})
         overflow = overflow_findings(outputs, packed.offsets, np.flatnonzero(~check.invalid), file, first_row)
         if overflow:
@@ -287,7 +466,10 @@ def computed_batches(
             packed = drop_rows(packed, keep, tokens)
             new, new_returns, old = new[tokens], new_returns[tokens], old[tokens]
             old_returns = None if old_returns is None else old_returns[tokens]
-        yield ComputedBatch(batch, valid, check, first_row, first_token, packed, new, new_returns, old, old_returns)
+            scores = None if scores is None else scores[keep]
+        yield ComputedBatch(
+            batch, valid, check, first_row, first_token, packed, new, new_returns, old, old_returns, scores
+        )
         first_row += batch.num_rows
         first_token += packed.tokens
 
@@ -352,6 +534,8 @@ def check_file(schema: pa.Schema, file: str, computation: "Computation") -> None
     ``--against`` / ``--against-returns`` (lists of floats) (:class:`GAEUsageError`)."""
     check_rollout_schema(schema, computation.columns, file)
     check_scalar_column(schema, file, "--normalize-by", computation.normalize_by)
+    for flag, name in computation.id_columns():
+        check_scalar_column(schema, file, flag, name)
     for flag, name in (("--against", computation.against), ("--against-returns", computation.against_returns)):
         if name is None:
             continue
@@ -373,20 +557,23 @@ def statistics_columns(schema: pa.Schema, computation: Computation, key: Optiona
     columns = computation.columns
     needed = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
     named = (computation.normalize_by, computation.against, computation.against_returns, key)
-    needed |= {name for name in named if name is not None}
+    needed |= {name for name in named if name is not None} | {name for _, name in computation.id_columns()}
     return [name for name in schema.names if name in needed]
 
 
-def rollout_reduction(rollout, computation: Computation, reduction: Reduction, progress=None) -> ReductionResult:
+def rollout_reduction(
+    rollout, computation: Computation, reduction: Reduction, progress=None, statistics=None
+) -> ReductionResult:
     """A grouped-reduction pass (:class:`gaecli.advantages.reduction.Reduction`) over the
     computed batches of an open reader (a file's :class:`RolloutFile`, or a table's);
-    ``progress`` (optional) is advanced per batch."""
+    ``progress`` (optional) is advanced per batch; ``statistics``: the file's score
+    statistics when a side needs them (:func:`computed_batches`)."""
     where = str(rollout.path)
     check_file(rollout.schema, where, computation)
     check_scalar_column(rollout.schema, where, "the reduction key", reduction.key)
     result = ReductionResult(reduction)
     read = statistics_columns(rollout.schema, computation, reduction.key)
-    for computed in computed_batches(rollout, computation, read):
+    for computed in computed_batches(rollout, computation, read, statistics):
         packed = computed.packed
         operands = {operand: getattr(computed, operand) for operand in reduction.operands}
         result.add(operands, packed.trainable, packed.offsets, computed.keys(reduction.key))
@@ -398,13 +585,13 @@ def rollout_reduction(rollout, computation: Computation, reduction: Reduction, p
 
 
 def file_reduction(
-    path: str, computation: Computation, reduction: Reduction, footer=None, progress=None
+    path: str, computation: Computation, reduction: Reduction, footer=None, statistics=None, progress=None
 ) -> ReductionResult:
     """:func:`rollout_reduction` over one file (the unit of the statistics pass). ``footer``:
-    the file's footer if read already."""
+    the file's footer if read already; ``statistics``: its score statistics if needed."""
     rollout = RolloutFile(path, footer)
     try:
-        return rollout_reduction(rollout, computation, reduction, progress)
+        return rollout_reduction(rollout, computation, reduction, progress, statistics)
     finally:
         rollout.close()
 
@@ -432,6 +619,7 @@ def engine_reduction_parts(
     total_rows: int,
     session=None,
     footers: Optional[list] = None,
+    statistics: Optional[list] = None,
 ) -> list[ReductionResult]:
     """The per-file parts of a grouped-reduction pass over ``paths`` on ``engine`` (an
     :class:`gaecli.engines.EngineOptions`, with the command's
@@ -443,7 +631,11 @@ def engine_reduction_parts(
     progress.start("statistics", total_rows)
     try:
         footers = footers or [None] * len(paths)
-        tasks = [(str(path), computation, reduction, footer) for path, footer in zip(paths, footers)]
+        statistics = statistics or [None] * len(paths)
+        tasks = [
+            (str(path), computation, reduction, footer, scores)
+            for path, footer, scores in zip(paths, footers, statistics)
+        ]
         parts = map_units(
             file_reduction,
             tasks,
@@ -473,12 +665,23 @@ def engine_reduction(
 
 
 def _moments_parts(
-    paths: list[str], computation: Computation, engine, progress, total_rows: int, session, footers=None
+    paths: list[str],
+    computation: Computation,
+    engine,
+    progress,
+    total_rows: int,
+    session,
+    footers=None,
+    statistics=None,
 ) -> tuple[tuple[GroupedMoments, GroupedMoments], list[dict[str, np.ndarray]], list]:
-    reduction = normalize_reduction(computation.normalize_by)
-    parts = engine_reduction_parts(paths, computation, reduction, engine, progress, total_rows, session, footers)
+    reduction = normalize_reduction(computation.whiten_key)
+    parts = engine_reduction_parts(
+        paths, computation, reduction, engine, progress, total_rows, session, footers, statistics
+    )
     merged = ReductionResult(reduction)
     codes = [merged.merge(part) for part in parts]
+    if any(spec.critic_free for spec in computation.sides):  # a step without trainable tokens has nothing to whiten
+        return (merged.groups["new"], merged.groups["old"]), codes, parts
     return checked_moments(merged, computation.normalize_by), codes, parts
 
 
@@ -499,12 +702,16 @@ def engine_file_moments(
     total_rows: int,
     session=None,
     footers: Optional[list] = None,
+    statistics: Optional[list] = None,
 ) -> list[tuple[GroupedMoments, GroupedMoments]]:
     """:func:`engine_moments`, handed out per file: for each of ``paths`` the merged moments
     (new, old) of the groups its rows belong to, and only those, so that each file's unit
     is sent what it needs (a few dozen bytes per group of the file) and not every group.
-    ``footers``: the files' footers where read already."""
-    (new, old), codes, parts = _moments_parts(paths, computation, engine, progress, total_rows, session, footers)
+    ``footers``: the files' footers where read already; ``statistics``: the files' score
+    statistics where a side needs them (:func:`engine_file_scores`)."""
+    (new, old), codes, parts = _moments_parts(
+        paths, computation, engine, progress, total_rows, session, footers, statistics
+    )
     return [
         (new.subset(code["new"], part.groups["new"].table), old.subset(code["old"], part.groups["old"].table))
         for code, part in zip(codes, parts)
@@ -517,3 +724,109 @@ def normalize_label(options) -> str:
     if options.normalize_by is not None:
         return f"by:{options.normalize_by}"
     return "all" if options.normalize else "none"
+
+
+# ----------------------------------------------------------------------------- score statistics
+
+
+def rollout_scores(rollout, computation: Computation, progress=None):
+    """The score statistics (:class:`gaecli.advantages.estimators.ScoreStatistics`) of the
+    rows of an open reader: each valid row's score added per group id (when a side is
+    grouped) and per step id (or the whole input), in row order."""
+    from gaecli.advantages.estimators import ScoreStatistics, row_scores
+
+    where = str(rollout.path)
+    check_file(rollout.schema, where, computation)
+    grouped = computation.group_by is not None and computation.needs_scores
+    statistics = ScoreStatistics(grouped)
+    read = statistics_columns(rollout.schema, computation)
+    for computed in computed_batches(rollout, computation, read, compute_sides=False):
+        packed = computed.packed
+        _, counts = row_scores(packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards)
+        statistics.add(
+            computed.keys(computation.group_by) if grouped else None,
+            computed.keys(computation.step_by),
+            computed.scores,
+            counts,
+        )
+        if progress is not None:
+            progress.advance(computed.batch.num_rows, packed.tokens)
+    return statistics
+
+
+def file_scores(path: str, computation: Computation, footer=None, progress=None):
+    """:func:`rollout_scores` over one file (the unit of the score pass)."""
+    rollout = RolloutFile(path, footer)
+    try:
+        return rollout_scores(rollout, computation, progress)
+    finally:
+        rollout.close()
+
+
+def engine_file_scores(
+    paths: list[str],
+    computation: Computation,
+    engine,
+    progress,
+    total_rows: int,
+    session=None,
+    footers: Optional[list] = None,
+) -> list:
+    """The score statistics of the critic-free estimators over ``paths`` (one
+    :func:`file_scores` unit per file on ``engine``, merged in input order, so the same for
+    any engine and worker count), handed out per file: for each file the merged statistics of
+    the groups and steps its rows belong to, and only those."""
+    from gaecli.advantages.estimators import ScoreStatistics
+    from gaecli.engines import TaskFailure, map_units
+
+    progress.start("scores", total_rows)
+    try:
+        footers = footers or [None] * len(paths)
+        tasks = [(str(path), computation, footer) for path, footer in zip(paths, footers)]
+        parts = map_units(
+            file_scores,
+            tasks,
+            [str(path) for path in paths],
+            engine,
+            stop_on_failure=True,
+            progress=progress,
+            session=session,
+        )
+    finally:
+        progress.finish()
+    for part in parts:
+        if isinstance(part, TaskFailure):
+            part.raise_error()
+    merged = ScoreStatistics(parts[0].groups is not None if parts else True)
+    codes = [merged.merge(part) for part in parts]
+    return [merged.subset(code) for code in codes]
+
+
+def whitened_sides(
+    computed: ComputedBatch, computation: Computation, moments: Optional[tuple[GroupedMoments, GroupedMoments]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """The new and old advantages and returns of a computed batch after whitening with the
+    merged ``moments`` (new, old): under ``--normalize`` both sides' advantages (the new ones
+    0 at masked positions), otherwise the side of each ``reinforce++`` estimator (0 at masked
+    positions; ``reinforce++-baseline``'s returns are its advantages). Returns ``(new,
+    new_returns, old, old_returns)``, each in its computed dtype."""
+    new, new_returns, old, old_returns = computed.new, computed.new_returns, computed.old, computed.old_returns
+    if moments is None:
+        return new, new_returns, old, old_returns
+    packed = computed.packed
+    keys = computed.keys(computation.whiten_key)
+    if not any(spec.critic_free for spec in computation.sides):
+        new = np.where(packed.trainable, whiten_rows(new, packed.offsets, moments[0], keys), 0.0).astype(new.dtype)
+        return new, new_returns, whiten_rows(old, packed.offsets, moments[1], keys).astype(old.dtype), old_returns
+    from gaecli.advantages.estimators import whiten_trainable
+
+    whitens = computation.whitened_sides
+    sides = [[new, new_returns], [old, old_returns]]
+    for index, (spec, side) in enumerate(zip((computation.new_spec, computation.old_spec), sides)):
+        if whitens[index]:
+            side[0] = whiten_trainable(side[0], packed.trainable, packed.offsets, moments[index], keys)
+            if spec.estimator == "reinforce++-baseline":
+                side[1] = side[0]
+    if computation.old_spec is None and computation.against is None:
+        sides[1] = sides[0]
+    return sides[0][0], sides[0][1], sides[1][0], sides[1][1]

@@ -11,15 +11,20 @@ from gaecli.cli.common import (
     EXIT_USAGE,
     DebugOption,
     EngineOption,
+    EstimatorOption,
+    GammaOption,
+    GroupColOption,
     JsonOption,
     KLCoefOption,
     KLEstimatorOption,
+    LambdOption,
     LogprobsColOption,
     MaskColOption,
     QuietOption,
     RayAddressOption,
     RefLogprobsColOption,
     RewardsColOption,
+    StepColOption,
     TerminalColOption,
     ValuesColOption,
     WorkersOption,
@@ -40,8 +45,11 @@ def diff(
     inputs: Annotated[
         list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")
     ],
-    gamma: Annotated[float, typer.Option(help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
-    lambd: Annotated[float, typer.Option(help="GAE λ in [0, 1].")],
+    gamma: GammaOption = None,
+    lambd: LambdOption = None,
+    estimator: EstimatorOption = "gae",
+    group_col: GroupColOption = None,
+    step_col: StepColOption = None,
     baseline: Annotated[
         Optional[str],
         typer.Option(
@@ -49,6 +57,16 @@ def diff(
             show_default=False,
             help="Old advantages recomputed with: unmasked (default), skip-masked (verl / AReaL) or zero-masked "
             "(OpenRLHF).",
+        ),
+    ] = None,
+    old_estimator: Annotated[
+        Optional[str],
+        typer.Option(
+            "--old-estimator",
+            metavar="NAME",
+            show_default=False,
+            help="Old advantages: another estimator (gae or a critic-free one) on the same rows, with the same "
+            "options; exclusive with --baseline and --against.",
         ),
     ] = None,
     against: Annotated[
@@ -163,6 +181,10 @@ def diff(
             ),
             per_sample=per_sample,
             report_paths=reports(JSON=json_path, Markdown=markdown, HTML=html),
+            estimator=estimator,
+            old_estimator=old_estimator,
+            group_by_id=group_col,
+            step_by=step_col,
         )
         report = diff_files(inputs, options, make_progress(quiet), make_engine(engine, workers, ray_address))
         document = report.to_dict()

@@ -38,9 +38,17 @@ class DiffReport:
             "lambd": options.lambd,
             "kernel": self.kernel,
             "new": "masked",
+            "estimator": options.estimator,
+            "group_col": options.group_by_id,
+            "step_col": options.step_by,
             "old": {
-                "source": "stored" if options.against is not None else "baseline",
+                "source": "stored"
+                if options.against is not None
+                else "estimator"
+                if options.old_estimator is not None
+                else "baseline",
                 "baseline": options.old_semantics,
+                "estimator": options.old_estimator,
                 "advantages_column": options.against,
                 "returns_column": options.against_returns,
             },

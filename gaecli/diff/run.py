@@ -22,23 +22,39 @@ from gaecli.grouping import GroupedMoments
 from gaecli.io.filesystem import to_path, total_size
 from gaecli.io.paths import check_writes, discover_inputs, report_writes
 from gaecli.io.reader import RolloutFile
-from gaecli.pipeline import Computation, check_file, check_scalar_column, computed_batches, engine_moments, whiten_rows
+from gaecli.pipeline import (
+    Computation,
+    check_file,
+    check_scalar_column,
+    computed_batches,
+    engine_file_moments,
+    engine_file_scores,
+    engine_moments,
+    whitened_sides,
+)
 from gaecli.progress import NoProgress, Progress
 
 
 def computation_of(options: DiffOptions, kernel: str) -> Computation:
-    """The pipeline settings of a diff (``kernel`` resolved)."""
+    """The pipeline settings of a diff (``kernel`` resolved); the values column is not read
+    when no side reads values (critic-free estimators only)."""
+    reads_values = "gae" in options.side_estimators
+    columns = options.columns if reads_values else replace(options.columns, values=None)
     return Computation(
         gamma=options.gamma,
         lambd=options.lambd,
         kernel=kernel,
         device=options.device,
         batch_rows=options.batch_rows,
-        columns=options.columns,
+        columns=columns,
         old_semantics=options.old_semantics,
         against=options.against,
         against_returns=options.against_returns,
         normalize_by=options.normalize_by,
+        estimator=options.estimator,
+        old_estimator=options.old_estimator,
+        group_by=options.group_by_id,
+        step_by=options.step_by,
     )
 
 
@@ -51,11 +67,8 @@ def _check_file(schema: pa.Schema, file: str, options: DiffOptions, computation:
 def _read_columns(schema: pa.Schema, options: DiffOptions) -> list[str]:
     columns = options.columns
     wanted = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
-    wanted |= {
-        name
-        for name in (options.against, options.against_returns, options.normalize_by, options.group_by, options.id_col)
-        if name is not None
-    }
+    named = (options.against, options.against_returns, options.normalize_by, options.group_by, options.id_col)
+    wanted |= {name for name in (*named, options.group_by_id, options.step_by) if name is not None}
     return [name for name in schema.names if name in wanted]
 
 
@@ -107,12 +120,14 @@ def diff_unit(
     kernel: str,
     moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
     per_sample: Optional[pa.Schema] = None,
+    scores=None,
     progress: Optional[Progress] = None,
 ) -> FilePart:
     """Diff one file (the work unit of every engine; file ``index`` in the input order,
     which keys its top samples and token sample). ``moments``: the merged ``--normalize``
-    statistics (new, old); ``per_sample``: the ``--per-sample`` schema, when one is
-    written. ``progress`` (optional) is advanced per batch."""
+    statistics (new, old), or those of a ``reinforce++`` estimator's whitening;
+    ``per_sample``: the ``--per-sample`` schema, when one is written; ``scores``: the score
+    statistics of this file's groups for a grouped estimator. ``progress`` (optional) is advanced per batch."""
     computation = computation_of(options, kernel)
     part = FilePart.empty(path, options)
     if per_sample is not None:
@@ -120,20 +135,18 @@ def diff_unit(
     rollout = RolloutFile(path)
     try:
         _check_file(rollout.schema, path, options, computation)
-        for computed in computed_batches(rollout, computation, _read_columns(rollout.schema, options)):
-            batch, packed, new, old = computed.batch, computed.packed, computed.new, computed.old
+        read = _read_columns(rollout.schema, options)
+        for computed in computed_batches(rollout, computation, read, statistics=scores):
+            batch, packed = computed.batch, computed.packed
             first_row, first_token = computed.first_row, computed.first_token
-            if moments is not None:
-                keys = computed.keys(options.normalize_by)
-                new = np.where(packed.trainable, whiten_rows(new, packed.offsets, moments[0], keys), 0.0)
-                old = whiten_rows(old, packed.offsets, moments[1], keys)
+            new, new_returns, old, old_returns = whitened_sides(computed, computation, moments)
             rows = part.accumulator.update(
                 new,
                 old,
                 packed.trainable,
                 packed.offsets,
-                new_returns=computed.new_returns,
-                old_returns=computed.old_returns,
+                new_returns=new_returns,
+                old_returns=old_returns,
             )
             group_keys = computed.keys(options.group_by)
             if part.groups is not None:
@@ -229,12 +242,19 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
     writer = AtomicParquetWriter(to_path(options.per_sample), schema) if schema is not None else None
     try:
         with EngineSession() as session:  # one pool (or Ray) for both passes
-            moments = None
+            moments, scores = [None] * len(files), [None] * len(files)
+            if computation.needs_scores:  # the critic-free estimators' group statistics, per file
+                scores = engine_file_scores(files, computation, engine, progress, total_rows, session)
             if options.whitening:
-                moments = engine_moments(files, computation, engine, progress, total_rows, session)
+                moments = [engine_moments(files, computation, engine, progress, total_rows, session)] * len(files)
+            elif any(computation.whitened_sides):  # a reinforce++ estimator: each unit gets its file's steps
+                moments = engine_file_moments(files, computation, engine, progress, total_rows, session, None, scores)
             progress.start("diff", total_rows)
             try:
-                units = [(index, file, options, kernel, moments, schema) for index, file in enumerate(files)]
+                units = [
+                    (index, file, options, kernel, moments[index], schema, scores[index])
+                    for index, file in enumerate(files)
+                ]
                 results = map_units(
                     diff_unit, units, files, engine, stop_on_failure=True, progress=progress, session=session
                 )

@@ -47,13 +47,33 @@ def old_label(document: dict) -> str:
     if old["source"] == "stored":
         returns = f", returns {old['returns_column']!r}" if old["returns_column"] else ""
         return f"stored column {old['advantages_column']!r}{returns}"
+    if old["source"] == "estimator":
+        return f"the {old['estimator']} estimator"
     return f"the {old['baseline']} baseline"
+
+
+def estimator_label(document: dict) -> str:
+    """The new side in words: ``masked GAE`` or the critic-free estimator's name."""
+    estimator = document.get("estimator", "gae")
+    return "masked GAE" if estimator == "gae" else estimator
+
+
+def parameters_label(document: dict) -> str:
+    """γ and λ where given (``γ = 0.99, λ = 0.95``), else ``no γ, λ``; with the group and step
+    columns of the estimators when named."""
+    given = [
+        f"{symbol} = {document[key]:g}" for key, symbol in (("gamma", "γ"), ("lambd", "λ")) if document[key] is not None
+    ]
+    for key, what in (("group_col", "groups"), ("step_col", "steps")):
+        if document.get(key):
+            given.append(f"{what} {document[key]!r}")
+    return ", ".join(given) or "no γ, λ"
 
 
 def headline(document: dict) -> str:
     summary, files = document["summary"], document["files"]
     return (
-        f"masked GAE against {old_label(document)} · γ = {document['gamma']:g}, λ = {document['lambd']:g} · "
+        f"{estimator_label(document)} against {old_label(document)} · {parameters_label(document)} · "
         f"normalize {document['normalize']} · {summary['samples']:,} samples in {len(files)} "
         f"file{'s' if len(files) != 1 else ''}"
     )
