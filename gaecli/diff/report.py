@@ -29,6 +29,25 @@ class DiffReport:
     histogram: SignedLogHistogram
     scatter: tuple[np.ndarray, np.ndarray]
 
+    def old_side(self) -> dict:
+        """What the old advantages are: a GAE baseline, a stored column, or (``--old-estimator``)
+        another estimator, then with its name under ``estimator``."""
+        options = self.options
+        if options.old_estimator is not None:
+            return {
+                "source": "estimator",
+                "estimator": options.old_estimator,
+                "baseline": None,
+                "advantages_column": None,
+                "returns_column": None,
+            }
+        return {
+            "source": "stored" if options.against is not None else "baseline",
+            "baseline": options.old_semantics,
+            "advantages_column": options.against,
+            "returns_column": options.against_returns,
+        }
+
     def to_dict(self) -> dict:
         """The JSON document of ``gae diff --json`` (every key in docs/diff.md)."""
         options = self.options
@@ -41,17 +60,7 @@ class DiffReport:
             "estimator": options.estimator,
             "group_col": options.group_by_id,
             "step_col": options.step_by,
-            "old": {
-                "source": "stored"
-                if options.against is not None
-                else "estimator"
-                if options.old_estimator is not None
-                else "baseline",
-                "baseline": options.old_semantics,
-                "estimator": options.old_estimator,
-                "advantages_column": options.against,
-                "returns_column": options.against_returns,
-            },
+            "old": self.old_side(),
             "normalize": normalize_label(options),
             "tolerance": options.tolerance,
             "group_by": options.group_by,
