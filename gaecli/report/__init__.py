@@ -119,7 +119,7 @@ def summary_rows(document: dict) -> list[tuple[str, str]]:
         )
         rows.append(("  tail length mean / median / p99 / max", tail))
         if s["mean_terminal_credit"] is None:
-            rows.append(("  terminal credit of the old advantages", "— (not defined for stored advantages)"))
+            rows.append(("  terminal credit of the old advantages", "— (defined for a GAE baseline only)"))
         else:
             rows.append(
                 (
