@@ -349,3 +349,60 @@ def test_diff_usage_errors_exit_2(tmp_path, options, message):
     result = gae("diff", *map(str, inputs), *options)
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
+
+
+def test_an_estimator_is_an_old_side_of_its_own():
+    """``--old-estimator``: a comparison side named by the estimator, whose spec takes γ, λ and
+    the group and step ids only where that estimator reads them."""
+    from gaecli.comparison.sides import ComparisonSide
+
+    side = ComparisonSide.from_estimator("reinforce++-baseline")
+    assert side.recomputed and side.name == "reinforce++-baseline"
+    assert side.to_dict() == {
+        "source": "estimator",
+        "baseline": None,
+        "advantages_column": None,
+        "returns_column": None,
+        "estimator": "reinforce++-baseline",
+    }
+    assert side.output_columns == ("advantages_reinforcepp_baseline", "returns_reinforcepp_baseline")
+    ids = ("prompt_id", "step")
+    assert side.spec(0.9, 0.95, *ids) == AdvantageSpec(
+        estimator="reinforce++-baseline", group_by="prompt_id", step_by="step"
+    )
+    assert ComparisonSide.from_estimator("reinforce++").spec(0.9, 0.95, *ids) == AdvantageSpec(
+        0.9, estimator="reinforce++", step_by="step"
+    )
+    assert ComparisonSide.from_estimator("rloo").spec(0.9, 0.95, *ids) == AdvantageSpec(
+        estimator="rloo", group_by="prompt_id"
+    )
+    assert ComparisonSide.from_estimator("gae").spec(0.9, 0.95, *ids) == AdvantageSpec(0.9, 0.95)
+
+
+def test_diff_gae_with_a_variant_against_an_estimator(tmp_path):
+    """The new side keeps its GAE variants when the old side is another estimator: with V = 0
+    and γ = λ = 1 masked GAE's advantage at a trainable token is z plus the rewards at that
+    token and the trainable ones after it (decoupled λ changes the returns only)."""
+    batch = random_batch(5, samples=16, groups=4)
+    inputs = write_files(tmp_path / "in", batch, [6])
+    options = ("--gamma", "1", "--lambd", "1", "--lambd-critic", "0.5", "--values-col", "none")
+    common = ("--old-estimator", "dr-grpo", "--group-col", "prompt_id", "--json", "-", "--quiet")
+    result = gae("diff", *map(str, inputs), *options, *common)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    spec = document["new_spec"]
+    assert (spec["estimator"], spec["lambd_critic"], spec["group_by"], spec["step_by"]) == ("gae", 0.5, None, None)
+    assert document["old"]["estimator"] == "dr-grpo" and [c["name"] for c in document["comparisons"]] == ["dr-grpo"]
+    rewards = pa.array(batch["rewards"], pa.list_(pa.float32())).to_pylist()
+    terminals = np.float32(batch["terminals"]).astype(float).tolist()
+    old, _ = critic_free_oracle("dr-grpo", rewards, batch["masks"], terminals, batch["groups"])
+    deltas = []
+    for row_rewards, mask, z, row_old in zip(rewards, batch["masks"], terminals, old):
+        following = z
+        for reward, trainable, old_advantage in reversed(list(zip(row_rewards, mask, row_old))):
+            if trainable:
+                following += reward
+                deltas.append(abs(following - old_advantage))
+    assert document["summary"]["max_abs_delta_advantage"] == pytest.approx(max(deltas), rel=1e-5)
+    refused = gae("diff", *map(str, inputs), "--estimator", "grpo", "--timestep", "turn", *common[:4])
+    assert refused.exit_code == 2 and "need estimator 'gae'" in refused.output
