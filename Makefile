@@ -34,7 +34,7 @@ test: lint
 	$(PY) -m pytest -q
 
 demo: $(BASE_STAMP)
-	$(VENV)/bin/gae recompute sample_data -o demo_out --gamma 1 --lambd 0.95 --overwrite
+	$(VENV)/bin/gae recompute sample_data/agentic sample_data/single_turn.parquet -o demo_out --gamma 1 --lambd 0.95 --overwrite
 
 sample-data: $(BASE_STAMP)
 	$(PY) scripts/make_sample_data.py sample_data

@@ -6,7 +6,11 @@
   rollouts, turns of 30–250 tokens between masked observation blocks of 10–400, KL
   rewards at every position, 15 % masked tails and one fully masked sample per file
   (shorter responses than the benchmark's, so the files stay small);
-- ``single_turn.parquet``: single-turn rows, every token trainable, bool masks.
+- ``single_turn.parquet``: single-turn rows, every token trainable, bool masks;
+- ``critic_free/grpo_step_0000.parquet``: a critic-free (GRPO-style) dump of multi-turn
+  rollouts, no values column: 8 prompts (``prompt_id``) × 4 samples, 0/1 outcome rewards
+  (two prompts all correct or all wrong), zero per-token rewards, a ``step`` column
+  (docs/estimators.md).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
@@ -45,6 +50,42 @@ def main(out_dir: str = "sample_data") -> None:
     path = root / "single_turn.parquet"
     pq.write_table(table, path, compression="zstd")
     print(f"{path}: {table.num_rows} rows")
+    write_critic_free(root / "critic_free" / "grpo_step_0000.parquet")
+
+
+def write_critic_free(path: Path, prompts: int = 8, group_size: int = 4) -> None:
+    """The critic-free sample: agentic rollouts without values, grouped by prompt."""
+    workload = agentic(
+        num_samples=prompts * group_size,
+        seed=300,
+        median_length=400,
+        max_length=2_000,
+        turn=(30, 200),
+        observation=(10, 200),
+        masked_tail_share=0.15,
+        fully_masked_share=0.03,
+    )
+    table = workload_table(workload, rollout_id=3)
+    rng = np.random.default_rng(301)
+    solve_rate = rng.uniform(0.2, 0.8, prompts)
+    solve_rate[:2] = (1.0, 0.0)  # one prompt always solved, one never: their groups give exactly 0
+    correct = rng.random((prompts, group_size)) < solve_rate[:, None]
+    rewards = table.column("rewards").combine_chunks()
+    zeros = pa.ListArray.from_arrays(rewards.offsets, pa.array(np.zeros(len(rewards.values), np.float32)))
+    table = (
+        table.drop_columns(["values"])
+        .set_column(table.schema.get_field_index("rewards") - 1, "rewards", zeros)
+        .set_column(
+            table.schema.get_field_index("terminal_reward") - 1,
+            "terminal_reward",
+            pa.array(correct.reshape(-1).astype(np.float32)),
+        )
+        .append_column("prompt_id", pa.array([f"q{i // group_size:03d}" for i in range(table.num_rows)]))
+        .append_column("step", pa.array(np.zeros(table.num_rows, np.int64)))
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, compression="zstd")
+    print(f"{path}: {table.num_rows} rows, {len(set(table.column('prompt_id').to_pylist()))} prompts")
 
 
 if __name__ == "__main__":

@@ -430,3 +430,94 @@ def oracle_batch(semantics: str, batch: Batch) -> tuple[list[torch.Tensor], list
         advantages.append(torch.tensor(sample_advantages, dtype=torch.float64))
         returns.append(torch.tensor(sample_returns, dtype=torch.float64))
     return advantages, returns
+
+
+# ----------------------------------------------------------------------------- critic-free oracle
+
+
+def critic_free_oracle(
+    estimator: str,
+    rewards: Sequence[Sequence[float]],
+    masks: Sequence[Sequence[float]],
+    terminals: Sequence[float],
+    groups: Sequence | None = None,
+    steps: Sequence | None = None,
+    gamma: float | None = None,
+) -> tuple[list[list[float]], list[list[float]]]:
+    """The critic-free estimators of docs/estimators.md as plain Python loops on floats, one
+    sample at a time, groups in a dict (written apart from gaecli's numpy code; exact sums by
+    ``math.fsum``). Returns (advantages, returns) as lists of lists."""
+    import math
+
+    samples = len(rewards)
+    groups = list(groups) if groups is not None else [None] * samples
+    steps = list(steps) if steps is not None else [None] * samples
+    scores, counts = [], []
+    for reward, mask, terminal in zip(rewards, masks, terminals):
+        kept = [float(r) for r, m in zip(reward, mask) if m]
+        scores.append(math.fsum(kept) + float(terminal))
+        counts.append(len(kept))
+    members: dict = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    mean, std, opo = {}, {}, {}
+    for group, indices in members.items():
+        values = [scores[i] for i in indices]
+        n = len(values)
+        if n == 1:
+            mean[group], std[group], opo[group] = 0.0, 1.0, 0.0
+            continue
+        mean[group] = math.fsum(values) / n
+        std[group] = math.sqrt(math.fsum((v - mean[group]) ** 2 for v in values) / (n - 1))
+        tokens = sum(counts[i] for i in indices)
+        opo[group] = math.fsum(counts[i] * scores[i] for i in indices) / tokens if tokens else 0.0
+    alpha = {}
+    for step in set(steps):
+        rows = [i for i in range(samples) if steps[i] == step]
+        alpha[step] = len(rows) / max(1, sum(1 for i in rows if scores[i] != 0.0))
+
+    def row_value(i: int) -> float:
+        s, g = scores[i], groups[i]
+        n = len(members[g])
+        if estimator == "grpo":
+            return (s - mean[g]) / (std[g] + 1e-6)
+        if estimator in ("dr-grpo", "reinforce++-baseline"):
+            return s - mean[g]
+        if estimator == "rloo":
+            return n / (n - 1) * (s - mean[g]) if n > 1 else s
+        if estimator == "opo":
+            return s - opo[g]
+        if estimator == "gpg":
+            return alpha[steps[i]] * (s - mean[g])
+        raise ValueError(estimator)
+
+    if estimator == "reinforce++":
+        returns = []
+        for reward, mask, terminal in zip(rewards, masks, terminals):
+            out = [0.0] * len(reward)
+            positions = [t for t, m in enumerate(mask) if m]
+            carry = 0.0
+            for k in reversed(range(len(positions))):
+                t = positions[k]
+                carry = float(reward[t]) + (float(terminal) if k == len(positions) - 1 else 0.0) + gamma * carry
+                out[t] = carry
+            returns.append(out)
+        advantages = returns
+    else:
+        advantages = [[row_value(i) if m else 0.0 for m in masks[i]] for i in range(samples)]
+        returns = advantages
+    if estimator in ("reinforce++", "reinforce++-baseline"):
+        whitened = [[0.0] * len(a) for a in advantages]
+        for step in set(steps):
+            cells = [(i, t) for i in range(samples) if steps[i] == step for t, m in enumerate(masks[i]) if m]
+            if not cells:
+                continue
+            numbers = [advantages[i][t] for i, t in cells]
+            mu = math.fsum(numbers) / len(numbers)
+            var = math.fsum((x - mu) ** 2 for x in numbers) / (len(numbers) - 1) if len(numbers) > 1 else 0.0
+            for (i, t), x in zip(cells, numbers):
+                whitened[i][t] = (x - mu) / math.sqrt(var + 1e-8)
+        if estimator == "reinforce++-baseline":
+            returns = whitened
+        advantages = whitened
+    return advantages, returns

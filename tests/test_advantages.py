@@ -78,6 +78,8 @@ def test_spec_defaults_and_fields():
         "turn_rewards": None,
         "truncated": None,
         "bootstrap_values": None,
+        "group_by": None,
+        "step_by": None,
     }
     assert spec.features == frozenset({"estimator:gae", "timestep:token"})
     assert spec.row_inputs == ()
@@ -105,7 +107,8 @@ def test_spec_is_immutable_hashable_and_picklable():
         ({"normalize": "some"}, "unknown normalize 'some'"),
         ({"normalize": "by"}, "normalize='by' needs normalize_by"),
         ({"normalize_by": "prompt"}, "normalize_by needs normalize='by'"),
-        ({"estimator": "grpo"}, "unknown estimator 'grpo'; implemented: gae"),
+        ({"estimator": "sarsa"}, "unknown estimator 'sarsa'; implemented: gae, grpo"),
+        ({"estimator": "grpo", "group_by": "uid"}, "estimator 'grpo' does not use gamma"),
         ({"timestep": "step"}, "unknown timestep 'step'; implemented: token, turn"),
         ({"lambd_critic": 1.5}, "lambd_critic must be in"),
         ({"lambd_alpha": 0.0}, "lambd_alpha must be > 0"),

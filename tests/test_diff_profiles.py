@@ -113,6 +113,8 @@ def test_comparisons_in_the_order_given_and_the_top_level_mirrors_the_first(tmp_
         "turn_rewards": None,
         "truncated": None,
         "bootstrap_values": None,
+        "group_by": None,
+        "step_by": None,
     }
     assert set(report["new_spec"]) == set(AdvantageSpec(GAMMA, LAMBD).to_dict())
 

@@ -108,6 +108,8 @@ def test_recompute_with_every_variant_matches_the_float64_loop(dump, tmp_path):
         "turn_rewards": "turns",
         "truncated": "cut",
         "bootstrap_values": "boot",
+        "group_by": None,
+        "step_by": None,
     }
 
 

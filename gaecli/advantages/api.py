@@ -32,12 +32,14 @@ from gaecli.advantages.dispatch import (
 )
 from gaecli.advantages.inputs import (
     FlatLists,
+    as_sample_tensor,
     check_contents,
     check_packed,
     check_terminal,
     check_variant_inputs,
     flat_outputs,
     pack_lists,
+    prepare_packed,
     sample_buffers,
     split,
 )
@@ -53,7 +55,7 @@ TerminalRewards = Union[Sequence[float], torch.Tensor]
 
 
 def compute_advantages_packed(
-    values: torch.Tensor,
+    values: Optional[torch.Tensor],
     rewards: torch.Tensor,
     loss_mask: torch.Tensor,
     offsets: torch.Tensor,
@@ -74,8 +76,12 @@ def compute_advantages_packed(
     device; the advantages whitened as ``spec.normalize`` says (returns never).
 
     ``row_inputs`` maps the name of each per-row input the spec reads
-    (``spec.row_inputs``: the ``normalize_by`` key, the variants' inputs) to its values: ``[B]``
-    (a tensor or a sequence) for a scalar input, one list per sample for the turn rewards.
+    (``spec.row_inputs``: the ``normalize_by`` key, the ``group_by`` and ``step_by`` ids of a
+    critic-free estimator, the variants' inputs) to its values: ``[B]`` (a tensor, a numpy or
+    Arrow array, or a sequence) for a scalar input, one list per sample for the turn rewards;
+    a null group or step id is refused. A critic-free estimator (docs/estimators.md) reads no
+    values: ``values`` may be None (the outputs then take the rewards' dtype), and its
+    statistics cover this call's samples.
 
     The GAE variants (docs/variants.md): ``spec.timestep``, ``spec.lambd_critic`` and
     ``spec.lambd_alpha`` are fields of the spec; their per-row data come as keywords:
@@ -99,6 +105,10 @@ def compute_advantages_packed(
     missing = [needed.name for needed in spec.row_inputs if needed.name not in row_inputs]
     if missing:
         raise GAEInputError(f"spec reads per-row input {missing[0]!r}: pass row_inputs={{{missing[0]!r}: ...}}")
+    if spec.critic_free:
+        return _critic_free_packed(
+            spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate
+        )
     values, rewards, loss_mask, offsets, terminal = check_packed(values, rewards, loss_mask, offsets, terminal_rewards)
     screened = compute_screened(spec, values, rewards, loss_mask, offsets, terminal, kernel=kernel)
     if screened is None:
@@ -125,8 +135,39 @@ def compute_advantages_packed(
     return advantages, returns
 
 
+def _zeros_like_rewards(sample) -> torch.Tensor:
+    tensor = as_sample_tensor(sample)
+    dtype = tensor.dtype if tensor.is_floating_point() else torch.get_default_dtype()
+    return torch.zeros(tensor.shape, dtype=dtype, device=tensor.device)
+
+
+def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate):
+    from gaecli.advantages.estimators import critic_free_batch, keys_array
+
+    if values is None:  # not read: zeros give the checks their shape, dtype and device
+        if not isinstance(rewards, torch.Tensor):
+            raise GAEInputError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+        dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
+        values = torch.zeros(rewards.shape, dtype=dtype, device=rewards.device)
+    values, rewards, mask, offsets, terminal = prepare_packed(
+        values, rewards, loss_mask, offsets, terminal_rewards, validate
+    )
+    rows = offsets.numel() - 1
+    ids = {
+        name: None if name is None else keys_array(row_inputs[name], rows, what)
+        for name, what in ((spec.group_by, "group id"), (spec.step_by, "step id"))
+    }
+    arrays = [tensor.detach().cpu().numpy() for tensor in (rewards, mask, offsets, terminal)]
+    advantages, returns = critic_free_batch(
+        spec, *arrays, ids.get(spec.group_by), ids.get(spec.step_by), kernel=kernel, device=values.device
+    )
+    same = returns is advantages
+    advantages = torch.from_numpy(advantages).to(values.device)
+    return advantages, advantages if same else torch.from_numpy(returns).to(values.device)
+
+
 def compute_advantages(
-    values: Sequence[torch.Tensor],
+    values: Optional[Sequence[torch.Tensor]],
     rewards: Sequence[torch.Tensor],
     loss_mask: Sequence[torch.Tensor],
     terminal_rewards: TerminalRewards,
@@ -142,17 +183,21 @@ def compute_advantages(
     sample for values, rewards and loss_mask, one terminal reward per sample (and one value
     per sample in each ``row_inputs`` entry); ``turn_rewards``: one list per sample (one
     reward per turn, empty for a sample without a trainable token). Returns lists of
-    ``[R_i]`` tensors."""
+    ``[R_i]`` tensors. ``values`` may be None for a critic-free estimator."""
     spec, row_inputs = _with_variant_keywords(spec, row_inputs, turn_rewards, truncated, bootstrap_values)
     if (
         isinstance(spec, AdvantageSpec)
+        and spec.estimator == "gae"
         and spec.semantics == "masked"
         and spec.normalize == "none"
         and not spec.variants
+        and values is not None
     ):
         in_place = _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel)
         if in_place is not None:
             return in_place
+    if values is None:
+        values = [_zeros_like_rewards(sample) for sample in rewards]
     packed = pack_lists(values, rewards, loss_mask, terminal_rewards)
     flat_values, flat_rewards, flat_mask, offsets, terminal, lengths = packed
     advantages, returns = compute_advantages_packed(

@@ -24,8 +24,26 @@ BASELINES: tuple[str, ...] = (*PROFILES, *ALIASES)
 
 SEMANTICS: tuple[str, ...] = (MASKED, *BASELINES)
 
-ESTIMATORS: tuple[str, ...] = ("gae",)
-"""Advantage estimators implemented (critic-free ones join here)."""
+ESTIMATORS: tuple[str, ...] = ("gae", "grpo", "dr-grpo", "rloo", "opo", "gpg", "reinforce++", "reinforce++-baseline")
+"""Advantage estimators implemented: masked GAE, then the critic-free ones (docs/estimators.md)."""
+
+CRITIC_FREE: tuple[str, ...] = ESTIMATORS[1:]
+"""The estimators that read no values."""
+
+GROUPED_ESTIMATORS: tuple[str, ...] = ("grpo", "dr-grpo", "rloo", "opo", "gpg", "reinforce++-baseline")
+"""The estimators that compare a sample's score with its prompt group's (they need a group id per row)."""
+
+WHITENED_ESTIMATORS: tuple[str, ...] = ("reinforce++", "reinforce++-baseline")
+"""The estimators whose advantages are whitened over the input, or per step."""
+
+STEP_ESTIMATORS: tuple[str, ...] = ("gpg", *WHITENED_ESTIMATORS)
+"""The estimators with a statistic over the whole input that a step id splits (gpg's α, whitening)."""
+
+ESTIMATOR_PARAMETERS: dict[str, tuple[str, ...]] = {"gae": ("gamma", "lambd"), "reinforce++": ("gamma",)}
+"""The discount parameters each estimator reads (none for the others)."""
+
+GROUP_EPSILON = 1e-6
+"""ε of grpo: ``(s − μ) / (σ + ε)``."""
 
 TIMESTEPS: tuple[str, ...] = ("token", "turn")
 """Timestep units: ``token`` (every trainable token a timestep) and ``turn`` (every maximal

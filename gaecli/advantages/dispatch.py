@@ -28,6 +28,11 @@ SCREENED_MASKS = (
 )
 
 
+ROW_ADVANTAGE = "row-advantage"
+"""The per-row input of an outcome estimator's per-token pass: each row's advantage (float64
+``[B]``, :meth:`gaecli.advantages.estimators.ScoreStatistics.row_advantages`)."""
+
+
 def compute(
     spec: AdvantageSpec,
     values,
@@ -41,7 +46,13 @@ def compute(
     row_inputs=None,
 ):
     """Advantages and returns of one packed batch under ``spec``, before normalisation
-    (whitening needs statistics over the whole input: :mod:`gaecli.advantages.whiten`).
+    (whitening needs statistics over the whole input: :mod:`gaecli.advantages.whiten`; the
+    ``reinforce++`` estimators' whitening too).
+
+    Critic-free estimators (docs/estimators.md) read no values (``values`` may be None):
+    ``reinforce++`` is masked GAE with V = 0 and λ = 1 on the kernel (advantages = returns =
+    G); the outcome estimators need ``row_inputs[ROW_ADVANTAGE]``, each row's advantage from
+    its group's statistics, which is written to the row's trainable tokens (returns the same).
 
     Shapes: flat ``[N]`` ``values``, ``rewards`` (one float dtype, which the outputs take)
     and bool ``trainable``; int64 ``offsets`` ``[B + 1]``; ``terminal_rewards`` ``[B]`` in the
@@ -59,6 +70,8 @@ def compute(
     (``spec.row_inputs``): numpy arrays or tensors, ``[B]`` for a scalar input, and for a
     list input (turn rewards) a pair ``(flat values [U], offsets [B + 1])``.
     """
+    if spec.critic_free:
+        return _critic_free(spec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs)
     variants = variant_keywords(spec, row_inputs)
     if isinstance(values, np.ndarray):
         device = "cpu" if device is None else device
@@ -94,6 +107,30 @@ def variant_keywords(spec: AdvantageSpec, row_inputs=None) -> dict:
     return keywords
 
 
+def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs):
+    if spec.estimator == "reinforce++":
+        returns_spec = AdvantageSpec(spec.gamma, 1.0)
+        zeros = np.zeros_like(rewards) if isinstance(rewards, np.ndarray) else rewards.new_zeros(rewards.shape)
+        returns, _ = compute(
+            returns_spec, zeros, rewards, trainable, offsets, terminal_rewards, kernel=kernel, device=device
+        )
+        return returns, returns
+    from gaecli.advantages.estimators import spread_rows
+
+    row_values = (row_inputs or {}).get(ROW_ADVANTAGE)
+    if row_values is None:
+        raise ValueError(f"estimator {spec.estimator!r}: row_inputs[{ROW_ADVANTAGE!r}] (each row's advantage) needed")
+    if isinstance(rewards, np.ndarray):
+        advantages = spread_rows(row_values, trainable, offsets, rewards.dtype)
+        return advantages, advantages
+    import torch
+
+    lengths = offsets[1:] - offsets[:-1]
+    per_token = torch.repeat_interleave(torch.as_tensor(row_values, device=rewards.device), lengths)
+    advantages = torch.where(trainable, per_token, 0.0).to(rewards.dtype)
+    return advantages, advantages
+
+
 def compute_screened(
     spec: AdvantageSpec, values, rewards, loss_mask, offsets, terminal_rewards, *, kernel: str = "auto"
 ):
@@ -105,6 +142,8 @@ def compute_screened(
     kernel with a screened form, a semantics other than ``masked``, or dtypes it does not
     read (values float32/float64, rewards the same, mask bool, integer or float). The tensors
     (mask: bool, integer or float 0/1 as given) are read in place and not modified."""
+    if spec.critic_free:
+        return None
     if values.device.type != "cpu" or spec.semantics != "masked" or str(values.dtype) not in SCREENED_VALUES:
         return None
     if spec.variants:
@@ -130,7 +169,7 @@ def samples_kernel(spec: AdvantageSpec, kernel: str = "auto"):
     kernel ``kernel`` resolves to on the CPU for ``spec``, or None when it has none, the
     semantics is not ``masked``, a variant is set, or ``kernel`` does not resolve (the
     caller's general path checks the input first, then raises that)."""
-    if spec.semantics != "masked" or spec.variants:
+    if spec.semantics != "masked" or spec.variants or spec.critic_free:
         return None
     try:
         return KERNELS[resolve_kernel(kernel, "cpu", spec)].samples_function

@@ -11,12 +11,15 @@ from typing import Optional
 
 from gaecli.advantages.contract import (
     BASELINES,
+    CRITIC_FREE,
+    ESTIMATOR_PARAMETERS,
     ESTIMATORS,
+    GROUPED_ESTIMATORS,
     MASKED,
     NORMALIZATIONS,
     SEMANTICS,
+    STEP_ESTIMATORS,
     TIMESTEPS,
-    check_discount,
 )
 from gaecli.errors import InvalidOptionError
 from gaecli.options import check_number
@@ -49,7 +52,8 @@ class RowInput:
 class AdvantageSpec:
     """What is computed (hashable, picklable; checked on construction).
 
-    - ``gamma``, ``lambd``: γ and λ, numbers in [0, 1].
+    - ``gamma``, ``lambd``: γ and λ, numbers in [0, 1]: both required by ``gae``, γ alone by
+      ``reinforce++``, and refused (left None) by the other estimators, which read neither.
     - ``semantics``: ``"masked"`` (the contract) or a name of
       :data:`gaecli.advantages.contract.BASELINES` (what a trainer computed): a trainer
       profile (``verl``, ``openrlhf``, ``slime``, ``roll``, ``areal``, ``nemo-rl``) or an
@@ -57,7 +61,12 @@ class AdvantageSpec:
     - ``normalize``: ``"none"``, ``"all"`` (whiten over every trainable token of the input) or
       ``"by"`` (per group of rows with equal ``normalize_by`` key; ``normalize_by`` names that
       per-row input).
-    - ``estimator``: ``"gae"`` (critic-free estimators join here).
+    - ``estimator``: ``"gae"`` or a critic-free estimator of
+      :data:`gaecli.advantages.contract.CRITIC_FREE` (docs/estimators.md), which needs the
+      masked semantics and no ``normalize``. ``group_by`` names the per-row prompt-group id
+      (required by the estimators of :data:`~gaecli.advantages.contract.GROUPED_ESTIMATORS`,
+      refused by the others); ``step_by`` the per-row step id that splits gpg's α and the
+      whitening of the ``reinforce++`` estimators (None: the whole input; refused where unused).
     - The GAE variants (docs/variants.md), each off by default; they apply to the masked
       contract only (``semantics="masked"``, ``estimator="gae"``):
 
@@ -74,8 +83,8 @@ class AdvantageSpec:
       Python (:attr:`row_inputs`).
     """
 
-    gamma: float
-    lambd: float
+    gamma: Optional[float] = None
+    lambd: Optional[float] = None
     semantics: str = MASKED
     normalize: str = "none"
     normalize_by: Optional[str] = None
@@ -86,17 +95,17 @@ class AdvantageSpec:
     turn_rewards: Optional[str] = None
     truncated: Optional[str] = None
     bootstrap_values: Optional[str] = None
+    group_by: Optional[str] = None
+    step_by: Optional[str] = None
 
     def __post_init__(self) -> None:
-        check_discount(self.gamma, self.lambd)
+        self._check_estimator()
         if self.semantics not in SEMANTICS:
             refuse(f"unknown semantics {self.semantics!r}; choose one of: {MASKED}, {', '.join(BASELINES)}")
         if self.normalize not in NORMALIZATIONS:
             refuse(f"unknown normalize {self.normalize!r}; choose one of: {', '.join(NORMALIZATIONS)}")
         if (self.normalize == "by") != (self.normalize_by is not None):
             refuse("normalize='by' needs normalize_by (the per-row group key), and normalize_by needs normalize='by'")
-        if self.estimator not in ESTIMATORS:
-            refuse(f"unknown estimator {self.estimator!r}; implemented: {', '.join(ESTIMATORS)}")
         if self.timestep not in TIMESTEPS:
             refuse(f"unknown timestep {self.timestep!r}; implemented: {', '.join(TIMESTEPS)}")
         self._check_variants()
@@ -133,23 +142,60 @@ class AdvantageSpec:
         names = [name for name in VARIANT_FIELDS if getattr(self, name) is not None]
         return (("timestep",) if self.timestep != "token" else ()) + tuple(names)
 
+    def _check_estimator(self) -> None:
+        """The estimator, the discount parameters it reads and its per-row inputs."""
+        estimator = self.estimator
+        if estimator not in ESTIMATORS:
+            refuse(f"unknown estimator {estimator!r}; implemented: {', '.join(ESTIMATORS)}")
+        used = ESTIMATOR_PARAMETERS.get(estimator, ())
+        for name in ("gamma", "lambd"):
+            value = getattr(self, name)
+            if name in used and value is None:
+                refuse(f"estimator {estimator!r} needs {name}")
+            if name not in used and value is not None:
+                refuse(f"estimator {estimator!r} does not use {name}; leave it None")
+            check_number(name, value, 0.0, 1.0)
+        if estimator not in CRITIC_FREE:
+            for name in ("group_by", "step_by"):
+                if getattr(self, name) is not None:
+                    refuse(f"{name} is for the critic-free estimators; estimator 'gae' does not use it")
+            return
+        if self.semantics != MASKED:
+            refuse(f"estimator {estimator!r} runs under the masked contract only (semantics {self.semantics!r})")
+        if self.normalize != "none":
+            refuse(f"estimator {estimator!r} defines its own scaling; normalize must be 'none'")
+        if estimator in GROUPED_ESTIMATORS and self.group_by is None:
+            refuse(f"estimator {estimator!r} needs group_by (the per-row prompt-group id)")
+        if estimator not in GROUPED_ESTIMATORS and self.group_by is not None:
+            refuse(f"estimator {estimator!r} has no groups; leave group_by None")
+        if estimator not in STEP_ESTIMATORS and self.step_by is not None:
+            refuse(f"estimator {estimator!r} has no statistic per step; leave step_by None")
+
+    @property
+    def critic_free(self) -> bool:
+        """Whether the estimator reads no values (docs/estimators.md)."""
+        return self.estimator in CRITIC_FREE
+
     @property
     def features(self) -> frozenset[str]:
         """What a kernel must support to run this spec (``estimator:…``, ``timestep:…``, and
         one name per variant field set). Semantics and normalisation run around the kernel,
-        so every kernel of the estimator supports them."""
-        required = {f"estimator:{self.estimator}", f"timestep:{self.timestep}"}
+        so every kernel of the estimator supports them. A critic-free estimator asks for what
+        masked GAE asks for: the kernel runs only ``reinforce++``'s discounted return (masked
+        GAE with V = 0, λ = 1); the outcome estimators' per-token pass needs no kernel."""
+        estimator = "gae" if self.critic_free else self.estimator
+        required = {f"estimator:{estimator}", f"timestep:{self.timestep}"}
         required |= {name for name in VARIANT_FIELDS if getattr(self, name) is not None}
         return frozenset(required)
 
     @property
     def row_inputs(self) -> tuple[RowInput, ...]:
-        """The extra per-row inputs this spec reads: the ``normalize_by`` key, then the
-        variants' inputs, each with its field's name as its role (``turn_rewards``: a list
-        per row; ``truncated``, ``bootstrap_values``: a scalar per row)."""
-        inputs = []
-        if self.normalize_by is not None:
-            inputs.append(RowInput(self.normalize_by, "normalize-key", "scalar"))
+        """The extra per-row inputs this spec reads: the ``normalize_by`` key, the group and
+        step ids of the critic-free estimators, then the variants' inputs, each with its
+        field's name as its role (``turn_rewards``: a list per row; ``truncated``,
+        ``bootstrap_values``: a scalar per row)."""
+        named = (("normalize-key", self.normalize_by), ("group-id", self.group_by), ("step-id", self.step_by))
+        inputs = [RowInput(name, role, "scalar") for role, name in named if name is not None]
         for role, kind in VARIANT_INPUTS.items():
             name = getattr(self, role)
             if name is not None:
@@ -164,3 +210,25 @@ class AdvantageSpec:
     def to_dict(self) -> dict:
         """Every field by name (for metadata and JSON reports)."""
         return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+def estimator_spec(
+    estimator: str,
+    gamma: Optional[float],
+    lambd: Optional[float],
+    group_by: Optional[str] = None,
+    step_by: Optional[str] = None,
+    **fields_: object,
+) -> AdvantageSpec:
+    """The spec of ``estimator`` under the masked contract with γ, λ and the per-row ids it
+    reads and no others (one set of options serves every side of a comparison), plus
+    ``fields_`` (normalisation, GAE variants)."""
+    used = ESTIMATOR_PARAMETERS.get(estimator, ())
+    return AdvantageSpec(
+        gamma if "gamma" in used else None,
+        lambd if "lambd" in used else None,
+        estimator=estimator,
+        group_by=group_by if estimator in GROUPED_ESTIMATORS else None,
+        step_by=step_by if estimator in STEP_ESTIMATORS else None,
+        **fields_,
+    )

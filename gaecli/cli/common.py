@@ -276,6 +276,52 @@ RayAddressOption = Annotated[
 ]
 
 
+GammaOption = Annotated[
+    Optional[float],
+    typer.Option(
+        show_default=False,
+        help="Discount γ in [0, 1]: required by --estimator gae (the trainers' defaults differ) and reinforce++, "
+        "refused by the other estimators.",
+    ),
+]
+LambdOption = Annotated[
+    Optional[float],
+    typer.Option(show_default=False, help="GAE λ in [0, 1]: required by --estimator gae, refused by the others."),
+]
+EstimatorOption = Annotated[
+    str,
+    typer.Option(
+        "--estimator",
+        metavar="NAME",
+        rich_help_panel="Estimator",
+        help="gae (masked GAE), or a critic-free estimator: grpo, dr-grpo, rloo, opo, gpg, reinforce++, "
+        "reinforce++-baseline (docs/estimators.md; they read no values).",
+    ),
+]
+GroupColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--group-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel="Estimator",
+        help="The prompt-group id column of the grouped estimators: rows with equal values across all inputs are "
+        "one group; a null id is invalid data.",
+    ),
+]
+StepColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--step-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel="Estimator",
+        help="The step id column: gpg's α and the reinforce++ whitening are taken per value (default: over the "
+        "whole input).",
+    ),
+]
+
+
 def make_engine(engine: str, workers: Optional[int], ray_address: Optional[str]):
     """The EngineOptions of the shared engine options."""
     from gaecli.engines import EngineOptions

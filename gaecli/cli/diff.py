@@ -12,17 +12,22 @@ from gaecli.cli.common import (
     BootstrapColOption,
     DebugOption,
     EngineOption,
+    EstimatorOption,
+    GammaOption,
+    GroupColOption,
     JsonOption,
     KLCoefOption,
     KLEstimatorOption,
     LambdAlphaOption,
     LambdCriticOption,
+    LambdOption,
     LogprobsColOption,
     MaskColOption,
     QuietOption,
     RayAddressOption,
     RefLogprobsColOption,
     RewardsColOption,
+    StepColOption,
     TerminalColOption,
     TimestepOption,
     TruncatedColOption,
@@ -47,8 +52,11 @@ def diff(
     inputs: Annotated[
         list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")
     ],
-    gamma: Annotated[float, typer.Option(help="Discount γ in [0, 1] (required: the trainers' defaults differ).")],
-    lambd: Annotated[float, typer.Option(help="GAE λ in [0, 1].")],
+    gamma: GammaOption = None,
+    lambd: LambdOption = None,
+    estimator: EstimatorOption = "gae",
+    group_col: GroupColOption = None,
+    step_col: StepColOption = None,
     baseline: Annotated[
         Optional[str],
         typer.Option(
@@ -57,6 +65,16 @@ def diff(
             help="Old advantages recomputed as a trainer computes them, a comma list compared side by side in one "
             "pass: the profiles verl, openrlhf, slime, roll, areal, nemo-rl, or all (the six); aliases unmasked "
             "(= slime, the default), zero-masked (= openrlhf), skip-masked (= verl). Not with --against.",
+        ),
+    ] = None,
+    old_estimator: Annotated[
+        Optional[str],
+        typer.Option(
+            "--old-estimator",
+            metavar="NAME",
+            show_default=False,
+            help="Old advantages: another estimator (gae or a critic-free one) on the same rows, with the same "
+            "options; exclusive with --baseline and --against.",
         ),
     ] = None,
     against: Annotated[
@@ -190,6 +208,10 @@ def diff(
             variants=make_variants(timestep, lambd_critic, lambd_alpha, turn_rewards_col, truncated_col, bootstrap_col),
             groups_out=groups_out,
             report_paths=reports(JSON=json_path, Markdown=markdown, HTML=html),
+            estimator=estimator,
+            old_estimator=old_estimator,
+            group_by_id=group_col,
+            step_by=step_col,
         )
         report = diff_files(inputs, options, progress, make_engine(engine, workers, ray_address))
         document = report.to_dict()

@@ -165,7 +165,7 @@ def correlations(counts: np.ndarray, sums: np.ndarray) -> np.ndarray:
     values, or a variance of 0)."""
     counts = np.asarray(counts, dtype=np.float64)
     sum_x, sum_y, sum_xx, sum_yy, sum_xy = np.asarray(sums, dtype=np.float64).T
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # overflow: the figure is inf or NaN
         covariance = sum_xy - sum_x * sum_y / counts
         variance_x = sum_xx - sum_x * sum_x / counts
         variance_y = sum_yy - sum_y * sum_y / counts

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from gaecli.advantages.contract import check_discount, expand_baselines
+from gaecli.advantages.contract import CRITIC_FREE, expand_baselines
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.comparison.sides import ComparisonSide
 from gaecli.comparison.token_sample import SCATTER_SAMPLE
@@ -13,7 +13,7 @@ from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
 from gaecli.io.reader import DEFAULT_BATCH_ROWS
 from gaecli.options import check_count, check_number
-from gaecli.pipeline import VariantOptions, check_device, new_side_spec
+from gaecli.pipeline import VariantOptions, check_device, check_estimators, new_side_spec
 
 DEFAULT_TOP = 10
 DEFAULT_BASELINE = "unmasked"
@@ -24,21 +24,27 @@ class DiffOptions:
     """Everything that shapes a diff (the CLI options, one to one).
 
     New advantages: :attr:`new_spec`. Old advantages, exactly one kind of old side
-    (:attr:`sides`): ``baseline``, a comma list of trainer profiles (or aliases, or ``all``)
-    each recomputed from the same data (None means ``unmasked`` when no other kind is
-    given), or with ``against`` the stored column (and ``against_returns`` the stored
-    returns); two kinds together are refused. ``normalize`` / ``normalize_by`` whiten new
-    and every old side the same way, each with its own statistics.
-    ``groups_out``: a Parquet file to write every ``group_by`` group's figures to (every
-    comparison's, with a ``comparison`` column).
+    (:attr:`sides`): ``old_estimator`` (another estimator recomputed), ``baseline``, a comma
+    list of trainer profiles (or aliases, or ``all``) each recomputed from the same data
+    (None means ``unmasked`` when no other kind is given), or with ``against`` the stored
+    column (and ``against_returns`` the stored returns); two kinds together are refused.
+    ``normalize`` / ``normalize_by`` whiten new and every old side the same way, each with
+    its own statistics. ``groups_out``: a Parquet file to write every ``group_by`` group's
+    figures to (every comparison's, with a ``comparison`` column).
     ``report_paths``: files the caller will write reports to, paths or (role, path) pairs
     (refused when one is an input or another output). ``variants``: the GAE variants of
     the new side only (docs/variants.md); the old side stays the baseline or the stored column.
+    ``estimator``: the new side's estimator (``gae``, masked GAE, or a critic-free one of
+    docs/estimators.md); ``old_estimator``: another estimator recomputed on the same rows as
+    the old side (exclusive with ``against`` and ``baseline``); a critic-free new side needs
+    one of ``old_estimator`` and ``against``. ``group_by_id`` / ``step_by``: the prompt-group and
+    step id columns the estimators read; ``gamma`` / ``lambd`` are given exactly where a side
+    reads them (GAE, a GAE baseline, ``reinforce++``).
     Every value is checked when the options are made (:meth:`check`).
     """
 
-    gamma: float
-    lambd: float
+    gamma: Optional[float] = None
+    lambd: Optional[float] = None
     baseline: Optional[str] = None
     against: Optional[str] = None
     against_returns: Optional[str] = None
@@ -57,6 +63,10 @@ class DiffOptions:
     groups_out: Optional[str] = None
     report_paths: tuple = ()
     scatter_sample: int = SCATTER_SAMPLE
+    estimator: str = "gae"
+    old_estimator: Optional[str] = None
+    group_by_id: Optional[str] = None
+    step_by: Optional[str] = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -66,15 +76,20 @@ class DiffOptions:
         choices, a kernel or device not usable here, and contradicting options."""
         from gaecli.advantages.kernels import resolve_kernel
 
-        check_discount(self.gamma, self.lambd, names=("--gamma", "--lambd"))
         given = [flag for flag, value in self._old_side_options() if value is not None]
         if len(given) > 1:
             raise InvalidOptionError(
                 f"{' and '.join(given)} each choose the old advantages (--baseline: recomputed under trainer "
-                f"profiles, --against: stored in a column): give one of them"
+                f"profiles, --against: stored in a column, --old-estimator: another estimator): give one of them"
             )
         if self.groups_out is not None and self.group_by is None:
             raise InvalidOptionError("--groups-out needs --group-by (the column whose groups it lists)")
+        if self.estimator in CRITIC_FREE and self.old_estimator is None and self.against is None:
+            raise InvalidOptionError(
+                f"--estimator {self.estimator}: give --old-estimator NAME or --against COLUMN as the old side "
+                "(the trainer baselines are GAE only)"
+            )
+        check_estimators(self.side_estimators, self.gamma, self.lambd, self.group_by_id, self.step_by, self.whitening)
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
         self.sides  # noqa: B018 - the baseline list checked (unknown names, duplicates)
@@ -91,25 +106,41 @@ class DiffOptions:
 
     def _old_side_options(self) -> tuple[tuple[str, Optional[str]], ...]:
         """The options that each choose a kind of old side, (flag, value)."""
-        return (("--baseline", self.baseline), ("--against", self.against))
+        return (("--baseline", self.baseline), ("--against", self.against), ("--old-estimator", self.old_estimator))
 
     @property
     def new_spec(self) -> AdvantageSpec:
-        """The new side: what is computed and compared with every old side (the masked
-        contract with γ and λ, its GAE variants, whitened as ``normalize`` /
-        ``normalize_by`` say): :func:`gaecli.pipeline.new_side_spec`, the one place options
-        become the new side's spec."""
+        """The new side: what is computed and compared with every old side (its estimator, the
+        masked contract with γ and λ or a critic-free estimator, its GAE variants, whitened as
+        ``normalize`` / ``normalize_by`` say): :func:`gaecli.pipeline.new_side_spec`, the one
+        place options become the new side's spec."""
         return new_side_spec(self)
 
     @property
+    def group_col(self) -> Optional[str]:
+        """The prompt-group id column of the estimators (``--group-col``)."""
+        return self.group_by_id
+
+    @property
+    def side_estimators(self) -> tuple[str, ...]:
+        """The estimators computed: the new side's, then the old sides' when recomputed
+        (``gae`` for a GAE baseline)."""
+        if self.against is not None:
+            return (self.estimator,)
+        return (self.estimator, self.old_estimator or "gae")
+
+    @property
     def sides(self) -> tuple[ComparisonSide, ...]:
-        """The old sides, in the order given: the stored columns of ``against``, or each
-        name of the ``baseline`` list (``all`` expanded) recomputed."""
+        """The old sides, in the order given: the stored columns of ``against``, another
+        estimator (``old_estimator``), or each name of the ``baseline`` list (``all``
+        expanded) recomputed."""
         if self.against is not None:
             return (ComparisonSide.stored(self.against, self.against_returns),)
+        if self.old_estimator is not None:
+            return (ComparisonSide.from_estimator(self.old_estimator),)
         return tuple(ComparisonSide.baseline(name) for name in expand_baselines(self.baseline or DEFAULT_BASELINE))
 
     @property
     def old_semantics(self) -> Optional[str]:
-        """The first old side's semantics (None when it is stored)."""
+        """The first old side's semantics (None when it is stored or another estimator)."""
         return self.sides[0].semantics

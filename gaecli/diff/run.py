@@ -30,21 +30,25 @@ from gaecli.pipeline import (
     check_file,
     check_scalar_column,
     computed_batches,
-    engine_file_side_moments,
-    whiten_rows,
+    engine_file_moments,
+    engine_file_scores,
+    whitened_sides,
 )
 from gaecli.progress import NoProgress, Progress
 
 
 def computation_of(options: DiffOptions, kernel: str) -> Computation:
-    """The pipeline settings of a diff (``kernel`` resolved)."""
+    """The pipeline settings of a diff (``kernel`` resolved); the values column is not read
+    when no side reads values (critic-free estimators only)."""
+    reads_values = "gae" in options.side_estimators
+    columns = options.columns if reads_values else replace(options.columns, values=None)
     return Computation(
         gamma=options.gamma,
         lambd=options.lambd,
         kernel=kernel,
         device=options.device,
         batch_rows=options.batch_rows,
-        columns=options.columns,
+        columns=columns,
         old_semantics=options.old_semantics,
         against=options.against,
         against_returns=options.against_returns,
@@ -52,6 +56,10 @@ def computation_of(options: DiffOptions, kernel: str) -> Computation:
         new=options.new_spec,
         sides=options.sides,
         variants=options.variants,
+        estimator=options.estimator,
+        old_estimator=options.old_estimator,
+        group_by=options.group_by_id,
+        step_by=options.step_by,
     )
 
 
@@ -65,7 +73,8 @@ def _read_columns(schema: pa.Schema, options: DiffOptions) -> list[str]:
     columns = options.columns
     wanted = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
     stored = [name for side in options.sides for name in (side.advantages_column, side.returns_column)]
-    wanted |= {name for name in (*stored, options.normalize_by, options.group_by, options.id_col) if name is not None}
+    named = (*stored, options.normalize_by, options.group_by, options.id_col, options.group_by_id, options.step_by)
+    wanted |= {name for name in named if name is not None}
     wanted |= set(options.variants.columns())
     return [name for name in schema.names if name in wanted]
 
@@ -139,17 +148,20 @@ def diff_unit(
     path: str,
     options: DiffOptions,
     kernel: str,
-    moments: Optional[tuple[GroupedMoments, tuple[GroupedMoments, ...]]] = None,
+    moments: Optional[tuple[GroupedMoments, ...]] = None,
     per_sample: Optional[pa.Schema] = None,
     footer: Optional[pq.FileMetaData] = None,
+    scores=None,
     progress: Optional[Progress] = None,
 ) -> FilePart:
     """Diff one file (the work unit of every engine; file ``index`` in the input order,
     which keys its top samples and token sample): each batch read and its new side computed
     once, then compared with every old side. ``moments``: the merged ``--normalize``
-    statistics (new, one per old side) of the file's groups; ``per_sample``: the
-    ``--per-sample`` schema, when one is written. ``progress`` (optional) is advanced per
-    batch. ``footer``: the file's footer when read already (it is then not read again)."""
+    statistics (of the file's groups), or those of a ``reinforce++`` estimator's whitening
+    (the new side's, then one per old side: :func:`gaecli.pipeline.whitened_sides`);
+    ``per_sample``: the ``--per-sample`` schema, when one is written; ``footer``: the file's
+    footer when read already (it is then not read again); ``scores``: the score statistics of
+    this file's groups for a grouped estimator. ``progress`` (optional) is advanced per batch."""
     computation = computation_of(options, kernel)
     part = FilePart.empty(path, options)
     if per_sample is not None:
@@ -157,23 +169,20 @@ def diff_unit(
     rollout = RolloutFile(path, footer)
     try:
         _check_file(rollout.schema, path, options, computation)
-        for computed in computed_batches(rollout, computation, _read_columns(rollout.schema, options)):
-            batch, packed, new = computed.batch, computed.packed, computed.new
+        read = _read_columns(rollout.schema, options)
+        for computed in computed_batches(rollout, computation, read, statistics=scores):
+            batch, packed = computed.batch, computed.packed
             first_row, first_token = computed.first_row, computed.first_token
-            keys = computed.keys(options.normalize_by)
-            if moments is not None:
-                new = np.where(packed.trainable, whiten_rows(new, packed.offsets, moments[0], keys), 0.0)
+            new, new_returns, olds = whitened_sides(computed, computation, moments, cast=False)
             group_keys = computed.keys(options.group_by)
             figures = []
-            for side, (comparison, (old, old_returns)) in enumerate(zip(part.comparisons, computed.olds, strict=True)):
-                if moments is not None:
-                    old = whiten_rows(old, packed.offsets, moments[1][side], keys)
+            for comparison, (old, old_returns) in zip(part.comparisons, olds, strict=True):
                 rows = comparison.accumulator.update(
                     new,
                     old,
                     packed.trainable,
                     packed.offsets,
-                    new_returns=computed.new_returns,
+                    new_returns=new_returns,
                     old_returns=old_returns,
                     terminal_rewards=packed.terminal_rewards,
                 )
@@ -280,14 +289,19 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
             groups_writer = AtomicParquetWriter(to_path(options.groups_out), groups_schema(key_type))
             writers.append(groups_writer)
         with EngineSession() as session:  # one pool (or Ray) for both passes
-            moments = [None] * len(files)
-            if options.whitening:  # each unit gets the statistics of its file's groups only
-                moments = engine_file_side_moments(files, computation, engine, progress, total_rows, session, footers)
+            moments, scores = [None] * len(files), [None] * len(files)
+            if computation.needs_scores:  # the critic-free estimators' group statistics, per file
+                scores = engine_file_scores(files, computation, engine, progress, total_rows, session)
+            if options.whitening or any(computation.estimator_whitened):
+                # each unit gets the statistics of its file's groups (or steps) only
+                moments = engine_file_moments(
+                    files, computation, engine, progress, total_rows, session, footers, scores
+                )
             progress.start("diff", total_rows)
             try:
                 units = [
-                    (index, file, options, kernel, file_moments, schema, footer)
-                    for index, (file, file_moments, footer) in enumerate(zip(files, moments, footers))
+                    (index, file, options, kernel, moments[index], schema, footer, scores[index])
+                    for index, (file, footer) in enumerate(zip(files, footers))
                 ]
                 results = map_units(
                     diff_unit, units, files, engine, stop_on_failure=True, progress=progress, session=session

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gaecli._version import __version__
-from gaecli.advantages.contract import check_discount, expand_baselines
+from gaecli.advantages.contract import CRITIC_FREE, expand_baselines
 from gaecli.comparison.sides import ComparisonSide
 from gaecli.errors import (
     InvalidOptionError,
@@ -18,6 +18,7 @@ from gaecli.pipeline import (
     ON_INVALID_MODES,
     VariantOptions,
     check_device,
+    check_estimators,
     new_side_spec,
     normalize_label,
 )
@@ -39,10 +40,14 @@ class RecomputeOptions:
     ``report_paths``: files the caller will write reports to (e.g. ``--json``), refused
     before any work when one is an input or an output (:func:`gaecli.io.paths.check_writes`).
     ``variants``: the GAE variants of the new advantages (docs/variants.md).
+    ``estimator``: ``gae`` or a critic-free estimator (docs/estimators.md), with ``group_by``
+    (the prompt-group id column) and ``step_by`` (the step id column) where it reads them;
+    ``gamma`` / ``lambd`` are given exactly where the estimator reads them. A critic-free run
+    computes no baseline (its summary compares the new advantages with themselves).
     """
 
-    gamma: float
-    lambd: float
+    gamma: Optional[float] = None
+    lambd: Optional[float] = None
     kernel: str = "auto"
     device: str = "cpu"
     batch_rows: int = DEFAULT_BATCH_ROWS
@@ -58,6 +63,9 @@ class RecomputeOptions:
     skip_existing: bool = False
     variants: VariantOptions = field(default_factory=VariantOptions)
     report_paths: tuple = ()  # paths (or (role, path) pairs) the caller writes reports to: checked, never written here
+    estimator: str = "gae"
+    group_by: Optional[str] = None
+    step_by: Optional[str] = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -67,7 +75,9 @@ class RecomputeOptions:
         choices, a kernel or device not usable here, and contradicting options."""
         from gaecli.kernels import resolve_kernel
 
-        check_discount(self.gamma, self.lambd, names=("--gamma", "--lambd"))
+        check_estimators((self.estimator,), self.gamma, self.lambd, self.group_by, self.step_by, self.whitening)
+        if self.critic_free and self.keep_baseline:
+            raise InvalidOptionError(f"--keep-baseline: --estimator {self.estimator} has no GAE baseline to keep")
         check_count("--batch-rows", self.batch_rows, 1)
         check_number("--tol", self.tolerance, 0.0)
         if len(expand_baselines(self.baseline, "baseline")) != 1:
@@ -83,6 +93,16 @@ class RecomputeOptions:
     @property
     def whitening(self) -> bool:
         return self.normalize or self.normalize_by is not None
+
+    @property
+    def group_col(self) -> Optional[str]:
+        """The prompt-group id column of the estimators (``--group-col``)."""
+        return self.group_by
+
+    @property
+    def critic_free(self) -> bool:
+        """Whether the estimator reads no values (and no baseline is computed)."""
+        return self.estimator in CRITIC_FREE
 
     @property
     def baseline_columns(self) -> tuple[str, str]:
@@ -124,6 +144,9 @@ class RecomputeReport:
             "version": __version__,
             "gamma": self.options.gamma,
             "lambd": self.options.lambd,
+            "estimator": self.options.estimator,
+            "group_col": self.options.group_by,
+            "step_col": self.options.step_by,
             "kernel": self.kernel,
             "normalize": normalize_label(self.options),
             "files": [f.to_dict() for f in self.files],

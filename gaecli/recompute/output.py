@@ -4,9 +4,9 @@ was computed, each output batch, and the ``--skip-existing`` check of an output 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Optional
 
-import numpy as np
 import pyarrow as pa
 
 from gaecli._version import __version__
@@ -22,7 +22,7 @@ from gaecli.pipeline import (
     check_file,
     new_side_spec,
     normalize_label,
-    whiten_rows,
+    whitened_sides,
 )
 from gaecli.recompute.options import METADATA_PREFIX, REJECTS_SUFFIX, RecomputeOptions
 
@@ -36,17 +36,21 @@ def new_column_names(options: RecomputeOptions) -> list[str]:
 
 def computation_of(options: RecomputeOptions, kernel: str) -> Computation:
     """The pipeline settings of a recompute run (``kernel`` resolved)."""
+    columns = replace(options.columns, values=None) if options.critic_free else options.columns
     return Computation(
         gamma=options.gamma,
         lambd=options.lambd,
         kernel=kernel,
         device=options.device,
         batch_rows=options.batch_rows,
-        columns=options.columns,
-        old_semantics=options.baseline,
+        columns=columns,
+        old_semantics=None if options.critic_free else options.baseline,
         on_invalid=options.on_invalid,
         normalize_by=options.normalize_by,
         variants=options.variants,
+        estimator=options.estimator,
+        group_by=options.group_by,
+        step_by=options.step_by,
     )
 
 
@@ -99,8 +103,8 @@ def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]
     of the new side's spec (:func:`gaecli.pipeline.new_side_spec`, the GAE variants
     included), as JSON: an output computed with another spec is not the one asked for."""
     record = {
-        "gamma": repr(float(options.gamma)),
-        "lambd": repr(float(options.lambd)),
+        "gamma": "none" if options.gamma is None else repr(float(options.gamma)),
+        "lambd": "none" if options.lambd is None else repr(float(options.lambd)),
         "kernel": kernel,
         "normalize": normalize_label(options),
         "columns": options.columns.to_json(),
@@ -109,6 +113,10 @@ def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]
     }
     if options.keep_baseline:  # the baseline's columns are written only then
         record["baseline"] = options.baseline
+    if options.critic_free:  # recorded only then, so that outputs written before stay current
+        record["estimator"] = options.estimator
+        record["group_col"] = options.group_by or ""
+        record["step_col"] = options.step_by or ""
     return record
 
 
@@ -133,11 +141,13 @@ def output_batch(
     options: RecomputeOptions,
     schema: pa.Schema,
     list_type: pa.DataType,
-    moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
+    moments: Optional[tuple[GroupedMoments, ...]] = None,
+    computation: Optional[Computation] = None,
 ):
     """One output batch of ``schema`` from a computed batch (:func:`gaecli.pipeline.computed_batches`):
     its valid rows with the new columns added, the advantages whitened with ``moments`` when
-    given. Returns ``(batch, advantages, old advantages)`` (flat, as written)."""
+    given (:func:`gaecli.pipeline.whitened_sides`; ``computation``: the run's, made from
+    ``options`` when not given). Returns ``(batch, advantages, old advantages)`` (flat, as written)."""
     packed, valid = computed.packed, computed.valid
     advantages, returns, old_advantages, old_returns = (
         computed.new,
@@ -146,10 +156,8 @@ def output_batch(
         computed.old_returns,
     )
     if moments is not None:
-        keys = computed.keys(options.normalize_by)
-        whitened = whiten_rows(advantages, packed.offsets, moments[0], keys)
-        advantages = np.where(packed.trainable, whitened, 0.0).astype(advantages.dtype)
-        old_advantages = whiten_rows(old_advantages, packed.offsets, moments[1], keys).astype(old_advantages.dtype)
+        advantages, returns, olds = whitened_sides(computed, computation or computation_of(options, "auto"), moments)
+        old_advantages, old_returns = olds[0]
     offsets_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
     list_class = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
     offsets_array = packed.arrow_offsets  # the input's, reused when no row was dropped

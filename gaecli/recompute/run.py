@@ -37,6 +37,7 @@ from gaecli.io.writer import AtomicParquetWriter
 from gaecli.pipeline import (
     computed_batches,
     engine_file_moments,
+    engine_file_scores,
     new_side_spec,
 )
 from gaecli.progress import NoProgress, Progress
@@ -61,26 +62,34 @@ class FileResult:
         return self.outcome.tokens
 
 
+def _credit_baseline(options: RecomputeOptions) -> Optional[str]:
+    """The baseline whose terminal credit the summary reports (None: no GAE baseline)."""
+    return None if options.critic_free else options.baseline
+
+
 def recompute_job(
     job: FileJob,
     options: RecomputeOptions,
     kernel: str,
     moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
     footer: Optional[pq.FileMetaData] = None,
+    scores=None,
     progress: Optional[Progress] = None,
 ) -> FileResult:
     """Recompute one input file into its output (the work unit of every engine).
 
     ``kernel``: the resolved kernel name; ``moments``: the merged ``--normalize``
     statistics (new, old) of this file's groups when whitening; ``footer``: the file's footer
-    when the parent has read it (not read again). The output (and its rejects file, written first)
-    goes to a temp file renamed into place once it is whole; any failure removes it.
+    when the parent has read it (not read again); ``scores``: the merged score statistics of
+    this file's groups for a grouped estimator (:func:`gaecli.pipeline.engine_file_scores`).
+    The output (and its rejects file, written first) goes to a temp file renamed into place
+    once it is whole; any failure removes it.
     ``progress`` (optional) is advanced per batch. Raises the errors of
     :func:`recompute_files` for this one file.
     """
     computation = computation_of(options, kernel)
     outcome = FileOutcome(str(job.source), str(job.target))
-    diff = DiffAccumulator(options.gamma, options.lambd, options.baseline, options.tolerance)
+    diff = DiffAccumulator(options.gamma, options.lambd, _credit_baseline(options), options.tolerance)
     rollout = RolloutFile(job.source, footer)
     writers: list[AtomicParquetWriter] = []
     try:
@@ -89,7 +98,7 @@ def recompute_job(
         writer = AtomicParquetWriter(job.target, schema, compression=rollout.compression)
         writers.append(writer)
         rejects: Optional[AtomicParquetWriter] = None
-        for computed in computed_batches(rollout, computation):
+        for computed in computed_batches(rollout, computation, statistics=scores):
             batch, valid, check, first_row, packed = (
                 computed.batch,
                 computed.valid,
@@ -113,7 +122,9 @@ def recompute_job(
                 reason_array = pa.array([reasons[first_row + int(row)] for row in invalid_rows], pa.string())
                 rejects.write(pa.RecordBatch.from_arrays([*rejected.columns, reason_array], schema=rejects.schema))
                 outcome.rejected_rows += rejected.num_rows
-            output, advantages, old_advantages = output_batch(computed, options, schema, list_type, moments)
+            output, advantages, old_advantages = output_batch(
+                computed, options, schema, list_type, moments, computation
+            )
             diff.update(advantages, old_advantages, packed.trainable, packed.offsets)
             writer.write(output)
             outcome.rows += valid.num_rows
@@ -289,23 +300,29 @@ def recompute_files(
     writing = False  # the statistics pass writes nothing
     try:
         with EngineSession() as session:  # one pool (or Ray) for both passes
-            moments = [None] * len(jobs)
-            if options.whitening:  # each unit gets the statistics of its file's groups only
+            moments, scores = [None] * len(jobs), [None] * len(jobs)
+            computation = computation_of(options, kernel)
+            if computation.needs_scores:  # the critic-free estimators' group statistics, per file
+                scores = engine_file_scores(
+                    [job.source for job in jobs], computation, engine, progress, _total_rows(footers), session, footers
+                )
+            if options.whitening or any(computation.estimator_whitened):  # each unit gets its file's groups only
                 moments = engine_file_moments(
                     [job.source for job in jobs],
-                    computation_of(options, kernel),
+                    computation,
                     engine,
                     progress,
                     _total_rows(footers),
                     session,
                     footers,
+                    scores,
                 )
             progress.start("recompute", _total_rows([f for f, skip in zip(footers, skipped) if not skip]))
             try:
                 writing = True
                 units = [
-                    (job, options, kernel, file_moments, footer)
-                    for job, file_moments, footer, skip in zip(jobs, moments, footers, skipped)
+                    (job, options, kernel, file_moments, footer, file_scores)
+                    for job, file_moments, footer, file_scores, skip in zip(jobs, moments, footers, scores, skipped)
                     if not skip
                 ]
                 results = map_units(
@@ -335,7 +352,7 @@ def recompute_files(
             failures[0].raise_error()
         raise _failed_run(jobs, per_job, options.on_invalid == "stop")
 
-    diff = DiffAccumulator(options.gamma, options.lambd, options.baseline, options.tolerance)
+    diff = DiffAccumulator(options.gamma, options.lambd, _credit_baseline(options), options.tolerance)
     outcomes: list[FileOutcome] = []
     for job, result in zip(jobs, per_job):
         if result is SKIPPED:

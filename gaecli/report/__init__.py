@@ -44,7 +44,8 @@ def comparisons(document: dict) -> list[dict]:
     given); a document without them is its top level's one comparison."""
     if document.get("comparisons"):
         return document["comparisons"]
-    name = document["old"]["baseline"] or document["old"]["advantages_column"]
+    old = document["old"]
+    name = old["baseline"] or old.get("estimator") or old["advantages_column"]
     return [{"name": name, **{key: document[key] for key in ("summary", "top_samples", "groups")}}]
 
 
@@ -54,6 +55,8 @@ def old_label(document: dict) -> str:
     if old["source"] == "stored":
         returns = f", returns {old['returns_column']!r}" if old["returns_column"] else ""
         return f"stored column {old['advantages_column']!r}{returns}"
+    if old["source"] == "estimator":
+        return f"the {old['estimator']} estimator"
     names = [comparison["name"] for comparison in comparisons(document)]
     if len(names) > 1:
         return f"the baselines {', '.join(names)}"
@@ -61,11 +64,21 @@ def old_label(document: dict) -> str:
 
 
 def new_label(document: dict) -> str:
-    """What the new advantages are, in words."""
-    spec = document.get("new_spec") or {"estimator": "gae", "semantics": "masked"}
+    """What the new advantages are, in words: ``masked GAE``, a critic-free estimator's name,
+    or the estimator and its semantics."""
+    spec = document.get("new_spec") or {"estimator": document.get("estimator", "gae"), "semantics": "masked"}
     if spec["estimator"] == "gae" and spec["semantics"] == "masked":
         return "masked GAE"
+    if spec["semantics"] == "masked":
+        return spec["estimator"]
     return f"{spec['estimator']} ({spec['semantics']})"
+
+
+def estimator_label(document: dict) -> str:
+    """The new side of a recompute report in words: ``masked GAE`` or the critic-free
+    estimator's name."""
+    estimator = document.get("estimator", "gae")
+    return "masked GAE" if estimator == "gae" else estimator
 
 
 def comparison_title(document: dict, comparison: dict) -> str:
@@ -73,12 +86,24 @@ def comparison_title(document: dict, comparison: dict) -> str:
     return f" — against {comparison['name']}" if len(comparisons(document)) > 1 else ""
 
 
+def parameters_label(document: dict) -> str:
+    """γ and λ where given (``γ = 0.99, λ = 0.95``), else ``no γ, λ``; with the group and step
+    columns of the estimators when named."""
+    given = [
+        f"{symbol} = {document[key]:g}" for key, symbol in (("gamma", "γ"), ("lambd", "λ")) if document[key] is not None
+    ]
+    for key, what in (("group_col", "groups"), ("step_col", "steps")):
+        if document.get(key):
+            given.append(f"{what} {document[key]!r}")
+    return ", ".join(given) or "no γ, λ"
+
+
 def headline(document: dict) -> str:
     summary, files = document["summary"], document["files"]
     return (
-        f"{new_label(document)} against {old_label(document)} · γ = {document['gamma']:g}, "
-        f"λ = {document['lambd']:g} · normalize {document['normalize']} · {summary['samples']:,} samples in "
-        f"{len(files)} file{'s' if len(files) != 1 else ''}"
+        f"{new_label(document)} against {old_label(document)} · {parameters_label(document)} · "
+        f"normalize {document['normalize']} · {summary['samples']:,} samples in {len(files)} "
+        f"file{'s' if len(files) != 1 else ''}"
     )
 
 
@@ -128,7 +153,7 @@ def _summary_entries(s: dict) -> list[tuple[str, str, str]]:
         )
         rows.append(("tail_length", "  tail length mean / median / p99 / max", tail))
         if s["mean_terminal_credit"] is None:
-            rows.append(("credit", "  old terminal credit", "— (not defined for stored advantages)"))
+            rows.append(("credit", "  old terminal credit", "— (defined for a GAE baseline only)"))
         else:
             rows.append(
                 (

@@ -6,6 +6,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from gaecli.report import estimator_label, parameters_label
+
 
 def _number(value) -> str:
     if value is None:
@@ -31,13 +33,18 @@ def render_recompute(report: dict, console: Console) -> None:
         f"→ {written}"
     )
     console.print(
-        f"γ = {report['gamma']:g}, λ = {report['lambd']:g}, kernel {report['kernel']}, normalize {report['normalize']}"
+        f"{estimator_label(report)}: {parameters_label(report)}, kernel {report['kernel']}, "
+        f"normalize {report['normalize']}"
     )
     if report["rejected_rows"]:
         rejects = ", ".join(f["rejects_file"] for f in files if f["rejects_file"])
         console.print(f"[yellow]{report['rejected_rows']:,} invalid rows rejected[/] → {rejects}")
     table = Table(
-        title=f"masked GAE against the {summary['baseline']} baseline", show_header=False, title_justify="left"
+        title=f"{estimator_label(report)} against the {summary['baseline']} baseline"
+        if summary["baseline"] is not None
+        else f"{estimator_label(report)} (no baseline computed)",
+        show_header=False,
+        title_justify="left",
     )
     table.add_column("figure")
     table.add_column("value", justify="right")
