@@ -226,7 +226,7 @@ def test_terminal_credit_of_every_profile(tmp_path, gamma, lambd):
 
 
 def test_one_pass_reads_each_batch_once_and_computes_the_new_side_once(tmp_path, monkeypatch):
-    import gaecli.pipeline as pipeline
+    import gaecli.pipeline.batches as pipeline  # where computed_batches calls compute_packed
     from gaecli.diff import DiffOptions, diff_files
     from gaecli.io.reader import RolloutFile
 

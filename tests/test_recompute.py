@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import gaecli
-import gaecli.pipeline
+import gaecli.pipeline.batches
 import gaecli.recompute
 from gaecli.errors import InvalidDataError
 from gaecli.io.format import Columns
@@ -841,7 +841,7 @@ def test_interrupted_write_leaves_no_partial_output(tmp_path, monkeypatch):
     leaves nothing (no output, no temp file)."""
     paths = [write_table(rollout_table(random_rollouts(20, seed=s)), tmp_path / "in" / f"p{s}.parquet") for s in (1, 2)]
     hashes = {path: sha256(path) for path in paths}
-    compute_packed = gaecli.pipeline.compute_packed
+    compute_packed = gaecli.pipeline.batches.compute_packed
     calls = []
 
     def interrupted(*args, **kwargs):
@@ -853,7 +853,7 @@ def test_interrupted_write_leaves_no_partial_output(tmp_path, monkeypatch):
         return compute_packed(*args, **kwargs)
 
     out_dir = tmp_path / "out"
-    monkeypatch.setattr(gaecli.pipeline, "compute_packed", interrupted)
+    monkeypatch.setattr(gaecli.pipeline.batches, "compute_packed", interrupted)
     result = recompute([tmp_path / "in"], out_dir, "--batch-rows", 4, "--workers", 1)
     assert result.exit_code == 130
     assert "interrupted" in result.stderr
@@ -867,7 +867,7 @@ def test_interrupted_overwrite_keeps_the_old_output(tmp_path, source, monkeypatc
     target = tmp_path / "out.parquet"
     assert_ok(recompute([source], target))
     before = sha256(target)
-    compute_packed = gaecli.pipeline.compute_packed
+    compute_packed = gaecli.pipeline.batches.compute_packed
     calls = []
 
     def interrupted(*args, **kwargs):
@@ -876,7 +876,7 @@ def test_interrupted_overwrite_keeps_the_old_output(tmp_path, source, monkeypatc
             raise KeyboardInterrupt
         return compute_packed(*args, **kwargs)
 
-    monkeypatch.setattr(gaecli.pipeline, "compute_packed", interrupted)
+    monkeypatch.setattr(gaecli.pipeline.batches, "compute_packed", interrupted)
     result = recompute([source], target, "--overwrite", "--batch-rows", 10, gamma=1.0)
     assert result.exit_code == 130
     assert sha256(target) == before
@@ -890,7 +890,7 @@ def test_sigterm_leaves_nothing(tmp_path):
     out_dir = tmp_path / "out"
     script = (
         "import os, signal, sys\n"
-        "import gaecli.pipeline as r\n"
+        "import gaecli.pipeline.batches as r\n"
         "original, calls = r.compute_packed, []\n"
         "def killed(*a, **k):\n"
         "    calls.append(1)\n"

@@ -1,0 +1,88 @@
+"""What ``gae recompute`` and ``gae diff`` share: the device and per-file checks, the
+streamed, checked and packed batches with new (masked) and old advantages computed by the
+one dispatch (:mod:`gaecli.advantages.dispatch`), and the grouped-reduction pass (one file
+at a time, exact and mergeable) that ``--normalize`` runs for its statistics.
+
+Everything here works on one file at a time and takes only picklable arguments, so the
+engines (:mod:`gaecli.engines`) can run it in other processes or on other machines.
+
+The package: :mod:`.options` (the shared options), :mod:`.packing` (one batch as flat
+buffers), :mod:`.batches` (a file's computed batches), :mod:`.passes` (the passes before the
+computing one)."""
+
+from gaecli.advantages.whiten import whiten_rows
+from gaecli.pipeline.batches import (
+    Computation,
+    ComputedBatch,
+    check_file,
+    check_rollout_schema,
+    check_scalar_column,
+    check_variant_columns,
+    computed_batches,
+    id_findings,
+    overflow_findings,
+    with_findings,
+)
+from gaecli.pipeline.options import (
+    DEVICE_TYPES,
+    ON_INVALID_MODES,
+    VariantOptions,
+    check_device,
+    check_estimators,
+    new_side_spec,
+    normalize_label,
+)
+from gaecli.pipeline.packing import PackedBatch, compute_packed, drop_rows, pack_batch, row_input_arrays, stored_column
+from gaecli.pipeline.passes import (
+    checked_moments,
+    engine_file_moments,
+    engine_file_scores,
+    engine_moments,
+    engine_reduction,
+    engine_reduction_parts,
+    file_reduction,
+    file_scores,
+    rollout_reduction,
+    rollout_scores,
+    statistics_columns,
+    whitened_sides,
+)
+
+__all__ = [
+    "Computation",
+    "ComputedBatch",
+    "DEVICE_TYPES",
+    "ON_INVALID_MODES",
+    "PackedBatch",
+    "VariantOptions",
+    "check_device",
+    "check_estimators",
+    "check_file",
+    "check_rollout_schema",
+    "check_scalar_column",
+    "check_variant_columns",
+    "checked_moments",
+    "compute_packed",
+    "computed_batches",
+    "drop_rows",
+    "engine_file_moments",
+    "engine_file_scores",
+    "engine_moments",
+    "engine_reduction",
+    "engine_reduction_parts",
+    "file_reduction",
+    "file_scores",
+    "id_findings",
+    "new_side_spec",
+    "normalize_label",
+    "overflow_findings",
+    "pack_batch",
+    "rollout_reduction",
+    "rollout_scores",
+    "row_input_arrays",
+    "statistics_columns",
+    "stored_column",
+    "whiten_rows",
+    "whitened_sides",
+    "with_findings",
+]
