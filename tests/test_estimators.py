@@ -239,17 +239,28 @@ def read_outputs(directory) -> list[pa.Table]:
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_recompute_over_files_and_batches_is_bitwise_the_same_everywhere(tmp_path, estimator):
+def test_recompute_over_files_and_batches_is_bitwise_the_same_everywhere(tmp_path, estimator, local_ray):
     batch = random_batch(7, samples=30, groups=6)
     inputs = write_files(tmp_path / "in", batch, [7, 19])
     runs = {}
-    for batch_rows, workers in ((1000, 1), (1, 1), (4, 2)):
-        out = tmp_path / f"out-{batch_rows}-{workers}"
+    configurations = [("local", 1000, 1), ("local", 1, 1), ("local", 4, 2)]
+    if local_ray is not None:  # Ray of the test session (conftest.py)
+        configurations.append(("ray", 5, 2))
+    for engine, batch_rows, workers in configurations:
+        out = tmp_path / f"out-{engine}-{batch_rows}-{workers}"
         result = recompute_cli(
-            inputs, out, *estimator_options(estimator), "--batch-rows", batch_rows, "--workers", workers
+            inputs,
+            out,
+            *estimator_options(estimator),
+            "--batch-rows",
+            batch_rows,
+            "--workers",
+            workers,
+            "--engine",
+            engine,
         )
         assert result.exit_code == 0, result.output
-        runs[batch_rows, workers] = read_outputs(out)
+        runs[engine, batch_rows, workers] = read_outputs(out)
     first = next(iter(runs.values()))
     for tables in runs.values():
         for table, expected in zip(tables, first):

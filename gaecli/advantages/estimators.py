@@ -182,11 +182,14 @@ class ScoreStatistics:
     """The statistics of the critic-free estimators over some rows: :class:`GroupedScores` per
     group id (``groups``; None when the estimator has no groups) and per step id or the whole
     input (``steps``). :meth:`add` takes rows in row order, :meth:`merge` other parts in input
-    order; :meth:`subset` keeps the keys of one file."""
+    order; :meth:`subset` keeps the keys of one file. ``rows`` and ``tokens``: what the pass
+    read for them (the engines report progress with them)."""
 
     def __init__(self, grouped: bool = True) -> None:
         self.groups: Optional[GroupedScores] = GroupedScores() if grouped else None
         self.steps = GroupedScores()
+        self.rows = 0
+        self.tokens = 0
 
     def add(self, group_keys: Optional[pa.Array], step_keys: Optional[pa.Array], scores, counts) -> None:
         """Add rows: their group ids (an Arrow array; None without groups), step ids (None: the
@@ -200,6 +203,8 @@ class ScoreStatistics:
     def merge(self, other: "ScoreStatistics") -> tuple[Optional[np.ndarray], np.ndarray]:
         """Add ``other``'s keys after ours; returns the codes here of its groups and steps."""
         groups = None if self.groups is None else self.groups.merge(other.groups)
+        self.rows += other.rows
+        self.tokens += other.tokens
         return groups, self.steps.merge(other.steps)
 
     def subset(self, codes: tuple[Optional[np.ndarray], np.ndarray]) -> "ScoreStatistics":

@@ -139,8 +139,3 @@ class DiffOptions:
         if self.old_estimator is not None:
             return (ComparisonSide.from_estimator(self.old_estimator),)
         return tuple(ComparisonSide.baseline(name) for name in expand_baselines(self.baseline or DEFAULT_BASELINE))
-
-    @property
-    def old_semantics(self) -> Optional[str]:
-        """The first old side's semantics (None when it is stored or another estimator)."""
-        return self.sides[0].semantics

@@ -49,7 +49,6 @@ def computation_of(options: DiffOptions, kernel: str) -> Computation:
         device=options.device,
         batch_rows=options.batch_rows,
         columns=columns,
-        old_semantics=options.old_semantics,
         against=options.against,
         against_returns=options.against_returns,
         normalize_by=options.normalize_by,

@@ -86,7 +86,7 @@ class Computation:
     λ and ``variants``, the GAE variants of the new side, whose per-row columns are checked
     with every batch), computed once per batch. Old advantages: ``sides``, the old sides of
     the comparison (:class:`gaecli.comparison.sides.ComparisonSide`), each computed or read
-    per batch; when empty, the one side of ``old_semantics`` (the baseline recomputed) or,
+    per batch; when empty, the one side of ``baseline`` (a trainer profile recomputed) or,
     with ``against``, the stored column (and ``against_returns``). ``on_invalid``:
     ``"stop"`` raises on the first invalid row, ``"skip"`` computes the valid rows only."""
 
@@ -96,7 +96,7 @@ class Computation:
     device: str
     batch_rows: int
     columns: Columns
-    old_semantics: Optional[str] = "unmasked"
+    baseline: Optional[str] = "unmasked"
     against: Optional[str] = None
     against_returns: Optional[str] = None
     on_invalid: str = "stop"
@@ -120,8 +120,8 @@ class Computation:
     @cached_property
     def old_sides(self) -> tuple:
         """The old sides, in order (:class:`gaecli.comparison.sides.ComparisonSide`): ``sides``,
-        else the ``old_estimator``, the stored ``against`` column or the ``old_semantics``
-        baseline; empty when nothing is compared (a critic-free recompute has no baseline)."""
+        else the ``old_estimator``, the stored ``against`` column or the ``baseline``
+        profile; empty when nothing is compared (a critic-free recompute has no baseline)."""
         from gaecli.comparison.sides import ComparisonSide
 
         if self.sides:
@@ -130,9 +130,9 @@ class Computation:
             return (ComparisonSide.from_estimator(self.old_estimator),)
         if self.against is not None:
             return (ComparisonSide.stored(self.against, self.against_returns),)
-        if self.old_semantics is None:
+        if self.baseline is None:
             return ()
-        return (ComparisonSide.baseline(self.old_semantics),)
+        return (ComparisonSide.baseline(self.baseline),)
 
     @cached_property
     def old_specs(self) -> tuple[Optional[AdvantageSpec], ...]:

@@ -93,24 +93,23 @@ def engine_reduction_parts(
     :class:`gaecli.engines.EngineSession` if any): one :func:`file_reduction` unit per file,
     stopped at the first failure (raised as for one file), in input order. ``footers``: the
     files' footers where read already (None where not)."""
+    footers = footers or [None] * len(paths)
+    statistics = statistics or [None] * len(paths)
+    tasks = [
+        (str(path), computation, reduction, footer, scores) for path, footer, scores in zip(paths, footers, statistics)
+    ]
+    return _per_file_pass("statistics", file_reduction, tasks, paths, engine, progress, total_rows, session)
+
+
+def _per_file_pass(phase: str, unit, tasks: list, paths: list, engine, progress, total_rows: int, session) -> list:
+    """One ``unit`` per file on ``engine`` (the progress shown as ``phase``), stopped at the
+    first failure (raised as for one file); the results in input order."""
     from gaecli.engines import TaskFailure, map_units
 
-    progress.start("statistics", total_rows)
+    progress.start(phase, total_rows)
     try:
-        footers = footers or [None] * len(paths)
-        statistics = statistics or [None] * len(paths)
-        tasks = [
-            (str(path), computation, reduction, footer, scores)
-            for path, footer, scores in zip(paths, footers, statistics)
-        ]
         parts = map_units(
-            file_reduction,
-            tasks,
-            [str(path) for path in paths],
-            engine,
-            stop_on_failure=True,
-            progress=progress,
-            session=session,
+            unit, tasks, [str(path) for path in paths], engine, stop_on_failure=True, progress=progress, session=session
         )
     finally:
         progress.finish()
@@ -208,6 +207,8 @@ def rollout_scores(rollout, computation: Computation, progress=None):
             computed.scores,
             counts,
         )
+        statistics.rows += computed.batch.num_rows
+        statistics.tokens += packed.tokens
         if progress is not None:
             progress.advance(computed.batch.num_rows, packed.tokens)
     return statistics
@@ -236,26 +237,10 @@ def engine_file_scores(
     any engine and worker count), handed out per file: for each file the merged statistics of
     the groups and steps its rows belong to, and only those."""
     from gaecli.advantages.estimators import ScoreStatistics
-    from gaecli.engines import TaskFailure, map_units
 
-    progress.start("scores", total_rows)
-    try:
-        footers = footers or [None] * len(paths)
-        tasks = [(str(path), computation, footer) for path, footer in zip(paths, footers)]
-        parts = map_units(
-            file_scores,
-            tasks,
-            [str(path) for path in paths],
-            engine,
-            stop_on_failure=True,
-            progress=progress,
-            session=session,
-        )
-    finally:
-        progress.finish()
-    for part in parts:
-        if isinstance(part, TaskFailure):
-            part.raise_error()
+    footers = footers or [None] * len(paths)
+    tasks = [(str(path), computation, footer) for path, footer in zip(paths, footers)]
+    parts = _per_file_pass("scores", file_scores, tasks, paths, engine, progress, total_rows, session)
     merged = ScoreStatistics(parts[0].groups is not None if parts else True)
     codes = [merged.merge(part) for part in parts]
     return [merged.subset(code) for code in codes]

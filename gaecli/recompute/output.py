@@ -44,7 +44,7 @@ def computation_of(options: RecomputeOptions, kernel: str) -> Computation:
         device=options.device,
         batch_rows=options.batch_rows,
         columns=columns,
-        old_semantics=None if options.critic_free else options.baseline,
+        baseline=None if options.critic_free else options.baseline,
         on_invalid=options.on_invalid,
         normalize_by=options.normalize_by,
         variants=options.variants,
