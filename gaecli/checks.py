@@ -176,6 +176,32 @@ def overflow_bounds(
     return bounds, names, largest
 
 
+def cannot_overflow(
+    lists: dict[str, tuple[np.ndarray, pa.Array]],
+    columns: Columns,
+    terminal: np.ndarray,
+    lengths: np.ndarray,
+    largest_output: float,
+) -> bool:
+    """Whether no row's :func:`overflow_bounds` can exceed ``largest_output``, from a bound
+    on them all: the longest row times the largest |value| (counted VALUE_WEIGHT times) and
+    |reward|, plus the largest |terminal reward|, within half of ``largest_output`` (room for
+    the rounding of the per-row sums). A few reductions over the flat buffers, no temporary
+    array; False (then the per-row bounds decide) for nulls, NaN or ±Inf, or a bound too
+    large."""
+    longest = float(lengths.max()) if lengths.size else 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        bound = float(np.max(np.abs(terminal.astype(np.float64)), initial=0.0))
+        for name, (_, flat) in lists.items():
+            if flat.null_count:
+                return False
+            numbers = numeric_numpy(flat)
+            if numbers.size:
+                magnitude = max(float(numbers.max()), -float(numbers.min()))
+                bound += longest * magnitude * (VALUE_WEIGHT if name == columns.values else 1.0)
+        return bool(bound <= largest_output / 2)
+
+
 def _first_per_row(offsets: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows holding sorted flat ``positions`` and, per row, its first such position."""
     rows, first = np.unique(_rows_of_flat_positions(offsets, positions), return_index=True)
@@ -321,8 +347,12 @@ def check_batch(
             flag(rows_at_fault & ~null_rows, column, code, message)
     float_type = output_float_type(batch.schema, columns)
     summed = {name: lists[role][1:] for role, name in columns.token_columns() if role in ("values", "rewards")}
-    bounds, contributors, largest = overflow_bounds(summed, columns, terminal_numbers)
-    too_large = ~(bounds <= float(np.finfo(float_type.to_pandas_dtype()).max)) & ~invalid
+    largest_output = float(np.finfo(float_type.to_pandas_dtype()).max)
+    if not cannot_overflow(summed, columns, terminal_numbers, mask_lengths, largest_output):
+        bounds, contributors, largest = overflow_bounds(summed, columns, terminal_numbers)
+        too_large = ~(bounds <= largest_output) & ~invalid
+    else:
+        too_large = np.zeros(rows, dtype=bool)
     if too_large.any():
         for index, name in enumerate(contributors):
             flag(

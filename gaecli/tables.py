@@ -36,7 +36,18 @@ class TableRollout:
         self.path = TABLE
         self.schema = table.schema
 
-    def iter_batches(self, batch_rows: int, columns: Optional[list[str]] = None) -> Iterator[pa.RecordBatch]:
+    def iter_batches(
+        self, batch_rows: Optional[int], columns: Optional[list[str]] = None, token_column: Optional[str] = None
+    ) -> Iterator[pa.RecordBatch]:
+        if batch_rows is None:
+            from gaecli.io.format import is_list_type
+            from gaecli.io.reader import rows_for_tokens
+
+            tokens = 0
+            if token_column in self.table.column_names and is_list_type(self.table.schema.field(token_column).type):
+                chunks = [chunk for chunk in self.table.column(token_column).chunks if len(chunk)]
+                tokens = sum(chunk.offsets[-1].as_py() - chunk.offsets[0].as_py() for chunk in chunks)
+            batch_rows = rows_for_tokens(self.table.num_rows, tokens)
         table = self.table if columns is None else self.table.select(columns)
         yield from table.to_batches(max_chunksize=batch_rows)
 

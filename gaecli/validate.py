@@ -32,7 +32,7 @@ from gaecli.errors import GAEUsageError, InvalidOptionError, UnreadableFileError
 from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_parts
 from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_writes
-from gaecli.io.reader import DEFAULT_BATCH_ROWS, RolloutFile
+from gaecli.io.reader import RolloutFile
 from gaecli.options import check_count
 from gaecli.progress import NoProgress, Progress
 from gaecli.rules import ERROR, RULES, WARNING
@@ -335,7 +335,7 @@ def _validate_file(
     report: ValidationReport,
     columns: Columns,
     id_columns: Sequence[str],
-    batch_rows: int,
+    batch_rows: Optional[int],
     progress: Progress,
     row_inputs: Sequence[RowInput] = (),
 ) -> None:
@@ -364,7 +364,7 @@ def _validate_file(
     id_batches: list[pa.RecordBatch] = []
     first_row = 0
     try:
-        for batch in rollout.iter_batches(batch_rows, read):
+        for batch in rollout.iter_batches(batch_rows, read, columns.loss_mask):
             ids = _RowIds(batch, usable_ids) if usable_ids else None
             check = check_batch(
                 batch,
@@ -404,7 +404,7 @@ def validate_files(
     *,
     id_columns: Optional[Sequence[str]] = None,
     max_findings: Optional[int] = DEFAULT_MAX_FINDINGS,
-    batch_rows: int = DEFAULT_BATCH_ROWS,
+    batch_rows: Optional[int] = None,
     progress: Optional[Progress] = None,
     engine: Optional[EngineOptions] = None,
     report_paths: Sequence[ReportPath] = (),
@@ -422,10 +422,11 @@ def validate_files(
     id, and rows repeating an earlier row's id within a file get a ``duplicate-id`` warning.
     A missing id column is a ``missing-column`` error (the rows are still checked, without
     ids). ``max_findings``: list at most this many findings (None: all; counts stay exact).
-    Files are streamed ``batch_rows`` rows at a time, reading only the columns the rules
-    need. Files are checked by ``engine`` (default: in this process; ``gae validate``
-    defaults to local worker processes); the findings are concatenated in input order, so
-    the report is the same for any engine and worker count. ``report_paths``: files the
+    Files are streamed ``batch_rows`` rows at a time (None: about a million tokens a batch,
+    :func:`gaecli.io.reader.rows_for_tokens`), reading only the columns the rules need.
+    Files are checked by ``engine`` (default: in this process; ``gae validate`` defaults to
+    local worker processes); the findings are concatenated in input order, so the report is
+    the same for any engine and worker count. ``report_paths``: files the
     caller will write reports to (e.g. ``--json``), refused before any file is checked when
     one is an input (:func:`gaecli.io.paths.check_writes`). ``variants``: the per-row
     columns of the GAE variants to check too (``--turn-rewards-col``, ``--truncated-col``,
@@ -493,7 +494,7 @@ def _validate_unit(
     columns: Columns,
     id_columns: list[str],
     max_findings: Optional[int],
-    batch_rows: int,
+    batch_rows: Optional[int],
     row_inputs: tuple = (),
     progress: Optional[Progress] = None,
 ) -> _FilePart:

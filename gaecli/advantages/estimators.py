@@ -297,9 +297,8 @@ def whiten_trainable(
     advantages' dtype (:func:`gaecli.advantages.whiten.whiten_rows`)."""
     from gaecli.advantages.whiten import whiten_rows
 
-    with np.errstate(invalid="ignore"):  # a step without a trainable token has no statistics and no position to fill
-        whitened = whiten_rows(advantages, offsets, moments, keys)
-    return np.where(trainable, whitened, 0.0).astype(advantages.dtype, copy=False)
+    # a step without a trainable token has no statistics (NaN) and no position that reads them
+    return whiten_rows(advantages, offsets, moments, keys, trainable=trainable, dtype=advantages.dtype)
 
 
 def critic_free_batch(

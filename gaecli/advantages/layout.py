@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 
 if TYPE_CHECKING:
@@ -53,17 +54,27 @@ def trainable_counts(trainable, offsets):
 def last_trainable_index(trainable, offsets):
     """Flat index of each sample's last trainable token, -1 when it has none. int64 ``[B]``."""
     if isinstance(trainable, np.ndarray):
-        positions = np.flatnonzero(trainable)
-        # positions[index] is the last trainable position before each sample's end.
-        index = np.searchsorted(positions, offsets[1:], side="left") - 1
-        candidate = np.append(positions, -1)[index]  # index -1 (none before) picks the -1
-        return np.where(candidate >= offsets[:-1], candidate, -1)
+        return _last_trainable(trainable, np.asarray(offsets, dtype=np.int64))
     import torch
 
     batch = offsets.numel() - 1
     positions = torch.where(trainable, torch.arange(trainable.numel(), device=trainable.device), -1)
     last = torch.full((batch,), -1, dtype=torch.int64, device=trainable.device)
     return last.scatter_reduce(0, segment_ids(offsets, trainable.numel()), positions, reduce="amax")
+
+
+@numba.njit(cache=True, nogil=True)
+def _last_trainable(trainable, offsets):
+    # Each sample scanned backwards from its end to its last trainable token: the work is
+    # the masked tails, not the tokens (a fully masked sample is read whole).
+    rows = offsets.shape[0] - 1
+    last = np.full(rows, -1, dtype=np.int64)
+    for row in range(rows):
+        for t in range(offsets[row + 1] - 1, offsets[row] - 1, -1):
+            if trainable[t]:
+                last[row] = t
+                break
+    return last
 
 
 def next_trainable_index(trainable, offsets):
@@ -89,14 +100,9 @@ def next_trainable_index(trainable, offsets):
 def masked_tail_lengths(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Masked tokens after each sample's last trainable token (its whole length when fully
     masked, 0 when empty). int64 ``[B]``; numpy only (the checks use it)."""
+    last = last_trainable_index(trainable, offsets)
     starts, ends = offsets[:-1], offsets[1:]
-    positions = np.flatnonzero(trainable)
-    if positions.size == 0:
-        return ends - starts
-    before = np.searchsorted(positions, offsets)  # trainable tokens before each row boundary
-    has_trainable = before[1:] > before[:-1]
-    last = np.where(has_trainable, positions[np.maximum(before[1:] - 1, 0)], starts - 1)
-    return ends - 1 - last
+    return np.where(last >= 0, ends - 1 - last, ends - starts)
 
 
 def ends_trainable(trainable, offsets):

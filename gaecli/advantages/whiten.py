@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
+import numba
 import numpy as np
 
 from gaecli.advantages.contract import WHITEN_EPSILON
@@ -91,12 +92,34 @@ def whiten_by_group(advantages, trainable, offsets, keys):
 
 
 def whiten_rows(
-    advantages: np.ndarray, offsets: np.ndarray, moments: "GroupedMoments", keys: Optional["pa.Array"]
+    advantages: np.ndarray,
+    offsets: np.ndarray,
+    moments: "GroupedMoments",
+    keys: Optional["pa.Array"],
+    *,
+    trainable: Optional[np.ndarray] = None,
+    dtype=np.float64,
 ) -> np.ndarray:
     """``(A − mean) / sqrt(var + ε)`` at every position of flat ``advantages`` ``[N]``, with
     each row's group statistics from ``moments`` (rows grouped by ``keys``, one per row, or
-    one group when None); float64 ``[N]`` (callers zero the masked positions where the
-    contract says so)."""
+    one group when None), computed in float64 and rounded once to ``dtype``. With
+    ``trainable`` (bool ``[N]``), 0 at its masked positions (where the contract says so).
+    One pass over the tokens, no temporary array."""
     means, stds = moments.row_stats(keys, offsets.size - 1, WHITEN_EPSILON)
-    lengths = np.diff(offsets)
-    return (advantages.astype(np.float64) - np.repeat(means, lengths)) / np.repeat(stds, lengths)
+    whitened = np.empty(advantages.size, dtype=dtype)
+    zero_masked = trainable is not None
+    mask = trainable if zero_masked else np.zeros(0, dtype=np.bool_)
+    _whiten_rows(advantages, np.asarray(offsets, dtype=np.int64), means, stds, mask, zero_masked, whitened)
+    return whitened
+
+
+@numba.njit(cache=True, nogil=True)
+def _whiten_rows(advantages, offsets, means, stds, trainable, zero_masked, whitened):
+    for row in range(offsets.shape[0] - 1):
+        mean = means[row]
+        std = stds[row]
+        for t in range(offsets[row], offsets[row + 1]):
+            if zero_masked and not trainable[t]:
+                whitened[t] = 0.0
+            else:
+                whitened[t] = (np.float64(advantages[t]) - mean) / std

@@ -241,6 +241,14 @@ MaskColOption = Annotated[
 TerminalColOption = Annotated[
     str, typer.Option("--terminal-col", help="Column of the scalar terminal reward.", rich_help_panel="Columns")
 ]
+BatchRowsOption = Annotated[
+    Optional[int],
+    typer.Option(
+        metavar="N",
+        show_default=False,
+        help="Rows per streamed batch. [default: rows for about a million tokens from the file's footer, at least 256]",
+    ),
+]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.", hidden=False)]
 EngineOption = Annotated[
     str,

@@ -9,6 +9,7 @@ import typer
 from gaecli.cli.common import (
     EXIT_CODES_HELP,
     EXIT_USAGE,
+    BatchRowsOption,
     BootstrapColOption,
     DebugOption,
     EngineOption,
@@ -115,7 +116,7 @@ def diff(
     tol: Annotated[float, typer.Option(help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
     kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",
     device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
-    batch_rows: Annotated[int, typer.Option(help="Rows per streamed batch.")] = 256,
+    batch_rows: BatchRowsOption = None,
     values_col: ValuesColOption = "values",
     rewards_col: RewardsColOption = None,
     mask_col: MaskColOption = "loss_mask",

@@ -8,6 +8,7 @@ import typer
 
 from gaecli.cli.common import (
     EXIT_CODES_HELP,
+    BatchRowsOption,
     BootstrapColOption,
     DebugOption,
     EngineOption,
@@ -60,7 +61,7 @@ def recompute(
     step_col: StepColOption = None,
     kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",
     device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
-    batch_rows: Annotated[int, typer.Option(help="Rows per streamed batch.")] = 256,
+    batch_rows: BatchRowsOption = None,
     normalize: Annotated[
         bool, typer.Option("--normalize", help="Whiten advantages over all trainable tokens of all inputs.")
     ] = False,

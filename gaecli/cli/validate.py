@@ -8,6 +8,7 @@ import typer
 
 from gaecli.cli.common import (
     EXIT_USAGE,
+    BatchRowsOption,
     BootstrapColOption,
     DebugOption,
     EngineOption,
@@ -69,7 +70,7 @@ def validate(
     list_rules: Annotated[
         bool, typer.Option("--list-rules", help="Print every rule (code, severity, what it finds, fix) and exit.")
     ] = False,
-    batch_rows: Annotated[int, typer.Option(help="Rows per streamed batch.")] = 1024,
+    batch_rows: BatchRowsOption = None,
     values_col: ValuesColOption = "values",
     rewards_col: RewardsColOption = None,
     mask_col: MaskColOption = "loss_mask",

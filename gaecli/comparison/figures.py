@@ -56,21 +56,29 @@ def terminal_credit(
 
     last = last_trainable_index(trainable, offsets)
     credit = np.full(last.size, np.nan)
-    if semantics is None or not (last >= 0).any():
+    has_trainable = last >= 0
+    if semantics is None or not has_trainable.any():
         return credit
-    zeros = np.zeros(trainable.size, dtype=np.float64)
+    # Every semantics runs backwards along a sample, so the advantage at the last trainable
+    # token depends on that token and the ones after it alone: the probe runs on those
+    # suffixes (a few tokens a sample), not on whole samples.
+    starts = last[has_trainable]
+    lengths = offsets[1:][has_trainable] - starts
+    suffix_offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=suffix_offsets[1:])
+    positions = np.repeat(starts - suffix_offsets[:-1], lengths) + np.arange(suffix_offsets[-1])
+    zeros = np.zeros(positions.size, dtype=np.float64)
     probe, _ = compute(
         AdvantageSpec(gamma, lambd, semantics),
         zeros,
         zeros,
-        trainable,
-        offsets,
-        np.ones(last.size, dtype=np.float64),
+        trainable[positions],
+        suffix_offsets,
+        np.ones(lengths.size, dtype=np.float64),
         kernel="native",
         device="cpu",
     )
-    has_trainable = last >= 0
-    credit[has_trainable] = probe[last[has_trainable]]
+    credit[has_trainable] = probe[suffix_offsets[:-1]]
     return credit
 
 

@@ -11,7 +11,6 @@ from gaecli.comparison.sides import ComparisonSide
 from gaecli.comparison.token_sample import SCATTER_SAMPLE
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
-from gaecli.io.reader import DEFAULT_BATCH_ROWS
 from gaecli.options import check_count, check_number
 from gaecli.pipeline import VariantOptions, check_device, check_estimators, new_side_spec
 
@@ -56,7 +55,7 @@ class DiffOptions:
     tolerance: float = 1e-6
     kernel: str = "auto"
     device: str = "cpu"
-    batch_rows: int = DEFAULT_BATCH_ROWS
+    batch_rows: Optional[int] = None
     columns: Columns = field(default_factory=Columns)
     per_sample: Optional[str] = None
     variants: VariantOptions = field(default_factory=VariantOptions)

@@ -14,7 +14,19 @@ import pyarrow.parquet as pq
 from gaecli.errors import GAEUsageError, UnreadableFileError
 from gaecli.io.filesystem import AnyPath, RemotePath, to_path
 
-DEFAULT_BATCH_ROWS = 256
+MIN_BATCH_ROWS = 256  # an automatic batch holds at least this many rows
+BATCH_TOKENS = 1 << 20  # an automatic batch holds about this many tokens
+MAX_BATCH_ROWS = 1 << 16  # and at most this many rows
+
+
+def rows_for_tokens(rows: int, tokens: int) -> int:
+    """The rows of an automatic batch (``--batch-rows`` not given) of an input of ``rows``
+    rows and ``tokens`` tokens: about BATCH_TOKENS tokens at its mean row length, at least
+    MIN_BATCH_ROWS and at most MAX_BATCH_ROWS rows. Short rows so come in large batches
+    (the per-batch work is paid per million tokens, not per few thousand), long rows in
+    batches of MIN_BATCH_ROWS rows, as before."""
+    mean_tokens = tokens / rows if rows else 1.0
+    return int(min(MAX_BATCH_ROWS, max(MIN_BATCH_ROWS, BATCH_TOKENS // max(mean_tokens, 1.0))))
 
 
 @contextmanager
@@ -76,10 +88,28 @@ class RolloutFile:
         codec = metadata.row_group(0).column(0).compression
         return "none" if codec == "UNCOMPRESSED" else codec.lower()
 
+    def list_values(self, column: str) -> int:
+        """The values the footer counts in list column ``column`` (its tokens, plus one per
+        null or empty list; 0 for a column the file lacks)."""
+        metadata = self.parquet.metadata
+        schema = metadata.schema
+        leaf = next((i for i in range(len(schema)) if schema.column(i).path.split(".")[0] == column), None)
+        if leaf is None:
+            return 0
+        return sum(metadata.row_group(group).column(leaf).num_values for group in range(metadata.num_row_groups))
+
     def iter_batches(
-        self, batch_rows: int = DEFAULT_BATCH_ROWS, columns: Optional[list[str]] = None
+        self,
+        batch_rows: Optional[int] = None,
+        columns: Optional[list[str]] = None,
+        token_column: Optional[str] = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Record batches of at most ``batch_rows`` rows, in file order."""
+        """Record batches of at most ``batch_rows`` rows, in file order; ``batch_rows`` None:
+        :func:`rows_for_tokens` of the file, counting the tokens of list column
+        ``token_column`` from the footer."""
+        if batch_rows is None:
+            tokens = self.list_values(token_column) if token_column is not None else 0
+            batch_rows = rows_for_tokens(self.num_rows, tokens)
         with read_errors(self.path):
             for batch in self.parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True):
                 yield batch

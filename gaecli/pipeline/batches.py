@@ -94,7 +94,7 @@ class Computation:
     lambd: float
     kernel: str
     device: str
-    batch_rows: int
+    batch_rows: Optional[int]
     columns: Columns
     baseline: Optional[str] = "unmasked"
     against: Optional[str] = None
@@ -292,7 +292,7 @@ def computed_batches(
     row_inputs = new_spec.row_inputs if new_spec.variants else ()
     critic_free = computation.critic_free
     first_row = first_token = 0
-    for batch in rollout.iter_batches(computation.batch_rows, read):
+    for batch in rollout.iter_batches(computation.batch_rows, read, columns.loss_mask):
         check_stop()  # a signal whose KeyboardInterrupt third-party code swallowed (gaecli.stop)
         check = check_batch(batch, columns, file, first_row, row_inputs=row_inputs)
         null_ids = id_findings(batch, computation, file, first_row)

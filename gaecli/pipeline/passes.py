@@ -265,11 +265,12 @@ def whitened_sides(
     packed = computed.packed
     keys = computed.keys(computation.whiten_key)
     if not computation.critic_free:
-        whitened = np.where(packed.trainable, whiten_rows(new, packed.offsets, moments[0], keys), 0.0)
-        new = whitened.astype(new.dtype) if cast else whitened
+        new = whiten_rows(
+            new, packed.offsets, moments[0], keys, trainable=packed.trainable, dtype=new.dtype if cast else np.float64
+        )
         for index, ((old, old_returns), side_moments) in enumerate(zip(olds, moments[1:])):
-            whitened = whiten_rows(old, packed.offsets, side_moments, keys)
-            olds[index] = (whitened.astype(old.dtype) if cast else whitened, old_returns)
+            whitened = whiten_rows(old, packed.offsets, side_moments, keys, dtype=old.dtype if cast else np.float64)
+            olds[index] = (whitened, old_returns)
         return new, new_returns, olds
     from gaecli.advantages.estimators import whiten_trainable
 

@@ -12,7 +12,6 @@ from gaecli.errors import (
     InvalidOptionError,
 )
 from gaecli.io.format import Columns
-from gaecli.io.reader import DEFAULT_BATCH_ROWS
 from gaecli.options import check_choice, check_count, check_number
 from gaecli.pipeline import (
     ON_INVALID_MODES,
@@ -50,7 +49,7 @@ class RecomputeOptions:
     lambd: Optional[float] = None
     kernel: str = "auto"
     device: str = "cpu"
-    batch_rows: int = DEFAULT_BATCH_ROWS
+    batch_rows: Optional[int] = None
     columns: Columns = field(default_factory=Columns)
     normalize: bool = False
     normalize_by: Optional[str] = None
