@@ -147,3 +147,53 @@ def test_terminal_credit_of_a_tail_of_gap_tokens(semantics):
     assert credit[0] == pytest.approx(decayed.get(semantics, 1.0), rel=1e-12)
     assert credit[1] == 1.0
     assert np.isnan(credit[2]) and np.isnan(credit[3])
+
+
+def test_short_samples_outside_the_lanes_give_the_reference_bits():
+    # Samples under SHORT_SAMPLE tokens run one by one after the laned ones: float64
+    # results equal the reference kernel's bit for bit, on either side of the threshold.
+    from gaecli.advantages.kernels.native import SHORT_SAMPLE, native_gae_flat
+    from gaecli.advantages.kernels.reference import reference_gae
+
+    rng = np.random.default_rng(7)
+    lengths = np.concatenate([rng.integers(0, 2 * SHORT_SAMPLE, 300), [SHORT_SAMPLE - 1, SHORT_SAMPLE, 0, 1]])
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    values, rewards = rng.normal(size=total), rng.normal(0.0, 0.1, total)
+    mask = rng.random(total) < 0.7
+    terminal = rng.normal(size=lengths.size)
+    advantages, returns = native_gae_flat(values, rewards, mask, offsets, terminal, gamma=GAMMA, lambd=LAMBD)
+    import torch
+
+    expected = reference_gae(
+        *(torch.from_numpy(array) for array in (values, rewards, mask, offsets, terminal)), gamma=GAMMA, lambd=LAMBD
+    )
+    assert advantages.tobytes() == expected[0].numpy().tobytes()
+    assert returns.tobytes() == expected[1].numpy().tobytes()
+
+
+def test_the_command_keeps_freed_batch_buffers_for_reuse():
+    # The CLI sets glibc's thresholds for itself and, through the environment, for its
+    # workers; a value the user set is kept.
+    import os
+    import subprocess
+    import sys
+
+    from gaecli.cli.memory import MMAP_THRESHOLD, TRIM_THRESHOLD
+
+    script = (
+        "import os\nfrom gaecli.cli.memory import reuse_freed_memory\nreuse_freed_memory()\n"
+        "print(os.environ['MALLOC_MMAP_THRESHOLD_'], os.environ['MALLOC_TRIM_THRESHOLD_'])"
+    )
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
+    printed = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True
+    )
+    if sys.platform.startswith("linux"):
+        assert printed.stdout.split() == [str(MMAP_THRESHOLD), str(TRIM_THRESHOLD)]
+        environment["MALLOC_TRIM_THRESHOLD_"] = "12345"
+        printed = subprocess.run(
+            [sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True
+        )
+        assert printed.stdout.split() == [str(MMAP_THRESHOLD), "12345"]

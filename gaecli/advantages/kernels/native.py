@@ -18,8 +18,9 @@ side by side ("lanes") in one loop, and the core overlaps their independent chai
 are split into one token-balanced group per thread (a batch under ``SERIAL_TOKENS`` tokens is
 one group, on the calling thread); inside a group the longest samples go
 first and a lane takes the next sample as soon as its own ends, so only the last few
-samples of a group run alone. Which lane, group or thread computes a sample changes nothing
-in its arithmetic.
+samples of a group run alone; samples under ``SHORT_SAMPLE`` tokens run one by one after
+the lanes (lanes do not pay for themselves over a few dozen tokens). Which lane, group or
+thread computes a sample changes nothing in its arithmetic.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ VALUES, REWARDS, MASK, ADVANTAGES, RETURNS = range(5)
 # busy machine or with a worker process per core), and many-short-rows files are made of
 # such batches.
 SERIAL_TOKENS = 1 << 15
+# Samples shorter than this many tokens run one by one, not in lanes: a lane's setup (its
+# turn in the queue, the separation checks, its buffers) costs more than the overlap saves
+# over a few dozen tokens (many-short-rows files ran 4x slower in lanes).
+SHORT_SAMPLE = 256
 
 
 def _step(values, rewards, loss_mask, advantages, returns, t, gamma, decay, carry, next_value, terminal, screen):
@@ -124,8 +129,29 @@ def _too_close(addresses, lane_sample, position, lane, itemsize):
 
 
 def _run_group(addresses, lengths, terminal_rewards, gamma, decay, order, value_kind, mask_kind):
+    """Every sample of ``order`` (sample indices, longest first): those of SHORT_SAMPLE
+    tokens or more four at a time (:func:`_run_lanes`), the shorter ones after them one by
+    one. Returns the group's input screen (0: every input read was valid; see :func:`_step`)."""
+    queued = order.shape[0]
+    laned = queued
+    for index in range(queued):
+        if lengths[order[index]] < SHORT_SAMPLE:
+            laned = index
+            break
+    total = _run_lanes(addresses, lengths, terminal_rewards, gamma, decay, order[:laned], value_kind, mask_kind)
+    for index in range(laned, queued):
+        sample = order[index]
+        if lengths[sample] == 0:
+            continue
+        v, r, m, a, g = _buffers(sample, addresses, lengths, value_kind, mask_kind)
+        terminal = np.float64(terminal_rewards[sample])
+        total += _run_alone(v, r, m, a, g, gamma, decay, 0, lengths[sample], 0.0, 0.0, terminal, 0.0)[3]
+    return total
+
+
+def _run_lanes(addresses, lengths, terminal_rewards, gamma, decay, order, value_kind, mask_kind):
     """Every sample of ``order`` (sample indices, longest first), four at a time. Returns
-    the group's input screen (0: every input read was valid; see :func:`_step`).
+    their input screen (0: every input read was valid; see :func:`_step`).
 
     Lane state: the sample ``lane_sample`` whose tokens ``0 .. position - 1`` are still to
     run (none left: the lane is free); ``carry``, ``next_value`` and ``terminal`` are the
@@ -279,6 +305,7 @@ if AVAILABLE:
     _pointer = intrinsic(_pointer)
     _buffers = numba.njit(nogil=True)(_buffers)
     _too_close = numba.njit(nogil=True)(_too_close)
+    _run_lanes = numba.njit(nogil=True)(_run_lanes)
     _run_group = numba.njit(nogil=True)(_run_group)
     _compiled = numba.njit(parallel=True, cache=True, nogil=True)(_masked_gae_batch)
     _compiled_serial = numba.njit(cache=True, nogil=True)(_masked_gae_serial)
