@@ -212,14 +212,15 @@ def _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel):
     (taken before the kernel runs, so that nothing but the return follows it). None when the
     input does not fit that path or is not clean: the general path (pack, then the packed
     form) then computes it or names the first offending sample and token."""
-    if samples_kernel(spec, kernel) is None:
+    samples = samples_kernel(spec, kernel)
+    if samples is None:
         return None
     buffers = sample_buffers(values, rewards, loss_mask, terminal_rewards, SCREENED_VALUES, SCREENED_MASKS)
     if buffers is None:
         return None
     advantages, returns = flat_outputs(int(buffers.offsets[-1]), buffers.dtype)
     pieces = split(advantages, buffers.lengths), split(returns, buffers.lengths)
-    if not compute_screened_samples(spec, buffers, advantages, returns, kernel=kernel):
+    if not compute_screened_samples(spec, buffers, advantages, returns, samples=samples):
         return None
     return pieces
 
