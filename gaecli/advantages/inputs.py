@@ -247,7 +247,7 @@ def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dt
                 if any(len(stride) != 1 for stride in strides):
                     return None
                 tensors = [tensor.contiguous() for tensor in tensors]
-            addresses[row] = list(map(torch.Tensor.data_ptr, tensors))
+            addresses[row] = np.fromiter(map(torch.Tensor.data_ptr, tensors), np.int64, count=samples)
             columns.append(tensors)
     except (GAEInputError, RuntimeError, TypeError):  # e.g. a sparse tensor (no strides), a 0-d tensor (no len)
         return None
@@ -260,11 +260,14 @@ def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dt
     terminal = _terminal_tensor(terminal_rewards)
     if terminal.dim() != 1 or terminal.numel() != samples or terminal.is_complex():
         return None
-    terminal = terminal.detach().to(device="cpu", dtype=dtype).resolve_neg().numpy()
+    terminal = terminal.detach()
+    if terminal.dtype != dtype or not terminal.is_cpu:
+        terminal = terminal.to(device="cpu", dtype=dtype)
+    terminal = terminal.resolve_neg().numpy()
     if not np.isfinite(terminal).all():
         return None
     offsets = np.zeros(samples + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    np.cumsum(np.fromiter(lengths, np.int64, count=samples), out=offsets[1:])
     return SampleBuffers(addresses, offsets, lengths, terminal, dtype, mask_dtype, tuple(columns))
 
 
