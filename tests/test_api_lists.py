@@ -252,3 +252,20 @@ def test_a_negated_mask_value_is_named():
     with pytest.raises(GAEInputError) as raised:
         gaecli.masked_gae(batch.values, batch.rewards, masks, batch.terminals, gamma=batch.gamma, lambd=batch.lambd)
     assert str(raised.value) == "sample 4: loss_mask value -1.0 at token 0 is not 0 or 1"
+
+
+def test_a_tensor_without_memory_is_read_as_zeros():
+    # torch's ZeroTensor (autograd makes them) has no memory (address 0): never read by address.
+    batch = ragged(11, torch.float32)
+    values = list(batch.values)
+    values[3] = torch._efficientzerotensor(LENGTHS[3])
+    assert values[3].data_ptr() == 0 and LENGTHS[3] > 0
+    expected_values = list(batch.values)
+    expected_values[3] = torch.zeros(LENGTHS[3])
+    expected = gaecli.masked_gae(
+        expected_values, batch.rewards, batch.masks, batch.terminals, gamma=batch.gamma, lambd=batch.lambd
+    )
+    got = gaecli.masked_gae(values, batch.rewards, batch.masks, batch.terminals, gamma=batch.gamma, lambd=batch.lambd)
+    for expected_part, got_part in zip(expected, got):
+        for index, (want, have) in enumerate(zip(expected_part, got_part)):
+            assert_bitwise(f"sample {index}", want, have)

@@ -129,7 +129,10 @@ def _concatenate(tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.
     the CPU numpy copies (one thread: torch's thread pool would compete with the kernel's); a
     tensor with its negative bit set (``Tensor.is_neg``) goes through ``resolve_neg`` first."""
     if device.type == "cpu" and all(t.dtype == dtype and t.device.type == "cpu" for t in tensors):
-        return torch.from_numpy(np.concatenate([t.detach().resolve_neg().numpy() for t in tensors]))
+        try:
+            return torch.from_numpy(np.concatenate([t.detach().resolve_neg().numpy() for t in tensors]))
+        except RuntimeError:  # a tensor numpy cannot take (torch's ZeroTensor, which has no memory)
+            pass
     return torch.cat([t.to(device=device, dtype=dtype) for t in tensors])
 
 
@@ -221,13 +224,14 @@ class SampleBuffers:
 
 def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dtypes) -> SampleBuffers | None:
     """The list form's samples as :class:`SampleBuffers`, or None when they do not fit that
-    form: B = 0, a sample not a CPU tensor (or a numpy array: taken as a tensor) of 1-D,
-    values not all of one dtype among ``dtypes`` (names, e.g. ``"torch.float32"``), rewards
-    not of that dtype, masks not all of one dtype among ``mask_dtypes``, lengths or counts
-    that differ, a terminal reward that is not finite. None sends the caller to the general
-    path (:func:`pack_lists`), which names any fault. Reads no token: costs a few attribute
-    reads per sample. A tensor that is not contiguous is copied (it alone); so is one with
-    its negative bit set (``Tensor.is_neg``: its memory holds the numbers negated)."""
+        form: B = 0, a sample not a CPU tensor (or a numpy array: taken as a tensor) of 1-D,
+        values not all of one dtype among ``dtypes`` (names, e.g. ``"torch.float32"``), rewards
+        not of that dtype, masks not all of one dtype among ``mask_dtypes``, lengths or counts
+        that differ, a terminal reward that is not finite, a non-empty tensor without memory
+    (address 0: torch's ZeroTensor). None sends the caller to the general
+        path (:func:`pack_lists`), which names any fault. Reads no token: costs a few attribute
+        reads per sample. A tensor that is not contiguous is copied (it alone); so is one with
+        its negative bit set (``Tensor.is_neg``: its memory holds the numbers negated)."""
     columns = []
     try:
         samples = len(values)
@@ -268,6 +272,8 @@ def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dt
         return None
     offsets = np.zeros(samples + 1, dtype=np.int64)
     np.cumsum(np.fromiter(lengths, np.int64, count=samples), out=offsets[1:])
+    if not addresses[:3, offsets[1:] != offsets[:-1]].all():  # a tensor without memory (torch's ZeroTensor)
+        return None
     return SampleBuffers(addresses, offsets, lengths, terminal, dtype, mask_dtype, tuple(columns))
 
 
