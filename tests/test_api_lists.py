@@ -1,8 +1,9 @@
 """The list API reading each sample where it lies (no concatenation): bitwise equal to the
 packed API and to the float64 reference kernel, within tolerance of the pure-Python oracle,
 on random ragged lists (empty and fully masked samples, every mask dtype, float32 and
-float64, strided tensors, numpy arrays); the inputs untouched; bad input named by sample and
-token as before; input the path does not take (mixed dtypes) computed by the general path."""
+float64, strided tensors, numpy arrays, tensors with their negative bit set); the inputs
+untouched; bad input named by sample and token as before; input the path does not take
+(mixed dtypes) computed by the general path."""
 
 from __future__ import annotations
 
@@ -200,3 +201,71 @@ def test_parameters_that_require_grad_read_in_place(in_place_only):
         assert not advantages[index].requires_grad
         assert_bitwise(f"advantages {index}", expected[0][index], advantages[index])
         assert_bitwise(f"returns {index}", expected[1][index], returns[index])
+
+
+def negative_bit(tensor, sign=1, strided=False):
+    """``sign * tensor`` as a tensor whose memory holds it negated, with its negative bit set
+    (``is_neg()``), made without a copy: contiguous by ``torch._neg_view`` (the case a kernel
+    reading memory by address meets), or with ``strided`` as the imaginary part of a
+    conjugate view (stride 2)."""
+    if strided:
+        view = torch.complex(torch.zeros_like(tensor), -sign * tensor).conj().imag
+    else:
+        view = torch._neg_view(-sign * tensor)
+    assert view.is_neg() and view.is_contiguous() != strided and torch.equal(view, sign * tensor)
+    return view
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_tensors_with_the_negative_bit_read_as_their_numbers(dtype, in_place_only):
+    batch = ragged(9, dtype)
+    masks = [mask.to(dtype) for mask in batch.masks]
+    expected = packed_split(batch, masks)  # the packed API on tensors without the bit
+    values = [negative_bit(value, strided=index == 3) for index, value in enumerate(batch.values)]
+    rewards = [negative_bit(reward) if index % 2 else reward for index, reward in enumerate(batch.rewards)]
+    negative_masks = [negative_bit(mask) for mask in masks]
+    oracle_advantages, oracle_returns = oracle_batch("masked", batch)
+    for mask_column in (masks, negative_masks):
+        advantages, returns = gaecli.masked_gae(
+            values, rewards, mask_column, batch.terminals, gamma=batch.gamma, lambd=batch.lambd
+        )
+        for index in range(len(LENGTHS)):
+            assert_bitwise(f"advantages {index}", expected[0][index], advantages[index])
+            assert_bitwise(f"returns {index}", expected[1][index], returns[index])
+        assert_close("advantages", oracle_advantages, advantages)
+        assert_close("returns", oracle_returns, returns)
+    # The packed form on flat tensors with the bit: the same numbers.
+    _, _, _, offsets, terminal = batch.packed()
+    flat = [negative_bit(torch.cat(column)) for column in (batch.values, batch.rewards, masks)]
+    packed = gaecli.masked_gae_packed(*flat, offsets, terminal, gamma=batch.gamma, lambd=batch.lambd)
+    assert_bitwise("packed advantages", torch.cat(expected[0]), packed[0])
+    assert_bitwise("packed returns", torch.cat(expected[1]), packed[1])
+    for before, after in zip(batch.values + batch.rewards + masks, values + rewards + negative_masks):
+        assert torch.equal(before, after)  # the input untouched
+
+
+def test_a_negated_mask_value_is_named():
+    # The mask's memory holds 1 and its negative bit is set: the value is -1, not 0 or 1.
+    batch = ragged(10, torch.float32)
+    masks = [mask.float() for mask in batch.masks]
+    masks[4] = negative_bit(torch.ones(LENGTHS[4]), sign=-1)
+    with pytest.raises(GAEInputError) as raised:
+        gaecli.masked_gae(batch.values, batch.rewards, masks, batch.terminals, gamma=batch.gamma, lambd=batch.lambd)
+    assert str(raised.value) == "sample 4: loss_mask value -1.0 at token 0 is not 0 or 1"
+
+
+def test_a_tensor_without_memory_is_read_as_zeros():
+    # torch's ZeroTensor (autograd makes them) has no memory (address 0): never read by address.
+    batch = ragged(11, torch.float32)
+    values = list(batch.values)
+    values[3] = torch._efficientzerotensor(LENGTHS[3])
+    assert values[3].data_ptr() == 0 and LENGTHS[3] > 0
+    expected_values = list(batch.values)
+    expected_values[3] = torch.zeros(LENGTHS[3])
+    expected = gaecli.masked_gae(
+        expected_values, batch.rewards, batch.masks, batch.terminals, gamma=batch.gamma, lambd=batch.lambd
+    )
+    got = gaecli.masked_gae(values, batch.rewards, batch.masks, batch.terminals, gamma=batch.gamma, lambd=batch.lambd)
+    for expected_part, got_part in zip(expected, got):
+        for index, (want, have) in enumerate(zip(expected_part, got_part)):
+            assert_bitwise(f"sample {index}", want, have)

@@ -9,7 +9,7 @@ Two forms of every function:
   ``offsets`` (B + 1 entries, as an Arrow list column's offsets) and ``terminal_rewards``
   (B entries); returns flat ``[N]`` tensors;
 - list: one 1-D tensor per sample; on CPU tensors the kernel reads each sample where it
-  lies (no concatenation) and writes one flat result, split into per-sample views; other
+  lies (no concatenation) and writes one flat result, split into per-sample pieces; other
   input (CUDA, mixed dtypes, bad data) goes through a thin wrapper that concatenates, calls
   the packed form and splits the same way.
 """
@@ -208,18 +208,19 @@ def compute_advantages(
 
 def _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel):
     """The list form's fast path: a kernel that reads each sample where it lies and screens
-    it in the same pass (no concatenation), writing into per-sample views of one flat result
+    it in the same pass (no concatenation), writing into per-sample pieces of one flat result
     (taken before the kernel runs, so that nothing but the return follows it). None when the
     input does not fit that path or is not clean: the general path (pack, then the packed
     form) then computes it or names the first offending sample and token."""
-    if samples_kernel(spec, kernel) is None:
+    samples = samples_kernel(spec, kernel)
+    if samples is None:
         return None
     buffers = sample_buffers(values, rewards, loss_mask, terminal_rewards, SCREENED_VALUES, SCREENED_MASKS)
     if buffers is None:
         return None
     advantages, returns = flat_outputs(int(buffers.offsets[-1]), buffers.dtype)
     pieces = split(advantages, buffers.lengths), split(returns, buffers.lengths)
-    if not compute_screened_samples(spec, buffers, advantages, returns, kernel=kernel):
+    if not compute_screened_samples(spec, buffers, advantages, returns, samples=samples):
         return None
     return pieces
 

@@ -159,7 +159,10 @@ def compute_screened(
         return None
     import torch
 
-    arrays = [tensor.detach().numpy() for tensor in (values, rewards, loss_mask, offsets, terminal_rewards)]
+    # resolve_neg: a tensor with its negative bit set (Tensor.is_neg) holds its numbers negated.
+    arrays = [
+        tensor.detach().resolve_neg().numpy() for tensor in (values, rewards, loss_mask, offsets, terminal_rewards)
+    ]
     advantages, returns, clean = screened(*arrays, gamma=spec.gamma, lambd=spec.lambd)
     return torch.from_numpy(advantages), torch.from_numpy(returns), clean
 
@@ -177,27 +180,31 @@ def samples_kernel(spec: AdvantageSpec, kernel: str = "auto"):
         return None
 
 
-def compute_screened_samples(spec: AdvantageSpec, buffers, advantages, returns, *, kernel: str = "auto"):
+def compute_screened_samples(spec: AdvantageSpec, buffers, advantages, returns, *, kernel: str = "auto", samples=None):
     """:func:`compute_screened` on the list form's samples where they lie
     (:class:`gaecli.advantages.inputs.SampleBuffers`: CPU tensors, values float32/float64,
     rewards the same, mask bool, integer or float), read in place with no concatenation, into
     ``advantages`` and ``returns``: flat contiguous ``[N]`` CPU tensors of the values' dtype,
     sample ``i`` at ``buffers.offsets[i]:buffers.offsets[i + 1]`` (views of them may be taken
-    before: each position is written once). Returns ``clean``, or None when
-    :func:`samples_kernel` has no kernel for ``kernel`` (nothing written then)."""
-    samples = samples_kernel(spec, kernel)
+    before: each position is written once). ``samples``: the kernel :func:`samples_kernel`
+    gives for ``spec`` and ``kernel``, when the caller has it already. Returns ``clean``, or
+    None when :func:`samples_kernel` has no kernel for ``kernel`` (nothing written then)."""
     if samples is None:
-        return None
-    import torch
+        samples = samples_kernel(spec, kernel)
+        if samples is None:
+            return None
+    from gaecli.advantages.inputs import numpy_dtype
 
+    addresses = buffers.addresses
     starts = buffers.offsets[:-1] * advantages.element_size()
-    outputs = np.stack([advantages.data_ptr() + starts, returns.data_ptr() + starts])
+    np.add(starts, advantages.data_ptr(), out=addresses[3])
+    np.add(starts, returns.data_ptr(), out=addresses[4])
     return samples(
-        np.concatenate([buffers.addresses, outputs]),
+        addresses,
         buffers.offsets,
-        buffers.terminal.numpy(),
-        value_dtype=advantages.numpy().dtype,
-        mask_dtype=torch.empty(0, dtype=buffers.mask_dtype).numpy().dtype,
+        buffers.terminal,
+        value_dtype=numpy_dtype(advantages.dtype),
+        mask_dtype=numpy_dtype(buffers.mask_dtype),
         gamma=spec.gamma,
         lambd=spec.lambd,
     )

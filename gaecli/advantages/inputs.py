@@ -126,9 +126,13 @@ def as_sample_tensor(array) -> torch.Tensor:
 
 def _concatenate(tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """One flat tensor of ``dtype`` on ``device``, each tensor copied once into its place. On
-    the CPU numpy copies (one thread: torch's thread pool would compete with the kernel's)."""
+    the CPU numpy copies (one thread: torch's thread pool would compete with the kernel's); a
+    tensor with its negative bit set (``Tensor.is_neg``) goes through ``resolve_neg`` first."""
     if device.type == "cpu" and all(t.dtype == dtype and t.device.type == "cpu" for t in tensors):
-        return torch.from_numpy(np.concatenate([t.detach().numpy() for t in tensors]))
+        try:
+            return torch.from_numpy(np.concatenate([t.detach().resolve_neg().numpy() for t in tensors]))
+        except RuntimeError:  # a tensor numpy cannot take (torch's ZeroTensor, which has no memory)
+            pass
     return torch.cat([t.to(device=device, dtype=dtype) for t in tensors])
 
 
@@ -201,16 +205,18 @@ def _terminal_tensor(terminal_rewards) -> torch.Tensor:
 @dataclass(frozen=True)
 class SampleBuffers:
     """The list form's samples where they lie, for a kernel that reads each in place (no
-    concatenation): ``addresses`` int64 ``[3, B]``, where each sample's values, rewards and
-    mask start (each contiguous); ``offsets`` int64 ``[B + 1]``, the lengths as offsets (the
-    packed output's layout); ``lengths`` the same as a list; ``terminal`` ``[B]`` in the
-    values' dtype and checked finite; the values' (rewards') and mask's dtypes; ``keep``
-    the tensors read, alive as long as this object."""
+    concatenation): ``addresses`` int64 ``[5, B]``, where each sample's values, rewards and
+    mask start (rows 0 to 2, each buffer contiguous), rows 3 and 4 left for where its
+    advantages and returns go (:func:`gaecli.advantages.dispatch.compute_screened_samples`
+    fills them); ``offsets`` int64 ``[B + 1]``, the lengths as offsets (the packed output's
+    layout); ``lengths`` the same as a list; ``terminal`` numpy ``[B]`` in the values' dtype
+    and checked finite; the values' (rewards') and mask's dtypes; ``keep`` the tensors read,
+    alive as long as this object."""
 
     addresses: np.ndarray
     offsets: np.ndarray
     lengths: list[int]
-    terminal: torch.Tensor
+    terminal: np.ndarray
     dtype: torch.dtype
     mask_dtype: torch.dtype
     keep: tuple
@@ -218,27 +224,34 @@ class SampleBuffers:
 
 def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dtypes) -> SampleBuffers | None:
     """The list form's samples as :class:`SampleBuffers`, or None when they do not fit that
-    form: B = 0, a sample not a CPU tensor (or a numpy array: taken as a tensor) of 1-D,
-    values not all of one dtype among ``dtypes`` (names, e.g. ``"torch.float32"``), rewards
-    not of that dtype, masks not all of one dtype among ``mask_dtypes``, lengths or counts
-    that differ, a terminal reward that is not finite. None sends the caller to the general
-    path (:func:`pack_lists`), which names any fault. Reads no token: costs a few attribute
-    reads per sample. A tensor that is not contiguous is copied (it alone)."""
+        form: B = 0, a sample not a CPU tensor (or a numpy array: taken as a tensor) of 1-D,
+        values not all of one dtype among ``dtypes`` (names, e.g. ``"torch.float32"``), rewards
+        not of that dtype, masks not all of one dtype among ``mask_dtypes``, lengths or counts
+        that differ, a terminal reward that is not finite, a non-empty tensor without memory
+    (address 0: torch's ZeroTensor). None sends the caller to the general
+        path (:func:`pack_lists`), which names any fault. Reads no token: costs a few attribute
+        reads per sample. A tensor that is not contiguous is copied (it alone); so is one with
+        its negative bit set (``Tensor.is_neg``: its memory holds the numbers negated)."""
     columns = []
     try:
         samples = len(values)
         if not samples or not len(rewards) == len(loss_mask) == len(terminal_rewards) == samples:
             return None
-        for seq, allowed in ((values, dtypes), (rewards, dtypes), (loss_mask, mask_dtypes)):
-            tensors = seq if set(map(type, seq)) == {torch.Tensor} else _as_tensors("", seq)
+        addresses = np.empty((5, samples), dtype=np.int64)
+        for row, (seq, allowed) in enumerate(((values, dtypes), (rewards, dtypes), (loss_mask, mask_dtypes))):
+            tensors = seq if set(map(type, seq)) == _TENSORS_ONLY else _as_tensors("", seq)
             kinds = set(map(_DTYPE, tensors))
             if len(kinds) != 1 or str(next(iter(kinds))) not in allowed or not all(map(_IS_CPU, tensors)):
                 return None
+            # A bool mask reads the same negated or not (nonzero stays nonzero); bool has no resolve_neg.
+            if kinds != _BOOL and any(map(torch.Tensor.is_neg, tensors)):
+                tensors = [tensor.resolve_neg() for tensor in tensors]
             strides = set(map(torch.Tensor.stride, tensors))
-            if strides != {(1,)}:
+            if strides != _UNIT_STRIDE:
                 if any(len(stride) != 1 for stride in strides):
                     return None
                 tensors = [tensor.contiguous() for tensor in tensors]
+            addresses[row] = np.fromiter(map(torch.Tensor.data_ptr, tensors), np.int64, count=samples)
             columns.append(tensors)
     except (GAEInputError, RuntimeError, TypeError):  # e.g. a sparse tensor (no strides), a 0-d tensor (no len)
         return None
@@ -251,29 +264,46 @@ def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dt
     terminal = _terminal_tensor(terminal_rewards)
     if terminal.dim() != 1 or terminal.numel() != samples or terminal.is_complex():
         return None
-    terminal = terminal.to(device="cpu", dtype=dtype)
-    if not bool(torch.isfinite(terminal).all()):
+    terminal = terminal.detach()
+    if terminal.dtype != dtype or not terminal.is_cpu:
+        terminal = terminal.to(device="cpu", dtype=dtype)
+    terminal = terminal.resolve_neg().numpy()
+    if not np.isfinite(terminal).all():
         return None
-    addresses = np.array([list(map(torch.Tensor.data_ptr, tensors)) for tensors in columns], dtype=np.int64)
     offsets = np.zeros(samples + 1, dtype=np.int64)
-    np.cumsum(np.array(lengths, dtype=np.int64), out=offsets[1:])
+    np.cumsum(np.fromiter(lengths, np.int64, count=samples), out=offsets[1:])
+    if not addresses[:3, offsets[1:] != offsets[:-1]].all():  # a tensor without memory (torch's ZeroTensor)
+        return None
     return SampleBuffers(addresses, offsets, lengths, terminal, dtype, mask_dtype, tuple(columns))
 
 
+_TENSORS_ONLY = {torch.Tensor}
+_UNIT_STRIDE = {(1,)}
+_BOOL = {torch.bool}
 _DTYPE = operator.attrgetter("dtype")
 _IS_CPU = operator.attrgetter("is_cpu")
+
+
+@functools.cache
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype that numpy has (float32, int64, bool...)."""
+    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 def flat_outputs(total: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Two empty flat ``[total]`` CPU tensors of ``dtype`` for a kernel's advantages and
     returns, allocated by numpy as the packed form's kernel allocates its own (large buffers
     then get huge pages where the system gives them on request: fewer page faults)."""
-    advantages = np.empty(total, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+    advantages = np.empty(total, dtype=numpy_dtype(dtype))
     return torch.from_numpy(advantages), torch.from_numpy(np.empty_like(advantages))
 
 
 def split(flat: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
-    return list(torch.split(flat, lengths)) if lengths else []
+    """Pieces of ``flat`` ``[sum(lengths)]``, one per length, in order, sharing its memory.
+    Not tracked by autograd as views of ``flat`` (``unsafe_split_with_sizes``, a quarter
+    cheaper per piece): nothing else holds ``flat``, the pieces do not overlap and need no
+    gradient, so an in-place change to one piece has nothing else to invalidate."""
+    return list(flat.unsafe_split_with_sizes(lengths)) if lengths else []
 
 
 class FlatLists(NamedTuple):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Optional
 
 from gaecli.advantages.contract import (
@@ -176,7 +177,7 @@ class AdvantageSpec:
         """Whether the estimator reads no values (docs/estimators.md)."""
         return self.estimator in CRITIC_FREE
 
-    @property
+    @cached_property  # a frozen spec: computed once (kernels are resolved against it on every call)
     def features(self) -> frozenset[str]:
         """What a kernel must support to run this spec (``estimator:…``, ``timestep:…``, and
         one name per variant field set). Semantics and normalisation run around the kernel,
