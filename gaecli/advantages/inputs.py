@@ -224,14 +224,14 @@ class SampleBuffers:
 
 def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dtypes) -> SampleBuffers | None:
     """The list form's samples as :class:`SampleBuffers`, or None when they do not fit that
-        form: B = 0, a sample not a CPU tensor (or a numpy array: taken as a tensor) of 1-D,
-        values not all of one dtype among ``dtypes`` (names, e.g. ``"torch.float32"``), rewards
-        not of that dtype, masks not all of one dtype among ``mask_dtypes``, lengths or counts
-        that differ, a terminal reward that is not finite, a non-empty tensor without memory
-    (address 0: torch's ZeroTensor). None sends the caller to the general
-        path (:func:`pack_lists`), which names any fault. Reads no token: costs a few attribute
-        reads per sample. A tensor that is not contiguous is copied (it alone); so is one with
-        its negative bit set (``Tensor.is_neg``: its memory holds the numbers negated)."""
+    form: B = 0, a sample not a CPU tensor (or a numpy array: taken as a tensor) of 1-D,
+    values not all of one dtype among ``dtypes`` (names, e.g. ``"torch.float32"``), rewards
+    not of that dtype, masks not all of one dtype among ``mask_dtypes``, lengths or counts
+    that differ, a terminal reward that is not finite, a non-empty tensor without memory
+    (address 0: torch's ZeroTensor). None sends the caller to the general path
+    (:func:`pack_lists`), which names any fault. Reads no token: costs a few attribute reads
+    per sample. A tensor that is not contiguous is copied (it alone); so is one with its
+    negative bit set (``Tensor.is_neg``: its memory holds the numbers negated)."""
     columns = []
     try:
         samples = len(values)
