@@ -177,7 +177,7 @@ def overflow_bounds(
 
 
 def cannot_overflow(
-    lists: dict[str, tuple[np.ndarray, pa.Array]],
+    numbers: dict[str, np.ndarray],
     columns: Columns,
     terminal: np.ndarray,
     lengths: np.ndarray,
@@ -186,18 +186,16 @@ def cannot_overflow(
     """Whether no row's :func:`overflow_bounds` can exceed ``largest_output``, from a bound
     on them all: the longest row times the largest |value| (counted VALUE_WEIGHT times) and
     |reward|, plus the largest |terminal reward|, within half of ``largest_output`` (room for
-    the rounding of the per-row sums). A few reductions over the flat buffers, no temporary
-    array; False (then the per-row bounds decide) for nulls, NaN or ±Inf, or a bound too
+    the rounding of the per-row sums). ``numbers``: column name → its flat numbers (nulls as
+    0, as :func:`overflow_bounds` takes them). A few reductions over the flat buffers, no
+    temporary array; False (then the per-row bounds decide) for NaN or ±Inf, or a bound too
     large."""
     longest = float(lengths.max()) if lengths.size else 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         bound = float(np.max(np.abs(terminal.astype(np.float64)), initial=0.0))
-        for name, (_, flat) in lists.items():
-            if flat.null_count:
-                return False
-            numbers = numeric_numpy(flat)
-            if numbers.size:
-                magnitude = max(float(numbers.max()), -float(numbers.min()))
+        for name, flat in numbers.items():
+            if flat.size:
+                magnitude = max(float(flat.max()), -float(flat.min()))
                 bound += longest * magnitude * (VALUE_WEIGHT if name == columns.values else 1.0)
         return bool(bound <= largest_output / 2)
 
@@ -348,7 +346,8 @@ def check_batch(
     float_type = output_float_type(batch.schema, columns)
     summed = {name: lists[role][1:] for role, name in columns.token_columns() if role in ("values", "rewards")}
     largest_output = float(np.finfo(float_type.to_pandas_dtype()).max)
-    if not cannot_overflow(summed, columns, terminal_numbers, mask_lengths, largest_output):
+    summed_numbers = {name: flat_numbers[name] for name in summed}
+    if not cannot_overflow(summed_numbers, columns, terminal_numbers, mask_lengths, largest_output):
         bounds, contributors, largest = overflow_bounds(summed, columns, terminal_numbers)
         too_large = ~(bounds <= largest_output) & ~invalid
     else:
