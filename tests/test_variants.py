@@ -500,6 +500,32 @@ def test_turn_table_numpy_and_torch_agree():
     assert [part.tolist() for part in torch_parts] == [starts.tolist(), ends.tolist(), turn_offsets.tolist()]
 
 
+def _turns_by_loop(mask, offsets):
+    """The turn table by a Python walk over each sample's tokens."""
+    starts, ends, counts = [], [], [0]
+    for row in range(len(offsets) - 1):
+        for t in range(offsets[row], offsets[row + 1]):
+            if mask[t] and (t == offsets[row] or not mask[t - 1]):
+                starts.append(t)
+            if mask[t] and (t == offsets[row + 1] - 1 or not mask[t + 1]):
+                ends.append(t + 1)
+        counts.append(len(starts))
+    return starts, ends, counts
+
+
+def test_turn_table_matches_a_loop_on_random_batches():
+    # Runs cut by sample boundaries, empty samples, masks all trainable or all masked.
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        total = int(rng.integers(0, 30))
+        mask = rng.random(total) < rng.choice([0.0, 0.3, 0.8, 1.0])
+        cuts = np.sort(rng.integers(0, total + 1, int(rng.integers(0, 6))))
+        offsets = np.concatenate(([0], cuts, [total])).astype(np.int64)
+        starts, ends, turn_offsets = turn_table(mask, offsets)
+        assert (starts.tolist(), ends.tolist(), turn_offsets.tolist()) == _turns_by_loop(mask, offsets)
+        assert starts.dtype == ends.dtype == turn_offsets.dtype == np.int64
+
+
 @needs_native
 def test_the_dispatch_takes_numpy_row_inputs():
     values = np.array([1.0, 2.0, 3.0, 4.0])

@@ -195,8 +195,10 @@ def turn_table(trainable, offsets):
     (docs/variants.md). Returns ``(starts, ends, turn_offsets)``: int64 ``[U]`` flat
     position of each turn's first token and one past its last token, in order, and int64
     ``[B + 1]`` ``turn_offsets`` (the turns of sample i are ``turn_offsets[i]`` up to
-    ``turn_offsets[i + 1]``; ``diff`` is each sample's number of turns). numpy or torch as
-    the mask; vectorised."""
+    ``turn_offsets[i + 1]``; ``diff`` is each sample's number of turns). ``trainable``:
+    bool, numpy or torch (the result is of the same kind); vectorised."""
+    if isinstance(trainable, np.ndarray):
+        return _turn_table_numpy(trainable, np.asarray(offsets, dtype=np.int64))
     xp = array_module(trainable)
     total = trainable.shape[0]
     nonempty = offsets[1:] > offsets[:-1]
@@ -211,8 +213,30 @@ def turn_table(trainable, offsets):
         following[:-1] = trainable[1:]
     begins = trainable & (~previous | first_of_sample)
     finishes = trainable & (~following | last_of_sample)
-    if xp is np:
-        starts, ends = np.flatnonzero(begins), np.flatnonzero(finishes) + 1
-        return starts, ends, np.searchsorted(starts, offsets).astype(np.int64)
     starts, ends = begins.nonzero().flatten(), finishes.nonzero().flatten() + 1
     return starts, ends, xp.searchsorted(starts, offsets)
+
+
+def _turn_table_numpy(trainable: np.ndarray, offsets: np.ndarray):
+    """:func:`turn_table` of a numpy mask in one pass over the tokens: the positions where
+    the mask changes (a turn begins or ends there), then the sample boundaries that cut a
+    trainable run in two (each is both an end and a start). A few turns per sample make the
+    rest of the work small."""
+    total = trainable.shape[0]
+    changes = np.flatnonzero(trainable[1:] != trainable[:-1]) + 1
+    begins = trainable[changes]
+    starts, ends = changes[begins], changes[~begins]
+    if total and trainable[0]:
+        starts = np.concatenate(([0], starts))
+    if total and trainable[-1]:
+        ends = np.append(ends, total)
+    inner = np.unique(offsets[(offsets > 0) & (offsets < total)])
+    cuts = inner[trainable[inner] & trainable[inner - 1]]
+    if cuts.size:
+        starts = np.sort(np.concatenate((starts, cuts)))
+        ends = np.sort(np.concatenate((ends, cuts)))
+    return (
+        starts.astype(np.int64, copy=False),
+        ends.astype(np.int64, copy=False),
+        np.searchsorted(starts, offsets).astype(np.int64),
+    )
