@@ -172,6 +172,31 @@ def test_short_samples_outside_the_lanes_give_the_reference_bits():
     assert returns.tobytes() == expected[1].numpy().tobytes()
 
 
+def test_the_native_kernel_plans_token_balanced_groups_longest_first():
+    # Each group holds the samples whose first token lies in its share [g, g + 1) * N / G of
+    # the tokens, longest first, equal lengths in sample order; every sample once.
+    from gaecli.advantages.kernels.native import _plan_groups
+
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        lengths = rng.integers(0, 6, int(rng.integers(0, 14)))
+        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+        groups = int(rng.integers(1, 5))
+        order, bounds = _plan_groups(offsets, groups)
+        total = int(offsets[-1])
+        expected_order = []
+        for group in range(groups):
+            share = (total * group // groups, total * (group + 1) // groups)
+            members = [
+                row
+                for row in range(lengths.size)
+                if share[0] <= offsets[row] < share[1] or (group == groups - 1 and offsets[row] >= share[1])
+            ]
+            assert bounds[group + 1] - bounds[group] == len(members)
+            expected_order += sorted(members, key=lambda row: (-lengths[row], row))
+        assert order.tolist() == expected_order and bounds[0] == 0 and bounds[-1] == lengths.size
+
+
 def test_the_command_keeps_freed_batch_buffers_for_reuse():
     # The CLI sets glibc's thresholds for itself and, through the environment, for its
     # workers; a value the user set is kept.

@@ -137,7 +137,7 @@ class AdvantageSpec:
                 f"not to the {self.semantics!r} baseline"
             )
 
-    @property
+    @cached_property  # a frozen spec: computed once (the list API reads it on every call)
     def variants(self) -> tuple[str, ...]:
         """The names of the GAE variant fields set away from their defaults (empty: plain GAE)."""
         names = [name for name in VARIANT_FIELDS if getattr(self, name) is not None]

@@ -168,13 +168,15 @@ def resolve_kernel(name: str, device="cpu", spec: Optional["AdvantageSpec"] = No
     or one that cannot compute ``spec`` (a usage error).
     """
     kind = device_type(device)
-    usable = available_kernels(device)
     if name == AUTO:
-        capable = [candidate for candidate in usable if not KERNELS[candidate].missing(spec)]
-        for candidate in (*AUTO_ORDER.get(kind, ("scan",)), AUTO_FALLBACK, *capable):
-            if candidate in capable:
+        # The preferred kernels one by one before all of them: the first usable and capable
+        # one is what a trainer's every call resolves to.
+        for candidate in (*AUTO_ORDER.get(kind, ("scan",)), AUTO_FALLBACK, *KERNELS):
+            kernel = KERNELS.get(candidate)
+            if kernel is not None and kernel.usable_on(kind) and not kernel.missing(spec):
                 return candidate
         raise KernelUnavailableError(f"no kernel usable on {kind} here computes {_describe(spec)}")
+    usable = available_kernels(device)
     if name not in KERNELS:
         raise KernelUnavailableError(f"unknown kernel {name!r}; choose one of: auto, {', '.join(KERNELS)}")
     if name not in usable:

@@ -25,6 +25,8 @@ thread computes a sample changes nothing in its arithmetic.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 try:
@@ -286,17 +288,25 @@ def _masked_gae_serial(
 def _plan_groups(offsets: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
     """Split the samples into ``groups`` groups of about equal token counts: group ``g``
     holds the samples whose first position lies in ``[g, g + 1) * N / groups``, longest
-    first. Returns ``(order, group_bounds)``: int64 ``[B]`` sample indices and ``[groups + 1]``
-    bounds into it."""
-    batch = offsets.size - 1
-    total = int(offsets[-1])
-    starts = (total * np.arange(groups + 1, dtype=np.int64)) // groups
-    group_bounds = np.searchsorted(offsets[:-1], starts, side="left")
-    group_bounds[-1] = batch
-    group_of_sample = np.repeat(np.arange(groups), np.diff(group_bounds))
-    lengths = np.diff(offsets)
-    order = np.lexsort((-lengths, group_of_sample)).astype(np.int64)
-    return order, group_bounds.astype(np.int64)
+    first (equal lengths in sample order). Returns ``(order, group_bounds)``: int64 ``[B]``
+    sample indices and ``[groups + 1]`` bounds into it. Compiled: a trainer pays it on
+    every call."""
+    return _plan_groups_compiled(np.asarray(offsets, dtype=np.int64), groups)
+
+
+def _plan_groups_loop(offsets, groups):
+    batch = offsets.shape[0] - 1
+    total = offsets[batch]
+    group_bounds = np.empty(groups + 1, dtype=np.int64)
+    for group in range(groups):
+        group_bounds[group] = np.searchsorted(offsets[:batch], (total * group) // groups)
+    group_bounds[groups] = batch
+    order = np.empty(batch, dtype=np.int64)
+    for group in range(groups):
+        first, stop = group_bounds[group], group_bounds[group + 1]
+        longest_first = np.argsort(offsets[first:stop] - offsets[first + 1 : stop + 1], kind="mergesort")
+        order[first:stop] = longest_first + first
+    return order, group_bounds
 
 
 if AVAILABLE:
@@ -309,8 +319,9 @@ if AVAILABLE:
     _run_group = numba.njit(nogil=True)(_run_group)
     _compiled = numba.njit(parallel=True, cache=True, nogil=True)(_masked_gae_batch)
     _compiled_serial = numba.njit(cache=True, nogil=True)(_masked_gae_serial)
+    _plan_groups_compiled = numba.njit(cache=True, nogil=True)(_plan_groups_loop)
 else:  # pragma: no cover
-    _compiled = _compiled_serial = None
+    _compiled = _compiled_serial = _plan_groups_compiled = None
 
 
 def native_gae_samples(
@@ -337,8 +348,9 @@ def native_gae_samples(
     batch = offsets.size - 1
     if batch <= 0:
         return True
-    serial = int(offsets[-1] - offsets[0]) < SERIAL_TOKENS or numba.get_num_threads() == 1
-    groups = 1 if serial else max(1, min(numba.get_num_threads(), batch))
+    threads = numba.get_num_threads()
+    serial = int(offsets[-1] - offsets[0]) < SERIAL_TOKENS or threads == 1
+    groups = 1 if serial else max(1, min(threads, batch))
     order, group_bounds = _plan_groups(offsets, groups)
     screens = np.zeros(groups, dtype=np.float64)
     (_compiled_serial if serial else _compiled)(
@@ -350,10 +362,17 @@ def native_gae_samples(
         order,
         group_bounds,
         screens,
-        np.empty(0, dtype=value_dtype),
-        np.empty(0, dtype=mask_dtype),
+        _kind(value_dtype),
+        _kind(mask_dtype),
     )
     return bool(screens.sum() == 0.0)
+
+
+@functools.cache
+def _kind(dtype) -> np.ndarray:
+    """An empty array of ``dtype``: how the compiled kernel is told a buffer's dtype (never
+    written; one per dtype, shared)."""
+    return np.empty(0, dtype=dtype)
 
 
 def native_gae_flat(
