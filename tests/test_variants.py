@@ -498,6 +498,8 @@ def test_turn_table_numpy_and_torch_agree():
     assert turn_offsets.tolist() == [0, 2, 2, 3, 5]
     torch_parts = turn_table(torch.from_numpy(mask), torch.from_numpy(offsets))
     assert [part.tolist() for part in torch_parts] == [starts.tolist(), ends.tolist(), turn_offsets.tolist()]
+    integer_parts = turn_table(mask.astype(np.uint8), offsets)  # a 0/1 mask reads as its truth
+    assert [part.tolist() for part in integer_parts] == [starts.tolist(), ends.tolist(), turn_offsets.tolist()]
 
 
 def _turns_by_loop(mask, offsets):

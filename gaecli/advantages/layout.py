@@ -222,6 +222,8 @@ def _turn_table_numpy(trainable: np.ndarray, offsets: np.ndarray):
     the mask changes (a turn begins or ends there), then the sample boundaries that cut a
     trainable run in two (each is both an end and a start). A few turns per sample make the
     rest of the work small."""
+    if trainable.dtype != np.bool_:  # positions are picked by the mask's truth below
+        trainable = trainable != 0
     total = trainable.shape[0]
     changes = np.flatnonzero(trainable[1:] != trainable[:-1]) + 1
     begins = trainable[changes]

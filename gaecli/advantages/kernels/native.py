@@ -295,6 +295,7 @@ def _plan_groups(offsets: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarr
 
 
 def _plan_groups_loop(offsets, groups):
+    """:func:`_plan_groups` as the loop that is compiled."""
     batch = offsets.shape[0] - 1
     total = offsets[batch]
     group_bounds = np.empty(groups + 1, dtype=np.int64)
