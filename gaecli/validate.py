@@ -420,10 +420,12 @@ def validate_files(
     """Check rollout files against every rule in :data:`gaecli.rules.RULES`.
 
     ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs; a
-    file named twice is checked once. An input that names nothing, or a file that cannot
-    be read as Parquet, becomes an ``unreadable`` entry of ``files``; the other files are
-    still checked. A file whose schema fails (a required column missing or of the wrong
-    type) gets file-level findings (``row`` None) and its rows are not checked.
+    file named twice is checked once. An input that names nothing, an entry named like an
+    input that is no regular file (a dangling symlink, a symlink loop, a FIFO), or a file
+    that cannot be read as Parquet (or reached on its store), becomes an ``unreadable``
+    entry of ``files``; the other files are still checked. A file whose schema fails (a
+    required column missing or of the wrong type) gets file-level findings (``row`` None)
+    and its rows are not checked.
 
     ``id_columns``: one or more columns that together identify a sample; findings carry the
     id, and rows repeating an earlier row's id within a file get a ``duplicate-id`` warning.
