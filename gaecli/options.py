@@ -16,14 +16,22 @@ def check_choice(option: str, value: object, choices: Collection[str], what: str
         raise InvalidOptionError(f"{option}: unknown {what} {value!r}; choose one of: {', '.join(choices)}")
 
 
+MAX_COUNT = 2**63 - 1
+"""The largest count any option takes: the largest 64-bit integer, what Arrow, numpy and
+the engines hold a count in (a larger one would overflow deep in the run)."""
+
+
 def check_count(option: str, value: Optional[int], minimum: int) -> None:
-    """Refuse an integer ``value`` below ``minimum`` (None passes: the default applies)."""
+    """Refuse an integer ``value`` below ``minimum`` or above :data:`MAX_COUNT` (None
+    passes: the default applies)."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidOptionError(f"{option} must be a whole number, got {value!r}")
     if value < minimum:
         raise InvalidOptionError(f"{option} must be at least {minimum}, got {value}")
+    if value > MAX_COUNT:
+        raise InvalidOptionError(f"{option} must be at most {MAX_COUNT}, got {value}")
 
 
 def check_number(option: str, value: Optional[float], low: float = -math.inf, high: float = math.inf) -> None:

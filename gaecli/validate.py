@@ -302,17 +302,24 @@ def duplicate_id_findings(ids: pa.Table, file: str, limit: Optional[int] = None)
 
 
 def _discover(inputs: Sequence[str | Path]) -> list[FileResult]:
-    """One result per input file, in order, each file once; an input that names nothing is
-    an unreadable entry; every file's row count read from its footer."""
+    """One result per input file, in order, each file once; an input that names nothing,
+    and a match that is no regular file (a dangling link, a FIFO:
+    :func:`gaecli.io.paths.discover_inputs`), is an unreadable entry; every file's row
+    count read from its footer."""
     results: list[FileResult] = []
     seen: set[Path] = set()
     for item in inputs:
+        unreadable: list[tuple[Path, str]] = []
         try:
-            found, _ = discover_inputs([str(item)])
+            found, _ = discover_inputs([str(item)], unreadable=unreadable)
         except GAEUsageError as error:
             results.append(FileResult(str(item), message=str(error)))
             continue
-        for path, _root in found:
+        entries = [(path, None) for path, _root in found] + unreadable
+        for path, message in sorted(entries, key=lambda entry: entry[0]) if unreadable else entries:
+            if message is not None:
+                results.append(FileResult(str(path), message=message))
+                continue
             key = path.resolve()
             if key in seen:
                 continue
@@ -413,10 +420,12 @@ def validate_files(
     """Check rollout files against every rule in :data:`gaecli.rules.RULES`.
 
     ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs; a
-    file named twice is checked once. An input that names nothing, or a file that cannot
-    be read as Parquet, becomes an ``unreadable`` entry of ``files``; the other files are
-    still checked. A file whose schema fails (a required column missing or of the wrong
-    type) gets file-level findings (``row`` None) and its rows are not checked.
+    file named twice is checked once. An input that names nothing, an entry named like an
+    input that is no regular file (a dangling symlink, a symlink loop, a FIFO), or a file
+    that cannot be read as Parquet (or reached on its store), becomes an ``unreadable``
+    entry of ``files``; the other files are still checked. A file whose schema fails (a
+    required column missing or of the wrong type) gets file-level findings (``row`` None)
+    and its rows are not checked.
 
     ``id_columns``: one or more columns that together identify a sample; findings carry the
     id, and rows repeating an earlier row's id within a file get a ``duplicate-id`` warning.

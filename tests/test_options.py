@@ -5,6 +5,10 @@ no traceback and nothing written."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,3 +185,126 @@ def test_short_version_flag():
     for flag in ("-V", "--version"):
         result = gae(flag)
         assert result.exit_code == 0 and result.stdout == f"gae {__version__}\n"
+
+
+# ----------------------------------------------------------------------------- every whole-number option
+
+# The smallest value of each option that takes a whole number; every such option of every
+# command must have a row (test_every_integer_option_is_in_the_table), so a new one is tried too.
+INTEGER_MINIMUMS = {"--batch-rows": 1, "--workers": 1, "--top": 0, "--max-findings": 0}
+
+
+def integer_options() -> list[tuple[str, str]]:
+    """(command, option) of every option of every ``gae`` command whose value is an int."""
+    import typer
+
+    from gaecli.cli import app
+
+    found = []
+
+    def walk(command, names: list[str]) -> None:
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*names, name])
+        for param in getattr(command, "params", []):
+            if param.param_type_name == "option" and param.type_descriptor.annotation is int:
+                found.append((" ".join(names), next(o for o in param.opts if o.startswith("--"))))
+
+    walk(typer.main.get_command(app), [])
+    return sorted(found)
+
+
+def test_every_integer_option_is_in_the_table():
+    options = integer_options()
+    assert {command for command, _ in options} <= set(ALL)  # command_line() can run each
+    assert {option for _, option in options} == set(INTEGER_MINIMUMS)
+
+
+INTEGER_CASES = [
+    pytest.param(command, option, value, id=f"{command} {option} {value}")
+    for command, option in integer_options()
+    for value in (10**20, 2**63, INTEGER_MINIMUMS[option] - 1, -(10**20))
+]
+
+
+@pytest.mark.parametrize("command, option, value", INTEGER_CASES)
+def test_a_whole_number_out_of_range_exits_2_with_one_line(tmp_path, source, command, option, value):
+    """Beyond the largest 64-bit integer (what Arrow and numpy hold a count in) or below the
+    option's least value: one line naming the option, before any work — never an
+    OverflowError deep in the run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    result = gae(*command_line(command, source, out, [option, value]))
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {option} must be at "), result.stderr
+    assert files_under(out) == []
+
+
+@pytest.mark.parametrize("command, option", integer_options())
+def test_the_largest_whole_number_is_accepted(tmp_path, source, command, option):
+    out = tmp_path / "out"
+    out.mkdir()
+    result = gae(*command_line(command, source, out, [option, 2**63 - 1, "--quiet"]))
+    assert result.exit_code == 0, result.output
+
+
+# ----------------------------------------------------------------------------- the environment
+
+
+def gae_process(environment: dict, *args) -> subprocess.CompletedProcess:
+    """``python -m gaecli …`` (the console script's ``main``, which reads the environment
+    first) in a child process with ``environment`` added."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **environment}
+    return subprocess.run(
+        [sys.executable, "-m", "gaecli", *map(str, args)], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_user_allocator_setting_is_left_to_glibc(monkeypatch):
+    """Only gaecli's own values go to mallopt; the user's setting stays in the environment
+    for glibc (which read it at start) and the workers."""
+    from gaecli.cli import memory
+
+    calls = []
+
+    class Libc:
+        def mallopt(self, parameter, value):
+            calls.append((parameter, value))
+
+    monkeypatch.setattr(memory.ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.setattr(memory.sys, "platform", "linux")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "99999999999999999999999")
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    memory.reuse_freed_memory()
+    assert calls == [(memory.M_TRIM_THRESHOLD, memory.TRIM_THRESHOLD)]
+    assert os.environ["MALLOC_MMAP_THRESHOLD_"] == "99999999999999999999999"
+    assert os.environ["MALLOC_TRIM_THRESHOLD_"] == str(memory.TRIM_THRESHOLD)
+
+
+ALLOCATOR_SETTINGS = [
+    (RECOMPUTE, "MALLOC_MMAP_THRESHOLD_", "99999999999999999999999"),
+    (DIFF, "MALLOC_MMAP_THRESHOLD_", "99999999999999999999999"),
+    (VALIDATE, "MALLOC_MMAP_THRESHOLD_", "99999999999999999999999"),
+    (VALIDATE, "MALLOC_TRIM_THRESHOLD_", "-99999999999999999999999"),
+    (VALIDATE, "MALLOC_MMAP_THRESHOLD_", "many"),
+]
+
+
+@pytest.mark.parametrize("command, variable, value", ALLOCATOR_SETTINGS)
+def test_a_malformed_allocator_setting_never_crashes_a_command(tmp_path, source, command, variable, value):
+    out = tmp_path / "out"
+    out.mkdir()
+    result = gae_process({variable: value}, *command_line(command, source, out, ["--workers", 2, "--quiet"]))
+    assert result.returncode == 0 and result.stderr == "", result.stderr  # (validate: warnings only)
+    assert (out / "report.json").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "four", ""])
+def test_a_malformed_numba_thread_count_is_refused_in_one_line(tmp_path, source, value):
+    """numba raises at import on a count below 1 and prints a traceback as a warning for
+    one that is no number: refused before any command runs."""
+    result = gae_process({"NUMBA_NUM_THREADS": value}, *command_line(VALIDATE, source, tmp_path, []))
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: NUMBA_NUM_THREADS=") and "at least 1" in lines[0]
+    assert not (tmp_path / "report.json").exists()

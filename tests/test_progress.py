@@ -13,7 +13,15 @@ from test_import_nemo_rl import batch, write_step
 from typer.testing import CliRunner
 
 from gaecli.cli import app
-from gaecli.cli.progress import INTERVAL_VARIABLE, PlainProgress, ProgressState, duration, token_rate
+from gaecli.cli.progress import (
+    INTERVAL_VARIABLE,
+    PLAIN_INTERVAL_SECONDS,
+    PlainProgress,
+    ProgressState,
+    duration,
+    plain_interval,
+    token_rate,
+)
 from gaecli.engines import EngineOptions, map_units
 
 from rollout_files import random_rollouts, rollout_table, write_table
@@ -209,3 +217,19 @@ def test_the_bar_shows_one_phase_at_a_time():
         progress.advance(10, 100)
         progress.finish()
     assert [task.description for task in progress._bar.tasks] == ["recompute"]
+
+
+@pytest.mark.parametrize(
+    "setting, seconds",
+    [
+        ("abc", PLAIN_INTERVAL_SECONDS),
+        ("nan", PLAIN_INTERVAL_SECONDS),
+        ("", PLAIN_INTERVAL_SECONDS),
+        ("-2", 0.0),
+        ("0.5", 0.5),
+    ],
+)
+def test_a_malformed_interval_setting_falls_back_to_the_default(monkeypatch, setting, seconds):
+    """Not a number, or NaN (which would silence every line): the default interval."""
+    monkeypatch.setenv(INTERVAL_VARIABLE, setting)
+    assert plain_interval() == seconds

@@ -2,8 +2,9 @@
 localhost, reached through pyarrow's S3 client exactly as a bucket would be). Local with
 one and two workers and Ray give objects byte-equal to a plain-path run, a large output
 goes up in several multipart parts, a failing file leaves no object while the others are
-whole, ``--skip-existing`` resumes, ``validate`` and ``diff`` read the bucket, and an
-aborted write leaves nothing behind.
+whole, ``--skip-existing`` resumes, ``validate`` and ``diff`` read the bucket, an
+aborted write leaves nothing behind, and a key pyarrow refuses, an endpoint that refuses
+connections and one that never answers are each one line naming the URI (exit 2).
 
 Needs the ``moto`` server (``pip install 'moto[s3,server]'``, in the dev extra); skipped
 without it. The credentials ride in the URIs (moto accepts any), so worker processes and
@@ -14,6 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -209,3 +216,107 @@ def test_an_aborted_upload_leaves_no_object(endpoint, bucket):
     writer.close()
     writer.commit()
     assert pq.read_table(pa.BufferReader(object_bytes(filesystem, "whole/large.parquet"))).equals(table)
+
+
+# ----------------------------------------------------------------------------- store faults: one line naming the URI
+
+
+def named(uri_given: str) -> str:
+    """What a message must hold of ``uri_given``: all after its credentials (which a
+    message may hide)."""
+    return uri_given.split("@", 1)[1]
+
+
+def one_line_naming(result, uri_given: str, *words: str) -> None:
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named(uri_given) in lines[0], result.stderr
+    assert all(word in lines[0] for word in words), lines[0]
+
+
+def unreadable_entry(stdout: str, uri_given: str, word: str) -> None:
+    """validate's JSON lists ``uri_given`` alone as unreadable, its message naming it and ``word``."""
+    (entry,) = json.loads(stdout)["unreadable"]
+    assert named(uri_given) in entry["file"] and named(uri_given) in entry["message"], entry
+    assert word in entry["message"], entry
+
+
+def test_an_empty_path_component_is_refused_naming_the_uri(endpoint, bucket, tmp_path):
+    """``s3://bucket//in/a.parquet``: pyarrow refuses the key; every command exits 2 naming
+    the URI, and nothing is written."""
+    filesystem, local = bucket
+    for key in ("/in/a.parquet", "in//a.parquet"):
+        given = uri(endpoint, key)
+        one_line_naming(recompute(given, tmp_path / "out.parquet"), given, "Empty path component")
+        one_line_naming(gae("diff", given, "--gamma", 1, "--lambd", 1, "--quiet"), given, "Empty path component")
+        checked = gae("validate", given, "--json", "-", "--quiet")
+        assert checked.exit_code == 2, checked.output
+        unreadable_entry(checked.stdout, given, "Empty path component")
+    output = uri(endpoint, "out//a.parquet")
+    one_line_naming(recompute(local / "a.parquet", output), output, "Empty path component")
+    assert not (tmp_path / "out.parquet").exists() and keys_under(filesystem, "out") == []
+
+
+@pytest.fixture
+def refusing_endpoint():
+    """``127.0.0.1:PORT`` of a socket bound and not listening: every connection is refused
+    (and no other process can take the port meanwhile)."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{bound.getsockname()[1]}"
+
+
+def test_an_endpoint_that_refuses_connections_is_one_line_naming_the_uri(refusing_endpoint, bucket, tmp_path):
+    given = uri(refusing_endpoint, "in/a.parquet") + "&connect_timeout=1&request_timeout=1"
+    one_line_naming(recompute(given, tmp_path / "out.parquet"), given, "Could not connect")
+    one_line_naming(recompute(bucket[1] / "a.parquet", given, "--overwrite"), given, "Could not connect")
+    one_line_naming(gae("diff", given, "--gamma", 1, "--lambd", 1, "--quiet"), given, "Could not connect")
+    checked = gae("validate", given, "--json", "-", "--quiet")
+    assert checked.exit_code == 2, checked.output
+    unreadable_entry(checked.stdout, given, "Could not connect")
+    assert not (tmp_path / "out.parquet").exists()
+
+
+@pytest.fixture
+def silent_endpoint():
+    """``127.0.0.1:PORT`` of a server that accepts every connection and never answers (a
+    stalled store)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+    for connection in held:
+        connection.close()
+
+
+def gae_process(*args) -> subprocess.CompletedProcess:
+    """``python -m gaecli …`` in a child process, ended after 120 s: a run that hangs on the
+    store fails the test instead of holding the suite."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "COLUMNS": "1000"}
+    return subprocess.run(
+        [sys.executable, "-m", "gaecli", *map(str, args)], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_store_that_never_answers_fails_discovery_and_planning_naming_the_uri(silent_endpoint, bucket, tmp_path):
+    """While validate discovers its input and while recompute plans its output on the store
+    (a request timeout of 1 s): exit 2, one line naming the URI and the timeout."""
+    given = uri(silent_endpoint, "in/a.parquet") + "&connect_timeout=1&request_timeout=1"
+    checked = gae_process("validate", given, "--workers", 1, "--json", "-", "--quiet")
+    assert checked.returncode == 2 and "Traceback" not in checked.stderr, checked.stderr
+    unreadable_entry(checked.stdout, given, "Timeout")
+    written = gae_process(
+        "recompute", bucket[1] / "a.parquet", "-o", given, "--gamma", 1, "--lambd", 1, "--workers", 1, "--quiet"
+    )
+    lines = written.stderr.splitlines()
+    assert written.returncode == 2 and len(lines) == 1, written.stderr
+    assert lines[0].startswith("error: ") and named(given) in lines[0] and "Timeout" in lines[0], lines[0]

@@ -10,6 +10,7 @@ import typer
 
 from gaecli._version import __version__
 from gaecli.cli.common import app
+from gaecli.cli.environment import check_environment
 from gaecli.cli.memory import reuse_freed_memory
 
 # The modules that register the commands, in the order `gae --help` lists them.
@@ -36,5 +37,6 @@ def callback(
 
 def main() -> None:
     """Console-script entry point."""
+    check_environment()
     reuse_freed_memory()
     app()

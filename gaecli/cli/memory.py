@@ -19,17 +19,30 @@ MMAP_THRESHOLD = 64 << 20
 TRIM_THRESHOLD = 512 << 20
 
 
+# (environment variable, mallopt parameter, gaecli's value)
+SETTINGS = (
+    ("MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+    ("MALLOC_TRIM_THRESHOLD_", M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+)
+
+
 def reuse_freed_memory() -> None:
     """Set the allocator of this process (glibc on Linux; elsewhere nothing) and of the
     worker processes it starts (through the environment they inherit) to keep freed batch
-    buffers for reuse. A setting the user made in the environment is kept."""
+    buffers for reuse. A setting the user made in the environment is kept and left to
+    glibc, which read it as the process started (and ignores one it cannot use): only
+    gaecli's own values are passed to ``mallopt``, so a malformed setting cannot crash the
+    tool."""
     if not sys.platform.startswith("linux"):
         return
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))
-    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(TRIM_THRESHOLD))
+    ours = []
+    for variable, parameter, value in SETTINGS:
+        if variable not in os.environ:
+            os.environ[variable] = str(value)
+            ours.append((parameter, value))
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(M_MMAP_THRESHOLD, int(os.environ["MALLOC_MMAP_THRESHOLD_"]))
-        libc.mallopt(M_TRIM_THRESHOLD, int(os.environ["MALLOC_TRIM_THRESHOLD_"]))
-    except (OSError, AttributeError, ValueError):  # not glibc, or a setting that is not a number
+        for parameter, value in ours:
+            libc.mallopt(parameter, value)
+    except (OSError, AttributeError):  # not glibc
         pass

@@ -4,6 +4,7 @@ the closing line of every human summary (elapsed time, tokens per second)."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -175,11 +176,13 @@ class PlainProgress(ProgressState):
 
 
 def plain_interval() -> float:
-    """:data:`PLAIN_INTERVAL_SECONDS`, or what :data:`INTERVAL_VARIABLE` says."""
+    """:data:`PLAIN_INTERVAL_SECONDS`, or what :data:`INTERVAL_VARIABLE` says (a value that
+    is no number, or NaN, is ignored: the default applies; below 0 counts as 0)."""
     try:
-        return max(float(os.environ[INTERVAL_VARIABLE]), 0.0)
+        seconds = float(os.environ[INTERVAL_VARIABLE])
     except (KeyError, ValueError):
         return PLAIN_INTERVAL_SECONDS
+    return PLAIN_INTERVAL_SECONDS if math.isnan(seconds) else max(seconds, 0.0)
 
 
 def make_progress(quiet: bool) -> Optional[ProgressState]:

@@ -13,6 +13,7 @@ import os
 import re
 import stat
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, Union
 from urllib.parse import urlsplit
@@ -84,6 +85,20 @@ def _filesystem(base: str, uri: str) -> tuple[pafs.FileSystem, str]:
     return filesystem, path
 
 
+@contextmanager
+def store_errors(where: object):
+    """Turn a failed call to an object store about ``where`` (a URI) — a refused
+    connection, a timeout, a key pyarrow refuses (``s3://b//k``) — into
+    :class:`GAEUsageError` naming it: the one place store faults of discovery and planning
+    (``exists``, ``is_file``, ``is_dir``, listings) become an unusable path (exit 2)."""
+    try:
+        yield
+    except (pa.ArrowException, OSError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        what = "refuses this path" if isinstance(error, pa.ArrowInvalid) else "failed"
+        raise GAEUsageError(f"{where}: the object store {what} ({reason})") from error
+
+
 class RemotePath:
     """A file or directory on a non-local pyarrow file system, named by its URI.
 
@@ -126,7 +141,10 @@ class RemotePath:
         return self._fs_path
 
     def info(self) -> pafs.FileInfo:
-        return self.filesystem.get_file_info(self._fs_path)
+        """The store's information on this path (:class:`GAEUsageError` naming the URI when
+        the store cannot be asked: :func:`store_errors`)."""
+        with store_errors(self):
+            return self.filesystem.get_file_info(self._fs_path)
 
     def exists(self) -> bool:
         return self.info().type != pafs.FileType.NotFound
@@ -442,7 +460,9 @@ def list_parquet(directory: RemotePath, patterns: tuple[str, ...]) -> list[Remot
 
     selector = pafs.FileSelector(directory.fs_path, recursive=True)
     found = []
-    for info in directory.filesystem.get_file_info(selector):
+    with store_errors(directory):
+        infos = directory.filesystem.get_file_info(selector)
+    for info in infos:
         if info.type != pafs.FileType.File:
             continue
         if not any(fnmatch.fnmatchcase(info.base_name, pattern) for pattern in patterns):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import glob
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -52,12 +54,20 @@ def _discover_remote(item: str, path: RemotePath, patterns: tuple[str, ...]) -> 
 
 
 def discover_inputs(
-    inputs: list[str], patterns: tuple[str, ...] = ("*.parquet",)
+    inputs: list[str],
+    patterns: tuple[str, ...] = ("*.parquet",),
+    unreadable: Optional[list[tuple[Path, str]]] = None,
 ) -> tuple[list[tuple[AnyPath, AnyPath]], bool]:
     """Expand paths, directories (recursively, files matching ``patterns``) and globs into
     (file, root) pairs in a stable order. The flag says whether the inputs name one plain
     file. URIs (``s3://…``) go through pyarrow's file systems: an object or a prefix
-    listed recursively; globs are for local paths only."""
+    listed recursively; globs are for local paths only.
+
+    Nothing named is skipped: a match that is no regular file — a dangling symlink, a
+    symlink loop, a FIFO, a socket, a device (:func:`not_a_regular_file`; stat only, a FIFO
+    is never opened) — is an unreadable input: :class:`GAEUsageError` naming it, or, when
+    the caller gives an ``unreadable`` list, a (path, message) entry appended to it (the
+    path left out of the files found)."""
     found: list[tuple[AnyPath, AnyPath]] = []
     for item in inputs:
         located = to_path(item)
@@ -68,8 +78,8 @@ def discover_inputs(
         if is_uri(item):  # file://: a local path
             item = str(located)
         path = Path(item)
-        if GLOB_CHARACTERS & set(item) and not path.exists():
-            matches = sorted(Path(m) for m in glob.glob(item, recursive=True) if Path(m).is_file())
+        if GLOB_CHARACTERS & set(item) and not os.path.lexists(path):
+            matches = sorted(Path(m) for m in glob.glob(item, recursive=True) if not Path(m).is_dir())
             if not matches:
                 raise GAEUsageError(f"{item}: no file matches this pattern")
             root = _glob_root(item)
@@ -79,18 +89,57 @@ def discover_inputs(
             if not matches:
                 raise GAEUsageError(f"{item}: directory holds no {' or '.join(patterns)} file")
             found.extend((match, path) for match in matches)
-        elif path.is_file():
+        elif os.path.lexists(path):
             found.append((path, path.parent))
         else:
             raise GAEUsageError(f"{item}: no such file or directory")
-    found = _first_of_each(found)
+    found = _first_of_each(_regular_files(found, unreadable))
     single = len(inputs) == 1 and len(found) == 1 and to_path(inputs[0]).is_file()
     return found, single
 
 
+def not_a_regular_file(path: Path) -> Optional[str]:
+    """Why ``path``, found as an input, cannot be read as a file — a dangling symlink, a
+    symlink loop, a FIFO, socket or device, a file ``stat`` refuses — as a message naming
+    it; None for a regular file (links followed). Only ``stat``: nothing is opened, so a
+    FIFO cannot block the run."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"{path}: a symbolic link to nothing ({os.readlink(path)} does not exist); not a file to read"
+        return f"{path}: no such file"
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return f"{path}: a symbolic link loop; not a file to read"
+        return f"{path}: cannot read ({error.strerror or error})"
+    if stat.S_ISREG(mode):
+        return None
+    return f"{path}: a {file_kind(path)}, not a regular file; an input must be a file to read"
+
+
+def _regular_files(
+    found: list[tuple[AnyPath, AnyPath]], unreadable: Optional[list[tuple[Path, str]]]
+) -> list[tuple[AnyPath, AnyPath]]:
+    """The (file, root) pairs of ``found`` whose file is a regular file (object-store files
+    are); the others raise, or go to ``unreadable`` (see :func:`discover_inputs`)."""
+    kept = []
+    for source, root in found:
+        problem = None if isinstance(source, RemotePath) else not_a_regular_file(source)
+        if problem is None:
+            kept.append((source, root))
+        elif unreadable is None:
+            raise GAEUsageError(problem)
+        elif all(os.path.abspath(path) != os.path.abspath(source) for path, _ in unreadable):
+            unreadable.append((source, problem))
+    return kept
+
+
 def _list_directory(directory: Path, patterns: tuple[str, ...]) -> list[Path]:
-    """Files below ``directory`` (recursively, symlinked directories not followed) whose
-    names match ``patterns``, sorted. A directory that cannot be listed is an error
+    """Entries below ``directory`` (recursively, symlinked directories not followed) whose
+    names match ``patterns``, sorted: every one that is not a directory, so that a
+    dangling link or a FIFO named like an input is found (and refused by
+    :func:`discover_inputs`), never skipped. A directory that cannot be listed is an error
     (:class:`GAEUsageError` naming it), never skipped."""
 
     def unreadable(error: OSError) -> None:
@@ -100,11 +149,9 @@ def _list_directory(directory: Path, patterns: tuple[str, ...]) -> list[Path]:
 
     matches = set()
     for root, _dirs, names in os.walk(directory, onerror=unreadable):
-        for name in names:
+        for name in names:  # os.walk lists a symlink to a directory among the directories
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
-                candidate = Path(root) / name
-                if candidate.is_file():
-                    matches.add(candidate)
+                matches.add(Path(root) / name)
     return sorted(matches)
 
 
@@ -194,7 +241,11 @@ def _identity(path: AnyPath) -> set:
     for a file that exists, its device and inode (hard links)."""
     if isinstance(path, RemotePath):
         return {("uri", str(path))}
-    keys: set = {("path", str(path.resolve()))}
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: no file, named as given
+        resolved = Path(os.path.abspath(path))
+    keys: set = {("path", str(resolved))}
     try:
         status = os.stat(path)
     except OSError:

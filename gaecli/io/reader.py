@@ -54,11 +54,12 @@ class RolloutFile:
     def __init__(self, path: AnyPath | str, footer: Optional[pq.FileMetaData] = None) -> None:
         try:
             self.path = to_path(path)
-        except GAEUsageError as error:
+            is_file = self.path.is_file()
+        except GAEUsageError as error:  # no file system for the URI, or its store failed
             raise UnreadableFileError(str(error)) from error
         self._source = None
         with read_errors(self.path):
-            if not self.path.is_file():
+            if not is_file:
                 raise UnreadableFileError(f"{self.path}: no such file")
             # pre_buffer would cache every row group's bytes until the file is closed:
             # streaming reads keep memory bounded only without it.
