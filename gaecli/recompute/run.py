@@ -151,7 +151,8 @@ def recompute_job(
             each.close()
         for each in writers:  # the rejects file first: an output in place means its rejects are too
             each.commit()
-        if rejects is None and (options.overwrite or recomputed is not None):
+        replaced = options.overwrite or recomputed is not None
+        if rejects is None and replaced and not is_stream(job.target):  # a device or FIFO replaces nothing
             _remove_stale(with_suffix(job.target, REJECTS_SUFFIX))
     except BaseException:
         for each in reversed(writers):
