@@ -192,7 +192,7 @@ def diff_table(table: Any, **options: Any):
     arrow, _ = to_arrow(table)
     with tempfile.TemporaryDirectory(prefix="gaecli-table-") as directory:
         path = Path(directory) / f"{TABLE}.parquet"
-        pq.write_table(arrow, path)
+        pq.write_table(arrow, path, write_page_checksum=True)
         try:
             report = diff_files([path], diff_options)
         except InvalidDataError as error:

@@ -155,6 +155,25 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+INPUT_IDENTITY_KEYS = (b"gaecli.input", b"gaecli.inputs")
+
+
+def output_content(data: bytes) -> tuple:
+    """A recompute output's bytes but the identity of the inputs its metadata records
+    (where and when they were read: the same rows read from another place differ there
+    only): its pages (every byte before the footer), its schema and key-value metadata
+    without those keys (``ARROW:schema`` holds them too: compared as the schema), and its
+    row groups' layout."""
+    footer_length = int.from_bytes(data[-8:-4], "little")
+    metadata = pq.read_metadata(pa.BufferReader(data))
+    dropped = (*INPUT_IDENTITY_KEYS, b"ARROW:schema")
+    recorded = {key: value for key, value in (metadata.metadata or {}).items() if key not in dropped}
+    schema = metadata.schema.to_arrow_schema()
+    schema = schema.with_metadata({k: v for k, v in (schema.metadata or {}).items() if k not in dropped})
+    layout = [metadata.row_group(group).to_dict() for group in range(metadata.num_row_groups)]
+    return data[: len(data) - 8 - footer_length], recorded, schema, layout
+
+
 def files_under(directory: Path) -> list[str]:
     """Every file below ``directory``, hidden ones included, relative and sorted
     (empty when it does not exist)."""

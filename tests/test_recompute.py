@@ -941,6 +941,7 @@ def test_json_summary_on_a_hand_made_file(tmp_path):
             "rejected_rows": 0,
             "rejects_file": None,
             "skipped": False,
+            "recomputed": None,
         }
     ]
     summary = report["summary"]

@@ -30,7 +30,7 @@ import pytest
 
 from gaecli.io.writer import AtomicParquetWriter
 
-from rollout_files import gae, random_rollouts, rollout_table, write_table
+from rollout_files import gae, output_content, random_rollouts, rollout_table, write_table
 
 moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto: pip install 'moto[s3,server]'")
 
@@ -130,7 +130,9 @@ def test_bucket_to_bucket_equals_plain_paths(endpoint, bucket, plain, local_ray,
     assert result.exit_code == 0, result.output
     assert keys_under(filesystem, prefix) == sorted(NAMES)  # and nothing else
     for name in NAMES:
-        assert object_bytes(filesystem, f"{prefix}/{name}") == (plain / name).read_bytes(), name
+        assert output_content(object_bytes(filesystem, f"{prefix}/{name}")) == output_content(
+            (plain / name).read_bytes()
+        ), name
     assert (plain / "large.parquet").stat().st_size > 12 * 2**20  # went up in more than one part
     report = json.loads(result.stdout)
     assert [f["output"] for f in report["files"]] == [uri(endpoint, f"{prefix}/{name}") for name in sorted(NAMES)]
@@ -165,7 +167,9 @@ def test_skip_existing_resumes_on_a_bucket(endpoint, bucket, plain):
     skipped = {f["output"]: f["skipped"] for f in json.loads(result.stdout)["files"]}
     assert skipped == {uri(endpoint, f"resume/{name}"): name not in ("a.parquet", "day1/b.parquet") for name in NAMES}
     for name in NAMES:
-        assert object_bytes(filesystem, f"resume/{name}") == (plain / name).read_bytes(), name
+        assert output_content(object_bytes(filesystem, f"resume/{name}")) == output_content(
+            (plain / name).read_bytes()
+        ), name
 
 
 def test_validate_and_diff_read_a_bucket(endpoint, bucket, plain):

@@ -1,10 +1,14 @@
 """Streaming Parquet reads: a file's schema and row count up front, then record batches of
-bounded size, with every read fault turned into :class:`UnreadableFileError`."""
+bounded size, with every read fault turned into :class:`UnreadableFileError`: a page whose
+checksum does not match (verified wherever the file carries checksums) and a file that
+yields fewer or more rows than its footer says (it changed while it was read) included."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import accumulate
 from pathlib import Path
 from typing import Optional
 
@@ -39,6 +43,24 @@ def read_errors(path: Path | str):
         raise UnreadableFileError(f"{path}: cannot read as Parquet ({reason})") from error
 
 
+CHECKSUM_FAILED = "CRC checksum verification failed"  # what Arrow says of a page that does not match
+
+
+def open_parquet(where, footer: Optional[pq.FileMetaData]) -> pq.ParquetFile:
+    """The one place gaecli opens a Parquet file to read its pages: page checksums verified
+    wherever the file carries them (files written without them read as before). No
+    pre-buffering: it would cache every row group's bytes until the file is closed, and
+    streaming reads keep memory bounded only without it."""
+    return pq.ParquetFile(
+        where,
+        metadata=footer,
+        memory_map=False,
+        pre_buffer=False,
+        buffer_size=1 << 20,
+        page_checksum_verification=True,
+    )
+
+
 def read_footer(source) -> pq.FileMetaData:
     """A Parquet footer (one read; one GET on an object store) from an open file or a local
     path: the one place gaecli reads footers, so that a run can count them."""
@@ -61,8 +83,6 @@ class RolloutFile:
         with read_errors(self.path):
             if not is_file:
                 raise UnreadableFileError(f"{self.path}: no such file")
-            # pre_buffer would cache every row group's bytes until the file is closed:
-            # streaming reads keep memory bounded only without it.
             if isinstance(self.path, RemotePath):
                 self._source = self.path.filesystem.open_input_file(self.path.fs_path)
                 where = self._source
@@ -71,9 +91,7 @@ class RolloutFile:
             try:
                 if footer is None:
                     footer = read_footer(where)
-                self.parquet = pq.ParquetFile(
-                    where, metadata=footer, memory_map=False, pre_buffer=False, buffer_size=1 << 20
-                )
+                self.parquet = open_parquet(where, footer)
                 self.schema: pa.Schema = self.parquet.schema_arrow
                 self.num_rows: int = self.parquet.metadata.num_rows
             except BaseException:
@@ -107,13 +125,47 @@ class RolloutFile:
     ) -> Iterator[pa.RecordBatch]:
         """Record batches of at most ``batch_rows`` rows, in file order; ``batch_rows`` None:
         :func:`rows_for_tokens` of the file, counting the tokens of list column
-        ``token_column`` from the footer."""
+        ``token_column`` from the footer. A page whose checksum does not match raises
+        :class:`UnreadableFileError` naming its row group; so does a file that, read to its
+        end, gave another number of rows than its footer says (it was shortened or replaced
+        while it was read: Arrow reads a column chunk cut off at the end of the file as
+        having no more pages)."""
         if batch_rows is None:
             tokens = self.list_values(token_column) if token_column is not None else 0
             batch_rows = rows_for_tokens(self.num_rows, tokens)
+        rows = 0
         with read_errors(self.path):
-            for batch in self.parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True):
-                yield batch
+            try:
+                for batch in self.parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True):
+                    rows += batch.num_rows
+                    yield batch
+            except (pa.ArrowException, OSError) as error:
+                if CHECKSUM_FAILED in str(error):
+                    raise self._corrupt_page(rows, columns) from error
+                raise
+        if rows != self.num_rows:
+            raise UnreadableFileError(
+                f"{self.path} changed while it was read: the footer says {self.num_rows} rows, {rows} were read"
+            )
+
+    def _corrupt_page(self, first_row: int, columns: Optional[list[str]]) -> UnreadableFileError:
+        """The error of a page checksum that failed in a batch starting at ``first_row``:
+        the row groups from the one holding that row on are read again, one by one, to name
+        the first that fails (a batch may span row groups)."""
+        metadata = self.parquet.metadata
+        ends = list(accumulate(metadata.row_group(group).num_rows for group in range(metadata.num_row_groups)))
+        failing = min(bisect_right(ends, first_row), max(metadata.num_row_groups - 1, 0))
+        for group in range(failing, metadata.num_row_groups):
+            try:
+                self.parquet.read_row_group(group, columns=columns, use_threads=False)
+            except (pa.ArrowException, OSError) as error:
+                if CHECKSUM_FAILED in str(error):
+                    failing = group
+                    break
+        return UnreadableFileError(
+            f"{self.path}: cannot read as Parquet (row group {failing}: a page's checksum does not match its "
+            f"data; the file is corrupt)"
+        )
 
     def close(self) -> None:
         self.parquet.close()

@@ -73,9 +73,15 @@ class _CountingSink:
 
 def _parquet_writer(sink, schema: pa.Schema, compression: str) -> pq.ParquetWriter:
     """The Parquet writer of every output (a temp file, a device or FIFO, an object-store
-    stream): no column statistics, dictionaries only where the input had them."""
+    stream): no column statistics, dictionaries only where the input had them, a checksum
+    in every page header (verified by every read: :func:`gaecli.io.reader.open_parquet`)."""
     return pq.ParquetWriter(
-        sink, schema, compression=compression, write_statistics=False, use_dictionary=dictionary_columns(schema)
+        sink,
+        schema,
+        compression=compression,
+        write_statistics=False,
+        use_dictionary=dictionary_columns(schema),
+        write_page_checksum=True,
     )
 
 

@@ -111,7 +111,9 @@ class RecomputeOptions:
 
 @dataclass
 class FileOutcome:
-    """What became of one input file (``file``: the input, named so in every command's JSON)."""
+    """What became of one input file (``file``: the input, named so in every command's JSON).
+    ``recomputed``: why ``--skip-existing`` recomputed an output that was in place (computed
+    from another input, or an input changed since); None otherwise."""
 
     file: str
     output: str
@@ -120,6 +122,7 @@ class FileOutcome:
     rejected_rows: int = 0
     rejects_file: Optional[str] = None
     skipped: bool = False
+    recomputed: Optional[str] = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)

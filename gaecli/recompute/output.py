@@ -1,19 +1,25 @@
 """What a recompute output holds: its new columns and schema, the metadata recording how it
-was computed, each output batch, and the ``--skip-existing`` check of an output in place."""
+was computed and from which inputs, each output batch, and the ``--skip-existing`` check of
+an output in place."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from dataclasses import replace
 from typing import Optional
+from urllib.parse import urlsplit
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from gaecli._version import __version__
 from gaecli.errors import (
     GAEUsageError,
 )
 from gaecli.grouping import GroupedMoments
+from gaecli.io.filesystem import AnyPath, RemotePath
 from gaecli.io.format import list_type_like, output_float_type
 from gaecli.io.paths import FileJob, with_suffix
 from gaecli.io.reader import RolloutFile, read_schema
@@ -70,8 +76,15 @@ def check_job(schema: pa.Schema, job: FileJob, options: RecomputeOptions, comput
 
 
 def output_schema(
-    rollout: RolloutFile, job: FileJob, options: RecomputeOptions, kernel: str
+    rollout: RolloutFile,
+    job: FileJob,
+    options: RecomputeOptions,
+    kernel: str,
+    identity: Optional[dict[str, str]] = None,
 ) -> tuple[pa.Schema, pa.DataType]:
+    """The output's schema (the input's, the new columns added or replaced) with the
+    metadata recording the computation and ``identity`` (:func:`identity_record`), and the
+    list type of the new columns."""
     columns = options.columns
     float_type = output_float_type(rollout.schema, columns)
     list_type = list_type_like(rollout.schema, columns, float_type)
@@ -89,6 +102,7 @@ def output_schema(
         "baseline": options.baseline,
         "on_invalid": options.on_invalid,
         "source": job.source.name,
+        **(identity or {}),
     }
     metadata.update({f"{METADATA_PREFIX}{key}".encode(): value.encode() for key, value in record.items()})
     return schema.with_metadata(metadata), list_type
@@ -99,7 +113,8 @@ def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]
     ``gaecli.`` prefix) → value as written; ``--skip-existing`` keeps an output only when
     all of these match. ``on_invalid`` and ``source`` are recorded but not compared: a
     whole output holds the same rows under either mode unless a rejects file exists beside
-    it (which the resume checks), and sources are matched by path. ``spec`` is every field
+    it (which the resume checks), and the inputs are compared by their identity
+    (:func:`identity_record`: another input or a changed one means recompute, not refuse). ``spec`` is every field
     of the new side's spec (:func:`gaecli.pipeline.new_side_spec`, the GAE variants
     included), as JSON: an output computed with another spec is not the one asked for."""
     record = {
@@ -118,6 +133,67 @@ def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]
         record["group_col"] = options.group_by or ""
         record["step_col"] = options.step_by or ""
     return record
+
+
+def input_identity(path: AnyPath, footer: Optional[pq.FileMetaData]) -> Optional[dict]:
+    """What identifies an input as this run reads it: where it is (resolved; a URI by its
+    scheme and its path in the file system, never the credentials or options of its
+    query), its size and modification time (ns) now, and the rows its footer counts (read
+    once, at planning). None when it cannot be read (its unit fails with the reason)."""
+    if footer is None:
+        return None
+    try:
+        if isinstance(path, RemotePath):
+            info = path.info()
+            where, size, mtime = f"{urlsplit(str(path)).scheme}://{path.fs_path}", info.size, info.mtime_ns
+        else:
+            status = os.stat(path)
+            where, size, mtime = os.path.realpath(path), status.st_size, status.st_mtime_ns
+    except (pa.ArrowException, OSError):
+        return None
+    return {"path": where, "size": size, "mtime_ns": mtime, "rows": footer.num_rows}
+
+
+def spans_inputs(options: RecomputeOptions, computation: Computation) -> bool:
+    """Whether an output depends on other inputs than its own: a statistics pass runs over
+    every input first (``--normalize``/``--normalize-by``, the grouped estimators' scores,
+    ``reinforce++`` whitening), so a change to any input changes every output."""
+    return options.whitening or computation.needs_scores or any(computation.estimator_whitened)
+
+
+def identity_record(identity: Optional[dict], every: Optional[list[Optional[dict]]]) -> dict[str, str]:
+    """The metadata entries (keys without the ``gaecli.`` prefix) of an output's inputs:
+    ``input``, its own input's :func:`input_identity` as JSON; ``inputs``, where the output
+    depends on every input (``every`` given: :func:`spans_inputs`), a digest of the sorted
+    identities of all of them."""
+    record = {"input": json.dumps(identity, sort_keys=True)}
+    if every is not None:
+        listed = sorted(json.dumps(each, sort_keys=True) for each in every)
+        record["inputs"] = hashlib.sha256(json.dumps(listed).encode()).hexdigest()
+    return record
+
+
+def _identity_difference(metadata: dict, identity: dict[str, str]) -> Optional[str]:
+    """Why an output recording the run's computation was not computed from these inputs
+    as they are now (None: it was), in words for the summary."""
+    have = metadata.get(f"{METADATA_PREFIX}input".encode())
+    if have is None:
+        return "its output records no input identity (written by an earlier gaecli)"
+    try:
+        had = json.loads(have.decode())
+    except ValueError:
+        had = None
+    wanted = json.loads(identity["input"])
+    if wanted is None:
+        return "its input cannot be read now"
+    if not isinstance(had, dict) or had.get("path") != wanted.get("path"):
+        return "its output was computed from another input"
+    for field in ("size", "mtime_ns", "rows"):
+        if had.get(field) != wanted.get(field):
+            return f"the input changed since its output was written ({field} {had.get(field)}, now {wanted.get(field)})"
+    if metadata.get(f"{METADATA_PREFIX}inputs".encode(), b"").decode() != identity.get("inputs", ""):
+        return "the inputs of the run changed since its output was written (its statistics span every input)"
+    return None
 
 
 def first_difference(key: str, have: str, want: str) -> str:
@@ -176,14 +252,19 @@ def output_batch(
     )
 
 
-def existing_output(job: FileJob, options: RecomputeOptions, kernel: str) -> bool:
-    """Under ``--skip-existing``: True when the job's output is in place and whole (a
-    readable Parquet footer with gaecli metadata recording the same computation:
-    :func:`computation_record`; its rejects file, if any, readable too); False when it is
-    absent. Anything else is refused (:class:`GAEUsageError`), naming the first field that
-    differs: the file is not ours to replace."""
+def existing_output(
+    job: FileJob, options: RecomputeOptions, kernel: str, identity: dict[str, str]
+) -> tuple[bool, Optional[str]]:
+    """Under ``--skip-existing``: ``(True, None)`` when the job's output is in place and
+    whole (a readable Parquet footer with gaecli metadata recording the same computation:
+    :func:`computation_record`; its rejects file, if any, readable too) and was computed
+    from these inputs as they are now (``identity``: :func:`identity_record`);
+    ``(False, None)`` when it is absent; ``(False, why)`` when it is ours but computed from
+    another input, or an input changed since: it is recomputed, and the summary says why.
+    Anything else is refused (:class:`GAEUsageError`), naming the first field that differs:
+    the file is not ours to replace."""
     if not job.target.exists():
-        return False
+        return False, None
     rejects = with_suffix(job.target, REJECTS_SUFFIX)
     try:
         metadata = read_schema(job.target).metadata or {}
@@ -203,4 +284,5 @@ def existing_output(job: FileJob, options: RecomputeOptions, kernel: str) -> boo
                 f"{job.target} exists but was written with {first_difference(key, have, value)}; "
                 f"give --overwrite to replace it"
             )
-    return True
+    why = _identity_difference(metadata, identity)
+    return why is None, why

@@ -33,7 +33,7 @@ from gaecli.grouping import GroupedMoments
 from gaecli.io.filesystem import is_stream, remove_dead_temps, total_size
 from gaecli.io.paths import FileJob, plan_outputs, report_writes, with_suffix
 from gaecli.io.reader import RolloutFile, read_metadata
-from gaecli.io.writer import AtomicParquetWriter
+from gaecli.io.writer import AtomicParquetWriter, failure_reason
 from gaecli.pipeline import (
     computed_batches,
     engine_file_moments,
@@ -42,7 +42,16 @@ from gaecli.pipeline import (
 )
 from gaecli.progress import NoProgress, Progress
 from gaecli.recompute.options import REASON_COLUMN, REJECTS_SUFFIX, FileOutcome, RecomputeOptions, RecomputeReport
-from gaecli.recompute.output import check_job, computation_of, existing_output, output_batch, output_schema
+from gaecli.recompute.output import (
+    check_job,
+    computation_of,
+    existing_output,
+    identity_record,
+    input_identity,
+    output_batch,
+    output_schema,
+    spans_inputs,
+)
 
 
 @dataclass
@@ -74,6 +83,8 @@ def recompute_job(
     moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
     footer: Optional[pq.FileMetaData] = None,
     scores=None,
+    identity: Optional[dict[str, str]] = None,
+    recomputed: Optional[str] = None,
     progress: Optional[Progress] = None,
 ) -> FileResult:
     """Recompute one input file into its output (the work unit of every engine).
@@ -81,20 +92,25 @@ def recompute_job(
     ``kernel``: the resolved kernel name; ``moments``: the merged ``--normalize``
     statistics (new, old) of this file's groups when whitening; ``footer``: the file's footer
     when the parent has read it (not read again); ``scores``: the merged score statistics of
-    this file's groups for a grouped estimator (:func:`gaecli.pipeline.engine_file_scores`).
+    this file's groups for a grouped estimator (:func:`gaecli.pipeline.engine_file_scores`);
+    ``identity``: the metadata of the inputs it is computed from
+    (:func:`gaecli.recompute.output.identity_record`); ``recomputed``: why an existing output
+    of ``--skip-existing`` is replaced (in the outcome).
     The output (and its rejects file, written first) goes to a temp file renamed into place
-    once it is whole; any failure removes it.
+    once it is whole; any failure removes it. A run owns the output's rejects file: one
+    left by an earlier run that this one does not write is removed once the output is in
+    place, when the output is replaced (``--overwrite``, or ``recomputed``).
     ``progress`` (optional) is advanced per batch. Raises the errors of
     :func:`recompute_files` for this one file.
     """
     computation = computation_of(options, kernel)
-    outcome = FileOutcome(str(job.source), str(job.target))
+    outcome = FileOutcome(str(job.source), str(job.target), recomputed=recomputed)
     diff = DiffAccumulator(options.gamma, options.lambd, _credit_baseline(options), options.tolerance)
     rollout = RolloutFile(job.source, footer)
     writers: list[AtomicParquetWriter] = []
     try:
         check_job(rollout.schema, job, options, computation)
-        schema, list_type = output_schema(rollout, job, options, kernel)
+        schema, list_type = output_schema(rollout, job, options, kernel, identity)
         writer = AtomicParquetWriter(job.target, schema, compression=rollout.compression)
         writers.append(writer)
         rejects: Optional[AtomicParquetWriter] = None
@@ -135,6 +151,9 @@ def recompute_job(
             each.close()
         for each in writers:  # the rejects file first: an output in place means its rejects are too
             each.commit()
+        replaced = options.overwrite or recomputed is not None
+        if rejects is None and replaced and not is_stream(job.target):  # a device or FIFO replaces nothing
+            _remove_stale(with_suffix(job.target, REJECTS_SUFFIX))
     except BaseException:
         for each in reversed(writers):
             each.abort()
@@ -142,6 +161,27 @@ def recompute_job(
     finally:
         rollout.close()
     return FileResult(outcome, diff)
+
+
+def _remove_stale(path) -> None:
+    """Remove an earlier run's side file of an output just replaced (absent: nothing to do)."""
+    try:
+        if isinstance(path, Path):
+            path.unlink(missing_ok=True)
+        elif path.exists():
+            path.filesystem.delete_file(path.fs_path)
+    except (pa.ArrowException, OSError) as error:
+        raise GAEUsageError(
+            f"{path}: cannot remove the rejects file of an earlier run ({failure_reason(error)}); "
+            f"the new output is in place and wrote none"
+        ) from error
+
+
+def _identities(jobs: list[FileJob], footers: list, spans: bool) -> list[dict[str, str]]:
+    """Each job's :func:`gaecli.recompute.output.identity_record`: its own input's identity,
+    and with ``spans`` (:func:`gaecli.recompute.output.spans_inputs`) every input's."""
+    each = [input_identity(job.source, footer) for job, footer in zip(jobs, footers)]
+    return [identity_record(identity, each if spans else None) for identity in each]
 
 
 def _read_footers(paths: list[Path]) -> list[Optional[pq.FileMetaData]]:
@@ -274,7 +314,9 @@ def recompute_files(
     if options.normalize_by is not None and not options.normalize:
         options = replace(options, normalize=True)
     kernel = resolve_kernel(options.kernel, options.device, new_side_spec(options))
-    suffixes = (REJECTS_SUFFIX,) if options.on_invalid == "skip" else ()
+    # a run that may replace outputs owns their rejects files (written or removed): checked too
+    owns_rejects = options.on_invalid == "skip" or options.overwrite or options.skip_existing
+    suffixes = (REJECTS_SUFFIX,) if owns_rejects else ()
     jobs = plan_outputs(
         [str(i) for i in inputs],
         str(output),
@@ -284,11 +326,16 @@ def recompute_files(
     )
     for job in jobs:
         _remove_leftovers(job.target)
-    skipped = [options.skip_existing and existing_output(job, options, kernel) for job in jobs]
+    footers = _read_footers([job.source for job in jobs])  # once per file: the units reuse them
+    identities = _identities(jobs, footers, spans_inputs(options, computation_of(options, kernel)))
+    resumed = [
+        existing_output(job, options, kernel, identity) if options.skip_existing else (False, None)
+        for job, identity in zip(jobs, identities)
+    ]
+    skipped = [keep for keep, _ in resumed]
     progress = progress or NoProgress()
 
     todo = [job for job, skip in zip(jobs, skipped) if not skip]
-    footers = _read_footers([job.source for job in jobs])  # once per file: the units reuse them
     if options.on_invalid == "stop":  # every schema checked before any output is written
         computation = computation_of(options, kernel)
         for job, footer, skip in zip(jobs, footers, skipped):
@@ -321,8 +368,10 @@ def recompute_files(
             try:
                 writing = True
                 units = [
-                    (job, options, kernel, file_moments, footer, file_scores)
-                    for job, file_moments, footer, file_scores, skip in zip(jobs, moments, footers, scores, skipped)
+                    (job, options, kernel, file_moments, footer, file_scores, identity, why)
+                    for job, file_moments, footer, file_scores, identity, (skip, why) in zip(
+                        jobs, moments, footers, scores, identities, resumed
+                    )
                     if not skip
                 ]
                 results = map_units(

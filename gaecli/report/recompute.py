@@ -4,6 +4,7 @@ here computes."""
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gaecli.report import estimator_label, parameters_label
@@ -36,6 +37,9 @@ def render_recompute(report: dict, console: Console) -> None:
         f"{estimator_label(report)}: {parameters_label(report)}, kernel {report['kernel']}, "
         f"normalize {report['normalize']}"
     )
+    for file in files:
+        if file.get("recomputed"):
+            console.print(f"[yellow]{escape(file['file'])}: recomputed[/]: {escape(file['recomputed'])}")
     if report["rejected_rows"]:
         rejects = ", ".join(f["rejects_file"] for f in files if f["rejects_file"])
         console.print(f"[yellow]{report['rejected_rows']:,} invalid rows rejected[/] → {rejects}")
