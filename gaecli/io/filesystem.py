@@ -274,12 +274,14 @@ def _owner() -> str:
 
 def _temp_stem(target: Path) -> str:
     """``.<name>`` of ``target``'s temp files; a name too long to leave room for the owner
-    is cut and given a hash of the whole name (so the temp name stays within NAME_MAX)."""
+    is cut and given a hash of the whole name (so the temp name stays within NAME_MAX), and
+    so is a name that is no UTF-8 (pyarrow, which writes the temp file, takes names as UTF-8
+    text; the rename gives the output its name's bytes)."""
     import hashlib
 
     name = target.name.encode("utf-8", "surrogateescape")
     room = NAME_MAX - 1 - _TEMP_OWNER_ROOM
-    if len(name) <= room:
+    if len(name) <= room and name.decode("utf-8", "replace") == target.name:
         return "." + target.name
     digest = hashlib.sha1(name).hexdigest()[:16]
     cut = name[: room - len(digest) - 1].decode("utf-8", "ignore")

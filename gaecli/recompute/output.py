@@ -10,6 +10,7 @@ from typing import Optional
 import pyarrow as pa
 
 from gaecli._version import __version__
+from gaecli.display import display
 from gaecli.errors import (
     GAEUsageError,
 )
@@ -88,7 +89,7 @@ def output_schema(
         **computation_record(options, kernel),
         "baseline": options.baseline,
         "on_invalid": options.on_invalid,
-        "source": job.source.name,
+        "source": display(job.source.name),  # printable: no raw bytes, no secrets
     }
     metadata.update({f"{METADATA_PREFIX}{key}".encode(): value.encode() for key, value in record.items()})
     return schema.with_metadata(metadata), list_type

@@ -17,6 +17,7 @@ import numpy as np
 from gaecli.errors import GAEUsageError
 from gaecli.report import (
     comparison_title,
+    displayed,
     group_table,
     groups_note,
     headline,
@@ -250,7 +251,7 @@ def _comparison_parts(document: dict, result: "ComparisonResult", comparison: di
 def render_html(report: "DiffReport") -> str:
     """The whole report as one HTML document (str)."""
     require_matplotlib()
-    document = report.to_dict()
+    document = displayed(report.to_dict())
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',
