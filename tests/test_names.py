@@ -160,6 +160,20 @@ def test_diff_escapes_ids_on_the_terminal_and_in_markdown(tmp_path):
     assert "\\x1b[31m" in result.stderr and "\\x9b2J-11" in result.stderr  # shown, escaped
 
 
+def test_diff_html_of_a_non_utf8_name_with_escaped_ids(tmp_path):
+    pytest.importorskip("matplotlib")
+    data = _write_rollouts(tmp_path / BAD_NAME, rows=16)
+    pq.write_table(_ids_table(16), tmp_path / "ids.tmp")
+    os.replace(tmp_path / "ids.tmp", data)
+    html = tmp_path / os.fsdecode(b"report\xff.html")
+    result = gae("diff", data, "--gamma", GAMMA, "--lambd", LAMBD, "--id-col", "sample_id", "--html", html, "-q")
+    assert result.exit_code == 0, result.output
+    with open(os.fsencode(html), encoding="utf-8") as file:
+        report = file.read()
+    assert f"{tmp_path}/{SHOWN_NAME}" in report and "\\x1b[31mred" in report
+    assert "\x1b" not in report
+
+
 def test_a_file_name_with_escapes_is_one_escaped_line_in_errors(tmp_path):
     name = "evil\x1b[2J\nsecond line.parquet"
     (tmp_path / name).write_bytes(b"PAR1 not parquet")
