@@ -63,11 +63,12 @@ def test_display_for_json_keeps_control_characters_for_the_encoder():
 # ----------------------------------------------------------------------------- non-UTF-8 names (23)
 
 
-def _write_rollouts(path: Path, rows: int = 12, seed: int = 5, **options) -> Path:
-    """A rollout file at ``path`` whatever its name's bytes (written under a plain name,
-    then renamed by Python, which passes the bytes)."""
-    plain = write_table(rollout_table(random_rollouts(rows, seed=seed), **options), path.parent / "plain.tmp")
-    os.rename(plain, path)
+def _write_rollouts(path: Path, rows: int = 12, seed: int = 5, table: pa.Table | None = None) -> Path:
+    """A rollout file at ``path`` whatever its name's bytes (opened by Python, which passes
+    the bytes, and written through the open file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as file:
+        pq.write_table(rollout_table(random_rollouts(rows, seed=seed)) if table is None else table, file)
     return path
 
 
@@ -105,6 +106,22 @@ def test_recompute_names_a_non_utf8_output_as_it_is(tmp_path, bad_input):
     assert not [name for name in _names(tmp_path) if b"gaecli-" in name]  # no temp file left
     again = gae("recompute", bad_input, "-o", target, "--gamma", GAMMA, "--lambd", LAMBD)
     assert again.exit_code == 2 and f"{tmp_path}/o\\xff.parquet exists" in again.stderr, again.output
+
+
+def test_non_utf8_directories_are_read_and_written(tmp_path):
+    source = _write_rollouts(tmp_path / os.fsdecode(b"in\xff") / "a.parquet")
+    out = tmp_path / os.fsdecode(b"out\xfe")
+    result = gae("recompute", source.parent, "-o", out, "--gamma", GAMMA, "--lambd", LAMBD)
+    assert result.exit_code == 0, result.output
+    assert _names(out) == [b"a.parquet"]  # whole, no temp file left
+    with open(os.fsencode(out / "a.parquet"), "rb") as file:
+        assert pq.read_table(file).num_rows == 12
+    assert f"{tmp_path}/out\\xfe/a.parquet" in result.stderr.replace("\n", "")
+    broken = tmp_path / os.fsdecode(b"in\xff") / "b.parquet"
+    _write_rollouts(broken, table=rollout_table(random_rollouts(4, seed=2)).drop_columns(["terminal_reward"]))
+    failed = gae("recompute", broken, "-o", out / "b.parquet", "--gamma", GAMMA, "--lambd", LAMBD)
+    assert failed.exit_code in (1, 2) and "in\\xff/b.parquet" in failed.stderr, failed.output
+    assert _names(out) == [b"a.parquet"]  # the failed writer left nothing
 
 
 @pytest.mark.parametrize("given", ["directory", "file"])
@@ -162,9 +179,7 @@ def test_diff_escapes_ids_on_the_terminal_and_in_markdown(tmp_path):
 
 def test_diff_html_of_a_non_utf8_name_with_escaped_ids(tmp_path):
     pytest.importorskip("matplotlib")
-    data = _write_rollouts(tmp_path / BAD_NAME, rows=16)
-    pq.write_table(_ids_table(16), tmp_path / "ids.tmp")
-    os.replace(tmp_path / "ids.tmp", data)
+    data = _write_rollouts(tmp_path / BAD_NAME, table=_ids_table(16))
     html = tmp_path / os.fsdecode(b"report\xff.html")
     result = gae("diff", data, "--gamma", GAMMA, "--lambd", LAMBD, "--id-col", "sample_id", "--html", html, "-q")
     assert result.exit_code == 0, result.output

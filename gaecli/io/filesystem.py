@@ -230,6 +230,17 @@ def _base_of(uri: str) -> str:
     return f"{parts.scheme}://{parts.netloc}" + (f"?{parts.query}" if parts.query else "")
 
 
+def pyarrow_can_name(path: Path) -> bool:
+    """True when pyarrow can open the local ``path`` by name: pyarrow takes names as UTF-8
+    text, and a name whose bytes are no UTF-8 (held by Python with surrogate escapes) is
+    none; such a file is opened by Python (which passes the bytes) and handed over open."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def resolve(item: Union[str, Path, RemotePath]) -> tuple[pafs.FileSystem, str]:
     """(file system, path in it) for a plain path or a URI."""
     path = to_path(item)

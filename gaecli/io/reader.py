@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gaecli.errors import GAEUsageError, UnreadableFileError
-from gaecli.io.filesystem import AnyPath, RemotePath, to_path
+from gaecli.io.filesystem import AnyPath, RemotePath, pyarrow_can_name, to_path
 
 MIN_BATCH_ROWS = 256  # an automatic batch holds at least this many rows
 BATCH_TOKENS = 1 << 20  # an automatic batch holds about this many tokens
@@ -129,11 +129,7 @@ def open_source(path: AnyPath):
     (pyarrow takes a name as UTF-8 text; Python opens it by its bytes as they are)."""
     if isinstance(path, RemotePath):
         return path.filesystem.open_input_file(path.fs_path)
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:
-        return open(path, "rb")
-    return None
+    return None if pyarrow_can_name(path) else open(path, "rb")
 
 
 def _read_with(path: AnyPath | str, read):
