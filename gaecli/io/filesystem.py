@@ -230,7 +230,7 @@ def _base_of(uri: str) -> str:
     return f"{parts.scheme}://{parts.netloc}" + (f"?{parts.query}" if parts.query else "")
 
 
-def pyarrow_can_name(path: Path) -> bool:
+def pyarrow_can_name(path: Union[str, Path]) -> bool:
     """True when pyarrow can open the local ``path`` by name: pyarrow takes names as UTF-8
     text, and a name whose bytes are no UTF-8 (held by Python with surrogate escapes) is
     none; such a file is opened by Python (which passes the bytes) and handed over open."""
@@ -292,7 +292,7 @@ def _temp_stem(target: Path) -> str:
 
     name = target.name.encode("utf-8", "surrogateescape")
     room = NAME_MAX - 1 - _TEMP_OWNER_ROOM
-    if len(name) <= room and name.decode("utf-8", "replace") == target.name:
+    if len(name) <= room and pyarrow_can_name(target.name):
         return "." + target.name
     digest = hashlib.sha1(name).hexdigest()[:16]
     cut = name[: room - len(digest) - 1].decode("utf-8", "ignore")
