@@ -4,9 +4,27 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from gaecli.display import display
+
 
 class GAEError(Exception):
-    """Base class of every error gaecli raises on purpose."""
+    """Base class of every error gaecli raises on purpose. Its text is the message as
+    :func:`gaecli.display.display` shows it (credentials redacted, undecodable bytes and
+    control characters escaped: one line); a multi-line error (``LINES``) keeps its line
+    breaks and shows each line so."""
+
+    LINES = False
+
+    def __str__(self) -> str:
+        return displayed_message(super().__str__(), lines=self.LINES)
+
+
+def displayed_message(message: str, *, lines: bool = False) -> str:
+    """``message`` as :func:`display` shows it; ``lines``: its line breaks kept (a message
+    that lists files one a line, each line displayed)."""
+    if not lines:
+        return display(message)
+    return "\n".join(display(line) for line in message.split("\n"))
 
 
 class GAEInputError(GAEError, ValueError):
@@ -45,7 +63,10 @@ class InvalidDataError(GAEInputError):
 
 class FilesFailedError(GAEError):
     """Some files of a multi-file run failed while others were written. ``written`` and
-    ``not_written`` list the output paths; the message says which failed and why."""
+    ``not_written`` list the output paths; the message says which failed and why, one
+    file a line."""
+
+    LINES = True
 
     def __init__(self, message: str, written: list[str], not_written: list[str]) -> None:
         super().__init__(message)
@@ -84,4 +105,4 @@ class RunInterrupted(KeyboardInterrupt):
         self.not_written = list(not_written)
 
     def __str__(self) -> str:
-        return self.message
+        return displayed_message(self.message, lines=True)

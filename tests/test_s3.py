@@ -73,6 +73,11 @@ def uri(endpoint: str, key: str) -> str:
     return f"s3://key:secret@{BUCKET}/{key}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
 
 
+def shown(uri_text: str) -> str:
+    """A URI of :func:`uri` as messages and JSON documents show it: its credentials redacted."""
+    return uri_text.replace("s3://key:secret@", "s3://***@")
+
+
 @pytest.fixture(scope="module")
 def bucket(endpoint, tmp_path_factory):
     """The S3 file system, with the inputs under ``in/``; returns (file system, local copy)."""
@@ -135,7 +140,8 @@ def test_bucket_to_bucket_equals_plain_paths(endpoint, bucket, plain, local_ray,
         ), name
     assert (plain / "large.parquet").stat().st_size > 12 * 2**20  # went up in more than one part
     report = json.loads(result.stdout)
-    assert [f["output"] for f in report["files"]] == [uri(endpoint, f"{prefix}/{name}") for name in sorted(NAMES)]
+    expected = [shown(uri(endpoint, f"{prefix}/{name}")) for name in sorted(NAMES)]
+    assert [f["output"] for f in report["files"]] == expected
 
 
 def test_a_failing_file_leaves_no_object(endpoint, bucket, tmp_path):
@@ -146,7 +152,7 @@ def test_a_failing_file_leaves_no_object(endpoint, bucket, tmp_path):
         stream.write(b"PAR1 this is not parquet")
     result = recompute(uri(endpoint, "mixed"), uri(endpoint, "mixed-out"), "--workers", 2)
     assert result.exit_code == 2, result.output
-    assert f"not written: {uri(endpoint, 'mixed-out/day1/b.parquet')}" in result.stderr
+    assert f"not written: {shown(uri(endpoint, 'mixed-out/day1/b.parquet'))}" in result.stderr
     assert "cannot read as Parquet" in result.stderr
     assert keys_under(filesystem, "mixed-out") == ["a.parquet", "day2/c.parquet"]
 
@@ -165,7 +171,8 @@ def test_skip_existing_resumes_on_a_bucket(endpoint, bucket, plain):
     result = recompute(uri(endpoint, "in"), uri(endpoint, "resume"), "--workers", 2, "--skip-existing", "--json", "-")
     assert result.exit_code == 0, result.output
     skipped = {f["output"]: f["skipped"] for f in json.loads(result.stdout)["files"]}
-    assert skipped == {uri(endpoint, f"resume/{name}"): name not in ("a.parquet", "day1/b.parquet") for name in NAMES}
+    kept = {shown(uri(endpoint, f"resume/{name}")): name not in ("a.parquet", "day1/b.parquet") for name in NAMES}
+    assert skipped == kept
     for name in NAMES:
         assert output_content(object_bytes(filesystem, f"resume/{name}")) == output_content(
             (plain / name).read_bytes()

@@ -183,10 +183,13 @@ def stderr_console():
 
 
 def fail(message: str, code: int) -> NoReturn:
-    """Print one line to stderr and exit with ``code``."""
+    """Print one line to stderr and exit with ``code`` (``message`` as
+    :func:`gaecli.errors.displayed_message` shows it, the lines of a list kept)."""
     from rich.markup import escape
 
-    stderr_console().print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    from gaecli.errors import displayed_message
+
+    stderr_console().print(f"[bold red]error:[/] {escape(displayed_message(message, lines=True))}", soft_wrap=True)
     raise typer.Exit(code)
 
 

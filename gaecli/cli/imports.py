@@ -50,9 +50,11 @@ def _run_import(
     if not quiet:
         from rich.markup import escape
 
+        from gaecli.display import display
+
         console = stderr_console()
         for line in report.summary_lines():
-            console.print(escape(line), soft_wrap=True)
+            console.print(escape(display(line)), soft_wrap=True)
         print_closing(progress, console)
 
 

@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from gaecli.comparison.figures import RowFigures
 from gaecli.diff.options import DiffOptions
+from gaecli.display import display
 from gaecli.errors import GAEUsageError
 
 PER_SAMPLE_FIGURES = [
@@ -79,7 +80,7 @@ def _comparison_batch(
     """One comparison's rows of a batch (one row per sample)."""
     count = rows.lengths.size
     arrays = [
-        pa.repeat(pa.scalar(file, pa.string()), count),
+        pa.repeat(pa.scalar(display(file), pa.string()), count),  # the path as printed: no raw bytes, no secrets
         pa.array(np.arange(first_row, first_row + count), pa.int64()),
     ]
     for name, column in (("id", ids), ("group", groups)):

@@ -18,6 +18,7 @@ import pyarrow as pa
 import torch
 
 from gaecli._version import __version__
+from gaecli.display import display
 from gaecli.errors import GAEInputError, GAEUsageError
 from gaecli.io.filesystem import AnyPath, RemotePath, to_path
 from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_writes
@@ -270,7 +271,7 @@ def schema_metadata(format_name: str, sources: list[str]) -> dict[str, str]:
     return {
         f"{METADATA_PREFIX}version": __version__,
         f"{METADATA_PREFIX}imported_from": format_name,
-        f"{METADATA_PREFIX}import_sources": json.dumps(sources),
+        f"{METADATA_PREFIX}import_sources": json.dumps([display(source) for source in sources]),
     }
 
 

@@ -248,6 +248,17 @@ def _base_of(uri: str) -> str:
     return f"{parts.scheme}://{parts.netloc}" + (f"?{parts.query}" if parts.query else "")
 
 
+def pyarrow_can_name(path: Union[str, Path]) -> bool:
+    """True when pyarrow can open the local ``path`` by name: pyarrow takes names as UTF-8
+    text, and a name whose bytes are no UTF-8 (held by Python with surrogate escapes) is
+    none; such a file is opened by Python (which passes the bytes) and handed over open."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def resolve(item: Union[str, Path, RemotePath]) -> tuple[pafs.FileSystem, str]:
     """(file system, path in it) for a plain path or a URI."""
     path = to_path(item)
@@ -292,12 +303,14 @@ def _owner() -> str:
 
 def _temp_stem(target: Path) -> str:
     """``.<name>`` of ``target``'s temp files; a name too long to leave room for the owner
-    is cut and given a hash of the whole name (so the temp name stays within NAME_MAX)."""
+    is cut and given a hash of the whole name (so the temp name stays within NAME_MAX), and
+    so is a name that is no UTF-8 (pyarrow, which writes the temp file, takes names as UTF-8
+    text; the rename gives the output its name's bytes)."""
     import hashlib
 
     name = target.name.encode("utf-8", "surrogateescape")
     room = NAME_MAX - 1 - _TEMP_OWNER_ROOM
-    if len(name) <= room:
+    if len(name) <= room and pyarrow_can_name(target.name):
         return "." + target.name
     digest = hashlib.sha1(name).hexdigest()[:16]
     cut = name[: room - len(digest) - 1].decode("utf-8", "ignore")

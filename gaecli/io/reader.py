@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gaecli.errors import GAEUsageError, UnreadableFileError
-from gaecli.io.filesystem import AnyPath, RemotePath, to_path
+from gaecli.io.filesystem import AnyPath, RemotePath, pyarrow_can_name, to_path
 
 MIN_BATCH_ROWS = 256  # an automatic batch holds at least this many rows
 BATCH_TOKENS = 1 << 20  # an automatic batch holds about this many tokens
@@ -83,11 +83,8 @@ class RolloutFile:
         with read_errors(self.path):
             if not is_file:
                 raise UnreadableFileError(f"{self.path}: no such file")
-            if isinstance(self.path, RemotePath):
-                self._source = self.path.filesystem.open_input_file(self.path.fs_path)
-                where = self._source
-            else:
-                where = self.path
+            self._source = open_source(self.path)
+            where = self.path if self._source is None else self._source
             try:
                 if footer is None:
                     footer = read_footer(where)
@@ -179,18 +176,30 @@ class RolloutFile:
                 self._source = None
 
 
+def open_source(path: AnyPath):
+    """The open file pyarrow reads ``path`` through, or None where pyarrow opens the local
+    path itself: an object store's input file, or a local file whose name is no UTF-8
+    (pyarrow takes a name as UTF-8 text; Python opens it by its bytes as they are)."""
+    if isinstance(path, RemotePath):
+        return path.filesystem.open_input_file(path.fs_path)
+    return None if pyarrow_can_name(path) else open(path, "rb")
+
+
+def _read_with(path: AnyPath | str, read):
+    """``read(source)`` of the file at ``path`` (a path or a URI), through :func:`open_source`."""
+    located = to_path(path)
+    source = open_source(located)
+    if source is None:
+        return read(str(located))
+    with source:
+        return read(source)
+
+
 def read_schema(path: AnyPath | str) -> pa.Schema:
     """The Arrow schema (with metadata) in a Parquet file's footer, for a path or a URI."""
-    located = to_path(path)
-    if isinstance(located, RemotePath):
-        return pq.read_schema(located.fs_path, filesystem=located.filesystem)
-    return pq.read_schema(located)
+    return _read_with(path, pq.read_schema)
 
 
 def read_metadata(path: AnyPath | str) -> pq.FileMetaData:
     """A Parquet file's footer, for a path or a URI (:func:`read_footer`)."""
-    located = to_path(path)
-    if isinstance(located, RemotePath):
-        with located.filesystem.open_input_file(located.fs_path) as source:
-            return read_footer(source)
-    return read_footer(str(located))
+    return _read_with(path, read_footer)

@@ -16,7 +16,15 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from gaecli.errors import GAEUsageError
-from gaecli.io.filesystem import AnyPath, RemotePath, is_stream, remove_dead_temps, temp_beside, to_path
+from gaecli.io.filesystem import (
+    AnyPath,
+    RemotePath,
+    is_stream,
+    pyarrow_can_name,
+    remove_dead_temps,
+    temp_beside,
+    to_path,
+)
 
 
 def failure_reason(error: BaseException) -> str:
@@ -128,8 +136,12 @@ class AtomicParquetWriter:
         remove_dead_temps(self.target)  # a killed run's leftovers (only those whose owner is gone)
         self.temp = temp_beside(self.target)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
+        self._temp_file = None  # the temp file open, where pyarrow cannot open it by name
         try:
-            self._writer = _parquet_writer(self.temp, schema, compression)
+            if not pyarrow_can_name(self.temp):
+                self._temp_file = open(self.temp, "xb")
+            sink = self.temp if self._temp_file is None else self._temp_file
+            self._writer = _parquet_writer(sink, schema, compression)
         except (pa.ArrowException, OSError) as error:
             self._remove_temp()
             self._remove_created_dirs()
@@ -193,6 +205,7 @@ class AtomicParquetWriter:
             if writer is not None:
                 try:
                     writer.close()
+                    self._close_temp_file()
                 except (pa.ArrowException, OSError) as error:
                     writer.is_open = False  # its __del__ must not try the footer again
                     raise GAEUsageError(f"{self.target}: cannot write ({failure_reason(error)})") from error
@@ -275,7 +288,16 @@ class AtomicParquetWriter:
         except (pa.ArrowException, OSError):
             pass
 
+    def _close_temp_file(self) -> None:
+        temp_file, self._temp_file = getattr(self, "_temp_file", None), None
+        if temp_file is not None:
+            temp_file.close()
+
     def _remove_temp(self) -> None:
+        try:
+            self._close_temp_file()
+        except OSError:
+            pass  # the file goes anyway
         if self.temp is None:
             return
         try:

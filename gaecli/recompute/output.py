@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gaecli._version import __version__
+from gaecli.display import display
 from gaecli.errors import (
     GAEUsageError,
 )
@@ -101,7 +102,7 @@ def output_schema(
         **computation_record(options, kernel),
         "baseline": options.baseline,
         "on_invalid": options.on_invalid,
-        "source": job.source.name,
+        "source": display(job.source.name),  # printable: no raw bytes, no secrets
         **(identity or {}),
     }
     metadata.update({f"{METADATA_PREFIX}{key}".encode(): value.encode() for key, value in record.items()})

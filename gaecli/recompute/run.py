@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from gaecli.checks import row_reasons
 from gaecli.comparison.figures import DiffAccumulator
+from gaecli.display import display
 from gaecli.engines import (
     EXIT_INVALID_DATA,
     EXIT_UNUSABLE,
@@ -221,18 +222,18 @@ def _failed_run(jobs: list[FileJob], results: list, stopped: bool) -> FilesFaile
     for job, result in zip(jobs, results):
         if result is SKIPPED:
             written.append(str(job.target))
-            lines.append(f"  skipped (whole already): {job.target}")
+            lines.append(f"  skipped (whole already): {display(job.target)}")
             continue
         if isinstance(result, FileResult):
             written.append(str(job.target))
-            lines.append(f"  written: {job.target}")
+            lines.append(f"  written: {display(job.target)}")
             continue
         not_written.append(str(job.target))
         if isinstance(result, TaskFailure):
             worst = max(worst, result.code)
-            lines.append(f"  not written: {job.target} ({result.message})")
+            lines.append(f"  not written: {display(job.target)} ({result.message})")
         else:
-            lines.append(f"  not written: {job.target} (not started: the run stopped at the first failure)")
+            lines.append(f"  not written: {display(job.target)} (not started: the run stopped at the first failure)")
     failed = sum(isinstance(result, TaskFailure) for result in results)
     message = (
         f"{failed} of {len(jobs)} files failed; {len(written)} written, {len(not_written)} not written"
@@ -262,15 +263,15 @@ def _interrupted_run(jobs: list[FileJob], per_job: list, stamps: list) -> RunInt
     for job, result, stamp in zip(jobs, per_job, stamps):
         if result is SKIPPED:
             written.append(str(job.target))
-            lines.append(f"  skipped (whole already): {job.target}")
+            lines.append(f"  skipped (whole already): {display(job.target)}")
         elif isinstance(result, FileResult) or result is FINISHED or _stamp(job.target) not in (stamp, None):
             written.append(str(job.target))
-            lines.append(f"  written: {job.target}")
+            lines.append(f"  written: {display(job.target)}")
         else:
             _remove_leftovers(job.target)  # a worker killed after the grace period
             not_written.append(str(job.target))
             why = result.message if isinstance(result, TaskFailure) else "stopped or not started"
-            lines.append(f"  not written: {job.target} ({why})")
+            lines.append(f"  not written: {display(job.target)} ({why})")
     message = (
         f"interrupted; {len(written)} of {len(jobs)} outputs written (whole), {len(not_written)} not written "
         f"(no partial output left):\n" + "\n".join(lines)

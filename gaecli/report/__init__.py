@@ -11,6 +11,7 @@ from typing import Optional
 
 import pyarrow as pa
 
+from gaecli.display import display
 from gaecli.errors import GAEUsageError
 from gaecli.io.filesystem import write_whole
 
@@ -374,11 +375,29 @@ def json_safe(document):
     return document
 
 
+def displayed(document, *, controls: bool = True):
+    """``document`` with every string in it (keys too) as :func:`gaecli.display.display`
+    shows it: what every renderer shows and every JSON document holds (credentials
+    redacted, undecodable bytes and control characters escaped). Dicts, lists and tuples
+    are copied; the rest is returned as it is."""
+    if isinstance(document, str):
+        return display(document, controls=controls)
+    if isinstance(document, dict):
+        return {
+            displayed(key, controls=controls): displayed(value, controls=controls)
+            for key, value in document.items()
+        }
+    if isinstance(document, (list, tuple)):
+        return [displayed(value, controls=controls) for value in document]
+    return document
+
+
 def json_text(document) -> str:
-    """The JSON text of a gaecli document (non-finite floats as :func:`json_safe` says)."""
+    """The JSON text of a gaecli document (non-finite floats as :func:`json_safe` says; its
+    strings :func:`displayed`, control characters left to JSON's own escapes)."""
     import json
 
-    return json.dumps(json_safe(document), indent=2, sort_keys=False, allow_nan=False) + "\n"
+    return json.dumps(json_safe(displayed(document, controls=False)), indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
 def write_text(path: str, text: str) -> None:

@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
+from gaecli.display import display
 from gaecli.errors import GAEUsageError
 from gaecli.report import (
     comparison_title,
+    displayed,
     group_table,
     groups_note,
     headline,
@@ -184,7 +186,7 @@ def delta_trace_plot(report: "DiffReport | ComparisonResult") -> str:
             part = np.where(np.sign(delta) == sign, delta, 0.0)
             axes.fill_between(positions, 0, part, step="mid", color=color, alpha=0.35, linewidth=0, label=label)
         axes.step(positions, delta, where="mid", color="#222", linewidth=0.9, label="new − old")
-        label = f"{entry.file} row {entry.row}" + (f" · id {entry.id}" if entry.id is not None else "")
+        label = display(f"{entry.file} row {entry.row}" + (f" · id {entry.id}" if entry.id is not None else ""))
         axes.set_title(f"{label} · max |Δ| {entry.max_abs_delta_advantage:.4g}", fontsize=9, loc="left")
         axes.set_xlim(-0.5, max(entry.new.size - 0.5, 0.5))
         axes.set_ylabel("Δ advantage", fontsize=8)
@@ -250,7 +252,7 @@ def _comparison_parts(document: dict, result: "ComparisonResult", comparison: di
 def render_html(report: "DiffReport") -> str:
     """The whole report as one HTML document (str)."""
     require_matplotlib()
-    document = report.to_dict()
+    document = displayed(report.to_dict())
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',

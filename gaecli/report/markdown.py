@@ -6,6 +6,7 @@ from __future__ import annotations
 from gaecli.report import (
     comparison_title,
     comparisons,
+    displayed,
     group_table,
     groups_note,
     headline,
@@ -43,6 +44,7 @@ def render_markdown(document: dict) -> str:
     """The whole report: the verdict, headline, the summary (one column per comparison),
     then per comparison its top samples and the groups hit hardest, and how the quantiles
     were computed."""
+    document = displayed(document)
     lines = ["# gae diff", "", f"**{verdict(document)}**", "", headline(document), ""]
     lines += ["## Summary (trainable tokens only)", ""]
     headers, rows = summary_table(document)

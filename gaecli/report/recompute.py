@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gaecli.report import estimator_label, parameters_label
+from gaecli.report import displayed, estimator_label, parameters_label
 
 
 def _number(value) -> str:
@@ -26,6 +26,7 @@ def _share(part: int, whole: int) -> str:
 
 def render_recompute(report: dict, console: Console) -> None:
     """Summary of a recompute run: files, then the comparison against the baseline."""
+    report = displayed(report)
     summary = report["summary"]
     files = report["files"]
     written = ", ".join(f["output"] for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")

@@ -13,6 +13,7 @@ from rich.table import Table
 from gaecli.report import (
     comparison_title,
     comparisons,
+    displayed,
     groups_note,
     headline,
     nesting,
@@ -63,6 +64,7 @@ def file_width(rows: list[list[str]], file_column: int, console_width: int) -> i
 def render_diff(document: dict, console: Console) -> None:
     """Headline, the verdict, the summary table (one column per comparison), then per
     comparison its top samples and the groups hit hardest."""
+    document = displayed(document)
     console.print(f"[bold]gae diff[/]: {escape(headline(document))}", soft_wrap=True)
     console.print(f"[bold]{escape(verdict(document))}[/]")
     headers, rows = summary_table(document)

@@ -8,6 +8,7 @@ from typing import Optional
 from rich.console import Console
 from rich.markup import escape
 
+from gaecli.report import displayed
 from gaecli.rules import ERROR, RULES
 
 ROWS_PER_RULE = 3
@@ -18,14 +19,19 @@ def _plural(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
+def _quoted(value) -> str:
+    """An id or column name of a finding, quoted: a string (displayed already) as it is."""
+    return f"'{value}'" if isinstance(value, str) else repr(value)
+
+
 def _where(finding: dict) -> str:
     parts = [finding["file"]]
     if finding["row"] is not None:
         parts.append(f"row {finding['row']}")
     if finding["id"] is not None:
-        parts.append(f"id {finding['id']!r}")
+        parts.append(f"id {_quoted(finding['id'])}")
     if finding["column"] is not None:
-        parts.append(f"column {finding['column']!r}")
+        parts.append(f"column {_quoted(finding['column'])}")
     return ", ".join(parts)
 
 
@@ -36,6 +42,7 @@ def render_validate(
     first: severity, code, count and summary, the first ``rows_per_rule`` findings listed
     (None: :data:`ROWS_PER_RULE`), the fix hint; then unreadable files and a verdict line."""
     rows_per_rule = ROWS_PER_RULE if rows_per_rule is None else rows_per_rule
+    report = displayed(report)
     files, counts = report["files"], report["counts"]
     checked = sum(f["rows_checked"] for f in files)
     unreadable = len(report["unreadable"])
