@@ -26,6 +26,14 @@ from gaecli.progress import NoProgress, Progress
 
 METADATA_PREFIX = "gaecli."
 MAX_LIST_TOKENS = 2**31 - 1  # int32 list offsets
+INT64_RANGE = (-(2**63), 2**63 - 1)
+# What a message shows of a value from a dump (shown): at most this many characters, the
+# first SHOWN_ITEMS entries of a container, SHOWN_DEPTH containers deep. A 3 KB dump can
+# hold a tuple of 2^90 shared leaves or a list 300,000 levels deep: repr() never ends or
+# overflows the stack on them.
+SHOWN_CHARACTERS = 60
+SHOWN_ITEMS = 4
+SHOWN_DEPTH = 3
 
 _ARROW_INTEGERS = {
     torch.bool: pa.bool_(),
@@ -50,12 +58,14 @@ _TORCH_OF_ARROW = {
 @dataclass(frozen=True)
 class DumpField:
     """How one dump key becomes an output column. ``kind``: ``"mask"`` or ``"float"``
-    (per-token lists), ``"real"`` or ``"integer"`` (one scalar per sample)."""
+    (per-token lists), ``"real"`` or ``"integer"`` (one scalar per sample); ``minimum``:
+    the least value an integer may take (counts and lengths: 0)."""
 
     key: str
     column: str
     kind: str
     required: bool = False
+    minimum: Optional[int] = None  # counts and lengths: 0 (a negative one is refused)
 
     @property
     def per_token(self) -> bool:
@@ -68,8 +78,8 @@ FIELDS: tuple[DumpField, ...] = (
     DumpField("values", "values", "float", required=True),
     DumpField("loss_masks", "loss_mask", "mask", required=True),
     DumpField("rewards", "terminal_reward", "real", required=True),
-    DumpField("response_lengths", "response_length", "integer"),
-    DumpField("total_lengths", "total_length", "integer"),
+    DumpField("response_lengths", "response_length", "integer", minimum=0),
+    DumpField("total_lengths", "total_length", "integer", minimum=0),
     DumpField("log_probs", "log_probs", "float"),
     DumpField("ref_log_probs", "ref_log_probs", "float"),
     DumpField("advantages", "trained_advantages", "float"),
@@ -322,6 +332,10 @@ def load_dump(path: AnyPath) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)  # the legacy (pre-zip) format
     except GAEUsageError:
         raise
+    except RecursionError:
+        raise GAEInputError(
+            f"{path}: refused: the dump nests lists, tuples or dicts deeper than Python can read"
+        ) from None
     except pickle.UnpicklingError as error:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
         if "Weights only load failed" not in text:
@@ -363,28 +377,88 @@ def _unpickler_detail(text: str) -> str:
 # ----------------------------------------------------------------------------- values
 
 
-def integer(value: Any, what: str, path: Any) -> int:
-    """An integer from an int or a one-element integer tensor; else :class:`GAEInputError`."""
-    if (
-        isinstance(value, torch.Tensor)
-        and value.numel() == 1
-        and not value.dtype.is_floating_point
-        and not value.dtype.is_complex
-    ):
-        return int(value.item())
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise GAEInputError(f"{path}: {what} is {value!r}, expected an integer")
+def integer(value: Any, what: str, path: Any, minimum: Optional[int] = None) -> int:
+    """An int64 integer (at least ``minimum`` when given) from an int or a one-element
+    integer tensor; else :class:`GAEInputError`. A bool (``True``, a bool tensor) is no
+    integer: refused, never taken as 0 or 1."""
+    if is_dense(value) and value.numel() == 1 and value.dim() <= 1 and _is_integer_dtype(value.dtype):
+        number = int(value.item())
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        raise GAEInputError(f"{path}: {what} is {shown(value)}, expected an integer")
+    if not INT64_RANGE[0] <= number <= INT64_RANGE[1]:
+        raise GAEInputError(f"{path}: {what} is {shown(number)}, out of the int64 range")
+    if minimum is not None and number < minimum:
+        raise GAEInputError(f"{path}: {what} is {number}, expected {minimum} or more")
+    return number
+
+
+def _is_integer_dtype(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+
+
+def is_dense(value: Any) -> bool:
+    """A tensor with its numbers in memory (strided: not sparse, not nested)."""
+    return isinstance(value, torch.Tensor) and value.layout == torch.strided
 
 
 def describe(value: Any) -> str:
+    """What ``value`` is, by its type (a tensor: its dimensions, layout and shape); reads no entry."""
     if isinstance(value, torch.Tensor):
-        return f"a {value.dim()}-D tensor of shape {tuple(value.shape)}"
+        layout = "" if value.layout == torch.strided else f"{str(value.layout).removeprefix('torch.')} "
+        return f"a {value.dim()}-D {layout}tensor of shape {tuple(value.shape)}"
     return f"a {type(value).__name__}"
 
 
+def shown(value: Any) -> str:
+    """``value`` as a message shows it: its repr when short; else bounded whatever it holds
+    (at most :data:`SHOWN_CHARACTERS` characters, a container's first :data:`SHOWN_ITEMS`
+    entries to :data:`SHOWN_DEPTH` levels, a tensor by :func:`describe`, an integer of
+    many digits by their count). Walks a few dozen entries at most: every message that
+    shows a value from a dump goes through here."""
+    text = _shown(value, SHOWN_DEPTH)
+    return text if len(text) <= SHOWN_CHARACTERS else text[: SHOWN_CHARACTERS - 1] + "…"
+
+
+def _shown(value: Any, depth: int) -> str:
+    if isinstance(value, torch.Tensor):
+        return describe(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of {digit_count(value):,} digits"
+    if value is None or isinstance(value, (bool, int, float, complex, torch.dtype, torch.device)):
+        return repr(value)
+    if isinstance(value, (str, bytes)):
+        return repr(value[:SHOWN_CHARACTERS]) + ("…" if len(value) > SHOWN_CHARACTERS else "")
+    if isinstance(value, (list, tuple, dict)):
+        opening, closing = {list: "[]", tuple: "()"}.get(type(value), "{}")
+        if not value:
+            return opening + closing
+        if depth == 0:
+            return f"{opening}…{closing}"
+        entries = list(value.items())[:SHOWN_ITEMS] if isinstance(value, dict) else value[:SHOWN_ITEMS]
+        parts = [
+            f"{_shown(entry[0], depth - 1)}: {_shown(entry[1], depth - 1)}"
+            if isinstance(value, dict)
+            else _shown(entry, depth - 1)
+            for entry in entries
+        ]
+        if len(value) > SHOWN_ITEMS:
+            parts.append("…")
+        single = "," if isinstance(value, tuple) and len(value) == 1 else ""
+        return f"{opening}{', '.join(parts)}{single}{closing}"
+    return f"a {type(value).__name__}"
+
+
+def digit_count(number: int) -> int:
+    """The decimal digits of ``number`` without ``str()`` (refused beyond 4,300 digits)."""
+    number = abs(number)
+    estimate = max(1, int(number.bit_length() * 0.30102999566398120))
+    return estimate + (number >= 10**estimate)
+
+
 def key_list(mapping: dict) -> str:
-    return ", ".join(str(key) for key in mapping) or "no keys"
+    return ", ".join(key if isinstance(key, str) else shown(key) for key in mapping) or "no keys"
 
 
 def entry_name(where: str, sample: int) -> str:
@@ -397,25 +471,30 @@ def check_per_sample(
     entries: Any, dump_field: DumpField, rows: int, where: str, rows_name: str = repr(ROWS_KEY)
 ) -> Optional[set[torch.dtype]]:
     """Check one key's per-sample entries (``where`` names them, e.g. ``file: rollout_data['values']``):
-    one entry per sample (``rows``, as many as ``rows_name`` has), 1-D real tensors for a
-    per-token key (returns their dtypes)."""
-    if not isinstance(entries, (list, tuple)) and not (not dump_field.per_token and isinstance(entries, torch.Tensor)):
+    one entry per sample (``rows``, as many as ``rows_name`` has; a tensor of scalars 1-D),
+    dense 1-D real tensors for a per-token key, of numbers (not bool) where it holds numbers
+    rather than a mask (returns their dtypes)."""
+    if not isinstance(entries, (list, tuple)) and not (not dump_field.per_token and is_dense(entries)):
         raise GAEInputError(f"{where} is {describe(entries)}, expected a list with one entry per sample")
+    if isinstance(entries, torch.Tensor) and entries.dim() != 1:
+        raise GAEInputError(f"{where} is {describe(entries)}, expected a list or a 1-D tensor of one entry per sample")
     count = entries.numel() if isinstance(entries, torch.Tensor) else len(entries)
     if count != rows:
         raise GAEInputError(f"{where} has {count} entries but {rows_name} has {rows}: one entry per sample expected")
     if not dump_field.per_token:
         return None
-    is_vector = [isinstance(entry, torch.Tensor) and entry.dim() == 1 for entry in entries]
+    is_vector = [is_dense(entry) and entry.dim() == 1 for entry in entries]
     if not all(is_vector):
         sample = is_vector.index(False)
         raise GAEInputError(
-            f"{entry_name(where, sample)} is {describe(entries[sample])}, expected a 1-D tensor "
+            f"{entry_name(where, sample)} is {describe(entries[sample])}, expected a dense 1-D tensor "
             f"(the sample's per-token {dump_field.key})"
         )
     dtypes = {entry.dtype for entry in entries}
     if any(dtype.is_complex for dtype in dtypes):
         raise GAEInputError(f"{where} holds complex tensors, expected real numbers")
+    if dump_field.kind == "float" and torch.bool in dtypes:
+        raise GAEInputError(f"{where} holds bool tensors, expected numbers (the per-token {dump_field.key})")
     return dtypes
 
 
@@ -469,31 +548,52 @@ def token_column(tensors: Sequence[torch.Tensor], value_type: pa.DataType, where
 
 
 def scalar_column(entries: Any, dump_field: DumpField, where: str, nullable: bool = False) -> pa.Array:
-    """One number per sample from a list of numbers / one-element tensors, or a tensor;
-    ``None`` entries become nulls when ``nullable``."""
+    """One number per sample from a list of numbers / one-element tensors, or a 1-D tensor;
+    ``None`` entries become nulls when ``nullable``. Bools are refused (no number), as are
+    integers out of range and, for a field with a ``minimum``, values below it."""
     integer_kind = dump_field.kind == "integer"
     numpy_dtype = np.int64 if integer_kind else np.float64
+    expected = "integers" if integer_kind else "numbers"
     if isinstance(entries, torch.Tensor):
-        if entries.dtype.is_complex or integer_kind and entries.dtype.is_floating_point:
-            raise GAEInputError(
-                f"{where} is a {entries.dtype} tensor, expected {'integers' if integer_kind else 'numbers'}"
-            )
-        return pa.array(entries.detach().reshape(-1).to(torch.int64 if integer_kind else torch.float64).numpy())
-    numbers = [entry.item() if isinstance(entry, torch.Tensor) and entry.numel() == 1 else entry for entry in entries]
+        if not is_dense(entries) or entries.dim() != 1:
+            raise GAEInputError(f"{where} is {describe(entries)}, expected a 1-D tensor of {expected}")
+        dtype = entries.dtype
+        if dtype.is_complex or dtype == torch.bool or integer_kind and dtype.is_floating_point:
+            raise GAEInputError(f"{where} is a {dtype} tensor, expected {expected}")
+        array = entries.detach().to(torch.int64 if integer_kind else torch.float64).numpy()
+        return pa.array(_at_least(array, dump_field, where))
+    numbers = [entry.item() if _is_number_tensor(entry) else entry for entry in entries]
     allowed = (int,) if integer_kind else (int, float)
-    is_number = [isinstance(number, allowed) or nullable and number is None for number in numbers]
+    is_number = [
+        isinstance(number, allowed) and not isinstance(number, bool) or nullable and number is None
+        for number in numbers
+    ]
     if not all(is_number):
         sample = is_number.index(False)
-        found = describe(numbers[sample]) if isinstance(numbers[sample], torch.Tensor) else repr(numbers[sample])
         raise GAEInputError(
-            f"{entry_name(where, sample)} is {found}, expected {'an integer' if integer_kind else 'a number'}"
+            f"{entry_name(where, sample)} is {shown(numbers[sample])}, "
+            f"expected {'an integer' if integer_kind else 'a number'}"
         )
     nulls = np.array([number is None for number in numbers], dtype=bool)
     try:
         array = np.array([0 if number is None else number for number in numbers], dtype=numpy_dtype)
-    except OverflowError as error:
-        raise GAEInputError(f"{where} holds an integer out of the int64 range") from error
-    return pa.array(array, mask=nulls if nulls.any() else None)
+    except OverflowError:
+        limit = "int64" if integer_kind else "float64"
+        raise GAEInputError(f"{where} holds an integer out of the {limit} range") from None
+    return pa.array(_at_least(array, dump_field, where), mask=nulls if nulls.any() else None)
+
+
+def _is_number_tensor(entry: Any) -> bool:
+    """A one-element dense tensor of at most one dimension (a sample's number)."""
+    return is_dense(entry) and entry.numel() == 1 and entry.dim() <= 1
+
+
+def _at_least(array: np.ndarray, dump_field: DumpField, where: str) -> np.ndarray:
+    """``array``, checked against ``dump_field.minimum`` (the first entry below it named)."""
+    if dump_field.minimum is not None and array.size and array.min() < dump_field.minimum:
+        sample = int(np.flatnonzero(array < dump_field.minimum)[0])
+        raise GAEInputError(f"{entry_name(where, sample)} is {array[sample]}, expected {dump_field.minimum} or more")
+    return array
 
 
 def output_schema(

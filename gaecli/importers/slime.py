@@ -37,6 +37,7 @@ from gaecli.importers.common import (
     output_schema,
     plan_import,
     scalar_column,
+    shown,
     write_batches,
 )
 from gaecli.io.filesystem import AnyPath
@@ -93,7 +94,7 @@ def inspect_dump(path: AnyPath, dump: Any) -> tuple[_Dump, dict[str, list], np.n
     version = dump["format_version"]
     if version != FORMAT_VERSION:
         raise GAEInputError(
-            f"{path}: format_version is {version!r}; gae import slime reads format_version "
+            f"{path}: format_version is {shown(version)}; gae import slime reads format_version "
             f"{FORMAT_VERSION} (slime's _build_dump_payload); other layouts are not supported"
         )
     rollout_id = integer(dump["rollout_id"], "rollout_id", path)
@@ -131,7 +132,9 @@ def inspect_dump(path: AnyPath, dump: Any) -> tuple[_Dump, dict[str, list], np.n
         columns["sample_indices"] = [s[SAMPLE_INDEX_KEY] for s in samples]
     where = _where(path)
     ranks = scalar_column(
-        [s[RANK_KEY] for s in samples], DumpField(RANK_KEY, "rank", "integer"), f"{path}: samples[*][{RANK_KEY!r}]"
+        [s[RANK_KEY] for s in samples],
+        DumpField(RANK_KEY, "rank", "integer", minimum=0),
+        f"{path}: samples[*][{RANK_KEY!r}]",
     ).to_numpy(zero_copy_only=False)
     dtypes: dict[str, set[torch.dtype]] = {}
     for key, entries in columns.items():
