@@ -23,16 +23,15 @@ import pyarrow as pa
 
 from gaecli.errors import GAEInputError, GAEUsageError
 from gaecli.importers.common import (
-    INT64_RANGE,
     MAX_LIST_TOKENS,
     ImportedFile,
     ImportReport,
     open_binary,
     plan_import,
     schema_metadata,
-    shown,
     write_batches,
 )
+from gaecli.importers.values import INT64_RANGE, shown
 from gaecli.io.filesystem import AnyPath
 from gaecli.io.paths import ReportPath
 from gaecli.progress import Progress
@@ -95,7 +94,7 @@ def _json_integer(text: str) -> Any:
 
 
 def _shown(value: Any) -> str:
-    """A JSON value as a message shows it (bounded: :func:`gaecli.importers.common.shown`)."""
+    """A JSON value as a message shows it (bounded: :func:`gaecli.importers.values.shown`)."""
     if isinstance(value, _LongInteger):
         return str(value)
     if value is None or isinstance(value, bool):

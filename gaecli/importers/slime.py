@@ -29,17 +29,14 @@ from gaecli.importers.common import (
     arrow_value_type,
     check_per_sample,
     check_same_keys,
-    describe,
     fields_batch,
-    integer,
-    key_list,
     load_dump,
     output_schema,
     plan_import,
     scalar_column,
-    shown,
     write_batches,
 )
+from gaecli.importers.values import describe, integer, key_list, shown
 from gaecli.io.filesystem import AnyPath
 from gaecli.io.paths import ReportPath
 from gaecli.progress import Progress
