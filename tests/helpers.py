@@ -18,8 +18,10 @@ from hypothesis import strategies as st
 
 import gaecli
 
-# |got - ref| <= TOLERANCE[dtype] * (1 + max |ref|), the max taken per sample.
-TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-12}
+# |got - ref| <= TOLERANCE[dtype] * (1 + max |ref|), the max taken per sample. float16 and
+# bfloat16 results are computed in float32 and rounded once to their dtype: half an ulp of
+# the largest (2^-11 and 2^-8 relative).
+TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-12, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 KERNEL_NAMES: list[str] = gaecli.available_kernels("cpu")
 FAST_KERNEL_NAMES: list[str] = [name for name in KERNEL_NAMES if name != "reference"]
 

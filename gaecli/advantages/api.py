@@ -38,10 +38,13 @@ from gaecli.advantages.inputs import (
     check_terminal,
     check_variant_inputs,
     flat_outputs,
+    half_precision,
+    narrowed,
     pack_lists,
     prepare_packed,
     sample_buffers,
     split,
+    widened,
 )
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.advantages.whiten import whiten, whiten_by_group
@@ -92,8 +95,12 @@ def compute_advantages_packed(
     supports the spec (else :class:`gaecli.KernelUnavailableError`). Raises
     :class:`gaecli.GAEInputError` naming the sample for bad data (a turn list whose length
     is not the sample's number of turns, a non-finite turn reward or bootstrap value of a
-    truncated sample...), and for a missing per-row input.
+    truncated sample...), for a missing per-row input, and for complex values or rewards
+    and ``meta`` tensors (naming the argument). float16 and bfloat16 input is computed in
+    float32 and returned in its dtype.
     """
+    narrow = half_precision(values if values is not None else rewards)
+    values, rewards = widened(values), widened(rewards)
     if not isinstance(spec, AdvantageSpec):
         raise GAEInputError(f"spec must be a gaecli.AdvantageSpec, got {type(spec).__name__}")
     if turn_offsets is not None and turn_rewards is None:
@@ -106,9 +113,10 @@ def compute_advantages_packed(
     if missing:
         raise GAEInputError(f"spec reads per-row input {missing[0]!r}: pass row_inputs={{{missing[0]!r}: ...}}")
     if spec.critic_free:
-        return _critic_free_packed(
+        outputs = _critic_free_packed(
             spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate
         )
+        return narrowed(outputs, narrow)
     values, rewards, loss_mask, offsets, terminal = check_packed(values, rewards, loss_mask, offsets, terminal_rewards)
     screened = compute_screened(spec, values, rewards, loss_mask, offsets, terminal, kernel=kernel)
     if screened is None:
@@ -132,7 +140,7 @@ def compute_advantages_packed(
         advantages = whiten(advantages, mask)
     elif spec.normalize == "by":
         advantages = whiten_by_group(advantages, mask, offsets, row_inputs[spec.normalize_by])
-    return advantages, returns
+    return narrowed((advantages, returns), narrow)
 
 
 def _zeros_like_rewards(sample) -> torch.Tensor:

@@ -41,23 +41,70 @@ def as_mask(loss_mask: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return loss_mask != 0
 
 
-def _check_finite(name: str, tensor: torch.Tensor, offsets: torch.Tensor) -> None:
+def check_finite(name: str, tensor: torch.Tensor, offsets: torch.Tensor | None) -> None:
+    """The first non-finite entry of ``tensor`` named by its sample and token (``offsets``
+    None: one flat tensor, named by its position alone)."""
     position = _first_offending(~torch.isfinite(tensor))
+    if position is not None and offsets is None:
+        raise GAEInputError(f"{name} is {tensor[position].item()} at position {position} (must be finite)")
     if position is not None:
         sample = _sample_of(offsets, position)
         within = position - int(offsets[sample])
         raise GAEInputError(f"sample {sample}: {name} is {tensor[position].item()} at token {within} (must be finite)")
 
 
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def half_precision(tensor) -> torch.dtype | None:
+    """The dtype of a float16 or bfloat16 tensor, else None. The API computes such input in
+    float32 and returns its results in the input's dtype (:func:`widened`, :func:`narrowed`)."""
+    return tensor.dtype if isinstance(tensor, torch.Tensor) and tensor.dtype in HALF_DTYPES else None
+
+
+def widened(tensor):
+    """``tensor`` in float32 when it is float16 or bfloat16; anything else as given."""
+    return tensor.float() if half_precision(tensor) is not None else tensor
+
+
+def narrowed(outputs: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype | None) -> tuple:
+    """Advantages and returns in ``dtype`` (None: as they are); one tensor stays one."""
+    if dtype is None:
+        return outputs
+    advantages, returns = outputs
+    narrow = advantages.to(dtype)
+    return narrow, narrow if returns is advantages else returns.to(dtype)
+
+
+def check_has_data(name: str, tensor: torch.Tensor) -> None:
+    """A ``meta`` tensor (a shape without numbers) raises :class:`GAEInputError` naming the argument."""
+    if tensor.device.type == "meta":
+        raise GAEInputError(f"{name} is a meta tensor (a shape without data); pass a tensor that holds numbers")
+
+
+def check_real(name: str, tensor: torch.Tensor) -> None:
+    """A tensor of real numbers that hold data: a ``meta`` tensor or a complex one raises
+    :class:`GAEInputError` naming the argument (never a cast that drops the imaginary part)."""
+    check_has_data(name, tensor)
+    if tensor.is_complex():
+        raise GAEInputError(f"{name} must hold real numbers, got a {tensor.dtype} tensor")
+
+
 def check_packed(values, rewards, loss_mask, offsets, terminal_rewards):
-    """The structural checks of packed arguments (types, shapes, offsets, lengths), none that
-    reads every token. Returns float values, rewards and terminal rewards in the values' dtype
-    and device, the mask as given (on that device) and int64 offsets."""
+    """The structural checks of packed arguments (types, shapes, real numbers with data,
+    offsets, lengths), none that reads every token. Returns float values, rewards and
+    terminal rewards in the values' dtype and device, the mask as given (on that device)
+    and int64 offsets."""
     for name, tensor in (("values", values), ("rewards", rewards), ("loss_mask", loss_mask), ("offsets", offsets)):
         if not isinstance(tensor, torch.Tensor):
             raise GAEInputError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
         if tensor.dim() != 1:
             raise GAEInputError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}")
+        check_has_data(name, tensor)
+    check_real("values", values)
+    check_real("rewards", rewards)
+    if isinstance(terminal_rewards, torch.Tensor):
+        check_real("terminal_rewards", terminal_rewards)
     if not values.is_floating_point():
         values = values.to(torch.get_default_dtype())
     device, dtype = values.device, values.dtype
@@ -77,6 +124,7 @@ def check_packed(values, rewards, loss_mask, offsets, terminal_rewards):
             raise GAEInputError(f"{name} has {tensor.numel()} tokens, values has {total}")
     batch = offsets.numel() - 1
     terminal = torch.as_tensor(terminal_rewards, device=device)
+    check_real("terminal_rewards", terminal)
     if terminal.dim() != 1 or terminal.numel() != batch:
         raise GAEInputError(
             f"terminal_rewards must hold one number per sample ({batch}), got shape {tuple(terminal.shape)}"
@@ -92,8 +140,8 @@ def check_contents(values, rewards, loss_mask, offsets, terminal, validate=True)
     sample and token. Returns the bool mask. Arguments as :func:`check_packed` returns them."""
     mask = as_mask(loss_mask, offsets)
     if validate:
-        _check_finite("values", values, offsets)
-        _check_finite("rewards", rewards, offsets)
+        check_finite("values", values, offsets)
+        check_finite("rewards", rewards, offsets)
         check_terminal(terminal)
     return mask
 
@@ -121,14 +169,20 @@ def as_sample_tensor(array) -> torch.Tensor:
         return array
     with warnings.catch_warnings():  # a read-only array (from Arrow, pandas) is only read here
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.as_tensor(array)
+        try:
+            return torch.as_tensor(array)
+        except ValueError:
+            if not isinstance(array, np.ndarray) or all(stride >= 0 for stride in array.strides):
+                raise
+            return torch.from_numpy(np.ascontiguousarray(array))  # a view with a negative stride (x[::-1])
 
 
 def _concatenate(tensors: list[torch.Tensor], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """One flat tensor of ``dtype`` on ``device``, each tensor copied once into its place. On
-    the CPU numpy copies (one thread: torch's thread pool would compete with the kernel's); a
+    the CPU numpy copies (one thread: torch's thread pool would compete with the kernel's;
+    numpy has no bfloat16: torch copies those); a
     tensor with its negative bit set (``Tensor.is_neg``) goes through ``resolve_neg`` first."""
-    if device.type == "cpu" and all(t.dtype == dtype and t.device.type == "cpu" for t in tensors):
+    if device.type == "cpu" and dtype != torch.bfloat16 and all(t.dtype == dtype and t.is_cpu for t in tensors):
         try:
             return torch.from_numpy(np.concatenate([t.detach().resolve_neg().numpy() for t in tensors]))
         except RuntimeError:  # a tensor numpy cannot take (torch's ZeroTensor, which has no memory)
@@ -149,6 +203,15 @@ def _as_tensors(name: str, seq) -> list[torch.Tensor]:
 def _promoted(tensors: list[torch.Tensor]) -> torch.dtype:
     """The dtype ``torch.cat`` gives the tensors (type promotion over distinct dtypes)."""
     return functools.reduce(torch.promote_types, {tensor.dtype for tensor in tensors})
+
+
+def _check_samples(name: str, tensors: list[torch.Tensor]) -> None:
+    """Before any cast or copy: no sample a ``meta`` tensor, no values or rewards complex
+    (:func:`check_real`, naming the sample)."""
+    real = name != "loss_mask"
+    for index, tensor in enumerate(tensors):
+        if tensor.device.type == "meta" or real and tensor.is_complex():
+            check_real(f"sample {index}: {name}", tensor)
 
 
 def pack_lists(values, rewards, loss_mask, terminal_rewards):
@@ -173,6 +236,7 @@ def pack_lists(values, rewards, loss_mask, terminal_rewards):
             index = next(index for index, dim in enumerate(dims) if dim != 1)
             raise GAEInputError(f"sample {index}: {name} must be a 1-D tensor or array")
         sizes[name] = [tensor.numel() for tensor in tensors]
+        _check_samples(name, tensors)
     lengths = sizes["values"]
     if not lengths == sizes["rewards"] == sizes["loss_mask"]:
         index = next(i for i, n in enumerate(lengths) if not n == sizes["rewards"][i] == sizes["loss_mask"][i])
@@ -199,7 +263,10 @@ def _terminal_tensor(terminal_rewards) -> torch.Tensor:
     """The list form's terminal rewards as a tensor (a sequence of numbers: float64)."""
     if isinstance(terminal_rewards, torch.Tensor):
         return terminal_rewards
-    return torch.tensor([float(z) for z in terminal_rewards], dtype=torch.float64)
+    try:
+        return torch.tensor([float(z) for z in terminal_rewards], dtype=torch.float64)
+    except (TypeError, ValueError):  # a complex number, a string...
+        raise GAEInputError("terminal_rewards must hold one real number per sample") from None
 
 
 @dataclass(frozen=True)
@@ -316,7 +383,7 @@ class FlatLists(NamedTuple):
 def _numbers(name: str, value, dtype=np.float64) -> np.ndarray:
     """A 1-D numpy array of ``value`` (tensor, array or sequence) in ``dtype``."""
     if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().numpy()
+        value = widened(value.detach().cpu()).numpy()
     try:
         array = np.asarray(value, dtype=dtype)
     except (TypeError, ValueError):

@@ -25,20 +25,25 @@ def whiten(advantages, loss_mask):
 
     ``advantages`` and ``loss_mask`` are both flat tensors or both lists of 1-D tensors;
     the result has the same form and the advantages' dtype. Masked positions stay 0. One
-    trainable token whitens to 0 (its variance is taken as 0); no trainable token at all
-    raises :class:`gaecli.GAEInputError`.
+    trainable token whitens to 0 (its variance is taken as 0); no trainable token at all, a
+    non-finite advantage (named by its sample and token, or its position in a flat tensor), a
+    complex or ``meta`` tensor raise :class:`gaecli.GAEInputError`.
     """
     import torch
 
-    from gaecli.advantages.inputs import as_mask, pack_lists, split
+    from gaecli.advantages.inputs import as_mask, check_finite, check_has_data, check_real, pack_lists, split
 
     if isinstance(advantages, torch.Tensor):
-        flat_advantages, flat_mask, lengths = advantages, loss_mask, None
+        flat_advantages, flat_mask, lengths, sample_offsets = advantages, loss_mask, None, None
         if flat_mask.numel() != flat_advantages.numel():
             raise GAEInputError(f"loss_mask has {flat_mask.numel()} tokens, advantages has {flat_advantages.numel()}")
     else:
         terminal = [0.0] * len(advantages)
-        flat_advantages, _, flat_mask, _, _, lengths = pack_lists(advantages, advantages, loss_mask, terminal)
+        packed = pack_lists(advantages, advantages, loss_mask, terminal)
+        flat_advantages, _, flat_mask, sample_offsets, _, lengths = packed
+    check_real("advantages", flat_advantages)
+    check_has_data("loss_mask", flat_mask)
+    check_finite("advantages", flat_advantages, sample_offsets)
     offsets = torch.tensor([0, flat_mask.numel()], device=flat_advantages.device)
     mask = as_mask(flat_mask.to(flat_advantages.device), offsets)
     count = int(mask.sum())

@@ -20,6 +20,7 @@ import torch
 from gaecli._version import __version__
 from gaecli.display import display
 from gaecli.errors import GAEInputError, GAEUsageError
+from gaecli.importers.values import describe, is_dense, shown
 from gaecli.io.filesystem import AnyPath, RemotePath, to_path
 from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_writes
 from gaecli.io.writer import AtomicParquetWriter
@@ -51,12 +52,14 @@ _TORCH_OF_ARROW = {
 @dataclass(frozen=True)
 class DumpField:
     """How one dump key becomes an output column. ``kind``: ``"mask"`` or ``"float"``
-    (per-token lists), ``"real"`` or ``"integer"`` (one scalar per sample)."""
+    (per-token lists), ``"real"`` or ``"integer"`` (one scalar per sample); ``minimum``:
+    the least value an integer may take (counts and lengths: 0)."""
 
     key: str
     column: str
     kind: str
     required: bool = False
+    minimum: Optional[int] = None  # counts and lengths: 0 (a negative one is refused)
 
     @property
     def per_token(self) -> bool:
@@ -69,8 +72,8 @@ FIELDS: tuple[DumpField, ...] = (
     DumpField("values", "values", "float", required=True),
     DumpField("loss_masks", "loss_mask", "mask", required=True),
     DumpField("rewards", "terminal_reward", "real", required=True),
-    DumpField("response_lengths", "response_length", "integer"),
-    DumpField("total_lengths", "total_length", "integer"),
+    DumpField("response_lengths", "response_length", "integer", minimum=0),
+    DumpField("total_lengths", "total_length", "integer", minimum=0),
     DumpField("log_probs", "log_probs", "float"),
     DumpField("ref_log_probs", "ref_log_probs", "float"),
     DumpField("advantages", "trained_advantages", "float"),
@@ -323,6 +326,10 @@ def load_dump(path: AnyPath) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)  # the legacy (pre-zip) format
     except GAEUsageError:
         raise
+    except RecursionError:
+        raise GAEInputError(
+            f"{path}: refused: the dump nests lists, tuples or dicts deeper than Python can read"
+        ) from None
     except pickle.UnpicklingError as error:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
         if "Weights only load failed" not in text:
@@ -364,30 +371,6 @@ def _unpickler_detail(text: str) -> str:
 # ----------------------------------------------------------------------------- values
 
 
-def integer(value: Any, what: str, path: Any) -> int:
-    """An integer from an int or a one-element integer tensor; else :class:`GAEInputError`."""
-    if (
-        isinstance(value, torch.Tensor)
-        and value.numel() == 1
-        and not value.dtype.is_floating_point
-        and not value.dtype.is_complex
-    ):
-        return int(value.item())
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise GAEInputError(f"{path}: {what} is {value!r}, expected an integer")
-
-
-def describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dim()}-D tensor of shape {tuple(value.shape)}"
-    return f"a {type(value).__name__}"
-
-
-def key_list(mapping: dict) -> str:
-    return ", ".join(str(key) for key in mapping) or "no keys"
-
-
 def entry_name(where: str, sample: int) -> str:
     """Sample ``sample``'s entry of what ``where`` names: ``[*]`` in it stands for the
     sample's place (``samples[*]['values']``); else the index is appended."""
@@ -398,25 +381,30 @@ def check_per_sample(
     entries: Any, dump_field: DumpField, rows: int, where: str, rows_name: str = repr(ROWS_KEY)
 ) -> Optional[set[torch.dtype]]:
     """Check one key's per-sample entries (``where`` names them, e.g. ``file: rollout_data['values']``):
-    one entry per sample (``rows``, as many as ``rows_name`` has), 1-D real tensors for a
-    per-token key (returns their dtypes)."""
-    if not isinstance(entries, (list, tuple)) and not (not dump_field.per_token and isinstance(entries, torch.Tensor)):
+    one entry per sample (``rows``, as many as ``rows_name`` has; a tensor of scalars 1-D),
+    dense 1-D real tensors for a per-token key, of numbers (not bool) where it holds numbers
+    rather than a mask (returns their dtypes)."""
+    if not isinstance(entries, (list, tuple)) and not (not dump_field.per_token and is_dense(entries)):
         raise GAEInputError(f"{where} is {describe(entries)}, expected a list with one entry per sample")
+    if isinstance(entries, torch.Tensor) and entries.dim() != 1:
+        raise GAEInputError(f"{where} is {describe(entries)}, expected a list or a 1-D tensor of one entry per sample")
     count = entries.numel() if isinstance(entries, torch.Tensor) else len(entries)
     if count != rows:
         raise GAEInputError(f"{where} has {count} entries but {rows_name} has {rows}: one entry per sample expected")
     if not dump_field.per_token:
         return None
-    is_vector = [isinstance(entry, torch.Tensor) and entry.dim() == 1 for entry in entries]
+    is_vector = [is_dense(entry) and entry.dim() == 1 for entry in entries]
     if not all(is_vector):
         sample = is_vector.index(False)
         raise GAEInputError(
-            f"{entry_name(where, sample)} is {describe(entries[sample])}, expected a 1-D tensor "
+            f"{entry_name(where, sample)} is {describe(entries[sample])}, expected a dense 1-D tensor "
             f"(the sample's per-token {dump_field.key})"
         )
     dtypes = {entry.dtype for entry in entries}
     if any(dtype.is_complex for dtype in dtypes):
         raise GAEInputError(f"{where} holds complex tensors, expected real numbers")
+    if dump_field.kind == "float" and torch.bool in dtypes:
+        raise GAEInputError(f"{where} holds bool tensors, expected numbers (the per-token {dump_field.key})")
     return dtypes
 
 
@@ -470,31 +458,52 @@ def token_column(tensors: Sequence[torch.Tensor], value_type: pa.DataType, where
 
 
 def scalar_column(entries: Any, dump_field: DumpField, where: str, nullable: bool = False) -> pa.Array:
-    """One number per sample from a list of numbers / one-element tensors, or a tensor;
-    ``None`` entries become nulls when ``nullable``."""
+    """One number per sample from a list of numbers / one-element tensors, or a 1-D tensor;
+    ``None`` entries become nulls when ``nullable``. Bools are refused (no number), as are
+    integers out of range and, for a field with a ``minimum``, values below it."""
     integer_kind = dump_field.kind == "integer"
     numpy_dtype = np.int64 if integer_kind else np.float64
+    expected = "integers" if integer_kind else "numbers"
     if isinstance(entries, torch.Tensor):
-        if entries.dtype.is_complex or integer_kind and entries.dtype.is_floating_point:
-            raise GAEInputError(
-                f"{where} is a {entries.dtype} tensor, expected {'integers' if integer_kind else 'numbers'}"
-            )
-        return pa.array(entries.detach().reshape(-1).to(torch.int64 if integer_kind else torch.float64).numpy())
-    numbers = [entry.item() if isinstance(entry, torch.Tensor) and entry.numel() == 1 else entry for entry in entries]
+        if not is_dense(entries) or entries.dim() != 1:
+            raise GAEInputError(f"{where} is {describe(entries)}, expected a 1-D tensor of {expected}")
+        dtype = entries.dtype
+        if dtype.is_complex or dtype == torch.bool or integer_kind and dtype.is_floating_point:
+            raise GAEInputError(f"{where} is a {dtype} tensor, expected {expected}")
+        array = entries.detach().to(torch.int64 if integer_kind else torch.float64).numpy()
+        return pa.array(_at_least(array, dump_field, where))
+    numbers = [entry.item() if _is_number_tensor(entry) else entry for entry in entries]
     allowed = (int,) if integer_kind else (int, float)
-    is_number = [isinstance(number, allowed) or nullable and number is None for number in numbers]
+    is_number = [
+        isinstance(number, allowed) and not isinstance(number, bool) or nullable and number is None
+        for number in numbers
+    ]
     if not all(is_number):
         sample = is_number.index(False)
-        found = describe(numbers[sample]) if isinstance(numbers[sample], torch.Tensor) else repr(numbers[sample])
         raise GAEInputError(
-            f"{entry_name(where, sample)} is {found}, expected {'an integer' if integer_kind else 'a number'}"
+            f"{entry_name(where, sample)} is {shown(numbers[sample])}, "
+            f"expected {'an integer' if integer_kind else 'a number'}"
         )
     nulls = np.array([number is None for number in numbers], dtype=bool)
     try:
         array = np.array([0 if number is None else number for number in numbers], dtype=numpy_dtype)
-    except OverflowError as error:
-        raise GAEInputError(f"{where} holds an integer out of the int64 range") from error
-    return pa.array(array, mask=nulls if nulls.any() else None)
+    except OverflowError:
+        limit = "int64" if integer_kind else "float64"
+        raise GAEInputError(f"{where} holds an integer out of the {limit} range") from None
+    return pa.array(_at_least(array, dump_field, where), mask=nulls if nulls.any() else None)
+
+
+def _is_number_tensor(entry: Any) -> bool:
+    """A one-element dense tensor of at most one dimension (a sample's number)."""
+    return is_dense(entry) and entry.numel() == 1 and entry.dim() <= 1
+
+
+def _at_least(array: np.ndarray, dump_field: DumpField, where: str) -> np.ndarray:
+    """``array``, checked against ``dump_field.minimum`` (the first entry below it named)."""
+    if dump_field.minimum is not None and array.size and array.min() < dump_field.minimum:
+        sample = int(np.flatnonzero(array < dump_field.minimum)[0])
+        raise GAEInputError(f"{entry_name(where, sample)} is {array[sample]}, expected {dump_field.minimum} or more")
+    return array
 
 
 def output_schema(

@@ -34,16 +34,14 @@ from gaecli.importers.common import (
     arrow_value_type,
     check_per_sample,
     check_same_keys,
-    describe,
     fields_batch,
-    integer,
-    key_list,
     load_dump,
     output_schema,
     plan_import,
     scalar_column,
     write_batches,
 )
+from gaecli.importers.values import describe, integer, key_list, shown
 from gaecli.io.filesystem import AnyPath
 from gaecli.io.paths import ReportPath
 from gaecli.progress import Progress
@@ -59,6 +57,7 @@ RANK_LOCAL_KEYS = tuple(f.key for f in FIELDS if f.kind == "float")
 # What a context-parallel dump must hold to be reassembled (and, for bshd, max_seq_lens).
 CONTEXT_PARALLEL_REQUIRED = ("sample_indices", "response_lengths", "total_lengths")
 MAX_SEQ_LENS_KEY = "max_seq_lens"
+MAX_SEQ_LENS_FIELD = DumpField(MAX_SEQ_LENS_KEY, "", "integer", minimum=0)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -113,15 +112,15 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
             f"{path}: not a miles train-data dump: missing {', '.join(missing)}; "
             f"the file has {key_list(dump)}; {expected}"
         )
-    cp_size = integer(dump.get("cp_size", 1), "cp_size", path)
-    cp_rank = integer(dump.get("cp_rank", 0), "cp_rank", path)
+    cp_size = integer(dump.get("cp_size", 1), "cp_size", path, minimum=1)
+    cp_rank = integer(dump.get("cp_rank", 0), "cp_rank", path, minimum=0)
     qkv_format = dump.get("qkv_format", "thd") if cp_size > 1 else "thd"
     if cp_size < 1 or not 0 <= cp_rank < cp_size:
         raise GAEInputError(f"{path}: cp_rank {cp_rank} with cp_size {cp_size}: expected 0 ≤ cp_rank < cp_size")
-    if qkv_format not in ("thd", "bshd"):
-        raise GAEInputError(f"{path}: qkv_format is {qkv_format!r}, expected 'thd' or 'bshd'")
+    if not isinstance(qkv_format, str) or qkv_format not in ("thd", "bshd"):
+        raise GAEInputError(f"{path}: qkv_format is {shown(qkv_format)}, expected 'thd' or 'bshd'")
     rollout_id = integer(dump["rollout_id"], "rollout_id", path)
-    rank = integer(dump["rank"], "rank", path)
+    rank = integer(dump["rank"], "rank", path, minimum=0)
     data = dump["rollout_data"]
     if not isinstance(data, dict):
         raise GAEInputError(f"{path}: rollout_data is {describe(data)}, expected a dict of per-sample lists")
@@ -152,9 +151,7 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
     facts = _Dump(path, rollout_id, rank, rows, keys, other_keys, dtypes, cp_rank, cp_size, str(qkv_format))
     if cp_size > 1:
         if MAX_SEQ_LENS_KEY in data:
-            check_per_sample(
-                data[MAX_SEQ_LENS_KEY], DumpField(MAX_SEQ_LENS_KEY, "", "integer"), rows, _where(path)(MAX_SEQ_LENS_KEY)
-            )
+            check_per_sample(data[MAX_SEQ_LENS_KEY], MAX_SEQ_LENS_FIELD, rows, _where(path)(MAX_SEQ_LENS_KEY))
         facts.sample_indices = tuple(_integers(data, "sample_indices", path).tolist())
         facts.digests = _digests(data, keys, path)
     return facts
@@ -162,7 +159,8 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
 
 def _integers(data: dict, key: str, path: AnyPath) -> np.ndarray:
     """A scalar key of ``rollout_data`` as an int64 array (checked)."""
-    return scalar_column(data[key], DumpField(key, key, "integer"), _where(path)(key)).to_numpy(zero_copy_only=False)
+    dump_field = MAX_SEQ_LENS_FIELD if key == MAX_SEQ_LENS_KEY else FIELDS_BY_KEY[key]
+    return scalar_column(data[key], dump_field, _where(path)(key)).to_numpy(zero_copy_only=False)
 
 
 def _digests(data: dict, keys: frozenset[str], path: AnyPath) -> dict[str, bytes]:
@@ -171,7 +169,7 @@ def _digests(data: dict, keys: frozenset[str], path: AnyPath) -> dict[str, bytes
     digests = {}
     for key in sorted(keys | ({MAX_SEQ_LENS_KEY} if MAX_SEQ_LENS_KEY in data else set())):
         digest = hashlib.blake2b(digest_size=16)
-        dump_field = FIELDS_BY_KEY.get(key, DumpField(key, key, "integer"))
+        dump_field = FIELDS_BY_KEY.get(key, MAX_SEQ_LENS_FIELD)
         if dump_field.per_token:
             tensors = data[key]
             digest.update(np.array([t.numel() for t in tensors], dtype=np.int64).tobytes())

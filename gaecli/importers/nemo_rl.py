@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Iterator, Optional, Sequence
@@ -30,12 +31,15 @@ from gaecli.importers.common import (
     schema_metadata,
     write_batches,
 )
+from gaecli.importers.values import INT64_RANGE, shown
 from gaecli.io.filesystem import AnyPath
 from gaecli.io.paths import ReportPath
 from gaecli.progress import Progress
 
 DUMP_PATTERNS = ("train_data_step*.jsonl",)
 STEP_NAME = re.compile(r"^train_data_step(\d+)\.jsonl$")
+FLOAT64_MAX = sys.float_info.max
+LONGEST_INTEGER = 400  # characters of a JSON integer literal converted (float64's largest has 309 digits)
 BATCH_ROWS = 64  # lines held at once: NeMo-RL's lines hold whole padded sequences
 TOKEN_KEYS = ("token_loss_mask", "advantages", "prev_logprobs")
 SCALAR_KEYS = ("rewards", "input_lengths", "sample_loss_mask")
@@ -56,14 +60,46 @@ MISSING_COLUMNS = ("rank", "values", "ref_log_probs", "trained_returns")  # gae 
 
 
 def step_of(path: AnyPath) -> int:
-    """``N`` of ``train_data_step{N}.jsonl`` (the training step: the rollout_id)."""
+    """``N`` of ``train_data_step{N}.jsonl`` (the training step: the rollout_id). A name
+    without it, or whose N does not fit the int64 ``rollout_id``, is a usage error (the file
+    name is unusable, whatever the file holds)."""
     match = STEP_NAME.match(path.name)
     if match is None:
         raise GAEUsageError(
             f"{path}: cannot tell the training step from the name; NeMo-RL writes "
             f"train_data_step{{N}}.jsonl (rename the file so)"
         )
-    return int(match.group(1))
+    digits = match.group(1).lstrip("0") or "0"
+    if len(digits) > len(str(INT64_RANGE[1])) or int(digits) > INT64_RANGE[1]:
+        raise GAEUsageError(
+            f"{path}: the step in the name ({len(digits):,} digits) does not fit a rollout_id (int64, at most "
+            f"{INT64_RANGE[1]:,}); rename the file"
+        )
+    return int(digits)
+
+
+class _LongInteger:
+    """A JSON integer literal of more digits than any float64 or int64 holds (not converted:
+    Python refuses ``int()`` beyond 4,300 digits, and none would fit a column)."""
+
+    def __init__(self, text: str):
+        self.digits = len(text.lstrip("-"))
+
+    def __str__(self) -> str:
+        return f"an integer of {self.digits:,} digits"
+
+
+def _json_integer(text: str) -> Any:
+    return int(text) if len(text) <= LONGEST_INTEGER else _LongInteger(text)
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as a message shows it (bounded: :func:`gaecli.importers.values.shown`)."""
+    if isinstance(value, _LongInteger):
+        return str(value)
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return shown(value)
 
 
 @dataclass
@@ -90,10 +126,24 @@ def _one(record: dict, key: str, where: str) -> Any:
 
 
 def _number(value: Any, key: str, where: str, integer: bool = False) -> Any:
+    """``value`` checked: an int (``integer``: in the int64 range) or a number a float64
+    holds (an integer literal of 400 digits is none)."""
     kinds = (int,) if integer else (int, float)
+    if isinstance(value, _LongInteger) or isinstance(value, int) and not _fits(value, integer):
+        raise GAEInputError(
+            f"{where}: {key!r} holds {_shown(value)}, out of the {'int64' if integer else 'float64'} range"
+        )
     if isinstance(value, bool) or not isinstance(value, kinds):
-        raise GAEInputError(f"{where}: {key!r} holds {value!r}, expected {'an integer' if integer else 'a number'}")
+        raise GAEInputError(
+            f"{where}: {key!r} holds {_shown(value)}, expected {'an integer' if integer else 'a number'}"
+        )
     return value
+
+
+def _fits(number: int, integer: bool) -> bool:
+    if integer:
+        return INT64_RANGE[0] <= number <= INT64_RANGE[1]
+    return abs(number) <= FLOAT64_MAX
 
 
 def parse_line(text: bytes, number: int, source: AnyPath, ignored: set[str]) -> Optional[_Line]:
@@ -103,8 +153,10 @@ def parse_line(text: bytes, number: int, source: AnyPath, ignored: set[str]) -> 
     if not text.strip():
         return None
     try:
-        record = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        record = json.loads(text, parse_int=_json_integer)
+    except RecursionError:
+        raise GAEInputError(f"{where}: refused: the JSON nests arrays or objects deeper than Python can read") from None
+    except (ValueError, UnicodeDecodeError) as error:  # json.JSONDecodeError is a ValueError
         raise GAEInputError(f"{where}: not a JSON line ({error})") from None
     if not isinstance(record, dict):
         raise GAEInputError(f"{where}: holds a {type(record).__name__}, expected a JSON object (one sample)")
@@ -140,8 +192,17 @@ def _flat(lines: list[_Line], key: str, source: AnyPath, total: int) -> np.ndarr
         for line in lines:
             bad = [v for v in line.tokens[key] if type(v) not in (int, float)]
             if bad:
-                raise GAEInputError(f"{source}:{line.number}: {key!r} holds {json.dumps(bad[0])}, expected numbers")
-    return np.fromiter(values, dtype=np.float64, count=total)
+                raise GAEInputError(f"{source}:{line.number}: {key!r} holds {_shown(bad[0])}, expected numbers")
+    try:
+        return np.fromiter(values, dtype=np.float64, count=total)
+    except OverflowError:  # an integer literal beyond the float64 range
+        for line in lines:
+            bad = [v for v in line.tokens[key] if type(v) is int and not _fits(v, integer=False)]
+            if bad:
+                raise GAEInputError(
+                    f"{source}:{line.number}: {key!r} holds {_shown(bad[0])}, out of the float64 range"
+                ) from None
+        raise
 
 
 def lines_batch(lines: list[_Line], rollout_id: int, source: AnyPath, schema: pa.Schema) -> tuple[pa.RecordBatch, int]:

@@ -29,16 +29,14 @@ from gaecli.importers.common import (
     arrow_value_type,
     check_per_sample,
     check_same_keys,
-    describe,
     fields_batch,
-    integer,
-    key_list,
     load_dump,
     output_schema,
     plan_import,
     scalar_column,
     write_batches,
 )
+from gaecli.importers.values import describe, integer, key_list, shown
 from gaecli.io.filesystem import AnyPath
 from gaecli.io.paths import ReportPath
 from gaecli.progress import Progress
@@ -93,7 +91,7 @@ def inspect_dump(path: AnyPath, dump: Any) -> tuple[_Dump, dict[str, list], np.n
     version = dump["format_version"]
     if version != FORMAT_VERSION:
         raise GAEInputError(
-            f"{path}: format_version is {version!r}; gae import slime reads format_version "
+            f"{path}: format_version is {shown(version)}; gae import slime reads format_version "
             f"{FORMAT_VERSION} (slime's _build_dump_payload); other layouts are not supported"
         )
     rollout_id = integer(dump["rollout_id"], "rollout_id", path)
@@ -131,7 +129,9 @@ def inspect_dump(path: AnyPath, dump: Any) -> tuple[_Dump, dict[str, list], np.n
         columns["sample_indices"] = [s[SAMPLE_INDEX_KEY] for s in samples]
     where = _where(path)
     ranks = scalar_column(
-        [s[RANK_KEY] for s in samples], DumpField(RANK_KEY, "rank", "integer"), f"{path}: samples[*][{RANK_KEY!r}]"
+        [s[RANK_KEY] for s in samples],
+        DumpField(RANK_KEY, "rank", "integer", minimum=0),
+        f"{path}: samples[*][{RANK_KEY!r}]",
     ).to_numpy(zero_copy_only=False)
     dtypes: dict[str, set[torch.dtype]] = {}
     for key, entries in columns.items():
