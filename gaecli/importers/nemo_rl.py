@@ -31,10 +31,10 @@ from gaecli.importers.common import (
     write_batches,
 )
 from gaecli.io.filesystem import AnyPath
-from gaecli.io.paths import ReportPath
+from gaecli.io.paths import INPUT_PATTERNS, ReportPath
 from gaecli.progress import Progress
 
-DUMP_PATTERNS = ("train_data_step*.jsonl",)
+DUMP_PATTERNS = INPUT_PATTERNS["NeMo-RL dump"]
 STEP_NAME = re.compile(r"^train_data_step(\d+)\.jsonl$")
 BATCH_ROWS = 64  # lines held at once: NeMo-RL's lines hold whole padded sequences
 TOKEN_KEYS = ("token_loss_mask", "advantages", "prev_logprobs")
@@ -277,7 +277,7 @@ def import_nemo_rl(
             report.files.append(ImportedFile(str(source), step, None, rows, tokens))
 
     total_rows = sum(_count_lines(source) for _, source in steps) if progress else 0
-    write_batches(target, schema, batches(), progress, total_rows)
+    write_batches(target, schema, batches(), progress, total_rows, overwrite=overwrite)
     report.ignored_keys = sorted(ignored)
     report.missing_keys = list(MISSING_COLUMNS)
     if used_filtered:

@@ -95,7 +95,7 @@ def recompute_job(
     try:
         check_job(rollout.schema, job, options, computation)
         schema, list_type = output_schema(rollout, job, options, kernel)
-        writer = AtomicParquetWriter(job.target, schema, compression=rollout.compression)
+        writer = AtomicParquetWriter(job.target, schema, compression=rollout.compression, overwrite=options.overwrite)
         writers.append(writer)
         rejects: Optional[AtomicParquetWriter] = None
         for computed in computed_batches(rollout, computation, statistics=scores):
@@ -112,7 +112,10 @@ def recompute_job(
                         rollout.schema.metadata
                     )
                     rejects = AtomicParquetWriter(
-                        with_suffix(job.target, REJECTS_SUFFIX), rejects_schema, compression=rollout.compression
+                        with_suffix(job.target, REJECTS_SUFFIX),
+                        rejects_schema,
+                        compression=rollout.compression,
+                        overwrite=options.overwrite,
                     )
                     writers.insert(0, rejects)
                     outcome.rejects_file = str(rejects.target)
