@@ -234,7 +234,14 @@ def test_terminal_credit_per_baseline(tmp_path, gamma, lambd):
     path = write_data(tmp_path, data)
     for baseline, formula in (("unmasked", (gamma * lambd) ** 3), ("skip-masked", 0.0), ("zero-masked", 1.0)):
         summary = diff_json(
-            path, "--baseline", baseline, "--per-sample", tmp_path / "rows.parquet", gamma=gamma, lambd=lambd
+            path,
+            "--baseline",
+            baseline,
+            "--per-sample",
+            tmp_path / "rows.parquet",
+            "--overwrite",  # each baseline's rows replace the last one's
+            gamma=gamma,
+            lambd=lambd,
         )["summary"]
         measured = perturbed_credit(baseline, data, gamma, lambd)
         assert measured[0] == pytest.approx(formula, abs=1e-12)

@@ -267,6 +267,7 @@ def diff_report(paths, *args, workers: int, engine: str = "local") -> tuple[dict
         workers,
         "--per-sample",
         rows_path,
+        "--overwrite",  # a later run of the same engine and workers replaces the rows
         "--json",
         "-",
         "--quiet",

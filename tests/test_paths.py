@@ -249,6 +249,8 @@ def test_output_and_per_sample_to_a_character_device(tmp_path, null_device):
     assert result.exit_code == 0, result.output
     assert_still_the_device(null_device)
     result = gae("diff", source, "--gamma", 1, "--lambd", 1, "--quiet", "--per-sample", null_device)
+    assert result.exit_code == 2 and "--overwrite" in result.stderr  # a data output, as -o is
+    result = gae("diff", source, "--gamma", 1, "--lambd", 1, "--quiet", "--per-sample", null_device, "--overwrite")
     assert result.exit_code == 0, result.output
     assert_still_the_device(null_device)
 

@@ -331,3 +331,30 @@ def test_a_store_that_never_answers_fails_discovery_and_planning_naming_the_uri(
     lines = written.stderr.splitlines()
     assert written.returncode == 2 and len(lines) == 1, written.stderr
     assert lines[0].startswith("error: ") and named(given) in lines[0] and "Timeout" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "s3://key:secret@{bucket}/{key}?scheme=http&region=us-east-1&endpoint_override={endpoint}",
+        "s3://key:secret@{bucket}/{key}?endpoint_override={endpoint}&scheme=http&region=us-east-1&request_timeout=9",
+        "s3://other:creds@{bucket}/{key}?endpoint_override=http://{endpoint}/&scheme=http&region=us-east-1",
+    ],
+    ids=["reordered", "extra-option", "other-credentials-and-endpoint-spelling"],
+)
+def test_an_object_spelled_otherwise_is_still_the_input(endpoint, bucket, spelling):
+    """``gae recompute s3://b/in.parquet?endpoint_override=…&scheme=http -o
+    's3://b/in.parquet?scheme=http&endpoint_override=…' --overwrite``: the same object
+    (its query reordered, an extra timeout, other credentials, the endpoint written as a
+    URL) is the input, refused; the object keeps its bytes."""
+    filesystem, local = bucket
+    key = f"collide/{spelling.count('&')}-{len(spelling)}.parquet"
+    with filesystem.open_output_stream(f"{BUCKET}/{key}") as stream:
+        stream.write((local / "a.parquet").read_bytes())
+    before = object_bytes(filesystem, key)
+    output = spelling.format(bucket=BUCKET, key=key, endpoint=endpoint)
+    for options in ((), ("--on-invalid", "skip")):
+        result = recompute(uri(endpoint, key), output, "--overwrite", "--workers", 1, *options)
+        assert result.exit_code == 2, result.output
+        assert "this is an input file" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert object_bytes(filesystem, key) == before

@@ -170,8 +170,22 @@ app = GaeTyper(
 EXIT_INVALID_DATA = 1
 EXIT_USAGE = 2
 
+WRITE_PATH_OPTIONS = ("--output", "--json", "--markdown", "--html", "--per-sample", "--groups-out")
+"""Every option that names a path a command writes. Each is declared with
+:func:`write_path_option` (metavar ``PATH``, which no other option has) and reaches
+:func:`gaecli.io.paths.check_writes` before any work; tests/test_paths.py runs every such
+option of every command onto an input and onto an existing file."""
+
+
+def write_path_option(flag: str, *short: str, help: str, **kwargs):
+    """The ``typer.Option`` of a path a command writes (``flag`` one of :data:`WRITE_PATH_OPTIONS`)."""
+    if flag not in WRITE_PATH_OPTIONS:
+        raise ValueError(f"{flag}: a path written is one of WRITE_PATH_OPTIONS (and checked: tests/test_paths.py)")
+    return typer.Option(flag, *short, metavar="PATH", help=help, **kwargs)
+
+
 JsonOption = Annotated[
-    Optional[str], typer.Option("--json", metavar="PATH", help="Write the result as JSON to PATH ('-' for stdout).")
+    Optional[str], write_path_option("--json", help="Write the result as JSON to PATH ('-' for stdout).")
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No human summary and no progress bar on stderr.")]
 

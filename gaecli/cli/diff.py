@@ -44,6 +44,7 @@ from gaecli.cli.common import (
     reports,
     stderr_console,
     write_json,
+    write_path_option,
 )
 from gaecli.cli.progress import make_progress, print_closing
 
@@ -134,31 +135,29 @@ def diff(
     json_path: JsonOption = None,
     markdown: Annotated[
         Optional[str],
-        typer.Option(
-            "--markdown", metavar="PATH", help="Write the report as Markdown tables to PATH ('-' for stdout)."
-        ),
+        write_path_option("--markdown", help="Write the report as Markdown tables to PATH ('-' for stdout)."),
     ] = None,
     html: Annotated[
         Optional[str],
-        typer.Option(
-            "--html",
-            metavar="PATH",
-            help="Write one self-contained HTML file with plots to PATH (needs the plot extra).",
+        write_path_option(
+            "--html", help="Write one self-contained HTML file with plots to PATH (needs the plot extra)."
         ),
     ] = None,
     per_sample: Annotated[
         Optional[str],
-        typer.Option("--per-sample", metavar="PATH", help="Write one Parquet row per sample with its figures to PATH."),
+        write_path_option("--per-sample", help="Write one Parquet row per sample with its figures to PATH."),
     ] = None,
     groups_out: Annotated[
         Optional[str],
-        typer.Option(
+        write_path_option(
             "--groups-out",
-            metavar="PATH",
             help="With --group-by: write one Parquet row per group with its figures to PATH (the reports list the "
             "20 groups hit hardest).",
         ),
     ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace existing --per-sample and --groups-out files.")
+    ] = False,
     engine: EngineOption = "local",
     workers: WorkersOption = None,
     ray_address: RayAddressOption = None,
@@ -208,6 +207,7 @@ def diff(
             per_sample=per_sample,
             variants=make_variants(timestep, lambd_critic, lambd_alpha, turn_rewards_col, truncated_col, bootstrap_col),
             groups_out=groups_out,
+            overwrite=overwrite,
             report_paths=reports(JSON=json_path, Markdown=markdown, HTML=html),
             estimator=estimator,
             old_estimator=old_estimator,

@@ -17,6 +17,7 @@ from gaecli.cli.common import (
     reports,
     stderr_console,
     write_json,
+    write_path_option,
 )
 from gaecli.cli.progress import make_progress, print_closing
 
@@ -32,7 +33,7 @@ app.add_typer(
 
 
 ImportOutputOption = Annotated[
-    str, typer.Option("--output", "-o", metavar="PATH", help="The Parquet file (path or URI) to write.")
+    str, write_path_option("--output", "-o", help="The Parquet file (path or URI) to write.")
 ]
 ImportOverwriteOption = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output file.")]
 

@@ -11,6 +11,7 @@ from gaecli.cli.common import (
     QuietOption,
     app,
     errors_to_exit,
+    reports,
     write_json,
 )
 
@@ -23,9 +24,11 @@ def kernels(
 ) -> None:
     """List the GAE kernels usable here; the one `auto` picks is marked."""
     from gaecli.advantages.kernels import KERNELS, available_kernels, resolve_kernel
+    from gaecli.io.paths import check_writes
     from gaecli.pipeline import check_device
 
     with errors_to_exit():
+        check_writes((), reports(JSON=json_path))  # no inputs: the rule's other checks still hold
         check_device(device)
         names = available_kernels(device)
         auto = resolve_kernel("auto", device)

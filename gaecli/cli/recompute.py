@@ -42,6 +42,7 @@ from gaecli.cli.common import (
     reports,
     stderr_console,
     write_json,
+    write_path_option,
 )
 from gaecli.cli.progress import make_progress, print_closing
 
@@ -51,9 +52,7 @@ def recompute(
     inputs: Annotated[
         list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")
     ],
-    output: Annotated[
-        str, typer.Option("--output", "-o", metavar="PATH", help="Output file (one input file) or directory.")
-    ],
+    output: Annotated[str, write_path_option("--output", "-o", help="Output file (one input file) or directory.")],
     gamma: GammaOption = None,
     lambd: LambdOption = None,
     estimator: EstimatorOption = "gae",

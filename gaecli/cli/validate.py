@@ -94,6 +94,10 @@ def validate(
     from gaecli.validate import DEFAULT_MAX_FINDINGS, rules_document, validate_files
 
     if list_rules:
+        from gaecli.io.paths import check_writes
+
+        with errors_to_exit(debug):
+            check_writes((), reports(JSON=json_path))  # no inputs: the rule's other checks still hold
         write_json(rules_document(), json_path)
         if not quiet and json_path != "-":
             from rich.console import Console

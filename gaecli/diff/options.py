@@ -29,7 +29,8 @@ class DiffOptions:
     column (and ``against_returns`` the stored returns); two kinds together are refused.
     ``normalize`` / ``normalize_by`` whiten new and every old side the same way, each with
     its own statistics. ``groups_out``: a Parquet file to write every ``group_by`` group's
-    figures to (every comparison's, with a ``comparison`` column).
+    figures to (every comparison's, with a ``comparison`` column). ``overwrite``: replace
+    an existing ``per_sample`` or ``groups_out`` file (refused otherwise, as data outputs are).
     ``report_paths``: files the caller will write reports to, paths or (role, path) pairs
     (refused when one is an input or another output). ``variants``: the GAE variants of
     the new side only (docs/variants.md); the old side stays the baseline or the stored column.
@@ -60,6 +61,7 @@ class DiffOptions:
     per_sample: Optional[str] = None
     variants: VariantOptions = field(default_factory=VariantOptions)
     groups_out: Optional[str] = None
+    overwrite: bool = False
     report_paths: tuple = ()
     scatter_sample: int = SCATTER_SAMPLE
     estimator: str = "gae"

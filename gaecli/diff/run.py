@@ -282,10 +282,12 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
     try:
         per_sample_writer = groups_writer = None
         if schema is not None:
-            per_sample_writer = AtomicParquetWriter(to_path(options.per_sample), schema)
+            per_sample_writer = AtomicParquetWriter(to_path(options.per_sample), schema, overwrite=options.overwrite)
             writers.append(per_sample_writer)
         if options.groups_out is not None:
-            groups_writer = AtomicParquetWriter(to_path(options.groups_out), groups_schema(key_type))
+            groups_writer = AtomicParquetWriter(
+                to_path(options.groups_out), groups_schema(key_type), overwrite=options.overwrite
+            )
             writers.append(groups_writer)
         with EngineSession() as session:  # one pool (or Ray) for both passes
             moments, scores = [None] * len(files), [None] * len(files)
@@ -366,7 +368,8 @@ def _input_files(inputs: list[str | Path]) -> list[Path]:
 def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
     """The report paths, ``--per-sample`` and ``--groups-out`` through the one rule of
     :func:`gaecli.io.paths.check_writes` (none may be an input or another report; no
-    directory; a report's directory must exist) — before any work is done."""
+    directory; a report's directory must exist; the per-sample and groups files, data
+    files, not replaced unless ``options.overwrite``) — before any work is done."""
     check_writes(
         paths,
         [
@@ -374,6 +377,7 @@ def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
             ("per-sample file", options.per_sample),
             ("groups file", options.groups_out),
         ],
+        overwrite=options.overwrite,
     )
 
 

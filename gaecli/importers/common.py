@@ -251,9 +251,7 @@ def plan_import(
         raise GAEUsageError(
             f"{output}: is a directory; name the Parquet file to write (e.g. {target / 'rollouts.parquet'})"
         )
-    check_writes(sources, [("output", target), *report_writes(report_paths)])
-    if target.exists() and not overwrite:
-        raise GAEUsageError(f"{output} exists; give --overwrite to replace it")
+    check_writes(sources, [("output", target), *report_writes(report_paths)], overwrite=overwrite)
     return sources, target
 
 
@@ -284,12 +282,16 @@ def write_batches(
     batches: Iterable[tuple[pa.RecordBatch, int]],
     progress: Optional[Progress],
     total_rows: int,
+    *,
+    overwrite: bool = False,
 ) -> None:
     """Write ``batches`` (record batch, its token count; each its own row group) to
     ``target`` atomically (zstd): whole at the end, or nothing when reading or converting
-    any of them fails. ``total_rows`` (0: unknown) sizes the progress bar."""
+    any of them fails; without ``overwrite`` a file that appeared at ``target`` meanwhile
+    is not replaced (:class:`AtomicParquetWriter`). ``total_rows`` (0: unknown) sizes the
+    progress bar."""
     progress = progress or NoProgress()
-    writer = AtomicParquetWriter(target, schema, compression="zstd")
+    writer = AtomicParquetWriter(target, schema, compression="zstd", overwrite=overwrite)
     progress.start("import", total_rows)
     try:
         for batch, tokens in batches:

@@ -43,10 +43,10 @@ from gaecli.importers.common import (
 )
 from gaecli.importers.values import describe, integer, key_list, shown
 from gaecli.io.filesystem import AnyPath
-from gaecli.io.paths import ReportPath
+from gaecli.io.paths import INPUT_PATTERNS, ReportPath
 from gaecli.progress import Progress
 
-DUMP_PATTERNS = ("*.pt", "*.pth")
+DUMP_PATTERNS = INPUT_PATTERNS["torch.save dump"]
 TOP_LEVEL_KEYS = ("rollout_id", "rank", "rollout_data")
 CONTEXT_PARALLEL_KEYS = ("cp_rank", "cp_size", "qkv_format")
 REQUIRED_KEYS = tuple(f.key for f in FIELDS if f.required)
@@ -542,7 +542,8 @@ def import_miles(
                         )
                     )
 
-    write_batches(target, schema, batches(), progress, sum(unit.dumps[0].rows for unit in units))
+    total_rows = sum(unit.dumps[0].rows for unit in units)
+    write_batches(target, schema, batches(), progress, total_rows, overwrite=overwrite)
     for dump in skipped:
         report.files.append(
             ImportedFile(

@@ -33,10 +33,10 @@ from gaecli.importers.common import (
 )
 from gaecli.importers.values import INT64_RANGE, shown
 from gaecli.io.filesystem import AnyPath
-from gaecli.io.paths import ReportPath
+from gaecli.io.paths import INPUT_PATTERNS, ReportPath
 from gaecli.progress import Progress
 
-DUMP_PATTERNS = ("train_data_step*.jsonl",)
+DUMP_PATTERNS = INPUT_PATTERNS["NeMo-RL dump"]
 STEP_NAME = re.compile(r"^train_data_step(\d+)\.jsonl$")
 FLOAT64_MAX = sys.float_info.max
 LONGEST_INTEGER = 400  # characters of a JSON integer literal converted (float64's largest has 309 digits)
@@ -338,7 +338,7 @@ def import_nemo_rl(
             report.files.append(ImportedFile(str(source), step, None, rows, tokens))
 
     total_rows = sum(_count_lines(source) for _, source in steps) if progress else 0
-    write_batches(target, schema, batches(), progress, total_rows)
+    write_batches(target, schema, batches(), progress, total_rows, overwrite=overwrite)
     report.ignored_keys = sorted(ignored)
     report.missing_keys = list(MISSING_COLUMNS)
     if used_filtered:

@@ -38,10 +38,10 @@ from gaecli.importers.common import (
 )
 from gaecli.importers.values import describe, integer, key_list, shown
 from gaecli.io.filesystem import AnyPath
-from gaecli.io.paths import ReportPath
+from gaecli.io.paths import INPUT_PATTERNS, ReportPath
 from gaecli.progress import Progress
 
-DUMP_PATTERNS = ("*.pt", "*.pth")
+DUMP_PATTERNS = INPUT_PATTERNS["torch.save dump"]
 FORMAT_VERSION = 2
 TOP_LEVEL_KEYS = ("format_version", "rollout_id", "samples")
 SAMPLE_INDEX_KEY = "sample_index"  # a sample's own key; the column of miles' sample_indices
@@ -215,5 +215,5 @@ def import_slime(
                 ImportedFile(str(dump_facts.path), dump_facts.rollout_id, None, dump_facts.rows, tokens)
             )
 
-    write_batches(target, schema, batches(), progress, sum(dump.rows for dump in facts))
+    write_batches(target, schema, batches(), progress, sum(dump.rows for dump in facts), overwrite=overwrite)
     return report

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from gaecli.errors import GAEUsageError
+from gaecli.io.targets import open_through, place, writes_through
 
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 
@@ -393,22 +394,11 @@ def file_kind(path: Path) -> Optional[str]:
 
 
 def is_stream(path: AnyPath) -> bool:
-    """True for a character device or a FIFO (a pipe): written directly, never replaced by
-    a rename (``--json /dev/null``, ``--json >(jq .)``)."""
-    return isinstance(path, Path) and file_kind(path) in ("character device", "FIFO")
-
-
-_DESCRIPTOR = re.compile(r"^/(?:dev/fd|proc/self/fd)/(\d+)$")
-
-
-def _descriptor(path: Path) -> Optional[int]:
-    """The descriptor ``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N`` or
-    ``/proc/self/fd/N`` names in this process."""
-    text = str(path)
-    if text in ("/dev/stdout", "/dev/stderr"):
-        return 1 if text == "/dev/stdout" else 2
-    match = _DESCRIPTOR.match(text)
-    return int(match[1]) if match else None
+    """True for a local path written into its node, never replaced by a rename: a character
+    device, a FIFO, an open descriptor, or a link to one (``--json /dev/null``, ``--json
+    >(jq .)``, ``-o /dev/stdout``, a link to ``/proc/self/fd/1``):
+    :func:`gaecli.io.targets.writes_through`."""
+    return isinstance(path, Path) and writes_through(path)
 
 
 def _write_descriptor(descriptor: int, data: bytes) -> None:
@@ -417,23 +407,21 @@ def _write_descriptor(descriptor: int, data: bytes) -> None:
         view = view[os.write(descriptor, view) :]
 
 
-def write_whole(target: Union[str, Path, RemotePath], data: bytes) -> None:
+def write_whole(target: Union[str, Path, RemotePath], data: bytes, *, overwrite: bool = True) -> None:
     """Write ``data`` as the file ``target`` (a path or a URI), whole or not at all: locally a
-    hidden temp file beside it (:func:`temp_beside`) renamed over it; on an object store one
-    upload, which appears when it completes. A character device or FIFO (``/dev/null``,
-    ``/dev/stdout``, a shell's ``>(…)``) is written directly, never replaced. Raises
+    hidden temp file beside it (:func:`temp_beside`) put in place by
+    :func:`gaecli.io.targets.place` (without ``overwrite``, a file that is there is never
+    replaced: :class:`FileExistsError`); on an object store one upload, which appears when
+    it completes. A stream (:func:`is_stream`: ``/dev/null``, ``/dev/stdout``, a shell's
+    ``>(…)``, a link to ``/proc/self/fd/N``) is written into, never replaced. Raises
     :class:`OSError` (or an Arrow error) when it cannot."""
     path = to_path(target)
     if isinstance(path, RemotePath):
         with path.filesystem.open_output_stream(path.fs_path) as stream:
             stream.write(data)
         return
-    descriptor = _descriptor(path)
-    if descriptor is not None:  # this process's own descriptor, whatever it is open on
-        _write_descriptor(descriptor, data)
-        return
     if is_stream(path):
-        descriptor = os.open(path, os.O_WRONLY | os.O_NOCTTY)
+        descriptor = open_through(path)
         try:
             _write_descriptor(descriptor, data)
         finally:
@@ -444,7 +432,7 @@ def write_whole(target: Union[str, Path, RemotePath], data: bytes) -> None:
     try:
         with open(temp, "xb") as file:
             file.write(data)
-        os.replace(temp, path)
+        place(temp, path, overwrite=overwrite)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise

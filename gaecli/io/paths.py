@@ -10,6 +10,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
 
 from gaecli.errors import GAEUsageError
 from gaecli.io.filesystem import NAME_MAX, AnyPath, RemotePath, file_kind, is_uri, list_parquet, to_path
@@ -183,8 +186,8 @@ def plan_outputs(
     input's path relative to its root (the directory given, the fixed part of a glob, or
     the file's own directory) is mirrored under it. Every output, each output with each of
     ``suffixes`` (e.g. a rejects file) and the ``reports`` ((role, path) pairs, e.g. the
-    JSON report) go through :func:`check_writes` against the inputs and each other; then
-    an existing output (or suffixed file) is refused (:class:`GAEUsageError`) unless
+    JSON report) go through :func:`check_writes` against the inputs and each other, and an
+    existing output (or suffixed file) is refused (:class:`GAEUsageError`) unless
     ``overwrite``.
     """
     found, single = discover_inputs(inputs)
@@ -205,12 +208,7 @@ def plan_outputs(
     writes: list[tuple[str, AnyPath]] = [(f"output of {job.source}", job.target) for job in jobs]
     for suffix in suffixes:
         writes += [(f"{suffix.lstrip('.')} rows file of {job.source}", with_suffix(job.target, suffix)) for job in jobs]
-    check_writes([job.source for job in jobs], [*writes, *reports])
-    for job in jobs:
-        if not overwrite:
-            for candidate in (job.target, *(with_suffix(job.target, s) for s in suffixes)):
-                if candidate.exists():
-                    raise GAEUsageError(f"{candidate} exists; give --overwrite to replace it")
+    check_writes([job.source for job in jobs], [*writes, *reports], overwrite=overwrite)
     return jobs
 
 
@@ -224,7 +222,20 @@ def with_suffix(target: AnyPath, suffix: str) -> AnyPath:
 # ----------------------------------------------------------------------------- the one rule
 
 REPORT_ROLES = ("report", "JSON report", "Markdown report", "HTML report")
-DATA_SUFFIXES = (".parquet", ".pt", ".pth")  # what gaecli reads; never the name of a report
+"""The roles of reports: documents, replaced when they exist. Every other role is a data
+file, refused when it exists unless the run was given ``--overwrite``."""
+
+INPUT_PATTERNS = {
+    "rollout": ("*.parquet",),  # recompute, diff, validate
+    "torch.save dump": ("*.pt", "*.pth"),  # import miles, import slime
+    "NeMo-RL dump": ("train_data_step*.jsonl",),  # import nemo-rl
+}
+"""The file names each reader lists in an input directory (the importers' patterns are these)."""
+
+DATA_SUFFIXES = tuple(dict.fromkeys(os.path.splitext(p)[1] for ps in INPUT_PATTERNS.values() for p in ps)) + (".pkl",)
+"""What an input of gaecli is named like — the suffixes of :data:`INPUT_PATTERNS`, and
+``.pkl`` (a torch.save dump named by path is read whatever its name; ``.pkl`` is its usual
+other one): never the name of a report (``--json d/*.jsonl`` expanded by the shell)."""
 
 
 ReportPath = Union[str, tuple[str, str]]  # a path, or (role, path): ("JSON report", "r.json")
@@ -236,11 +247,38 @@ def report_writes(report_paths: Sequence[ReportPath]) -> list[tuple[str, str]]:
     return [item if isinstance(item, tuple) else ("report", item) for item in report_paths]
 
 
+_ENDPOINT_FILESYSTEMS = tuple(getattr(pafs, name) for name in ("S3FileSystem", "GcsFileSystem") if hasattr(pafs, name))
+
+
+def _endpoint(text: str) -> str:
+    """``http://Host:9000/`` → ``host:9000``."""
+    return text.split("://", 1)[-1].rstrip("/").lower()
+
+
+def _remote_identity(path: RemotePath) -> tuple:
+    """What an object-store URI names, never how it is spelled: the file system's type, the
+    endpoint it talks to (S3's and GCS's ``endpoint_override``, else the URI's host and port,
+    credentials left out) and the bucket and key. The query's order and the options that
+    do not change the place (timeouts, region, scheme) are not part of it."""
+    filesystem = path.filesystem
+    endpoint = None
+    if isinstance(filesystem, _ENDPOINT_FILESYSTEMS):
+        try:
+            endpoint = _endpoint(filesystem.__reduce__()[1][0].get("endpoint_override") or "")
+        except (AttributeError, IndexError, TypeError):
+            endpoint = None
+    if endpoint is None:
+        parts = urlsplit(str(path))
+        endpoint = _endpoint(f"{parts.hostname or ''}:{parts.port or ''}")
+    return ("object", filesystem.type_name, endpoint, path.fs_path.strip("/"))
+
+
 def _identity(path: AnyPath) -> set:
     """What makes two names one file: the resolved path (symlinks, ``..``, ``file://``) and,
-    for a file that exists, its device and inode (hard links)."""
+    for a file that exists, its device and inode (hard links); for an object-store URI what
+    it names (:func:`_remote_identity`)."""
     if isinstance(path, RemotePath):
-        return {("uri", str(path))}
+        return {_remote_identity(path)}
     try:
         resolved = path.resolve()
     except (OSError, RuntimeError):  # a symlink loop: no file, named as given
@@ -254,18 +292,24 @@ def _identity(path: AnyPath) -> set:
 
 
 def check_writes(
-    inputs: Iterable[Union[str, AnyPath]], writes: Iterable[tuple[str, Union[str, AnyPath, None]]]
+    inputs: Iterable[Union[str, AnyPath]],
+    writes: Iterable[tuple[str, Union[str, AnyPath, None]]],
+    *,
+    overwrite: bool = False,
 ) -> None:
     """The one rule every command applies before any work: each path the run will write
-    (``writes``: (role, path) pairs — outputs, rejects files, JSON, Markdown, HTML and
-    per-sample files; None and '-' (stdout) are skipped) must be none of the ``inputs`` and
-    none of the other writes — compared as resolved paths and, for files that exist, by
-    device and inode, so a symlink, ``..``, a hard link or a ``file://`` URI is caught.
-    A directory, socket or block device is no file to write; a report named like a data
-    file (``--json d/*.parquet`` expanded by the shell) and a name longer than NAME_MAX
-    bytes are refused. Raises :class:`GAEUsageError` naming both paths of a collision.
-    Character devices and FIFOs pass: they are written directly (see
-    :func:`gaecli.io.filesystem.write_whole`)."""
+    (``writes``: (role, path) pairs — outputs, rejects files, JSON, Markdown, HTML,
+    per-sample and groups files; None and '-' (stdout) are skipped) must be none of the
+    ``inputs`` and none of the other writes — compared as resolved paths and, for files that
+    exist, by device and inode, so a symlink, ``..``, a hard link or a ``file://`` URI is
+    caught; object-store URIs by what they name (:func:`_remote_identity`). A directory,
+    socket or block device is no file to write; a report named like an input
+    (:data:`DATA_SUFFIXES`: ``--json d/*.jsonl`` expanded by the shell) and a name longer
+    than NAME_MAX bytes are refused. Then a data file (any role but :data:`REPORT_ROLES`)
+    that exists is refused unless ``overwrite``. Raises :class:`GAEUsageError` naming both
+    paths of a collision. Character devices, FIFOs and descriptors pass: they are written
+    into (:func:`gaecli.io.targets.writes_through`)."""
+    writes = list(writes)
     owners: dict = {}  # identity key → (role, path as given) of the first path with it
     for item in inputs:
         for key in _identity(to_path(item)):
@@ -289,6 +333,18 @@ def check_writes(
         _check_writable(role, item, path)
         for key in identity:
             owners[key] = (role, str(item))
+    if not overwrite:
+        _refuse_existing(writes)
+
+
+def _refuse_existing(writes: list[tuple[str, Union[str, AnyPath, None]]]) -> None:
+    """A data file (a role not in :data:`REPORT_ROLES`) that exists: refused."""
+    for role, item in writes:
+        if item is None or str(item) == "-" or role in REPORT_ROLES:
+            continue
+        path = to_path(item)
+        if path.exists() if isinstance(path, RemotePath) else os.path.lexists(path):
+            raise GAEUsageError(f"{item} exists; give --overwrite to replace it")
 
 
 def _check_writable(role: str, item, path: AnyPath) -> None:

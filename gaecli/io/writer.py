@@ -25,6 +25,7 @@ from gaecli.io.filesystem import (
     temp_beside,
     to_path,
 )
+from gaecli.io.targets import open_through, place
 
 
 def failure_reason(error: BaseException) -> str:
@@ -98,17 +99,24 @@ class AtomicParquetWriter:
 
     The temp file is :func:`gaecli.io.filesystem.temp_beside`'s, in the target's directory
     (created if needed), so the final rename never crosses file systems; dead runs' temp
-    files of the target are removed first. :meth:`commit` renames it into place;
-    :meth:`abort` (also on any exception in a ``with`` block) deletes it. A character
-    device or FIFO target is written directly (it is no file to rename over).
+    files of the target are removed first. :meth:`commit` puts it in place
+    (:func:`gaecli.io.targets.place`): without ``overwrite`` a file that appeared at the
+    target while this writer wrote (a concurrent run) is never replaced — the commit fails
+    with :class:`GAEUsageError` and the temp file goes. :meth:`abort` (also on any
+    exception in a ``with`` block) deletes it. A stream target (a character device, FIFO
+    or open descriptor, links followed: :func:`gaecli.io.filesystem.is_stream`) is written
+    into directly (it is no file to rename over).
 
     Encoding and compressing a batch runs on a background thread (Arrow releases the GIL)
     while the caller reads and computes the next one; at most one batch is in flight, and a
     write's error is raised by the next :meth:`write` or by :meth:`close`.
     """
 
-    def __init__(self, target: AnyPath | str, schema: pa.Schema, *, compression: str = "zstd") -> None:
+    def __init__(
+        self, target: AnyPath | str, schema: pa.Schema, *, compression: str = "zstd", overwrite: bool = False
+    ) -> None:
         self.target = to_path(target)
+        self.overwrite = overwrite
         self.schema = schema
         self.compression = compression
         self.rows = 0
@@ -121,7 +129,7 @@ class AtomicParquetWriter:
             self._open_remote(schema, compression)
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
             return
-        if is_stream(self.target):  # a character device or FIFO: written directly, never replaced
+        if is_stream(self.target):  # a device, FIFO or descriptor: written into, never replaced
             self._open_direct(schema, compression)
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gaecli-writer")
             return
@@ -148,11 +156,12 @@ class AtomicParquetWriter:
             raise GAEUsageError(f"{self.target}: cannot write ({failure_reason(error)})") from error
 
     def _open_direct(self, schema: pa.Schema, compression: str) -> None:
-        """Stream to a character device or FIFO itself (``-o /dev/null``, a pipe): it is no
-        file to rename over; :meth:`commit` closes it, :meth:`abort` closes it without a
-        footer."""
+        """Stream into a device, FIFO or descriptor (``-o /dev/null``, a pipe, ``-o
+        /dev/stdout``, a link to ``/proc/self/fd/1``): it is no file to rename over;
+        :meth:`commit` closes it, :meth:`abort` closes it without a footer."""
         try:
-            self._stream = pa.PythonFile(_CountingSink(open(self.target, "wb", buffering=1 << 20)), mode="w")
+            sink = os.fdopen(open_through(self.target), "wb", buffering=1 << 20)
+            self._stream = pa.PythonFile(_CountingSink(sink), mode="w")
             self._writer = _parquet_writer(self._stream, schema, compression)
         except (pa.ArrowException, OSError) as error:
             self._drop_remote()
@@ -211,8 +220,9 @@ class AtomicParquetWriter:
                     raise GAEUsageError(f"{self.target}: cannot write ({failure_reason(error)})") from error
 
     def commit(self) -> None:
-        """Close and rename the temp file over the target (on an object store: close the
-        stream, which puts the object in place whole)."""
+        """Close and put the temp file in place, over an existing target only with
+        ``overwrite`` (on an object store: close the stream, which puts the object in place
+        whole; no conditional write there: see docs/reliability.md)."""
         self.close()
         if self._stream is not None:
             stream, self._stream = self._stream, None
@@ -223,7 +233,12 @@ class AtomicParquetWriter:
                 raise GAEUsageError(f"{self.target}: cannot put the finished output in place ({error})") from error
             return
         try:
-            os.replace(self.temp, self.target)
+            place(self.temp, self.target, overwrite=self.overwrite)
+        except FileExistsError as error:
+            self._remove_temp()
+            raise GAEUsageError(
+                f"{self.target} appeared while this run was writing; give --overwrite to replace it"
+            ) from error
         except OSError as error:
             self._remove_temp()
             raise GAEUsageError(

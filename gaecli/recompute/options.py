@@ -88,6 +88,7 @@ class RecomputeOptions:
             raise InvalidOptionError(
                 "--skip-existing keeps existing outputs and --overwrite replaces them: give one of them"
             )
+        check_written_columns(self.written_columns, self.read_columns)
 
     @property
     def whitening(self) -> bool:
@@ -104,9 +105,60 @@ class RecomputeOptions:
         return self.estimator in CRITIC_FREE
 
     @property
+    def written_columns(self) -> tuple[tuple[str, str], ...]:
+        """(option, column name) of every column a run adds to its outputs, in order."""
+        columns = self.columns
+        written = [("--advantages-col", columns.advantages), ("--returns-col", columns.returns)]
+        if self.keep_baseline:
+            written += [("--keep-baseline", name) for name in self.baseline_columns]
+        return tuple(written)
+
+    @property
+    def read_columns(self) -> tuple[tuple[str, str], ...]:
+        """(option, column name) of every column a run reads by name (the token columns,
+        the terminal reward, the grouping, step and normalization columns, the variants')."""
+        columns, variants = self.columns, self.variants
+        named = [
+            ("--values-col", columns.values),
+            ("--rewards-col", columns.rewards),
+            ("--mask-col", columns.loss_mask),
+            ("--terminal-col", columns.terminal_reward),
+            ("--normalize-by", self.normalize_by),
+            ("--group-col", self.group_by),
+            ("--step-col", self.step_by),
+            ("--turn-rewards-col", variants.turn_rewards_col),
+            ("--truncated-col", variants.truncated_col),
+            ("--bootstrap-col", variants.bootstrap_col),
+        ]
+        if columns.kl_coef is not None:
+            named += [("--logprobs-col", columns.log_probs), ("--ref-logprobs-col", columns.ref_log_probs)]
+        return tuple((flag, name) for flag, name in named if name is not None)
+
+    @property
     def baseline_columns(self) -> tuple[str, str]:
         """``advantages_<baseline>``, ``returns_<baseline>`` (``-`` turned into ``_``)."""
         return ComparisonSide.baseline(self.baseline).output_columns
+
+
+def check_written_columns(written: tuple[tuple[str, str], ...], read: tuple[tuple[str, str], ...]) -> None:
+    """Refuse (:class:`InvalidOptionError`, naming both options) a written column without a
+    name, two written columns of one name, and a written column that the run reads (even
+    with ``--replace``, which lets a written column replace a column the run does not read:
+    the check against each input's columns is :func:`gaecli.recompute.output.check_job`)."""
+    seen: dict[str, str] = {}
+    for flag, name in written:
+        if not name.strip():
+            raise InvalidOptionError(f"{flag} {name!r}: a column needs a name")
+        if name in seen:
+            raise InvalidOptionError(
+                f"{seen[name]} and {flag} both name the output column {name!r}; give each its own name"
+            )
+        seen[name] = flag
+    for flag, name in read:
+        if name in seen:
+            raise InvalidOptionError(
+                f"{seen[name]} names the output column {name!r}, which {flag} reads; choose another name"
+            )
 
 
 @dataclass

@@ -35,10 +35,8 @@ from gaecli.recompute.options import METADATA_PREFIX, REJECTS_SUFFIX, RecomputeO
 
 
 def new_column_names(options: RecomputeOptions) -> list[str]:
-    names = [options.columns.advantages, options.columns.returns]
-    if options.keep_baseline:
-        names.extend(options.baseline_columns)
-    return names
+    """The columns a run adds (distinct, none of those it reads: checked with the options)."""
+    return [name for _, name in options.written_columns]
 
 
 def computation_of(options: RecomputeOptions, kernel: str) -> Computation:
@@ -62,6 +60,9 @@ def computation_of(options: RecomputeOptions, kernel: str) -> Computation:
 
 
 def check_job(schema: pa.Schema, job: FileJob, options: RecomputeOptions, computation: Computation) -> None:
+    """Refuse an input its run cannot read, or whose columns a written column would replace
+    without ``--replace`` (the written columns among themselves and against the columns the
+    run reads are checked with the options: :func:`gaecli.recompute.options.check_written_columns`)."""
     check_file(schema, str(job.source), computation)
     new_names = new_column_names(options)
     clash = [name for name in new_names if name in schema.names]
@@ -70,10 +71,6 @@ def check_job(schema: pa.Schema, job: FileJob, options: RecomputeOptions, comput
             f"{job.source}: column {clash[0]!r} exists already; pick another name "
             f"(--advantages-col/--returns-col) or give --replace"
         )
-    read = {name for _, name in options.columns.token_columns()} | {options.columns.terminal_reward}
-    overlap = read & set(new_names)
-    if overlap:
-        raise GAEUsageError(f"output column {sorted(overlap)[0]!r} is also an input column; choose another name")
 
 
 def output_schema(

@@ -111,8 +111,9 @@ def recompute_job(
     writers: list[AtomicParquetWriter] = []
     try:
         check_job(rollout.schema, job, options, computation)
+        replaced = options.overwrite or recomputed is not None  # a recomputed output replaces the one it found
         schema, list_type = output_schema(rollout, job, options, kernel, identity)
-        writer = AtomicParquetWriter(job.target, schema, compression=rollout.compression)
+        writer = AtomicParquetWriter(job.target, schema, compression=rollout.compression, overwrite=replaced)
         writers.append(writer)
         rejects: Optional[AtomicParquetWriter] = None
         for computed in computed_batches(rollout, computation, statistics=scores):
@@ -129,7 +130,10 @@ def recompute_job(
                         rollout.schema.metadata
                     )
                     rejects = AtomicParquetWriter(
-                        with_suffix(job.target, REJECTS_SUFFIX), rejects_schema, compression=rollout.compression
+                        with_suffix(job.target, REJECTS_SUFFIX),
+                        rejects_schema,
+                        compression=rollout.compression,
+                        overwrite=replaced,
                     )
                     writers.insert(0, rejects)
                     outcome.rejects_file = str(rejects.target)
@@ -152,7 +156,6 @@ def recompute_job(
             each.close()
         for each in writers:  # the rejects file first: an output in place means its rejects are too
             each.commit()
-        replaced = options.overwrite or recomputed is not None
         if rejects is None and replaced and not is_stream(job.target):  # a device or FIFO replaces nothing
             _remove_stale(with_suffix(job.target, REJECTS_SUFFIX))
     except BaseException:

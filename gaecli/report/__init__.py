@@ -384,8 +384,7 @@ def displayed(document, *, controls: bool = True):
         return display(document, controls=controls)
     if isinstance(document, dict):
         return {
-            displayed(key, controls=controls): displayed(value, controls=controls)
-            for key, value in document.items()
+            displayed(key, controls=controls): displayed(value, controls=controls) for key, value in document.items()
         }
     if isinstance(document, (list, tuple)):
         return [displayed(value, controls=controls) for value in document]
