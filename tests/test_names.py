@@ -207,7 +207,7 @@ def test_a_file_name_with_escapes_is_one_escaped_line_in_errors(tmp_path):
 
 SECRET = "s3cretVALUE42"
 KEY_ID = "AKIDEXAMPLE77"
-BUCKET = "rollouts"
+BUCKET = "rollouts-names"  # its own: moto keeps one in-process state for every server
 
 
 def test_credentials_in_query_parameters_are_not_printed():
