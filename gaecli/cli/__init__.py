@@ -11,6 +11,7 @@ import typer
 from gaecli._version import __version__
 from gaecli.cli.common import app
 from gaecli.cli.memory import reuse_freed_memory
+from gaecli.cli.streams import run_guarded
 
 # The modules that register the commands, in the order `gae --help` lists them.
 COMMAND_MODULES = ("recompute", "diff", "validate", "imports", "kernels")
@@ -37,4 +38,4 @@ def callback(
 def main() -> None:
     """Console-script entry point."""
     reuse_freed_memory()
-    app()
+    run_guarded(app)
