@@ -53,11 +53,12 @@ def rollout(tmp_path_factory) -> Path:
 
 def commands(rollout: Path, out: Path) -> dict[str, list]:
     """A command of each kind that writes a document to stdout ('-')."""
+    discount = ["--gamma", 1, "--lambd", 0.9]
     return {
-        "recompute --json": ["recompute", rollout, "-o", out / "o.parquet", "--gamma", 1, "--lambd", 0.9, "--json", "-"],
+        "recompute --json": ["recompute", rollout, "-o", out / "o.parquet", *discount, "--json", "-"],
         "validate --json": ["validate", rollout, "--json", "-"],
-        "diff --json": ["diff", rollout, "--gamma", 1, "--lambd", 0.9, "--per-sample", out / "s.parquet", "--json", "-"],
-        "diff --markdown": ["diff", rollout, "--gamma", 1, "--lambd", 0.9, "--top", 1000, "--markdown", "-"],
+        "diff --json": ["diff", rollout, *discount, "--per-sample", out / "s.parquet", "--json", "-"],
+        "diff --markdown": ["diff", rollout, *discount, "--top", 1000, "--markdown", "-"],
         "kernels": ["kernels"],
         "validate --list-rules": ["validate", "--list-rules"],
     }
@@ -126,7 +127,8 @@ def test_a_closed_stderr_does_not_stop_the_work(rollout, tmp_path):
     """``2>&-``: the summary and progress go nowhere; the output is written, exit 0, and
     no file the run opened took descriptor 2."""
     output = tmp_path / "o.parquet"
-    script = " ".join(f"'{part}'" for part in gae_argv("recompute", rollout, "-o", output, "--gamma", 1, "--lambd", 0.9))
+    argv = gae_argv("recompute", rollout, "-o", output, "--gamma", 1, "--lambd", 0.9)
+    script = " ".join(f"'{part}'" for part in argv)
     result = subprocess.run(
         ["bash", "-c", f"GAE_PROGRESS_SECONDS=0 {script} 2>&-"],
         capture_output=True,
@@ -152,9 +154,7 @@ def test_an_overflowing_lambd_alpha_is_computed_without_a_warning(rollout, tmp_p
     trainable token, so the advantages are plain masked GAE with λ = 1; nothing on stderr
     but the summary."""
     output = tmp_path / "o.parquet"
-    result = run(
-        "recompute", rollout, "-o", output, "--gamma", 0.99, "--lambd", 0.5, "--lambd-alpha", 1e308, text=True
-    )
+    result = run("recompute", rollout, "-o", output, "--gamma", 0.99, "--lambd", 0.5, "--lambd-alpha", 1e308, text=True)
     assert result.returncode == 0, result.stderr
     assert "Warning" not in result.stderr and "overflow encountered" not in result.stderr, result.stderr
     table = pq.read_table(output)
