@@ -155,6 +155,18 @@ def die_of_sigpipe() -> None:
     os._exit(128 + signal.SIGPIPE)  # where the signal could not end it
 
 
+def _leave_pending_store_calls(code) -> None:
+    """End the process now, with ``code``, when a store call it gave up on (a signal, a
+    store that does not answer) is still pending: the interpreter's exit would wait for
+    it (or for the store client it holds)."""
+    from gaecli.io.filesystem import store_calls_pending
+
+    if store_calls_pending():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else (0 if code is None else 1))
+
+
 def run_guarded(command) -> None:
     """Run ``command`` (the typer app) with the streams guarded; a stdout whose reader went
     away ends the process by SIGPIPE, a stdout fault that escaped the command is one line
@@ -162,6 +174,9 @@ def run_guarded(command) -> None:
     guard_streams()
     try:
         command()
+    except SystemExit as exit_:
+        _leave_pending_store_calls(exit_.code)
+        raise
     except StdoutClosed:
         die_of_sigpipe()
     except StdoutUnwritable as error:  # a listing or help (reports name themselves, see write_text)

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gaecli.errors import GAEUsageError, UnreadableFileError
-from gaecli.io.filesystem import AnyPath, RemotePath, to_path
+from gaecli.io.filesystem import AnyPath, RemotePath, store_call, to_path
 
 MIN_BATCH_ROWS = 256  # an automatic batch holds at least this many rows
 BATCH_TOKENS = 1 << 20  # an automatic batch holds about this many tokens
@@ -63,13 +63,14 @@ class RolloutFile:
             # pre_buffer would cache every row group's bytes until the file is closed:
             # streaming reads keep memory bounded only without it.
             if isinstance(self.path, RemotePath):
-                self._source = self.path.filesystem.open_input_file(self.path.fs_path)
+                filesystem = self.path.filesystem
+                self._source = store_call(filesystem, filesystem.open_input_file, self.path.fs_path)
                 where = self._source
             else:
                 where = self.path
             try:
                 if footer is None:
-                    footer = read_footer(where)
+                    footer = read_footer(where) if self._source is None else store_call(filesystem, read_footer, where)
                 self.parquet = pq.ParquetFile(
                     where, metadata=footer, memory_map=False, pre_buffer=False, buffer_size=1 << 20
                 )
@@ -130,7 +131,8 @@ def read_schema(path: AnyPath | str) -> pa.Schema:
     """The Arrow schema (with metadata) in a Parquet file's footer, for a path or a URI."""
     located = to_path(path)
     if isinstance(located, RemotePath):
-        return pq.read_schema(located.fs_path, filesystem=located.filesystem)
+        filesystem = located.filesystem
+        return store_call(filesystem, lambda: pq.read_schema(located.fs_path, filesystem=filesystem))
     return pq.read_schema(located)
 
 
@@ -138,6 +140,7 @@ def read_metadata(path: AnyPath | str) -> pq.FileMetaData:
     """A Parquet file's footer, for a path or a URI (:func:`read_footer`)."""
     located = to_path(path)
     if isinstance(located, RemotePath):
-        with located.filesystem.open_input_file(located.fs_path) as source:
-            return read_footer(source)
+        filesystem = located.filesystem
+        with store_call(filesystem, filesystem.open_input_file, located.fs_path) as source:
+            return store_call(filesystem, read_footer, source)
     return read_footer(str(located))
