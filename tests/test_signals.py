@@ -82,7 +82,8 @@ def wait_until(condition, process: subprocess.Popen, what: str):
         if found:
             return found
         if process.poll() is not None:
-            pytest.fail(f"gae exited ({process.returncode}) before {what}: {process.stderr.read()}")
+            said = process.stderr.read() if process.stderr is not None else ""
+            pytest.fail(f"gae exited ({process.returncode}) before {what}: {said}")
         time.sleep(0.01)
     os.killpg(process.pid, signal.SIGKILL)
     pytest.fail(f"timed out waiting for {what}")
@@ -135,11 +136,21 @@ def importing(processes: dict[int, str]) -> list[int]:
     return found
 
 
-def wait_gone(processes: dict[int, str], seconds: float = 30.0) -> list[int]:
+def wait_gone(processes: dict[int, str], seconds: float = WAIT_SECONDS) -> list[int]:
     deadline = time.monotonic() + seconds
     while alive(processes) and time.monotonic() < deadline:
         time.sleep(0.05)
     return alive(processes)
+
+
+def poll_until(condition, seconds: float) -> bool:
+    """Whether ``condition()`` holds within ``seconds`` (polled)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def expected_outputs(inputs: Path, output: Path) -> set[Path]:
@@ -237,7 +248,10 @@ def test_kill_9_of_the_parent_takes_the_workers_and_a_resume_completes(inputs, t
     process.communicate(timeout=WAIT_SECONDS)
     assert wait_gone(workers) == [], "worker processes outlived their parent"
     targets = expected_outputs(inputs, output)
-    assert files_under(output) <= targets, "a worker left its temp file"  # they abort on the parent's death
+    # they abort on the parent's death, removing their temp files before they exit; the
+    # poll only spares a busy machine's slow directory listing a false alarm
+    left = poll_until(lambda: files_under(output) <= targets, WAIT_SECONDS)
+    assert left, f"a worker left its temp file: {sorted(map(str, files_under(output) - targets))}"
     resumed = recompute(inputs, output, "--workers", 2, "--skip-existing", "--json", "-")
     try:
         _, stderr = resumed.communicate(timeout=WAIT_SECONDS * 2)
@@ -547,3 +561,60 @@ def test_gcs_without_its_metadata_server_ends(tmp_path):
     except subprocess.TimeoutExpired:
         pytest.fail(f"gae validate gs://… did not end within {WAIT_SECONDS:g} s")
     assert result.returncode != 0 and time.monotonic() - began < WAIT_SECONDS, result.stderr
+
+
+# ----------------------------------------------------------------------------- nothing left behind
+
+
+def session_members(session: int) -> list[str]:
+    """The processes of ``session`` still running (zombies excepted), as ``pid command``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] not in "ZX":
+            members.append(f"{entry.name} {command[:160]}")
+    return members
+
+
+@pytest.mark.parametrize("outcome", ["finished", "SIGINT-group", "SIGTERM-parent"])
+def test_the_command_returns_only_when_its_processes_have_exited(inputs, tmp_path, outcome):
+    """``--workers 2`` in a session of its own, its output streams on files (a pipe's end
+    of file would wait for every holder of the pipe): the moment the command has exited
+    (no grace period), no process of its session is alive, neither a worker nor Python's
+    resource tracker, whether the run finished or a signal stopped it."""
+    output = tmp_path / "out"
+    options = ["--gamma", 1, "--lambd", 1, "--quiet", "--workers", 2]
+    if outcome != "finished":
+        options += ["--batch-rows", 1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with open(tmp_path / "stderr", "w+") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gaecli", "recompute", str(inputs), "-o", str(output), *map(str, options)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=env,
+            start_new_session=True,
+            cwd=ROOT,
+        )
+        if outcome != "finished":
+            wait_for_writing(process, output, inputs)
+            if outcome == "SIGINT-group":
+                os.killpg(process.pid, signal.SIGINT)
+            else:
+                os.kill(process.pid, signal.SIGTERM)
+        try:
+            code = process.wait(timeout=WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+        left = session_members(process.pid)  # the session's id is the command's pid
+        stderr.seek(0)
+        message = stderr.read()
+    assert left == [], left
+    assert code == (0 if outcome == "finished" else 130), message
