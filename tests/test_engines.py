@@ -178,17 +178,32 @@ def test_a_worker_that_dies_is_reported_with_its_file():
     assert failures and any("two.parquet" in failure.message and "died" in failure.message for failure in failures)
 
 
-def _slow_or_die(value: int, progress=None):
-    """Unit 2 dies after a moment; the others take longer (still running when it dies)."""
-    time.sleep(0.5 if value == 2 else 4.0)
+WAIT_SECONDS = 120.0  # bound on every wait for another worker's event
+
+
+def _wait_for(path: str) -> None:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _slow_or_die(value: int, started: str, progress=None):
+    """Unit 1 starts and runs on (until its worker is stopped); unit 2 dies once unit 1 is
+    running beside it (events, not durations: a busy machine starts workers late)."""
+    if value == 1:
+        open(started, "w").close()
+        time.sleep(WAIT_SECONDS)
     if value == 2:
+        _wait_for(started)
         os._exit(3)
     return _Done(value)
 
 
-def test_the_dead_workers_file_is_told_from_the_ones_beside_it():
+def test_the_dead_workers_file_is_told_from_the_ones_beside_it(tmp_path):
     labels = ["one.parquet", "two.parquet", "three.parquet"]
-    results = map_units(_slow_or_die, [(1,), (2,), (3,)], labels, EngineOptions("local", 2))
+    started = str(tmp_path / "one-started")
+    tasks = [(1, started), (2, started), (3, started)]
+    results = map_units(_slow_or_die, tasks, labels, EngineOptions("local", 2))
     assert all(isinstance(result, TaskFailure) and result.code == 2 for result in results)
     assert [result.message for result in results] == [
         "one.parquet: stopped when the worker process running two.parquet died; nothing was written for it",
@@ -259,8 +274,13 @@ def test_a_failing_progress_fails_the_run_as_in_process(workers):
         )
 
 
-def _pid(value: int, progress=None):
-    time.sleep(0.2)  # long enough that the pool starts all its workers for the first pass
+def _pid(value: int, barrier: str, progress=None):
+    """This worker's pid, once two workers have run a unit of this map (so that the pool's
+    both workers serve it, however late the second one starts)."""
+    open(os.path.join(barrier, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + WAIT_SECONDS
+    while len(os.listdir(barrier)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     return _Done(os.getpid())
 
 
@@ -272,21 +292,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_a_session_keeps_one_pool_for_its_passes():
-    tasks, labels, engine = [(index,) for index in range(4)], ["f"] * 4, EngineOptions("local", 2)
+def test_a_session_keeps_one_pool_for_its_passes(tmp_path):
+    labels, engine = ["f"] * 4, EngineOptions("local", 2)
+    passes = iter(range(100))
+
+    def tasks() -> list[tuple]:
+        barrier = tmp_path / f"pass-{next(passes)}"
+        barrier.mkdir()
+        return [(index, str(barrier)) for index in range(4)]
+
     with EngineSession() as session:
-        first = {result.value for result in map_units(_pid, tasks, labels, engine, session=session)}
-        second = {result.value for result in map_units(_pid, tasks, labels, engine, session=session)}
+        first = {result.value for result in map_units(_pid, tasks(), labels, engine, session=session)}
+        second = {result.value for result in map_units(_pid, tasks(), labels, engine, session=session)}
         assert len(first) == 2 and os.getpid() not in first
         assert second <= first  # the same workers served both passes
         assert all(_alive(pid) for pid in first)
         # a pool a dead worker broke is not used again: the next pass gets a fresh one
         broken = map_units(_die_on_two, [(1,), (2,)], ["one.parquet", "two.parquet"], engine, session=session)
         assert any(isinstance(result, TaskFailure) for result in broken)
-        third = {result.value for result in map_units(_pid, tasks, labels, engine, session=session)}
+        third = {result.value for result in map_units(_pid, tasks(), labels, engine, session=session)}
         assert third and not third & first
     assert not any(_alive(pid) for pid in first | third)  # the session closed its pools
-    outside = [{result.value for result in map_units(_pid, tasks, labels, engine)} for _ in range(2)]
+    outside = [{result.value for result in map_units(_pid, tasks(), labels, engine)} for _ in range(2)]
     assert not outside[0] & outside[1]  # without a session each map starts its own workers
 
 
@@ -439,7 +466,7 @@ def test_an_unreachable_ray_address_is_refused_at_once(tmp_path, inputs):
             ],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=300,
         )
     assert done.returncode == 2
     assert (

@@ -82,7 +82,8 @@ def wait_until(condition, process: subprocess.Popen, what: str):
         if found:
             return found
         if process.poll() is not None:
-            pytest.fail(f"gae exited ({process.returncode}) before {what}: {process.stderr.read()}")
+            said = process.stderr.read() if process.stderr is not None else ""
+            pytest.fail(f"gae exited ({process.returncode}) before {what}: {said}")
         time.sleep(0.01)
     os.killpg(process.pid, signal.SIGKILL)
     pytest.fail(f"timed out waiting for {what}")
@@ -135,11 +136,21 @@ def importing(processes: dict[int, str]) -> list[int]:
     return found
 
 
-def wait_gone(processes: dict[int, str], seconds: float = 30.0) -> list[int]:
+def wait_gone(processes: dict[int, str], seconds: float = WAIT_SECONDS) -> list[int]:
     deadline = time.monotonic() + seconds
     while alive(processes) and time.monotonic() < deadline:
         time.sleep(0.05)
     return alive(processes)
+
+
+def poll_until(condition, seconds: float) -> bool:
+    """Whether ``condition()`` holds within ``seconds`` (polled)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def expected_outputs(inputs: Path, output: Path) -> set[Path]:
@@ -237,7 +248,10 @@ def test_kill_9_of_the_parent_takes_the_workers_and_a_resume_completes(inputs, t
     process.communicate(timeout=WAIT_SECONDS)
     assert wait_gone(workers) == [], "worker processes outlived their parent"
     targets = expected_outputs(inputs, output)
-    assert files_under(output) <= targets, "a worker left its temp file"  # they abort on the parent's death
+    # they abort on the parent's death, removing their temp files before they exit; the
+    # poll only spares a busy machine's slow directory listing a false alarm
+    left = poll_until(lambda: files_under(output) <= targets, WAIT_SECONDS)
+    assert left, f"a worker left its temp file: {sorted(map(str, files_under(output) - targets))}"
     resumed = recompute(inputs, output, "--workers", 2, "--skip-existing", "--json", "-")
     try:
         _, stderr = resumed.communicate(timeout=WAIT_SECONDS * 2)
@@ -442,3 +456,166 @@ def test_a_swallowed_interrupt_still_stops_the_run_before_the_next_unit_and_batc
             next(batches)
     finally:
         clear_stop()
+
+
+# ----------------------------------------------------------------------------- a store that never answers
+
+
+class SilentServer:
+    """A loopback TCP server that accepts connections and reads requests but never
+    answers (a store behind a dead network path); ``requested`` is set once a request came."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.closed = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.sockets.append(client)
+            threading.Thread(target=self._read, args=(client,), daemon=True).start()
+
+    def _read(self, client: socket.socket) -> None:
+        try:
+            while client.recv(1 << 16):
+                self.requested.set()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.closed.set()
+        for each in [self.server, *self.sockets]:
+            each.close()
+
+
+@pytest.fixture
+def silent_store():
+    server = SilentServer()
+    yield server
+    server.close()
+
+
+STORE_URIS = {
+    # the store's own timeouts far beyond the test's patience: only the signal can end the call
+    "s3": "s3://key:secret@rollouts/in/x.parquet?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+    "&connect_timeout=300&request_timeout=300",
+    "gcs": "gs://anonymous@rollouts/in/x.parquet?endpoint_override=127.0.0.1:{port}&scheme=http&request_timeout=300",
+}
+PROMPT_SECONDS = 20.0  # how soon after the signal the run must have ended, on a busy machine
+
+
+@pytest.mark.parametrize("store", sorted(STORE_URIS))
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_a_run_while_a_store_call_is_pending(silent_store, store, signum):
+    """``gae validate URI`` of a store that takes the request and never answers: the
+    signal, sent once the request reached the store, ends the run at once (exit 130, one
+    line), the store call still pending."""
+    process = start("validate", STORE_URIS[store].format(port=silent_store.port))
+    wait_until(silent_store.requested.is_set, process, "the store got the request")
+    os.kill(process.pid, signum)
+    try:
+        _, stderr = process.communicate(timeout=PROMPT_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"gae did not stop within {PROMPT_SECONDS:g} s of the signal while the store call was pending")
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_a_store_without_request_timeouts_is_bounded(silent_store):
+    """GCS has no request timeout in pyarrow (its retry limit does not cut a stalled
+    request): gaecli bounds each call itself (6 request timeouts; 2 s here), so a store
+    that never answers ends the run instead of hanging."""
+    uri = STORE_URIS["gcs"].format(port=silent_store.port).replace("request_timeout=300", "request_timeout=2")
+    began = time.monotonic()
+    process = start("validate", uri)
+    code, stderr = finish(process)
+    assert silent_store.requested.is_set()
+    assert code != 0 and time.monotonic() - began < WAIT_SECONDS, stderr
+    assert "did not answer within 12 s" in stderr, stderr
+
+
+def test_gcs_without_its_metadata_server_ends(tmp_path):
+    """``gae validate gs://bucket/x.parquet`` with default credentials and no GCS metadata
+    server (or no network at all): bounded by the retry time limit gaecli sets (the
+    request timeout, 10 s), not pyarrow's default of 15 minutes."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("GOOGLE_", "GCE_"))}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env["HOME"] = str(tmp_path)  # no gcloud configuration of the user's
+    began = time.monotonic()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "gaecli", "validate", "gs://gaecli-no-such-bucket/x.parquet"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=WAIT_SECONDS,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"gae validate gs://… did not end within {WAIT_SECONDS:g} s")
+    assert result.returncode != 0 and time.monotonic() - began < WAIT_SECONDS, result.stderr
+
+
+# ----------------------------------------------------------------------------- nothing left behind
+
+
+def session_members(session: int) -> list[str]:
+    """The processes of ``session`` still running (zombies excepted), as ``pid command``."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] not in "ZX":
+            members.append(f"{entry.name} {command[:160]}")
+    return members
+
+
+@pytest.mark.parametrize("outcome", ["finished", "SIGINT-group", "SIGTERM-parent"])
+def test_the_command_returns_only_when_its_processes_have_exited(inputs, tmp_path, outcome):
+    """``--workers 2`` in a session of its own, its output streams on files (a pipe's end
+    of file would wait for every holder of the pipe): the moment the command has exited
+    (no grace period), no process of its session is alive, neither a worker nor Python's
+    resource tracker, whether the run finished or a signal stopped it."""
+    output = tmp_path / "out"
+    options = ["--gamma", 1, "--lambd", 1, "--quiet", "--workers", 2]
+    if outcome != "finished":
+        options += ["--batch-rows", 1]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with open(tmp_path / "stderr", "w+") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gaecli", "recompute", str(inputs), "-o", str(output), *map(str, options)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=env,
+            start_new_session=True,
+            cwd=ROOT,
+        )
+        if outcome != "finished":
+            wait_for_writing(process, output, inputs)
+            if outcome == "SIGINT-group":
+                os.killpg(process.pid, signal.SIGINT)
+            else:
+                os.kill(process.pid, signal.SIGTERM)
+        try:
+            code = process.wait(timeout=WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+        left = session_members(process.pid)  # the session's id is the command's pid
+        stderr.seek(0)
+        message = stderr.read()
+    assert left == [], left
+    assert code == (0 if outcome == "finished" else 130), message

@@ -16,8 +16,9 @@ from gaecli.advantages.layout import trainable_counts, turn_table
 def adaptive_lambd(alpha: float, lengths: np.ndarray) -> np.ndarray:
     """VAPO's length-adaptive λ of samples with ``lengths`` timesteps (trainable tokens, or
     turns under ``timestep="turn"``): ``clamp(1 − 1 / max(α·L, 1), 0, 1)``; 0 for L = 0.
-    float64 ``[B]``."""
-    scaled = np.float64(alpha) * lengths.astype(np.float64)
+    float64 ``[B]``. An α·L beyond float64 is +inf, whose λ is the limit 1 (no warning)."""
+    with np.errstate(over="ignore"):
+        scaled = np.float64(alpha) * lengths.astype(np.float64)
     return np.clip(1.0 - 1.0 / np.maximum(scaled, 1.0), 0.0, 1.0)
 
 

@@ -12,6 +12,7 @@ from gaecli._version import __version__
 from gaecli.cli.common import app
 from gaecli.cli.environment import check_environment
 from gaecli.cli.memory import reuse_freed_memory
+from gaecli.cli.streams import run_guarded
 
 # The modules that register the commands, in the order `gae --help` lists them.
 COMMAND_MODULES = ("recompute", "diff", "validate", "imports", "kernels")
@@ -39,4 +40,4 @@ def main() -> None:
     """Console-script entry point."""
     check_environment()
     reuse_freed_memory()
-    app()
+    run_guarded(app)

@@ -5,7 +5,6 @@ that ``gae --help`` starts fast."""
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any, NoReturn, Optional
 
 import typer
@@ -214,10 +213,6 @@ def write_json(document: Any, path: str | None) -> None:
     from gaecli.report import json_text
 
     text = json_text(document)
-    if path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
     from gaecli.errors import GAEUsageError
     from gaecli.report import write_text
 

@@ -42,12 +42,14 @@ _running_unit = None
 _stopping = False
 _FLUSH, _STOP = "flush", "stop"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# How long a worker whose parent died may take to abort its unit before it exits regardless.
-ORPHAN_GRACE_SECONDS = 10.0
 EXIT_INTERRUPTED = 130
 # How long the parent, interrupted, waits for its workers to abort their units before it
 # kills them (then removes what they left itself).
 STOP_GRACE_SECONDS = 30.0
+# How long a worker whose parent died may take to abort its unit (remove its temp files)
+# before it exits regardless: as long as a living parent would wait (a busy machine's abort
+# can take seconds).
+ORPHAN_GRACE_SECONDS = STOP_GRACE_SECONDS
 PARENT_POLL_SECONDS = 0.5
 
 
@@ -242,11 +244,32 @@ class LocalPool:
 
     def close(self, cancel: bool = False) -> None:
         """Stop the workers (``cancel``: drop the units not started; running ones finish
-        whole or abort) and the progress thread."""
+        whole or abort) and the progress thread; return once no process the pool started
+        is alive (:func:`_end_helper_processes`)."""
         try:
             self.executor.shutdown(wait=True, cancel_futures=cancel)
         finally:
             self.drain.stop()
+            _end_helper_processes()
+
+
+def _end_helper_processes() -> None:
+    """Wait for every process this one started through multiprocessing (the pool joins its
+    workers; one it lost track of is killed after :data:`STOP_GRACE_SECONDS`), then stop
+    Python's resource tracker if this process started it: otherwise it outlives the
+    command by a moment, in the command's process group."""
+    import gc
+    from multiprocessing import resource_tracker
+
+    for child in multiprocessing.active_children():
+        child.join(STOP_GRACE_SECONDS)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    gc.collect()  # the pool's semaphores unregister from the tracker now, not at exit
+    tracker = resource_tracker._resource_tracker
+    if getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):  # started here
+        tracker._stop()
 
 
 def map_units_local(

@@ -13,6 +13,7 @@ import os
 import re
 import stat
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, Union
@@ -29,6 +30,7 @@ _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 # one FileSystem per scheme://authority?query in each process (object-store clients are
 # costly to build; a mock:// file system lives as long as its instance)
 _FILESYSTEMS: dict[str, pafs.FileSystem] = {}
+_CALL_LIMITS: dict[int, Optional[float]] = {}  # id of a cached file system → :func:`store_call`'s limit
 _LOCK = threading.Lock()
 
 
@@ -64,12 +66,76 @@ def _without_timeouts(uri: str) -> tuple[str, dict[str, float]]:
 
 
 def _with_timeouts(filesystem: pafs.FileSystem, timeouts: dict[str, float]) -> pafs.FileSystem:
-    """An S3 file system with :data:`OBJECT_STORE_TIMEOUTS` (or ``timeouts``) set; any other
-    as it is (pyarrow has no timeout options for them)."""
-    if not isinstance(filesystem, pafs.S3FileSystem):
-        return filesystem
-    rebuild, (options,) = filesystem.__reduce__()  # every option from_uri set, by name
-    return rebuild({**options, **OBJECT_STORE_TIMEOUTS, **timeouts})
+    """A file system with :data:`OBJECT_STORE_TIMEOUTS` (or ``timeouts``) set where pyarrow
+    takes them: S3 both; GCS its retry time limit (``request_timeout``, unless the URI set
+    ``retry_limit_seconds``). Every store's calls are bounded besides (:func:`store_call`)."""
+    if isinstance(filesystem, pafs.S3FileSystem):
+        rebuild, (options,) = filesystem.__reduce__()  # every option from_uri set, by name
+        return rebuild({**options, **OBJECT_STORE_TIMEOUTS, **timeouts})
+    if type(filesystem).__name__ == "GcsFileSystem":
+        import datetime
+
+        rebuild, (options,) = filesystem.__reduce__()
+        if options.get("retry_time_limit") is None:
+            seconds = {**OBJECT_STORE_TIMEOUTS, **timeouts}["request_timeout"]
+            options = {**options, "retry_time_limit": datetime.timedelta(seconds=seconds)}
+        return rebuild(options)
+    return filesystem
+
+
+# A call to a store that offers no request timeout (GCS: its retries are bounded, not one
+# stalled request; HDFS, …) fails after this many request timeouts (60 s by default).
+STORE_CALL_LIMIT_TIMEOUTS = 6
+_PENDING_CALLS: list[threading.Thread] = []  # store calls given up on, still in their thread
+
+
+def _call_limit(filesystem: pafs.FileSystem, timeouts: dict[str, float]) -> Optional[float]:
+    """Seconds a call to ``filesystem`` may take (None: its own timeouts bound it)."""
+    if isinstance(filesystem, (pafs.S3FileSystem, pafs.LocalFileSystem)):
+        return None
+    return STORE_CALL_LIMIT_TIMEOUTS * {**OBJECT_STORE_TIMEOUTS, **timeouts}["request_timeout"]
+
+
+def store_call(filesystem: pafs.FileSystem, function, *args):
+    """``function(*args)``, a blocking call to ``filesystem``, made so that a signal is
+    obeyed while it is pending: in the main thread, the call runs in a daemon thread waited
+    on in short slices (the signal handlers run between them; the KeyboardInterrupt leaves
+    the call behind, and :func:`store_calls_pending` then tells the command to end without
+    waiting for it). A call that outlasts the store's limit (stores without a request
+    timeout) raises :class:`TimeoutError`. Elsewhere (a worker's thread), a plain call."""
+    if threading.current_thread() is not threading.main_thread():
+        return function(*args)
+    limit = _CALL_LIMITS.get(id(filesystem), None)
+    outcome: dict = {}
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            outcome["result"] = function(*args)
+        except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
+            outcome["error"] = error
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=call, name="gaecli-store-call", daemon=True)
+    thread.start()
+    deadline = None if limit is None else time.monotonic() + limit
+    try:
+        while not done.wait(0.05):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"the store did not answer within {limit:g} s")
+    except BaseException:
+        _PENDING_CALLS.append(thread)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+def store_calls_pending() -> bool:
+    """Whether a store call that :func:`store_call` gave up on is still running (the
+    process must then end without waiting for it: ``os._exit``)."""
+    return any(thread.is_alive() for thread in _PENDING_CALLS)
 
 
 def _filesystem(base: str, uri: str) -> tuple[pafs.FileSystem, str]:
@@ -82,6 +148,7 @@ def _filesystem(base: str, uri: str) -> tuple[pafs.FileSystem, str]:
             raise GAEUsageError(f"{uri}: not a path or URI pyarrow's file systems understand ({error})") from error
         if base not in _FILESYSTEMS:
             _FILESYSTEMS[base] = _with_timeouts(fs_from_uri, timeouts)
+            _CALL_LIMITS[id(_FILESYSTEMS[base])] = _call_limit(fs_from_uri, timeouts)
         filesystem = _FILESYSTEMS[base]
     return filesystem, path
 
@@ -143,9 +210,11 @@ class RemotePath:
 
     def info(self) -> pafs.FileInfo:
         """The store's information on this path (:class:`GAEUsageError` naming the URI when
-        the store cannot be asked: :func:`store_errors`)."""
+        the store cannot be asked, or does not answer in time: :func:`store_errors`,
+        :func:`store_call`)."""
+        filesystem = self.filesystem
         with store_errors(self):
-            return self.filesystem.get_file_info(self._fs_path)
+            return store_call(filesystem, filesystem.get_file_info, self._fs_path)
 
     def exists(self) -> bool:
         return self.info().type != pafs.FileType.NotFound
@@ -461,8 +530,9 @@ def list_parquet(directory: RemotePath, patterns: tuple[str, ...]) -> list[Remot
 
     selector = pafs.FileSelector(directory.fs_path, recursive=True)
     found = []
+    filesystem = directory.filesystem
     with store_errors(directory):
-        infos = directory.filesystem.get_file_info(selector)
+        infos = store_call(filesystem, filesystem.get_file_info, selector)
     for info in infos:
         if info.type != pafs.FileType.File:
             continue

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gaecli.errors import GAEUsageError, UnreadableFileError
-from gaecli.io.filesystem import AnyPath, RemotePath, pyarrow_can_name, to_path
+from gaecli.io.filesystem import AnyPath, RemotePath, pyarrow_can_name, store_call, to_path
 
 MIN_BATCH_ROWS = 256  # an automatic batch holds at least this many rows
 BATCH_TOKENS = 1 << 20  # an automatic batch holds about this many tokens
@@ -87,7 +87,7 @@ class RolloutFile:
             where = self.path if self._source is None else self._source
             try:
                 if footer is None:
-                    footer = read_footer(where)
+                    footer = _stored(self.path, read_footer, where)
                 self.parquet = open_parquet(where, footer)
                 self.schema: pa.Schema = self.parquet.schema_arrow
                 self.num_rows: int = self.parquet.metadata.num_rows
@@ -181,8 +181,16 @@ def open_source(path: AnyPath):
     path itself: an object store's input file, or a local file whose name is no UTF-8
     (pyarrow takes a name as UTF-8 text; Python opens it by its bytes as they are)."""
     if isinstance(path, RemotePath):
-        return path.filesystem.open_input_file(path.fs_path)
+        return _stored(path, path.filesystem.open_input_file, path.fs_path)
     return None if pyarrow_can_name(path) else open(path, "rb")
+
+
+def _stored(path: AnyPath, read, *args):
+    """``read(*args)``; for an object store's file through :func:`store_call` (bounded, and
+    a signal obeyed while it is pending)."""
+    if isinstance(path, RemotePath):
+        return store_call(path.filesystem, read, *args)
+    return read(*args)
 
 
 def _read_with(path: AnyPath | str, read):
@@ -192,7 +200,7 @@ def _read_with(path: AnyPath | str, read):
     if source is None:
         return read(str(located))
     with source:
-        return read(source)
+        return _stored(located, read, source)
 
 
 def read_schema(path: AnyPath | str) -> pa.Schema:

@@ -154,6 +154,10 @@ class AtomicParquetWriter:
             self._remove_temp()
             self._remove_created_dirs()
             raise GAEUsageError(f"{self.target}: cannot write ({failure_reason(error)})") from error
+        except BaseException:  # a signal while the temp file was being opened: no caller can abort it yet
+            self._remove_temp()
+            self._remove_created_dirs()
+            raise
 
     def _open_direct(self, schema: pa.Schema, compression: str) -> None:
         """Stream into a device, FIFO or descriptor (``-o /dev/null``, a pipe, ``-o

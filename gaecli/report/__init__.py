@@ -403,8 +403,11 @@ def write_text(path: str, text: str) -> None:
     """Write a report to ``path`` ('-' = stdout; a path or a URI, written whole or not at
     all); an unwritable path is a GAEUsageError."""
     if path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except OSError as error:  # a full device; a reader gone ends the gae process by SIGPIPE (gaecli.cli.streams)
+            raise GAEUsageError(f"cannot write to standard output: {error.strerror or error}") from error
         return
     try:
         write_whole(path, text.encode("utf-8"))
