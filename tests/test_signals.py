@@ -539,8 +539,9 @@ def test_a_store_without_request_timeouts_is_bounded(silent_store):
     process = start("validate", uri)
     code, stderr = finish(process)
     assert silent_store.requested.is_set()
-    assert code != 0 and time.monotonic() - began < WAIT_SECONDS, stderr
+    assert code == 2 and time.monotonic() - began < WAIT_SECONDS, stderr
     assert "did not answer within 12 s" in stderr, stderr
+    assert "Traceback" not in stderr and "unreadable gs://" in stderr, stderr  # validate's finding, no traceback
 
 
 def test_gcs_without_its_metadata_server_ends(tmp_path):
@@ -561,7 +562,9 @@ def test_gcs_without_its_metadata_server_ends(tmp_path):
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"gae validate gs://… did not end within {WAIT_SECONDS:g} s")
-    assert result.returncode != 0 and time.monotonic() - began < WAIT_SECONDS, result.stderr
+    assert result.returncode == 2 and time.monotonic() - began < WAIT_SECONDS, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "unreadable gs://gaecli-no-such-bucket/x.parquet: " in result.stderr, result.stderr
 
 
 # ----------------------------------------------------------------------------- nothing left behind
