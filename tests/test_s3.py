@@ -19,7 +19,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ import pytest
 
 from gaecli.io.writer import AtomicParquetWriter
 
+from loopback_stores import SilentServer
 from rollout_files import gae, output_content, random_rollouts, rollout_table, write_table
 
 moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto: pip install 'moto[s3,server]'")
@@ -292,21 +292,9 @@ def test_an_endpoint_that_refuses_connections_is_one_line_naming_the_uri(refusin
 def silent_endpoint():
     """``127.0.0.1:PORT`` of a server that accepts every connection and never answers (a
     stalled store)."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    yield f"127.0.0.1:{server.getsockname()[1]}"
+    server = SilentServer()
+    yield server.endpoint
     server.close()
-    for connection in held:
-        connection.close()
 
 
 def gae_process(*args) -> subprocess.CompletedProcess:

@@ -14,16 +14,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from loopback_stores import SilentServer, StallingProxy
 from rollout_files import random_rollouts, rollout_table, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,56 +280,6 @@ def test_a_signal_stops_a_ray_run(inputs, tmp_path, signum):
 # ----------------------------------------------------------------------------- a stalled object store
 
 
-class StallingProxy:
-    """A loopback TCP proxy to the S3 server that passes ``allowed`` upload requests for a
-    ``.parquet`` key (a multipart upload is three: start, part, complete) and then stalls:
-    from the next one on it reads and answers nothing, on any connection (a store that hangs
-    mid-run). Its threads end when it is closed."""
-
-    UPLOAD = re.compile(rb"(PUT|POST) /[^ ?]*\.parquet")
-
-    def __init__(self, upstream: tuple[str, int], allowed: int) -> None:
-        self.upstream, self.allowed = upstream, allowed
-        self.stalled = threading.Event()
-        self.closed = threading.Event()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed.is_set():
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            self.sockets.append(client)
-            if self.stalled.is_set():
-                continue  # accepted, never answered
-            server = socket.create_connection(self.upstream)
-            self.sockets.append(server)
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket, requests: bool) -> None:
-        try:
-            while not self.stalled.is_set() and (data := source.recv(1 << 16)):
-                if requests:
-                    self.allowed -= len(self.UPLOAD.findall(data))
-                    if self.allowed < 0:
-                        self.stalled.set()
-                        break
-                sink.sendall(data)
-        except OSError:
-            pass
-        self.closed.wait(WAIT_SECONDS)  # stalled: hold the connection open, silent
-
-    def close(self) -> None:
-        self.closed.set()
-        for each in [self.server, *self.sockets]:
-            each.close()
-
-
 @pytest.fixture
 def s3_endpoint():
     moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto: pip install 'moto[s3,server]'")
@@ -459,40 +408,6 @@ def test_a_swallowed_interrupt_still_stops_the_run_before_the_next_unit_and_batc
 
 
 # ----------------------------------------------------------------------------- a store that never answers
-
-
-class SilentServer:
-    """A loopback TCP server that accepts connections and reads requests but never
-    answers (a store behind a dead network path); ``requested`` is set once a request came."""
-
-    def __init__(self) -> None:
-        self.requested = threading.Event()
-        self.closed = threading.Event()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed.is_set():
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            self.sockets.append(client)
-            threading.Thread(target=self._read, args=(client,), daemon=True).start()
-
-    def _read(self, client: socket.socket) -> None:
-        try:
-            while client.recv(1 << 16):
-                self.requested.set()
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.closed.set()
-        for each in [self.server, *self.sockets]:
-            each.close()
 
 
 @pytest.fixture
