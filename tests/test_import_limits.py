@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_import import rollout_data, write_dump
-from test_import_nemo_rl import batch, write_step
+from test_import_nemo_rl import batch, import_after_a_bad_line, write_step
 
 from rollout_files import files_under, gae
 
@@ -186,10 +186,7 @@ NEMO_CASES = [
 
 @pytest.mark.parametrize("line, expected", [c[1:] for c in NEMO_CASES], ids=[c[0] for c in NEMO_CASES])
 def test_nemo_rl_refuses_numbers_no_column_holds_in_one_line(tmp_path, line, expected):
-    path = write_step(tmp_path, 7, batch(7, 2))
-    with open(path, "a") as file:
-        file.write(line + "\n")
-    result = gae("import", "nemo-rl", path, "-o", tmp_path / "out.parquet", "--quiet")
+    path, result = import_after_a_bad_line(tmp_path, line)
     assert result.exit_code == 1, result.output
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and len(lines[0]) < 600, result.stderr[:2000]

@@ -63,6 +63,15 @@ def write_step(directory: Path, step: int, samples: list[dict]) -> Path:
     return path
 
 
+def import_after_a_bad_line(tmp_path: Path, line: str):
+    """``gae import nemo-rl`` of a step file of two good lines and then ``line`` (line 3):
+    (the step file, the result)."""
+    path = write_step(tmp_path, 7, batch(7, 2))
+    with open(path, "a") as file:
+        file.write(line + "\n")
+    return path, gae("import", "nemo-rl", path, "-o", tmp_path / "out.parquet", "--quiet")
+
+
 def expected_rows(step: int, samples: list[dict]) -> list[dict]:
     """The import, one row at a time: response = [s, L) with s the first trainable token."""
     rows = []
@@ -191,10 +200,7 @@ def sample_line(drop: str = "", **changes) -> str:
     ],
 )
 def test_bad_lines_are_named_with_file_line_and_key(tmp_path, line, expected):
-    path = write_step(tmp_path, 7, batch(7, 2))
-    with open(path, "a") as file:
-        file.write(line + "\n")
-    result = gae("import", "nemo-rl", path, "-o", tmp_path / "out.parquet", "--quiet")
+    _, result = import_after_a_bad_line(tmp_path, line)
     assert result.exit_code == 1, result.output
     assert f"train_data_step7.jsonl:3: {expected}" in " ".join(result.stderr.split())
     assert files_under(tmp_path) == ["train_data_step7.jsonl"]
