@@ -118,8 +118,8 @@ def recompute_table(
     the table row and column (``table, row 3, column 'values': ...``), and for a table it
     cannot read.
     """
+    from gaecli.advantages.kernels import resolve_kernel
     from gaecli.io.format import Columns
-    from gaecli.kernels import resolve_kernel
     from gaecli.pipeline import computed_batches
     from gaecli.recompute import RecomputeOptions
     from gaecli.recompute.output import check_job, computation_of, output_batch, output_schema

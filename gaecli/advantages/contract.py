@@ -4,7 +4,6 @@ the check of γ and λ. Imports neither torch nor numba."""
 from __future__ import annotations
 
 from gaecli.errors import InvalidOptionError
-from gaecli.options import check_number
 
 MASKED = "masked"
 """The contract's own semantics: GAE over each sample's trainable tokens (docs/semantics.md)."""
@@ -55,13 +54,6 @@ of rows sharing a key."""
 
 WHITEN_EPSILON = 1e-8
 """ε of whitening: ``(A − mean) / sqrt(var + ε)``."""
-
-
-def check_discount(gamma: float, lambd: float, names: tuple[str, str] = ("gamma", "lambd")) -> None:
-    """Raise :class:`gaecli.errors.InvalidOptionError` unless γ and λ are finite numbers in
-    [0, 1]; the message calls them ``names``."""
-    check_number(names[0], gamma, 0.0, 1.0)
-    check_number(names[1], lambd, 0.0, 1.0)
 
 
 def profile_of(semantics: str) -> str:

@@ -107,15 +107,3 @@ def plan_variants(
         has_turn_rewards=has_turn_rewards,
         turn_mode=turn_mode,
     )
-
-
-VARIANT_KEYWORDS = (
-    "timestep",
-    "lambd_critic",
-    "lambd_alpha",
-    "turn_rewards",
-    "turn_offsets",
-    "truncated",
-    "bootstrap_values",
-)
-"""The keyword arguments a kernel that supports the variants takes besides γ and λ."""

@@ -520,10 +520,6 @@ def total_size(paths) -> int:
     return total
 
 
-def is_local(path: AnyPath) -> bool:
-    return not isinstance(path, RemotePath)
-
-
 def list_parquet(directory: RemotePath, patterns: tuple[str, ...]) -> list[RemotePath]:
     """Files below ``directory`` (recursively) whose names match ``patterns``, sorted."""
     import fnmatch

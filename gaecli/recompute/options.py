@@ -72,7 +72,7 @@ class RecomputeOptions:
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
         choices, a kernel or device not usable here, and contradicting options."""
-        from gaecli.kernels import resolve_kernel
+        from gaecli.advantages.kernels import resolve_kernel
 
         check_estimators((self.estimator,), self.gamma, self.lambd, self.group_by, self.step_by, self.whitening)
         if self.critic_free and self.keep_baseline:

@@ -312,7 +312,7 @@ def recompute_files(
     writes nothing. Bad option values raise :class:`gaecli.errors.InvalidOptionError` (a
     :class:`GAEInputError` too) when the options are made, before any work.
     """
-    from gaecli.kernels import resolve_kernel
+    from gaecli.advantages.kernels import resolve_kernel
 
     engine = engine or EngineOptions(workers=1)  # a library call stays in this process unless told
     if options.normalize_by is not None and not options.normalize:

@@ -32,7 +32,7 @@ GAE_VARIANT_FEATURES = GAE_FEATURES | frozenset(
     {"timestep:turn", "lambd_critic", "lambd_alpha", "turn_rewards", "truncated", "bootstrap_values"}
 )
 """Plain GAE and every GAE variant (docs/variants.md): a kernel that supports them takes the
-keywords of :data:`gaecli.advantages.variants.VARIANT_KEYWORDS`."""
+variant keywords of :func:`gaecli.advantages.variants.plan_variants` besides γ and λ."""
 
 
 @dataclass(frozen=True)
@@ -200,9 +200,4 @@ def _describe(spec: Optional["AdvantageSpec"]) -> str:
     return "anything" if spec is None else ", ".join(sorted(spec.features))
 
 
-def get_kernel(name: str, device="cpu", spec: Optional["AdvantageSpec"] = None) -> Callable[..., tuple[Any, Any]]:
-    """The kernel function for ``name`` (``auto`` resolved for ``device`` and ``spec``)."""
-    return KERNELS[resolve_kernel(name, device, spec)].function
-
-
-__all__ = ["KERNELS", "Kernel", "available_kernels", "device_type", "get_kernel", "resolve_kernel"]
+__all__ = ["KERNELS", "Kernel", "available_kernels", "device_type", "resolve_kernel"]

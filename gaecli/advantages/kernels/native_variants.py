@@ -191,8 +191,8 @@ def native_variant_flat(
     **variants,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The GAE variants (docs/variants.md) on flat numpy buffers: arguments as
-    :func:`native_gae_flat` plus the keywords of
-    :data:`gaecli.advantages.variants.VARIANT_KEYWORDS` (per-row inputs as numpy arrays or
+    :func:`native_gae_flat` plus the variant keywords of
+    :func:`gaecli.advantages.variants.plan_variants` (per-row inputs as numpy arrays or
     tensors, checked by the caller). The turn table and the per-sample λ are computed
     vectorised (:func:`gaecli.advantages.variants.plan_variants`); one compiled pass per
     sample, in float64, rounded once on output: bitwise batch invariant."""
