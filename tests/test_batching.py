@@ -175,14 +175,14 @@ def test_short_samples_outside_the_lanes_give_the_reference_bits():
 def test_the_native_kernel_plans_token_balanced_groups_longest_first():
     # Each group holds the samples whose first token lies in its share [g, g + 1) * N / G of
     # the tokens, longest first, equal lengths in sample order; every sample once.
-    from gaecli.advantages.kernels.native import _plan_groups
+    from gaecli.advantages.kernels.compiled import plan_groups
 
     rng = np.random.default_rng(11)
     for _ in range(300):
         lengths = rng.integers(0, 6, int(rng.integers(0, 14)))
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
         groups = int(rng.integers(1, 5))
-        order, bounds = _plan_groups(offsets, groups)
+        order, bounds = plan_groups(offsets, groups)
         total = int(offsets[-1])
         expected_order = []
         for group in range(groups):

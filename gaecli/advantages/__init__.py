@@ -12,35 +12,31 @@ Importing this package loads neither torch nor numba; the torch API loads on fir
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from gaecli.advantages.contract import BASELINES, MASKED, WHITEN_EPSILON
 from gaecli.advantages.spec import AdvantageSpec, RowInput
+from gaecli.lazy import lazy_exports
 
-_LAZY = {
-    "compute": "gaecli.advantages.dispatch",
-    "gae_flat": "gaecli.advantages.dispatch",
-    "compute_advantages": "gaecli.advantages.api",
-    "compute_advantages_packed": "gaecli.advantages.api",
-    "masked_gae": "gaecli.advantages.api",
-    "masked_gae_packed": "gaecli.advantages.api",
-    "baseline_gae": "gaecli.advantages.api",
-    "baseline_gae_packed": "gaecli.advantages.api",
-    "unmasked_gae": "gaecli.advantages.api",
-    "whiten": "gaecli.advantages.whiten",
-}
+TORCH_API = (
+    "compute_advantages",
+    "compute_advantages_packed",
+    "masked_gae",
+    "masked_gae_packed",
+    "baseline_gae",
+    "baseline_gae_packed",
+    "unmasked_gae",
+)
+"""The Python API on tensors (:mod:`.api`), loaded on first use."""
+
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    {
+        "gaecli.advantages.dispatch": ("compute", "gae_flat"),
+        "gaecli.advantages.api": TORCH_API,
+        "gaecli.advantages.whiten": ("whiten",),
+    },
+)
 
 __all__ = ["AdvantageSpec", "BASELINES", "MASKED", "RowInput", "WHITEN_EPSILON", *_LAZY]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gaecli.advantages' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
 
 
 def __dir__() -> list[str]:

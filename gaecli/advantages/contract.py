@@ -1,5 +1,5 @@
-"""The contract's constants and names, defined once (what they mean: docs/semantics.md), and
-the check of γ and λ. Imports neither torch nor numba."""
+"""The contract's constants and names, defined once (what they mean: docs/semantics.md).
+Imports neither torch nor numba."""
 
 from __future__ import annotations
 

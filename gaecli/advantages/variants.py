@@ -6,7 +6,7 @@ no torch, no numba."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -56,23 +56,26 @@ class VariantPlan:
     turn_mode: bool
 
 
-def plan_variants(
-    trainable: np.ndarray,
-    offsets: np.ndarray,
-    *,
-    lambd: float,
-    timestep: str = "token",
-    lambd_critic: Optional[float] = None,
-    lambd_alpha: Optional[float] = None,
-    turn_rewards=None,
-    turn_offsets=None,
-    truncated=None,
-    bootstrap_values=None,
-) -> VariantPlan:
+class VariantArguments(NamedTuple):
+    """The keyword arguments of the GAE variants a kernel takes besides γ and λ (written once:
+    the kernels that run the variants read them through this). ``turn_rewards`` are flat
+    ``[U]`` in the turn order of the batch (``turn_offsets``, when given, must be the batch's
+    own, which the callers check); ``truncated`` bool ``[B]`` and ``bootstrap_values`` ``[B]``
+    (read only where truncated). Per-row inputs as numpy arrays, tensors or sequences."""
+
+    timestep: str = "token"
+    lambd_critic: Optional[float] = None
+    lambd_alpha: Optional[float] = None
+    turn_rewards: Any = None
+    turn_offsets: Any = None
+    truncated: Any = None
+    bootstrap_values: Any = None
+
+
+def plan_variants(trainable: np.ndarray, offsets: np.ndarray, *, lambd: float, **variants) -> VariantPlan:
     """The :class:`VariantPlan` of one batch (bool ``trainable`` ``[N]``, int64 ``offsets``
-    ``[B + 1]``), vectorised. ``turn_rewards`` are flat ``[U]`` in the turn order of the
-    batch (``turn_offsets``, when given, must be the batch's own, which the callers check);
-    ``truncated`` bool ``[B]`` and ``bootstrap_values`` ``[B]`` (read only where truncated)."""
+    ``[B + 1]``), vectorised; ``variants``: the keywords of :class:`VariantArguments`."""
+    timestep, lambd_critic, lambd_alpha, turn_rewards, _, truncated, bootstrap_values = VariantArguments(**variants)
     batch = offsets.size - 1
     turn_mode = timestep == "turn"
     if turn_mode or turn_rewards is not None:

@@ -24,7 +24,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Optional, Sequence
 
-from gaecli.engines import EXIT_UNUSABLE, FINISHED, EngineSession, FilesDone, TaskFailure, run_unit
+from gaecli.engines import EXIT_UNUSABLE, FINISHED, EngineSession, TaskFailure, run_unit
+from gaecli.engines.gathering import UnitResults
 from gaecli.errors import RunInterrupted
 from gaecli.progress import ForwardingProgress, NoProgress
 from gaecli.stop import request_stop
@@ -298,54 +299,19 @@ def map_units_local(
     pool.drain.progress = progress if progress is not None else NoProgress()
     pool.drain.started.clear()
     pool.drain.terminated.clear()
-    results: list[Any] = [None] * len(tasks)
+    results = UnitResults(len(tasks), progress, stop_on_failure)
     futures: dict[Future, int] = {}
-    broken = False
-    files_done = FilesDone(progress, len(tasks))
     try:
         with _stop_signals_blocked():
             futures = {
                 pool.executor.submit(_pool_unit, function, args, index): index for index, args in enumerate(tasks)
             }
-        pending = set(futures)
-        stopping = False
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=futures.__getitem__):
-                index = futures[future]
-                if future.cancelled():
-                    continue
-                try:
-                    results[index] = future.result()
-                except BrokenProcessPool:
-                    broken = True
-                    results[index] = _WORKER_DIED  # said precisely below, once the pool has stopped
-                files_done.add()
-                if stop_on_failure and isinstance(results[index], TaskFailure) and not stopping:
-                    stopping = True
-                    for other in pending:
-                        other.cancel()
+        broken = _gather(futures, results)
         pool.drain.flush()
     except BaseException as error:
         if session is not None:
             session.forget(key)
-        if not isinstance(error, KeyboardInterrupt):
-            for future in futures:
-                future.cancel()
-            pool.close(cancel=True)  # running units finish whole (or abort) before we leave
-            raise
-        # No future is cancelled: the pool, broken by its workers' exit, fails every unit
-        # not finished (and would trip over a cancelled one); workers start no unit anyway.
-        with _stop_signals_blocked():  # nothing interrupts the stop
-            pool.stop_workers()
-            pool.close()
-        for future, index in futures.items():
-            if future.done() and not future.cancelled() and future.exception() is None:
-                results[index] = future.result()
-        for index in pool.drain.finished:  # in place, though its result was lost with the pool
-            if results[index] is None:
-                results[index] = FINISHED
-        raise RunInterrupted(results=results) from error
+        _stop_pool(pool, futures, results.values, error)
     finally:
         pool.drain.progress = NoProgress()
     if broken and session is not None:
@@ -353,8 +319,52 @@ def map_units_local(
     if broken or session is None:
         pool.close()
     if broken:
-        _name_the_dead_worker(results, labels, pool.drain)
-    return results
+        _name_the_dead_worker(results.values, labels, pool.drain)
+    return results.values
+
+
+def _gather(futures: dict[Future, int], results: UnitResults) -> bool:
+    """Record each unit's result as it finishes (a failure cancels the units not started,
+    with ``stop_on_failure``); returns whether the pool broke (a worker died)."""
+    broken = False
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        for future in sorted(done, key=futures.__getitem__):
+            if future.cancelled():
+                continue
+            try:
+                result = future.result()
+            except BrokenProcessPool:
+                broken = True
+                result = _WORKER_DIED  # said precisely later, once the pool has stopped
+            if results.record(futures[future], result):
+                for other in pending:
+                    other.cancel()
+    return broken
+
+
+def _stop_pool(pool: LocalPool, futures: dict[Future, int], results: list[Any], error: BaseException) -> None:
+    """After ``error`` in the map: close the pool and raise it again, or, for an interrupt,
+    stop the workers and raise :class:`RunInterrupted` with the results of the units that
+    had finished."""
+    if not isinstance(error, KeyboardInterrupt):
+        for future in futures:
+            future.cancel()
+        pool.close(cancel=True)  # running units finish whole (or abort) before we leave
+        raise error
+    # No future is cancelled: the pool, broken by its workers' exit, fails every unit
+    # not finished (and would trip over a cancelled one); workers start no unit anyway.
+    with _stop_signals_blocked():  # nothing interrupts the stop
+        pool.stop_workers()
+        pool.close()
+    for future, index in futures.items():
+        if future.done() and not future.cancelled() and future.exception() is None:
+            results[index] = future.result()
+    for index in pool.drain.finished:  # in place, though its result was lost with the pool
+        if results[index] is None:
+            results[index] = FINISHED
+    raise RunInterrupted(results=results) from error
 
 
 _WORKER_DIED = object()

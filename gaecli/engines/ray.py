@@ -15,7 +15,8 @@ import socket
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from gaecli.engines import EXIT_UNUSABLE, EngineOptions, EngineSession, FilesDone, TaskFailure, advance, run_unit
+from gaecli.engines import EXIT_UNUSABLE, EngineOptions, EngineSession, TaskFailure, advance, run_unit
+from gaecli.engines.gathering import UnitResults
 from gaecli.errors import GAEUsageError, RunInterrupted
 from gaecli.progress import ForwardingProgress, NoProgress
 
@@ -141,53 +142,21 @@ def map_units_ray(
     ``progress`` to show, the tasks report batch by batch through a Ray queue (an actor
     that takes no CPU), drained while waiting for the results."""
     ray = import_ray()
-    started_here = False
-    if not ray.is_initialized():
-        _start_ray(ray, engine)
-        if session is None:
-            started_here = True
-        else:  # up for the command's next pass; the session shuts it down
-            session.resource("ray", lambda: ray, lambda module: module.shutdown())
+    started_here = _ensure_ray(ray, engine, session)
     remote = ray.remote(num_cpus=1, max_retries=0)(_ray_unit)
-    results: list[Any] = [None] * len(tasks)
+    results = UnitResults(len(tasks), progress, stop_on_failure)
     refs: dict = {}
     queue = None
-    files_done = FilesDone(progress, len(tasks))
     try:
         if progress is not None and not isinstance(progress, NoProgress):
             from ray.util.queue import Queue
 
             queue = Queue(actor_options={"num_cpus": 0})
         refs = {remote.remote(function, args, queue): index for index, args in enumerate(tasks)}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=None if queue is None else PROGRESS_SECONDS)
-            if queue is not None:
-                _drain(queue, progress)
-            for ref in done:
-                index = refs[ref]
-                try:
-                    results[index] = ray.get(ref)
-                except ray.exceptions.TaskCancelledError:
-                    continue
-                except ray.exceptions.RayError as error:
-                    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                    results[index] = TaskFailure(
-                        EXIT_UNUSABLE,
-                        f"{labels[index]}: the Ray task failed ({type(error).__name__}: {reason}); nothing was "
-                        "written for it",
-                    )
-                if queue is None:
-                    advance(progress, results[index])
-                files_done.add()
-                if stop_on_failure and isinstance(results[index], TaskFailure):
-                    for other in pending:
-                        ray.cancel(other)
-        if queue is not None:
-            _drain(queue, progress)
+        _gather(ray, refs, results, labels, queue, progress)
     except KeyboardInterrupt as error:
-        _stop_tasks(ray, refs, results)
-        raise RunInterrupted(results=results) from error
+        _stop_tasks(ray, refs, results.values)
+        raise RunInterrupted(results=results.values) from error
     except BaseException:
         for ref in refs:
             ray.cancel(ref)
@@ -197,4 +166,50 @@ def map_units_ray(
             queue.shutdown(force=True)
         if started_here:
             ray.shutdown()
-    return results
+    return results.values
+
+
+def _ensure_ray(ray, engine: EngineOptions, session: Optional[EngineSession]) -> bool:
+    """Start or join Ray unless it is running already; returns whether the map shuts it
+    down at its end (started here, without a ``session``, which does it otherwise)."""
+    if ray.is_initialized():
+        return False
+    _start_ray(ray, engine)
+    if session is None:
+        return True
+    session.resource("ray", lambda: ray, lambda module: module.shutdown())  # up for the next pass
+    return False
+
+
+def _gather(ray, refs: dict, results: UnitResults, labels: Sequence[str], queue, progress) -> None:
+    """Record each task's result as it finishes (a failure cancels the others, with
+    ``stop_on_failure``), applying the tasks' progress reports from ``queue`` meanwhile."""
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1, timeout=None if queue is None else PROGRESS_SECONDS)
+        if queue is not None:
+            _drain(queue, progress)
+        for ref in done:
+            index = refs[ref]
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.TaskCancelledError:
+                continue
+            except ray.exceptions.RayError as error:
+                result = _task_failure(error, labels[index])
+            if queue is None:
+                advance(progress, result)
+            if results.record(index, result):
+                for other in pending:
+                    ray.cancel(other)
+    if queue is not None:
+        _drain(queue, progress)
+
+
+def _task_failure(error: Exception, label: str) -> TaskFailure:
+    """The failure of a task that Ray lost (its error, not the unit's)."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return TaskFailure(
+        EXIT_UNUSABLE,
+        f"{label}: the Ray task failed ({type(error).__name__}: {reason}); nothing was written for it",
+    )

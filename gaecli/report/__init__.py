@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 import pyarrow as pa
 
@@ -356,6 +356,13 @@ def quantile_note(document: dict) -> str:
         f"{100 * method['relative_error']:g} % in value; |Δ| ≤ {method['zero_below']:g} counts as 0. "
         f"Means, maxima, counts and the correlation are exact."
     )
+
+
+def files_note(document: dict, quote: Callable[[str], str] = str) -> str:
+    """The report's closing line: the files read (each name through ``quote``), how the
+    quantiles were computed, and the version."""
+    files = ", ".join(quote(entry["file"]) for entry in document["files"])
+    return f"Files: {files}. {quantile_note(document)} gaecli {document['version']}."
 
 
 NON_FINITE_JSON = {"nan": "nan", "inf": "inf", "-inf": "-inf"}  # str(float) of each: what a JSON document holds

@@ -19,11 +19,11 @@ from gaecli.errors import GAEUsageError
 from gaecli.report import (
     comparison_title,
     displayed,
+    files_note,
     group_table,
     groups_note,
     headline,
     nesting,
-    quantile_note,
     summary_table,
     top_table,
     verdict,
@@ -37,6 +37,8 @@ SCATTER_POINTS = 5_000
 TRACES = 10
 DPI = 100
 NEW_COLOR, OLD_COLOR, MASK_COLOR = "#1f77b4", "#d62728", "#bbbbbb"
+DIRECTIONS = ((1, NEW_COLOR, "new > old"), (-1, OLD_COLOR, "new < old"))
+"""The sign of new − old, its colour and its legend label, for the plots that split them."""
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1100px;
@@ -69,6 +71,17 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
+def _one_axes(width: float, height: float, nothing: Optional[str]):
+    """A figure and its one axes; with ``nothing`` (a text saying there is nothing to plot),
+    bare axes with that text in their middle."""
+    figure = _figure(width, height)
+    axes = figure.add_subplot()
+    if nothing is not None:
+        axes.text(0.5, 0.5, nothing, ha="center", va="center", transform=axes.transAxes)
+        axes.set_axis_off()
+    return figure, axes
+
+
 def _png(figure) -> str:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=DPI)
@@ -83,16 +96,12 @@ def histogram_plot(report: "DiffReport | ComparisonResult") -> str:
     """|Δ advantage| on a log axis, tokens where new > old and where new < old apart."""
     values, counts = report.histogram.signed_bins()
     zeros = int(report.histogram.counts[report.histogram.bins])
-    figure = _figure(9, 3.6)
-    axes = figure.add_subplot()
-    if values.size == 0:
-        axes.text(0.5, 0.5, "no trainable token differs", ha="center", va="center", transform=axes.transAxes)
-        axes.set_axis_off()
-    else:
+    figure, axes = _one_axes(9, 3.6, "no trainable token differs" if values.size == 0 else None)
+    if values.size:
         magnitudes = np.abs(values)
         low, high = magnitudes.min() / 1.01, magnitudes.max() * 1.01
         edges = np.geomspace(low, high, 61) if high > low * 1.05 else np.geomspace(low / 2, high * 2, 11)
-        for sign, color, label in ((1, NEW_COLOR, "new > old"), (-1, OLD_COLOR, "new < old")):
+        for sign, color, label in DIRECTIONS:
             kept = np.sign(values) == sign
             if kept.any():
                 axes.hist(
@@ -119,12 +128,8 @@ def scatter_plot(report: "DiffReport | ComparisonResult") -> str:
     """Old against new advantages on the uniform token sample (at most SCATTER_POINTS)."""
     new, old = report.scatter
     new, old = new[:SCATTER_POINTS], old[:SCATTER_POINTS]
-    figure = _figure(5.5, 5.2)
-    axes = figure.add_subplot()
-    if new.size == 0:
-        axes.text(0.5, 0.5, "no trainable token", ha="center", va="center", transform=axes.transAxes)
-        axes.set_axis_off()
-    else:
+    figure, axes = _one_axes(5.5, 5.2, "no trainable token" if new.size == 0 else None)
+    if new.size:
         axes.scatter(old, new, s=4, alpha=0.35, color=NEW_COLOR, linewidths=0)
         low, high = float(min(old.min(), new.min())), float(max(old.max(), new.max()))
         axes.plot([low, high], [low, high], linestyle="--", color="#555", linewidth=1, label="new = old")
@@ -182,7 +187,7 @@ def delta_trace_plot(report: "DiffReport | ComparisonResult") -> str:
             label="masked",
         )
         axes.axhline(0.0, color="#555", linewidth=0.8)
-        for sign, color, label in ((1, NEW_COLOR, "new > old"), (-1, OLD_COLOR, "new < old")):
+        for sign, color, label in DIRECTIONS:
             part = np.where(np.sign(delta) == sign, delta, 0.0)
             axes.fill_between(positions, 0, part, step="mid", color=color, alpha=0.35, linewidth=0, label=label)
         axes.step(positions, delta, where="mid", color="#222", linewidth=0.9, label="new − old")
@@ -271,10 +276,8 @@ def render_html(report: "DiffReport") -> str:
     ]
     for result, comparison in zip(report.comparisons, document["comparisons"], strict=True):
         parts += _comparison_parts(document, result, comparison)
-    files = ", ".join(html.escape(f["file"]) for f in document["files"])
     parts += [
-        f'<p class="note">Files: {files}. {html.escape(quantile_note(document))} gaecli '
-        f"{html.escape(document['version'])}.</p>",
+        f'<p class="note">{html.escape(files_note(document))}</p>',
         "</body>",
         "</html>",
         "",

@@ -7,11 +7,11 @@ from gaecli.report import (
     comparison_title,
     comparisons,
     displayed,
+    files_note,
     group_table,
     groups_note,
     headline,
     nesting,
-    quantile_note,
     summary_table,
     top_table,
     verdict,
@@ -63,6 +63,5 @@ def render_markdown(document: dict) -> str:
             lines += ["", f"## By `{document['group_by']}`{title}", ""]
             lines += table(headers, rows, set(range(1, len(headers))))
             lines += ["", groups_note(document)]
-    files = ", ".join(f"`{f['file']}`" for f in document["files"])
-    lines += ["", f"Files: {files}. {quantile_note(document)} gaecli {document['version']}.", ""]
+    lines += ["", files_note(document, lambda name: f"`{name}`"), ""]
     return "\n".join(lines)

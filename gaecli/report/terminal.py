@@ -14,6 +14,7 @@ from gaecli.report import (
     comparison_title,
     comparisons,
     displayed,
+    group_table,
     groups_note,
     headline,
     nesting,
@@ -122,16 +123,7 @@ def _render_comparison(document: dict, comparison: dict, console: Console) -> No
         table = Table(title=f"by {escape(document['group_by'])}{title}", title_justify="left")
         for header in ("key", "samples", "changed", "tails", "credit", "mean |Δ|", "max |Δ|", "corr"):
             table.add_column(header, justify="left" if header == "key" else "right")
-        for group in comparison["groups"]:
-            table.add_row(
-                escape(str(group["key"])),
-                f"{group['samples']:,}",
-                percent(group["changed_share"]),
-                f"{group['masked_tail_samples']:,}",
-                number(group["mean_terminal_credit"]),
-                number(group["mean_abs_delta_advantage"]),
-                number(group["max_abs_delta_advantage"]),
-                number(group["correlation"]),
-            )
+        for cells in group_table(document, comparison)[1]:  # all but mean |Δ ret| and sign flips
+            table.add_row(*(escape(cells[column]) for column in (0, 1, 2, 3, 4, 5, 6, 9)))
         console.print(table)
         console.print(f"[dim]{escape(groups_note(document))}[/]", soft_wrap=True)

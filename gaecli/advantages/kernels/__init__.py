@@ -4,7 +4,8 @@ each can run.
 Every GAE kernel has the signature of :func:`gaecli.advantages.kernels.reference.reference_gae`:
 ``kernel(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma, lambd)`` on flat
 1-D tensors (bool ``loss_mask``, int64 ``offsets`` of B + 1 entries) and returns flat
-``(advantages, returns)`` under the masked contract (docs/semantics.md). A kernel that
+``(advantages, returns)`` under the masked contract (docs/semantics.md); the convention is
+written once (:func:`gaecli.advantages.kernels.convention.flat_kernel`). A kernel that
 supports the GAE variants (:data:`GAE_VARIANT_FEATURES`) also takes their keywords
 (docs/variants.md); the dispatch passes them only for a spec that sets one. A kernel with a
 numpy form (``flat_attribute``) also runs on numpy buffers without torch. Adding a kernel: one
@@ -32,7 +33,7 @@ GAE_VARIANT_FEATURES = GAE_FEATURES | frozenset(
     {"timestep:turn", "lambd_critic", "lambd_alpha", "turn_rewards", "truncated", "bootstrap_values"}
 )
 """Plain GAE and every GAE variant (docs/variants.md): a kernel that supports them takes the
-variant keywords of :func:`gaecli.advantages.variants.plan_variants` besides γ and λ."""
+keywords of :class:`gaecli.advantages.variants.VariantArguments`."""
 
 
 @dataclass(frozen=True)
@@ -60,28 +61,26 @@ class Kernel:
     @property
     def function(self) -> Callable[..., tuple[Any, Any]]:
         """The torch form."""
-        return getattr(importlib.import_module(self.module), self.attribute)
+        return self._load(self.attribute)
 
     @property
     def flat_function(self) -> Optional[Callable[..., tuple[Any, Any]]]:
         """The numpy form (no torch), or None."""
-        if self.flat_attribute is None:
-            return None
-        return getattr(importlib.import_module(self.module), self.flat_attribute)
+        return self._load(self.flat_attribute)
 
     @property
     def screened_function(self) -> Optional[Callable[..., tuple[Any, Any, bool]]]:
         """The screened numpy form, or None."""
-        if self.screened_attribute is None:
-            return None
-        return getattr(importlib.import_module(self.module), self.screened_attribute)
+        return self._load(self.screened_attribute)
 
     @property
     def samples_function(self) -> Optional[Callable[..., bool]]:
         """The screened form over samples where they lie, or None."""
-        if self.samples_attribute is None:
-            return None
-        return getattr(importlib.import_module(self.module), self.samples_attribute)
+        return self._load(self.samples_attribute)
+
+    def _load(self, attribute: Optional[str]) -> Optional[Callable]:
+        """The kernel module's ``attribute`` (the module imported on first use), or None."""
+        return None if attribute is None else getattr(importlib.import_module(self.module), attribute)
 
     @cached_property
     def usable(self) -> bool:

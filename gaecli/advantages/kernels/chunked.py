@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
 from gaecli.advantages.layout import compress, pad_compressed, scatter_compressed
 
 DEFAULT_CHUNK_SIZE = 64
@@ -63,21 +64,15 @@ def chunked_scan(
     return advantages.view(batch, padded_width)[:, :width]
 
 
+@flat_kernel
 def chunked_gae(
-    values: torch.Tensor,
-    rewards: torch.Tensor,
-    loss_mask: torch.Tensor,
-    offsets: torch.Tensor,
-    terminal_rewards: torch.Tensor,
-    *,
-    gamma: float,
-    lambd: float,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    batch: FlatBatch, *, gamma: float, lambd: float, chunk_size: int = DEFAULT_CHUNK_SIZE
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked GAE: compress, pad to ``[B, max K]``, chunked scan with ``chunk_size``, scatter.
 
     Same signature and semantics as :func:`gaecli.advantages.kernels.reference.reference_gae`.
     """
+    values, rewards, loss_mask, offsets, terminal_rewards = batch
     layout = compress(loss_mask, offsets)
     padded_values, padded_rewards = pad_compressed(values, rewards, terminal_rewards, layout, layout.width)
     padded_advantages = chunked_scan(padded_values, padded_rewards, gamma, lambd, chunk_size)

@@ -29,14 +29,13 @@ import functools
 
 import numpy as np
 
-try:
-    import numba
+from gaecli.advantages.kernels.compiled import AVAILABLE, numba, plan_groups
+from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
+from gaecli.advantages.kernels.native_variants import native_variant_flat
+
+if AVAILABLE:
     from numba.core import types
     from numba.extending import intrinsic
-except ImportError:  # pragma: no cover - exercised only without the dependency
-    numba = None
-
-AVAILABLE = numba is not None
 
 LANES = 4  # samples side by side per thread (_run_group's loop is written out for four)
 # Lanes whose positions are a multiple of 4 KiB apart make the core's loads wait on the
@@ -106,9 +105,11 @@ def _pointer(typingctx, address, like):
     return signature, codegen
 
 
-def _buffers(sample, addresses, lengths, value_kind, mask_kind):
+def _buffers(layout, sample):
     """Sample ``sample``'s five buffers as arrays over its ``lengths[sample]`` tokens, read
-    and written in place: values, rewards, mask, advantages, returns (rows of ``addresses``)."""
+    and written in place: values, rewards, mask, advantages, returns (rows of ``addresses``).
+    ``layout``: ``(addresses, lengths, value_kind, mask_kind)``, see :func:`_masked_gae_batch`."""
+    addresses, lengths, value_kind, mask_kind = layout
     length = lengths[sample]
     return (
         numba.carray(_pointer(addresses[VALUES, sample], value_kind), length),
@@ -130,28 +131,70 @@ def _too_close(addresses, lane_sample, position, lane, itemsize):
     return False
 
 
-def _run_group(addresses, lengths, terminal_rewards, gamma, decay, order, value_kind, mask_kind):
-    """Every sample of ``order`` (sample indices, longest first): those of SHORT_SAMPLE
-    tokens or more four at a time (:func:`_run_lanes`), the shorter ones after them one by
-    one. Returns the group's input screen (0: every input read was valid; see :func:`_step`)."""
-    queued = order.shape[0]
+def _run_group(layout, terminal_rewards, gamma, decay, order, group_bounds, group):
+    """Every sample of group ``group`` (``order[group_bounds[group]:group_bounds[group + 1]]``,
+    sample indices, longest first): those of SHORT_SAMPLE tokens or more four at a time
+    (:func:`_run_lanes`), the shorter ones after them one by one. Returns the group's input
+    screen (0: every input read was valid; see :func:`_step`)."""
+    lengths = layout[1]
+    members = order[group_bounds[group] : group_bounds[group + 1]]
+    queued = members.shape[0]
     laned = queued
     for index in range(queued):
-        if lengths[order[index]] < SHORT_SAMPLE:
+        if lengths[members[index]] < SHORT_SAMPLE:
             laned = index
             break
-    total = _run_lanes(addresses, lengths, terminal_rewards, gamma, decay, order[:laned], value_kind, mask_kind)
+    total = _run_lanes(layout, terminal_rewards, gamma, decay, members[:laned])
     for index in range(laned, queued):
-        sample = order[index]
+        sample = members[index]
         if lengths[sample] == 0:
             continue
-        v, r, m, a, g = _buffers(sample, addresses, lengths, value_kind, mask_kind)
+        v, r, m, a, g = _buffers(layout, sample)
         terminal = np.float64(terminal_rewards[sample])
         total += _run_alone(v, r, m, a, g, gamma, decay, 0, lengths[sample], 0.0, 0.0, terminal, 0.0)[3]
     return total
 
 
-def _run_lanes(addresses, lengths, terminal_rewards, gamma, decay, order, value_kind, mask_kind):
+def _fill_lanes(order, taken, lengths, terminal_rewards, lane_sample, position, state):
+    """Give every finished lane the next non-empty sample of the queue ``order`` (of which
+    ``taken`` are taken); returns the new ``taken``."""
+    carry, next_value, terminal, _ = state
+    for lane in range(LANES):
+        while position[lane] == 0 and taken < order.shape[0]:
+            sample = order[taken]
+            taken += 1
+            lane_sample[lane] = sample
+            position[lane] = lengths[sample]
+            carry[lane] = 0.0
+            next_value[lane] = 0.0
+            terminal[lane] = np.float64(terminal_rewards[sample])
+    return taken
+
+
+def _run_lane_alone(layout, gamma, decay, lane, stop, lane_sample, position, state):
+    """Run lane ``lane``'s sample alone from its position down to ``stop``, updating the lane
+    state (``state``: the arrays carry, next value, terminal, screen)."""
+    carry, next_value, terminal, screen = state
+    v, r, m, a, g = _buffers(layout, lane_sample[lane])
+    carry[lane], next_value[lane], terminal[lane], screen[lane] = _run_alone(
+        v, r, m, a, g, gamma, decay, stop, position[lane], carry[lane], next_value[lane], terminal[lane], screen[lane]
+    )
+    position[lane] = stop
+
+
+def _separate_lanes(layout, gamma, decay, lane_sample, position, state):
+    """Keep the lanes apart modulo 4 KiB (see LANE_SEPARATION_BYTES): a lane too close to a
+    lower one runs alone for that many bytes, a few times at most."""
+    itemsize = layout[2].itemsize
+    for lane in range(1, LANES):
+        for _ in range(PAGE_BYTES // LANE_SEPARATION_BYTES):
+            if position[lane] == 0 or not _too_close(layout[0], lane_sample, position, lane, itemsize):
+                break
+            ahead = max(position[lane] - LANE_SEPARATION_BYTES // itemsize, 0)
+            _run_lane_alone(layout, gamma, decay, lane, ahead, lane_sample, position, state)
+
+
+def _run_lanes(layout, terminal_rewards, gamma, decay, order):
     """Every sample of ``order`` (sample indices, longest first), four at a time. Returns
     their input screen (0: every input read was valid; see :func:`_step`).
 
@@ -159,59 +202,24 @@ def _run_lanes(addresses, lengths, terminal_rewards, gamma, decay, order, value_
     run (none left: the lane is free); ``carry``, ``next_value`` and ``terminal`` are the
     recurrence's state, ``screen`` the lane's screen.
     """
-    queued = order.shape[0]
     taken = 0
-    itemsize = value_kind.itemsize
     lane_sample = np.zeros(LANES, dtype=np.int64)
     position = np.zeros(LANES, dtype=np.int64)
     carry = np.zeros(LANES, dtype=np.float64)
     next_value = np.zeros(LANES, dtype=np.float64)
     terminal = np.zeros(LANES, dtype=np.float64)
     screen = np.zeros(LANES, dtype=np.float64)
+    state = (carry, next_value, terminal, screen)
     while True:
-        # Give every finished lane the next non-empty sample of the queue.
-        all_busy = True
-        for lane in range(LANES):
-            while position[lane] == 0 and taken < queued:
-                sample = order[taken]
-                taken += 1
-                lane_sample[lane] = sample
-                position[lane] = lengths[sample]
-                carry[lane] = 0.0
-                next_value[lane] = 0.0
-                terminal[lane] = np.float64(terminal_rewards[sample])
-            if position[lane] == 0:
-                all_busy = False
-        if not all_busy:
+        taken = _fill_lanes(order, taken, layout[1], terminal_rewards, lane_sample, position, state)
+        if position.min() == 0:
             break
-        # Keep the lanes apart modulo 4 KiB (see LANE_SEPARATION_BYTES).
-        for lane in range(1, LANES):
-            for _ in range(PAGE_BYTES // LANE_SEPARATION_BYTES):
-                if position[lane] == 0 or not _too_close(addresses, lane_sample, position, lane, itemsize):
-                    break
-                ahead = max(position[lane] - LANE_SEPARATION_BYTES // itemsize, 0)
-                v, r, m, a, g = _buffers(lane_sample[lane], addresses, lengths, value_kind, mask_kind)
-                carry[lane], next_value[lane], terminal[lane], screen[lane] = _run_alone(
-                    v,
-                    r,
-                    m,
-                    a,
-                    g,
-                    gamma,
-                    decay,
-                    ahead,
-                    position[lane],
-                    carry[lane],
-                    next_value[lane],
-                    terminal[lane],
-                    screen[lane],
-                )
-                position[lane] = ahead
+        _separate_lanes(layout, gamma, decay, lane_sample, position, state)
         steps = min(position[0], position[1], position[2], position[3])
-        v0, r0, m0, a0, g0 = _buffers(lane_sample[0], addresses, lengths, value_kind, mask_kind)
-        v1, r1, m1, a1, g1 = _buffers(lane_sample[1], addresses, lengths, value_kind, mask_kind)
-        v2, r2, m2, a2, g2 = _buffers(lane_sample[2], addresses, lengths, value_kind, mask_kind)
-        v3, r3, m3, a3, g3 = _buffers(lane_sample[3], addresses, lengths, value_kind, mask_kind)
+        v0, r0, m0, a0, g0 = _buffers(layout, lane_sample[0])
+        v1, r1, m1, a1, g1 = _buffers(layout, lane_sample[1])
+        v2, r2, m2, a2, g2 = _buffers(layout, lane_sample[2])
+        v3, r3, m3, a3, g3 = _buffers(layout, lane_sample[3])
         t0, t1, t2, t3 = position[0], position[1], position[2], position[3]
         c0, c1, c2, c3 = carry[0], carry[1], carry[2], carry[3]
         n0, n1, n2, n3 = next_value[0], next_value[1], next_value[2], next_value[3]
@@ -234,80 +242,31 @@ def _run_lanes(addresses, lengths, terminal_rewards, gamma, decay, order, value_
     # The queue is empty: finish the samples still in flight one by one.
     total = 0.0
     for lane in range(LANES):
-        total += screen[lane]
         if position[lane] > 0:
-            v, r, m, a, g = _buffers(lane_sample[lane], addresses, lengths, value_kind, mask_kind)
-            total += _run_alone(
-                v, r, m, a, g, gamma, decay, 0, position[lane], carry[lane], next_value[lane], terminal[lane], 0.0
-            )[3]
+            _run_lane_alone(layout, gamma, decay, lane, 0, lane_sample, position, state)
+        total += screen[lane]
     return total
 
 
-def _masked_gae_batch(
-    addresses, lengths, terminal_rewards, gamma, lambd, order, group_bounds, screens, value_kind, mask_kind
-):
+def _masked_gae_batch(layout, terminal_rewards, gamma, lambd, order, group_bounds, screens):
     """Fill every sample's advantages and returns, and ``screens[g]`` with group ``g``'s input
     screen; group ``g`` is the samples ``order[group_bounds[g]:group_bounds[g + 1]]``, and
-    the groups run in parallel. ``addresses``: int64 ``[5, B]``, where each sample's buffers
-    start (rows VALUES, REWARDS, MASK, ADVANTAGES, RETURNS); ``value_kind``, ``mask_kind``:
-    empty arrays of the values' (rewards', outputs') and the mask's dtypes."""
+    the groups run in parallel. ``layout``: ``(addresses, lengths, value_kind, mask_kind)``:
+    int64 ``[5, B]``, where each sample's buffers start (rows VALUES, REWARDS, MASK,
+    ADVANTAGES, RETURNS), int64 ``[B]`` their lengths, and empty arrays of the values'
+    (rewards', outputs') and the mask's dtypes."""
     decay = gamma * lambd
     for group in numba.prange(group_bounds.shape[0] - 1):
-        screens[group] = _run_group(
-            addresses,
-            lengths,
-            terminal_rewards,
-            gamma,
-            decay,
-            order[group_bounds[group] : group_bounds[group + 1]],
-            value_kind,
-            mask_kind,
-        )
+        screens[group] = _run_group(layout, terminal_rewards, gamma, decay, order, group_bounds, group)
 
 
-def _masked_gae_serial(
-    addresses, lengths, terminal_rewards, gamma, lambd, order, group_bounds, screens, value_kind, mask_kind
-):
+def _masked_gae_serial(layout, terminal_rewards, gamma, lambd, order, group_bounds, screens):
     """:func:`_masked_gae_batch` on the calling thread. A function of its own, not the same
     function compiled without ``parallel``: numba's cache keys compiled code by function and
     signature, so the two would load each other's machine code."""
     decay = gamma * lambd
     for group in range(group_bounds.shape[0] - 1):
-        screens[group] = _run_group(
-            addresses,
-            lengths,
-            terminal_rewards,
-            gamma,
-            decay,
-            order[group_bounds[group] : group_bounds[group + 1]],
-            value_kind,
-            mask_kind,
-        )
-
-
-def _plan_groups(offsets: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """Split the samples into ``groups`` groups of about equal token counts: group ``g``
-    holds the samples whose first position lies in ``[g, g + 1) * N / groups``, longest
-    first (equal lengths in sample order). Returns ``(order, group_bounds)``: int64 ``[B]``
-    sample indices and ``[groups + 1]`` bounds into it. Compiled: a trainer pays it on
-    every call."""
-    return _plan_groups_compiled(np.asarray(offsets, dtype=np.int64), groups)
-
-
-def _plan_groups_loop(offsets, groups):
-    """:func:`_plan_groups` as the loop that is compiled."""
-    batch = offsets.shape[0] - 1
-    total = offsets[batch]
-    group_bounds = np.empty(groups + 1, dtype=np.int64)
-    for group in range(groups):
-        group_bounds[group] = np.searchsorted(offsets[:batch], (total * group) // groups)
-    group_bounds[groups] = batch
-    order = np.empty(batch, dtype=np.int64)
-    for group in range(groups):
-        first, stop = group_bounds[group], group_bounds[group + 1]
-        longest_first = np.argsort(offsets[first:stop] - offsets[first + 1 : stop + 1], kind="mergesort")
-        order[first:stop] = longest_first + first
-    return order, group_bounds
+        screens[group] = _run_group(layout, terminal_rewards, gamma, decay, order, group_bounds, group)
 
 
 if AVAILABLE:
@@ -316,13 +275,15 @@ if AVAILABLE:
     _pointer = intrinsic(_pointer)
     _buffers = numba.njit(nogil=True)(_buffers)
     _too_close = numba.njit(nogil=True)(_too_close)
+    _fill_lanes = numba.njit(nogil=True)(_fill_lanes)
+    _run_lane_alone = numba.njit(nogil=True)(_run_lane_alone)
+    _separate_lanes = numba.njit(nogil=True)(_separate_lanes)
     _run_lanes = numba.njit(nogil=True)(_run_lanes)
     _run_group = numba.njit(nogil=True)(_run_group)
     _compiled = numba.njit(parallel=True, cache=True, nogil=True)(_masked_gae_batch)
     _compiled_serial = numba.njit(cache=True, nogil=True)(_masked_gae_serial)
-    _plan_groups_compiled = numba.njit(cache=True, nogil=True)(_plan_groups_loop)
 else:  # pragma: no cover
-    _compiled = _compiled_serial = _plan_groups_compiled = None
+    _compiled = _compiled_serial = None
 
 
 def native_gae_samples(
@@ -352,19 +313,11 @@ def native_gae_samples(
     threads = numba.get_num_threads()
     serial = int(offsets[-1] - offsets[0]) < SERIAL_TOKENS or threads == 1
     groups = 1 if serial else max(1, min(threads, batch))
-    order, group_bounds = _plan_groups(offsets, groups)
+    order, group_bounds = plan_groups(offsets, groups)
     screens = np.zeros(groups, dtype=np.float64)
+    layout = (addresses, np.diff(offsets), _kind(value_dtype), _kind(mask_dtype))
     (_compiled_serial if serial else _compiled)(
-        addresses,
-        np.diff(offsets),
-        terminal_rewards,
-        float(gamma),
-        float(lambd),
-        order,
-        group_bounds,
-        screens,
-        _kind(value_dtype),
-        _kind(mask_dtype),
+        layout, terminal_rewards, float(gamma), float(lambd), order, group_bounds, screens
     )
     return bool(screens.sum() == 0.0)
 
@@ -376,17 +329,8 @@ def _kind(dtype) -> np.ndarray:
     return np.empty(0, dtype=dtype)
 
 
-def native_gae_flat(
-    values: np.ndarray,
-    rewards: np.ndarray,
-    loss_mask: np.ndarray,
-    offsets: np.ndarray,
-    terminal_rewards: np.ndarray,
-    *,
-    gamma: float,
-    lambd: float,
-    **variants,
-) -> tuple[np.ndarray, np.ndarray]:
+@flat_kernel
+def native_gae_flat(batch: FlatBatch, *, gamma: float, lambd: float, **variants) -> tuple[np.ndarray, np.ndarray]:
     """Masked GAE on flat numpy buffers, without torch (the commands' CPU path).
 
     ``values``, ``rewards``: float ``[N]`` (the same dtype, which the outputs take);
@@ -397,36 +341,22 @@ def native_gae_flat(
     :func:`gaecli.advantages.kernels.native_variants.native_variant_flat`.
     """
     if variants:
-        from gaecli.advantages.kernels.native_variants import native_variant_flat
-
-        return native_variant_flat(
-            values, rewards, loss_mask, offsets, terminal_rewards, gamma=gamma, lambd=lambd, **variants
-        )
-    advantages, returns, _ = native_gae_screened(
-        values, rewards, loss_mask, offsets, terminal_rewards, gamma=gamma, lambd=lambd
-    )
+        return native_variant_flat(*batch, gamma=gamma, lambd=lambd, **variants)
+    advantages, returns, _ = native_gae_screened(*batch, gamma=gamma, lambd=lambd)
     return advantages, returns
 
 
-def native_gae_screened(
-    values: np.ndarray,
-    rewards: np.ndarray,
-    loss_mask: np.ndarray,
-    offsets: np.ndarray,
-    terminal_rewards: np.ndarray,
-    *,
-    gamma: float,
-    lambd: float,
-) -> tuple[np.ndarray, np.ndarray, bool]:
+@flat_kernel
+def native_gae_screened(batch: FlatBatch, *, gamma: float, lambd: float) -> tuple[np.ndarray, np.ndarray, bool]:
     """:func:`native_gae_flat` that also screens its input in the same pass: returns
     ``(advantages, returns, clean)``, ``clean`` False when a value or reward it read was not
     finite (at masked positions too) or a mask value was neither 0 nor 1. ``loss_mask`` may
     then be bool, integer or float (trainable: ``!= 0``). Which sample and token is at fault
     is for the caller to find (an error path: :mod:`gaecli.advantages.inputs`)."""
-    values, rewards, loss_mask = (np.ascontiguousarray(array) for array in (values, rewards, loss_mask))
+    values, rewards, loss_mask = (np.ascontiguousarray(array) for array in batch[:3])
     advantages = np.empty_like(values)
     returns = np.empty_like(values)
-    offsets = np.asarray(offsets, dtype=np.int64)
+    offsets = np.asarray(batch.offsets, dtype=np.int64)
     starts = offsets[:-1]
     addresses = np.stack(
         [array.ctypes.data + starts * array.itemsize for array in (values, rewards, loss_mask, advantages, returns)]
@@ -434,7 +364,7 @@ def native_gae_screened(
     clean = native_gae_samples(
         addresses,
         offsets,
-        terminal_rewards,
+        batch.terminal_rewards,
         value_dtype=values.dtype,
         mask_dtype=loss_mask.dtype,
         gamma=gamma,
@@ -443,7 +373,8 @@ def native_gae_screened(
     return advantages, returns, clean
 
 
-def native_gae(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma: float, lambd: float, **variants):
+@flat_kernel
+def native_gae(batch: FlatBatch, *, gamma: float, lambd: float, **variants):
     """Masked GAE by a compiled serial pass per sample (CPU tensors only).
 
     Same signature and semantics as :func:`gaecli.advantages.kernels.reference.reference_gae`
@@ -452,14 +383,5 @@ def native_gae(values, rewards, loss_mask, offsets, terminal_rewards, *, gamma: 
     """
     import torch
 
-    advantages, returns = native_gae_flat(
-        values.numpy(),
-        rewards.numpy(),
-        loss_mask.numpy(),
-        offsets.numpy(),
-        terminal_rewards.numpy(),
-        gamma=gamma,
-        lambd=lambd,
-        **variants,
-    )
+    advantages, returns = native_gae_flat(*(tensor.numpy() for tensor in batch), gamma=gamma, lambd=lambd, **variants)
     return torch.from_numpy(advantages), torch.from_numpy(returns)

@@ -7,29 +7,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from gaecli.advantages.kernels.native import AVAILABLE, _plan_groups, numba
+from gaecli.advantages.kernels.compiled import AVAILABLE, numba, plan_groups
+from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
 
 
-def _variant_token_sample(
-    values,
-    rewards,
-    loss_mask,
-    start,
-    end,
-    terminal,
-    gamma,
-    decay,
-    return_decay,
-    split,
-    plan_arrays,
-    sample,
-    advantages,
-    returns,
-):
+def _variant_token_sample(buffers, plan_arrays, sample, step):
     """One sample of the variants with ``timestep="token"`` (docs/variants.md): the plain
     recursion with a turn's reward on its last trainable token, the bootstrap value after
-    the last trainable token, and the returns' own recursion when ``split``."""
-    bootstrap, turn_offsets, turn_rewards, has_turn_rewards = plan_arrays
+    the last trainable token, and the returns' own recursion when ``split``. Arguments: see
+    :func:`_variant_batch`."""
+    values, rewards, loss_mask, advantages, returns = buffers
+    bootstrap, turn_offsets, turn_rewards, has_turn_rewards, _, _ = plan_arrays
+    start, end, terminal, gamma, decay, return_decay, split = step
     carry = 0.0
     return_carry = 0.0
     next_value = bootstrap[sample]
@@ -56,28 +45,14 @@ def _variant_token_sample(
         terminal = 0.0
 
 
-def _variant_turn_sample(
-    values,
-    rewards,
-    start,
-    end,
-    terminal,
-    gamma,
-    decay,
-    return_decay,
-    split,
-    plan_arrays,
-    turn_table,
-    sample,
-    advantages,
-    returns,
-):
+def _variant_turn_sample(buffers, plan_arrays, sample, step):
     """One sample of the variants with ``timestep="turn"`` (docs/variants.md): one timestep
     per turn (its value the value at its first token, its reward its turn reward, plus z for
     the last turn); every token of turn u gets ``A_u + r[t]`` and ``A_u(λ of the returns)
-    + V_u``; masked positions 0."""
-    bootstrap, turn_offsets, turn_rewards, has_turn_rewards = plan_arrays
-    turn_starts, turn_ends = turn_table
+    + V_u``; masked positions 0. Arguments: see :func:`_variant_batch`."""
+    values, rewards, _, advantages, returns = buffers
+    bootstrap, turn_offsets, turn_rewards, has_turn_rewards, turn_starts, turn_ends = plan_arrays
+    start, end, terminal, gamma, decay, return_decay, split = step
     for t in range(start, end):
         advantages[t] = 0.0
         returns[t] = 0.0
@@ -102,73 +77,28 @@ def _variant_turn_sample(
         terminal = 0.0
 
 
-def _variant_batch(
-    values,
-    rewards,
-    loss_mask,
-    offsets,
-    terminal_rewards,
-    gamma,
-    advantage_lambd,
-    return_lambd,
-    split,
-    turn_mode,
-    bootstrap,
-    turn_starts,
-    turn_ends,
-    turn_offsets,
-    turn_rewards,
-    has_turn_rewards,
-    order,
-    group_bounds,
-    advantages,
-    returns,
-):
+def _variant_batch(buffers, offsets, terminal_rewards, gamma, lambdas, plan_arrays, order, group_bounds):
     """Every sample of the batch under the variants; group ``g`` is the samples
     ``order[group_bounds[g]:group_bounds[g + 1]]`` (longest first), the groups run in
-    parallel, each sample alone in float64 (so the result does not depend on the grouping)."""
-    plan_arrays = (bootstrap, turn_offsets, turn_rewards, has_turn_rewards)
+    parallel, each sample alone in float64 (so the result does not depend on the grouping).
+
+    ``buffers``: values, rewards, trainable, advantages, returns (flat ``[N]``);
+    ``lambdas``: the plan's ``(advantage_lambd, return_lambd, split, turn_mode)``;
+    ``plan_arrays``: its ``(bootstrap, turn_offsets, turn_rewards, has_turn_rewards,
+    turn_starts, turn_ends)`` (:class:`gaecli.advantages.variants.VariantPlan`). A sample's
+    ``step``: its ``(start, end, terminal reward, γ, γλ, γλ of the returns, split)``."""
+    advantage_lambd, return_lambd, split, turn_mode = lambdas
     for group in numba.prange(group_bounds.shape[0] - 1):
         for index in range(group_bounds[group], group_bounds[group + 1]):
             sample = order[index]
-            start, end = offsets[sample], offsets[sample + 1]
             terminal = np.float64(terminal_rewards[sample])
             decay = gamma * advantage_lambd[sample]
             return_decay = gamma * return_lambd[sample]
+            step = (offsets[sample], offsets[sample + 1], terminal, gamma, decay, return_decay, split)
             if turn_mode:
-                _variant_turn_sample(
-                    values,
-                    rewards,
-                    start,
-                    end,
-                    terminal,
-                    gamma,
-                    decay,
-                    return_decay,
-                    split,
-                    plan_arrays,
-                    (turn_starts, turn_ends),
-                    sample,
-                    advantages,
-                    returns,
-                )
+                _variant_turn_sample(buffers, plan_arrays, sample, step)
             else:
-                _variant_token_sample(
-                    values,
-                    rewards,
-                    loss_mask,
-                    start,
-                    end,
-                    terminal,
-                    gamma,
-                    decay,
-                    return_decay,
-                    split,
-                    plan_arrays,
-                    sample,
-                    advantages,
-                    returns,
-                )
+                _variant_token_sample(buffers, plan_arrays, sample, step)
 
 
 if AVAILABLE:
@@ -179,54 +109,35 @@ else:  # pragma: no cover
     _variant_compiled = None
 
 
-def native_variant_flat(
-    values: np.ndarray,
-    rewards: np.ndarray,
-    loss_mask: np.ndarray,
-    offsets: np.ndarray,
-    terminal_rewards: np.ndarray,
-    *,
-    gamma: float,
-    lambd: float,
-    **variants,
-) -> tuple[np.ndarray, np.ndarray]:
+@flat_kernel
+def native_variant_flat(batch: FlatBatch, *, gamma: float, lambd: float, **variants) -> tuple[np.ndarray, np.ndarray]:
     """The GAE variants (docs/variants.md) on flat numpy buffers: arguments as
-    :func:`native_gae_flat` plus the variant keywords of
-    :func:`gaecli.advantages.variants.plan_variants` (per-row inputs as numpy arrays or
+    :func:`gaecli.advantages.kernels.native.native_gae_flat` plus the keywords of
+    :class:`gaecli.advantages.variants.VariantArguments` (per-row inputs as numpy arrays or
     tensors, checked by the caller). The turn table and the per-sample λ are computed
     vectorised (:func:`gaecli.advantages.variants.plan_variants`); one compiled pass per
     sample, in float64, rounded once on output: bitwise batch invariant."""
     from gaecli.advantages.variants import plan_variants
 
+    values, rewards, loss_mask, offsets, terminal_rewards = batch
     trainable = loss_mask if loss_mask.dtype == np.bool_ else loss_mask != 0
     plan = plan_variants(trainable, offsets, lambd=lambd, **variants)
     advantages = np.empty_like(values)
     returns = np.empty_like(values)
-    batch = offsets.size - 1
-    if batch <= 0:
+    count = offsets.size - 1
+    if count <= 0:
         return advantages, returns
-    groups = max(1, min(numba.get_num_threads(), batch))
-    order, group_bounds = _plan_groups(offsets, groups)
-    _variant_compiled(
-        values,
-        rewards,
-        trainable,
-        offsets,
-        terminal_rewards,
-        float(gamma),
-        plan.advantage_lambd,
-        plan.return_lambd,
-        plan.split,
-        plan.turn_mode,
+    groups = max(1, min(numba.get_num_threads(), count))
+    order, group_bounds = plan_groups(offsets, groups)
+    lambdas = (plan.advantage_lambd, plan.return_lambd, plan.split, plan.turn_mode)
+    plan_arrays = (
         plan.bootstrap,
-        plan.turn_starts,
-        plan.turn_ends,
         plan.turn_offsets,
         plan.turn_rewards,
         plan.has_turn_rewards,
-        order,
-        group_bounds,
-        advantages,
-        returns,
+        plan.turn_starts,
+        plan.turn_ends,
     )
+    buffers = (values, rewards, trainable, advantages, returns)
+    _variant_compiled(buffers, offsets, terminal_rewards, float(gamma), lambdas, plan_arrays, order, group_bounds)
     return advantages, returns

@@ -5,25 +5,15 @@ Obviously correct and slow; every other kernel is held against it.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import torch
 
-from gaecli.advantages.variants import adaptive_lambd, as_numpy
+from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
+from gaecli.advantages.variants import VariantArguments, adaptive_lambd, as_numpy
 
 
-def reference_gae(
-    values: torch.Tensor,
-    rewards: torch.Tensor,
-    loss_mask: torch.Tensor,
-    offsets: torch.Tensor,
-    terminal_rewards: torch.Tensor,
-    *,
-    gamma: float,
-    lambd: float,
-    **variants,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@flat_kernel
+def reference_gae(batch: FlatBatch, *, gamma: float, lambd: float, **variants) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked GAE by a serial float64 loop over each sample's trainable tokens.
 
     Shapes: flat ``[N]`` values / rewards / bool loss_mask, ``offsets`` ``[B + 1]``,
@@ -33,14 +23,8 @@ def reference_gae(
     (``variants``), when given, go to :func:`reference_variant_gae`.
     """
     if variants:
-        return reference_variant_gae(
-            values, rewards, loss_mask, offsets, terminal_rewards, gamma=gamma, lambd=lambd, **variants
-        )
-    all_values = values.detach().double().cpu().tolist()
-    all_rewards = rewards.detach().double().cpu().tolist()
-    all_mask = loss_mask.detach().cpu().tolist()
-    bounds = offsets.cpu().tolist()
-    terminals = terminal_rewards.detach().double().cpu().tolist()
+        return reference_variant_gae(*batch, gamma=gamma, lambd=lambd, **variants)
+    all_values, all_rewards, all_mask, bounds, terminals = _as_lists(batch)
     advantages = [0.0] * len(all_values)
     returns = [0.0] * len(all_values)
     for sample, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
@@ -54,6 +38,24 @@ def reference_gae(
             advantages[t] = carry
             returns[t] = carry + all_values[t]
             next_value = all_values[t]
+    return _as_outputs(batch, advantages, returns)
+
+
+def _as_lists(batch: FlatBatch) -> tuple[list, list, list, list, list]:
+    """The batch as Python lists: float64 values, rewards and terminal rewards, the mask and
+    the offsets."""
+    return (
+        batch.values.detach().double().cpu().tolist(),
+        batch.rewards.detach().double().cpu().tolist(),
+        batch.loss_mask.detach().cpu().tolist(),
+        batch.offsets.cpu().tolist(),
+        batch.terminal_rewards.detach().double().cpu().tolist(),
+    )
+
+
+def _as_outputs(batch: FlatBatch, advantages: list, returns: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs as tensors of the values' dtype and device."""
+    values = batch.values
     as_tensor = lambda xs: torch.tensor(xs, dtype=torch.float64).to(values.dtype).to(values.device)  # noqa: E731
     return as_tensor(advantages), as_tensor(returns)
 
@@ -74,36 +76,20 @@ def _turns(mask: list, start: int, end: int) -> list[tuple[int, int]]:
     return turns
 
 
+@flat_kernel
 def reference_variant_gae(
-    values: torch.Tensor,
-    rewards: torch.Tensor,
-    loss_mask: torch.Tensor,
-    offsets: torch.Tensor,
-    terminal_rewards: torch.Tensor,
-    *,
-    gamma: float,
-    lambd: float,
-    timestep: str = "token",
-    lambd_critic: Optional[float] = None,
-    lambd_alpha: Optional[float] = None,
-    turn_rewards=None,
-    turn_offsets=None,
-    truncated=None,
-    bootstrap_values=None,
+    batch: FlatBatch, *, gamma: float, lambd: float, **variants
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The GAE variants (docs/variants.md) by a serial float64 loop per sample, turn by turn:
     arguments as :func:`reference_gae` plus the variants' keywords (per-row inputs as
     tensors, numpy arrays or sequences, checked by the caller: ``turn_rewards`` flat with
     its ``turn_offsets`` ``[B + 1]``, ``truncated`` and ``bootstrap_values`` ``[B]``)."""
-    all_values = values.detach().double().cpu().tolist()
-    all_rewards = rewards.detach().double().cpu().tolist()
-    all_mask = loss_mask.detach().cpu().tolist()
-    bounds = offsets.cpu().tolist()
-    terminals = terminal_rewards.detach().double().cpu().tolist()
+    timestep, lambd_critic, lambd_alpha, turn_rewards, turn_offsets, truncated, boot = VariantArguments(**variants)
+    all_values, all_rewards, all_mask, bounds, terminals = _as_lists(batch)
     flat_turn_rewards = None if turn_rewards is None else as_numpy(turn_rewards).astype(np.float64).tolist()
     turn_bounds = None if turn_offsets is None else as_numpy(turn_offsets).tolist()
     flags = None if truncated is None else as_numpy(truncated).astype(bool).tolist()
-    boots = None if bootstrap_values is None else as_numpy(bootstrap_values).astype(np.float64).tolist()
+    boots = None if boot is None else as_numpy(boot).astype(np.float64).tolist()
     advantages = [0.0] * len(all_values)
     returns = [0.0] * len(all_values)
     split = lambd_critic is not None or lambd_alpha is not None
@@ -140,5 +126,4 @@ def reference_variant_gae(
                 advantages[t] = carry + all_rewards[t] if timestep == "turn" else carry
                 returns[t] = returned
             next_value = value
-    as_tensor = lambda xs: torch.tensor(xs, dtype=torch.float64).to(values.dtype).to(values.device)  # noqa: E731
-    return as_tensor(advantages), as_tensor(returns)
+    return _as_outputs(batch, advantages, returns)

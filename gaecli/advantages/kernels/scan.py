@@ -18,25 +18,19 @@ from __future__ import annotations
 
 import torch
 
+from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
 from gaecli.advantages.layout import next_trainable_index, segment_ids
 
 
-def scan_gae(
-    values: torch.Tensor,
-    rewards: torch.Tensor,
-    loss_mask: torch.Tensor,
-    offsets: torch.Tensor,
-    terminal_rewards: torch.Tensor,
-    *,
-    gamma: float,
-    lambd: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@flat_kernel
+def scan_gae(batch: FlatBatch, *, gamma: float, lambd: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked GAE by a segmented log-step scan over the flat buffer.
 
     Same signature and semantics as :func:`gaecli.advantages.kernels.reference.reference_gae`:
     flat ``[N]`` inputs, ``offsets`` ``[B + 1]``, ``terminal_rewards`` ``[B]``; masked
     positions 0, fully masked samples all 0 (terminal dropped), empty samples own nothing.
     """
+    values, rewards, loss_mask, offsets, terminal_rewards = batch
     total = values.numel()
     if total == 0:
         return torch.zeros_like(values), torch.zeros_like(values)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
 from gaecli.errors import KernelUnavailableError
 
 try:
@@ -197,17 +198,9 @@ if AVAILABLE:
             _write(advantages, returns, position, inside, trainable, value, surprise, scanned_c, scanned_d, carry)
 
 
+@flat_kernel
 def triton_gae(
-    values: torch.Tensor,
-    rewards: torch.Tensor,
-    loss_mask: torch.Tensor,
-    offsets: torch.Tensor,
-    terminal_rewards: torch.Tensor,
-    *,
-    gamma: float,
-    lambd: float,
-    chunk_length: int = CHUNK_LENGTH,
-    carry_block: int = CARRY_BLOCK,
+    batch: FlatBatch, *, gamma: float, lambd: float, chunk_length: int = CHUNK_LENGTH, carry_block: int = CARRY_BLOCK
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked GAE by the chunked Triton kernel (CUDA tensors; CPU tensors under
     ``TRITON_INTERPRET=1``).
@@ -223,6 +216,7 @@ def triton_gae(
     for name, size in (("chunk_length", chunk_length), ("carry_block", carry_block)):
         if size < 1 or size & (size - 1):
             raise ValueError(f"{name} must be a power of two, got {size}")
+    values, rewards, loss_mask, offsets, terminal_rewards = batch
     values = values.contiguous()
     advantages = torch.empty_like(values)
     returns = torch.empty_like(values)

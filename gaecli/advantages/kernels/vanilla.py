@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
 from gaecli.advantages.layout import compress, pad_compressed, scatter_compressed
 
 
@@ -27,21 +28,14 @@ def vanilla_scan(padded_values: torch.Tensor, padded_rewards: torch.Tensor, gamm
     return advantages
 
 
-def vanilla_gae(
-    values: torch.Tensor,
-    rewards: torch.Tensor,
-    loss_mask: torch.Tensor,
-    offsets: torch.Tensor,
-    terminal_rewards: torch.Tensor,
-    *,
-    gamma: float,
-    lambd: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@flat_kernel
+def vanilla_gae(batch: FlatBatch, *, gamma: float, lambd: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked GAE: compress to trainable tokens, pad to ``[B, max K]``, serial scan, scatter.
 
     Same signature and semantics as :func:`gaecli.advantages.kernels.reference.reference_gae`
     (masked positions 0, fully masked samples all 0, empty samples own no position).
     """
+    values, rewards, loss_mask, offsets, terminal_rewards = batch
     layout = compress(loss_mask, offsets)
     padded_values, padded_rewards = pad_compressed(values, rewards, terminal_rewards, layout, layout.width)
     padded_advantages = vanilla_scan(padded_values, padded_rewards, gamma, lambd)
