@@ -13,7 +13,10 @@ from gaecli.lazy import lazy_exports
 __getattr__, _LAZY = lazy_exports(
     __name__,
     {
-        "gaecli.advantages": (*TORCH_API, "AdvantageSpec", "whiten", "BASELINES"),
+        "gaecli.advantages.api": TORCH_API,
+        "gaecli.advantages.spec": ("AdvantageSpec",),
+        "gaecli.advantages.whiten": ("whiten",),  # the function, not the module of that name
+        "gaecli.advantages.contract": ("BASELINES",),
         "gaecli.recompute": ("recompute_file", "recompute_files", "RecomputeOptions"),
         "gaecli.validate": ("validate_file", "validate_files"),
         "gaecli.io.format": ("Columns",),

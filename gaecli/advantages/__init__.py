@@ -13,7 +13,6 @@ Importing this package loads neither torch nor numba; the torch API loads on fir
 from __future__ import annotations
 
 from gaecli.advantages.contract import BASELINES, MASKED, WHITEN_EPSILON
-from gaecli.advantages.spec import AdvantageSpec, RowInput
 from gaecli.lazy import lazy_exports
 
 TORCH_API = (
@@ -30,13 +29,14 @@ TORCH_API = (
 __getattr__, _LAZY = lazy_exports(
     __name__,
     {
+        "gaecli.advantages.spec": ("AdvantageSpec", "RowInput"),
         "gaecli.advantages.dispatch": ("compute", "gae_flat"),
         "gaecli.advantages.api": TORCH_API,
         "gaecli.advantages.whiten": ("whiten",),
     },
 )
 
-__all__ = ["AdvantageSpec", "BASELINES", "MASKED", "RowInput", "WHITEN_EPSILON", *_LAZY]
+__all__ = ["BASELINES", "MASKED", "WHITEN_EPSILON", *_LAZY]
 
 
 def __dir__() -> list[str]:

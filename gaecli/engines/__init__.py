@@ -203,20 +203,19 @@ class FilesDone:
 
 
 def _map_in_process(function, tasks, stop_on_failure, progress) -> list[Any]:
-    results: list[Any] = [None] * len(tasks)
-    files_done = FilesDone(progress, len(tasks))
+    from gaecli.engines.gathering import UnitResults
+
+    results = UnitResults(len(tasks), progress, stop_on_failure)
     try:
         for index, args in enumerate(tasks):
             check_stop()  # an interrupt swallowed by the unit before still stops the run here
-            results[index] = run_unit(function, args, progress)
-            files_done.add()
-            if stop_on_failure and isinstance(results[index], TaskFailure):
+            if results.record(index, run_unit(function, args, progress)):
                 break
     except BaseException as error:  # the running unit has aborted; the rest never start
         if isinstance(error, KeyboardInterrupt) or stop_requested():  # or what a signal turned into
-            raise RunInterrupted(results=results) from error
+            raise RunInterrupted(results=results.values) from error
         raise
-    return results
+    return results.values
 
 
 def advance(progress, result: Any) -> None:
