@@ -1,4 +1,4 @@
-"""Group codes and grouped moments (gaecli.grouping.KeyTable, GroupedMoments): codes match a
+"""Group codes and keyed sums (gaecli.advantages.keyed.KeyTable, gaecli.advantages.statistics.Moments): codes match a
 plain Python dictionary in first-seen order for every key type, keys come back as given,
 state survives pickling, moments match a float64 loop and do not depend on batching."""
 
@@ -11,7 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gaecli.grouping import GroupedMoments, KeyTable
+from gaecli.advantages.keyed import KeyTable
+from gaecli.advantages.statistics import Moments
+from gaecli.errors import GAEInputError
 
 
 def dictionary_codes(values: list) -> tuple[np.ndarray, list]:
@@ -67,21 +69,23 @@ def test_grouped_moments_match_a_float64_loop_and_ignore_batching():
     counts = rng.integers(0, 9, rows)
     sums = rng.normal(size=rows) * 10.0 ** rng.integers(-3, 4, rows)
     squares = sums * sums
-    whole = GroupedMoments()
-    whole.add(keys, counts, sums, squares)
+    whole = Moments()
+    whole.add(keys, {"counts": counts, "sums": sums, "squares": squares})
     for batch_rows in (1, 7, 256):
-        batched = GroupedMoments()
+        batched = Moments()
         for start in range(0, rows, batch_rows):
             end = start + batch_rows
-            batched.add(keys[start:end], counts[start:end], sums[start:end], squares[start:end])
-        for name in ("counts", "sums", "sum_errors", "squares", "square_errors"):
-            assert getattr(batched, name)[: whole.size].tobytes() == getattr(whole, name)[: whole.size].tobytes()
+            batched.add(
+                keys[start:end], {"counts": counts[start:end], "sums": sums[start:end], "squares": squares[start:end]}
+            )
+        for kind in ("counts", "sums", "errors"):
+            assert getattr(batched, kind)[:, : whole.size].tobytes() == getattr(whole, kind)[:, : whole.size].tobytes()
     totals, total_squares = whole.totals()
     key_list = whole.table.keys().to_pylist()
     key_values = np.asarray(keys)
     for code in range(0, whole.size, 37):
         members = key_values == key_list[code]
-        assert whole.counts[code] == counts[members].sum()
+        assert whole.count("counts")[code] == counts[members].sum()
         exact = math.fsum(sums[members])
         assert abs(totals[code] - exact) <= 4e-16 * abs(exact) + 1e-300
         assert abs(total_squares[code] - math.fsum(squares[members])) <= 4e-16 * math.fsum(squares[members])
@@ -92,5 +96,5 @@ def test_grouped_moments_match_a_float64_loop_and_ignore_batching():
     assert means[code] == pytest.approx(mean, rel=1e-14)
     row_means, row_stds = whole.row_stats(keys[:10], 10, 1e-8)
     assert row_means.tolist() == means[[key_list.index(k) for k in keys[:10].to_pylist()]].tolist()
-    with pytest.raises(KeyError, match="-1"):
+    with pytest.raises(GAEInputError, match="group -1 has no statistics"):
         whole.row_stats(pa.array([-1]), 1, 1e-8)

@@ -267,8 +267,10 @@ def _side(
         return compute_packed(packed, spec, computation.kernel, computation.device)
     if statistics is None:
         raise ValueError(f"estimator {spec.estimator!r}: the score statistics of the input are needed")
+    from gaecli.advantages.estimators import statistics_row_advantages
+
     step_keys = valid.column(spec.step_by) if spec.step_by is not None else None
-    advantages = statistics.row_advantages(spec.estimator, scores, valid.column(spec.group_by), step_keys)
+    advantages = statistics_row_advantages(statistics, spec, scores, valid.column(spec.group_by), step_keys)
     row_inputs = {ROW_ADVANTAGE: advantages}
     return compute_packed(packed, spec, computation.kernel, computation.device, row_inputs)
 
@@ -282,7 +284,7 @@ def computed_batches(
 ) -> Iterator[ComputedBatch]:
     """Every batch of ``rollout`` checked, packed, with new and old advantages computed.
     ``read``: the columns to read (None: all). ``statistics``: the score statistics
-    (:class:`gaecli.advantages.estimators.ScoreStatistics`) of this file's groups, merged over
+    (:class:`gaecli.advantages.statistics.KeyedStatistics`) of this file's groups, merged over
     the input, when a side is a grouped estimator. ``compute_sides`` False: only the checks,
     the packing and each row's score (the score-statistics pass; ``new`` and ``old`` empty)."""
     columns = computation.columns
