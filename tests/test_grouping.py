@@ -98,3 +98,54 @@ def test_grouped_moments_match_a_float64_loop_and_ignore_batching():
     assert row_means.tolist() == means[[key_list.index(k) for k in keys[:10].to_pylist()]].tolist()
     with pytest.raises(GAEInputError, match="group -1 has no statistics"):
         whole.row_stats(pa.array([-1]), 1, 1e-8)
+
+
+def test_score_statistics_ignore_batching_and_merge_in_order():
+    """The estimators' statistics (one KeyedStatistics of Scores per group and per step):
+    the same bits for any batch size, for parts merged in input order, after pickling; a
+    file's subset holds its own keys with the merged figures."""
+    from gaecli.advantages.statistics import SCORES, KeyedStatistics, Statistic, merged_in_order
+
+    rng = np.random.default_rng(11)
+    rows = 3_000
+    lengths = rng.integers(0, 6, rows)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    trainable = rng.random(offsets[-1]) < 0.7
+    scores = np.where(rng.random(rows) < 0.2, 0.0, rng.normal(size=rows) * 10.0 ** rng.integers(-3, 4, rows))
+    keys = {"group": pa.array(rng.integers(0, 400, rows)), "step": pa.array(rng.integers(0, 3, rows))}
+    declared = (Statistic(SCORES, "scores", "group"), Statistic(SCORES, "scores", "step"), Statistic(SCORES, "scores"))
+
+    def added(first: int, last: int, batch_rows: int) -> KeyedStatistics:
+        result = KeyedStatistics(declared)
+        for start in range(first, last, batch_rows):
+            end = min(start + batch_rows, last)
+            tokens = trainable[offsets[start] : offsets[end]]
+            part_keys = {name: column[start:end] for name, column in keys.items()}
+            result.add({"scores": scores[start:end]}, tokens, offsets[start : end + 1] - offsets[start], part_keys)
+        return result
+
+    whole = added(0, rows, rows)
+    cut = 1_234
+    merged, per_file = merged_in_order(declared, [pickle.loads(pickle.dumps(added(0, cut, 7))), added(cut, rows, 256)])
+    for statistic in declared:
+        expected, got = whole[statistic], merged[statistic]
+        for kind in ("counts", "lows", "highs"):
+            assert getattr(got, kind)[:, : got.size].tobytes() == getattr(expected, kind)[:, : expected.size].tobytes()
+        assert np.allclose(got.group_statistics()[1], expected.group_statistics()[1], rtol=1e-14, atol=0)
+        batched = added(0, rows, 7)[statistic]  # one file in other batches: the same bits
+        for kind in ("counts", "sums", "errors", "lows", "highs"):
+            assert (
+                getattr(batched, kind)[:, : batched.size].tobytes()
+                == getattr(expected, kind)[:, : expected.size].tobytes()
+            )
+        first = per_file[1][statistic]
+        codes = got.codes(first.table.keys() if first.table is not None else None, first.size, insert=False)
+        for derived, subset in zip(got.group_statistics(), first.group_statistics()):
+            assert subset.tobytes() == derived[codes].tobytes()
+    steps = whole[declared[1]]
+    members = np.asarray(keys["step"]) == steps.key(0)
+    assert steps.count("rows")[0] == members.sum() and steps.count("nonzero")[0] == (scores[members] != 0).sum()
+    assert steps.count("tokens")[0] == sum(
+        trainable[offsets[r] : offsets[r + 1]].sum() for r in np.flatnonzero(members)
+    )
+    assert steps.alphas()[0] == members.sum() / (scores[members] != 0).sum()

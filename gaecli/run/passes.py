@@ -2,7 +2,8 @@
 :func:`gaecli.pipeline.file_statistics` unit per file, the parts merged in input order (so
 the same bits for any engine and worker count) and handed out per file, each unit getting
 the statistics of its own keys only: the critic-free estimators' scores
-(:func:`engine_file_scores`), then the whitening moments (:func:`engine_file_moments`)."""
+(:func:`engine_file_scores`), then the whitening moments (:func:`engine_file_moments`);
+both as a run needs them: :func:`engine_pre_passes`."""
 
 from __future__ import annotations
 
@@ -115,3 +116,25 @@ def engine_file_moments(
     (:func:`engine_file_scores`)."""
     sides, _, per_file = _side_moments(paths, computation, engine, progress, total_rows, session, footers, statistics)
     return [tuple(None if side is None else part[side] for side in sides) for part in per_file]
+
+
+def engine_pre_passes(
+    paths: list[str],
+    computation: Computation,
+    whitening: bool,
+    engine,
+    progress,
+    total_rows: int,
+    session=None,
+    footers: Optional[list] = None,
+) -> tuple[list, list]:
+    """Every statistics pass a run needs before its computing pass, per file (None where a
+    pass is not needed): the score statistics when a side is a grouped estimator, then the
+    whitening moments under ``whitening`` (``--normalize``) or when a ``reinforce++`` side
+    whitens. Returns ``(scores, moments)``, one entry per file of ``paths``."""
+    scores, moments = [None] * len(paths), [None] * len(paths)
+    if computation.needs_scores:
+        scores = engine_file_scores(paths, computation, engine, progress, total_rows, session, footers)
+    if whitening or any(computation.estimator_whitened):
+        moments = engine_file_moments(paths, computation, engine, progress, total_rows, session, footers, scores)
+    return scores, moments
