@@ -233,8 +233,8 @@ class ComputedBatch:
         return self.valid.column(name) if name is not None else None
 
     def operand(self, name: str) -> np.ndarray:
-        """A per-token array by the name a reduction gives it: ``new``, ``old`` (the first old
-        side) or ``old:K`` (the old side K, counted from 0)."""
+        """An array by the name a statistic gives it: ``new``, ``old`` (the first old
+        side) or ``old:K`` (the old side K, counted from 0), per token; ``scores``, per row."""
         if name.startswith("old:"):
             return self.olds[int(name[4:])][0]
         return getattr(self, name)
