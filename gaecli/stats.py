@@ -1,6 +1,6 @@
 """Statistics for streaming work that do not depend on batch size or engine: exact sums,
-per-row moments, and the per-row comparison, histograms and token sampling of ``gae diff``.
-Group codes and grouped statistics: :mod:`gaecli.grouping`."""
+and the per-row comparison, histograms and token sampling of ``gae diff``. Group codes and
+keyed statistics: :mod:`gaecli.advantages.keyed`, :mod:`gaecli.advantages.statistics`."""
 
 from __future__ import annotations
 
@@ -56,30 +56,6 @@ class ExactSum:
         the exact sum of both (merging partial sums in any order gives the same value)."""
         if other._count:
             self._count = _grow_partials(self._partials, self._count, other._partials[: other._count].copy())
-
-
-@numba.njit(cache=True, nogil=True)
-def row_moments(advantages, trainable, offsets):
-    """Per row: trainable-token count, sum and sum of squares of the advantages (float64,
-    summed serially in token order, so a row's figures depend on the row alone)."""
-    rows = offsets.shape[0] - 1
-    counts = np.zeros(rows, dtype=np.int64)
-    sums = np.zeros(rows, dtype=np.float64)
-    squares = np.zeros(rows, dtype=np.float64)
-    for row in range(rows):
-        total = 0.0
-        total_sq = 0.0
-        n = 0
-        for t in range(offsets[row], offsets[row + 1]):
-            if trainable[t]:
-                a = np.float64(advantages[t])
-                total += a
-                total_sq += a * a
-                n += 1
-        counts[row] = n
-        sums[row] = total
-        squares[row] = total_sq
-    return counts, sums, squares
 
 
 # ----------------------------------------------------------------------------- gae diff

@@ -156,14 +156,13 @@ def recompute_table(
 
 def _moments(rollout: TableRollout, computation):
     """The ``--normalize`` statistics of the whole table (new, old), gathered and merged as
-    the command does for one file (:func:`gaecli.pipeline.engine_moments`)."""
-    from gaecli.advantages.reduction import ReductionResult, normalize_reduction
-    from gaecli.pipeline import checked_moments, rollout_reduction
+    the command does for one file (:func:`gaecli.run.passes.engine_moments`)."""
+    from gaecli.advantages.statistics import merged_in_order, whitening_statistics
+    from gaecli.pipeline import checked_moments, rollout_statistics
 
-    reduction = normalize_reduction(computation.normalize_by)
-    merged = ReductionResult(reduction)
-    merged.merge(rollout_reduction(rollout, computation, reduction))
-    return checked_moments(merged, computation.normalize_by, whole="the table")
+    statistics = whitening_statistics(computation.normalize_by)
+    merged, _ = merged_in_order(statistics, [rollout_statistics(rollout, computation, statistics)])
+    return checked_moments(tuple(merged[statistic] for statistic in statistics), computation.normalize_by, "the table")
 
 
 def diff_table(table: Any, **options: Any):

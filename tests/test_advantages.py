@@ -23,12 +23,7 @@ from gaecli import AdvantageSpec, GAEInputError, KernelUnavailableError
 from gaecli.advantages import kernels as kernel_table
 from gaecli.advantages import layout
 from gaecli.advantages.dispatch import compute
-from gaecli.advantages.reduction import (
-    ReductionResult,
-    merge_results,
-    normalize_reduction,
-)
-from gaecli.grouping import GroupedMoments
+from gaecli.advantages.statistics import KeyedStatistics, Moments, merged_in_order, whitening_statistics
 
 from helpers import (
     FAST_KERNEL_NAMES,
@@ -305,40 +300,40 @@ def test_grouped_reduction_is_batch_invariant_and_accurate(batch, cut, seed):
     rows = offsets.size - 1
     cut = min(cut, rows)
     keys = pa.array(np.random.default_rng(seed).choice(["a", "b"], rows).tolist(), pa.string())
-    reduction = normalize_reduction("prompt")
+    statistics = whitening_statistics("prompt")
 
-    def add(result: ReductionResult, first: int, last: int) -> ReductionResult:
+    def add(result: KeyedStatistics, first: int, last: int) -> KeyedStatistics:
         start, end = offsets[first], offsets[last]
         operands = {"new": advantages[start:end], "old": -advantages[start:end]}
-        result.add(operands, trainable[start:end], offsets[first : last + 1] - start, keys[first:last])
+        result.add(operands, trainable[start:end], offsets[first : last + 1] - start, {"prompt": keys[first:last]})
         return result
 
-    whole = add(ReductionResult(reduction), 0, rows)
-    batched = add(add(ReductionResult(reduction), 0, cut), cut, rows)  # one file read in two batches
-    parts = [add(ReductionResult(reduction), 0, cut), add(ReductionResult(reduction), cut, rows)]
-    split = merge_results(reduction, parts)
-    for operand in ("new", "old"):
-        moments = whole.groups[operand]
-        codes = batched.groups[operand].merge(GroupedMoments())  # no-op merge: the codes stay
+    whole = add(KeyedStatistics(statistics), 0, rows)
+    batched = add(add(KeyedStatistics(statistics), 0, cut), cut, rows)  # one file read in two batches
+    parts = [add(KeyedStatistics(statistics), 0, cut), add(KeyedStatistics(statistics), cut, rows)]
+    split, _ = merged_in_order(statistics, parts)
+    for statistic, sign in zip(statistics, (1, -1)):
+        moments = whole[statistic]
+        codes = batched[statistic].merge(Moments())  # no-op merge: the codes stay
         assert codes.size == 0
-        assert batched.groups[operand].table.keys().equals(moments.table.keys()) if rows else True
-        for name in ("counts", "sums", "sum_errors", "squares", "square_errors"):  # bitwise, whatever the batches
+        assert batched[statistic].table.keys().equals(moments.table.keys()) if rows else True
+        for kind in ("counts", "sums", "errors"):  # bitwise, whatever the batches
             assert np.array_equal(
-                getattr(batched.groups[operand], name)[: moments.size], getattr(moments, name)[: moments.size]
+                getattr(batched[statistic], kind)[:, : moments.size], getattr(moments, kind)[:, : moments.size]
             )
         totals, squares = moments.totals()
-        split_totals, split_squares = split.groups[operand].totals()
+        split_totals, split_squares = split[statistic].totals()
         for code in range(moments.size):
             key = moments.key(code)
             in_group = np.repeat(np.array(keys.to_pylist()) == key, np.diff(offsets)) & trainable
-            numbers = advantages[in_group] * (1 if operand == "new" else -1)
-            assert moments.counts[code] == numbers.size
+            numbers = advantages[in_group] * sign
+            assert moments.count("counts")[code] == numbers.size
             allowed = 1e-12 * (1 + np.abs(numbers).sum())
             assert totals[code] == pytest.approx(math.fsum(numbers), abs=allowed)
             squared = numbers * numbers
             assert squares[code] == pytest.approx(math.fsum(squared), abs=1e-12 * (1 + squared.sum()))
-            other = split.groups[operand].table.keys().to_pylist().index(key)
-            assert split.groups[operand].counts[other] == numbers.size
+            other = split[statistic].table.keys().to_pylist().index(key)
+            assert split[statistic].count("counts")[other] == numbers.size
             assert split_totals[other] == pytest.approx(math.fsum(numbers), abs=allowed)
 
 

@@ -644,8 +644,9 @@ def test_each_file_unit_gets_the_statistics_of_its_own_groups(tmp_path):
     """engine_file_moments: per file, the merged statistics of the groups its rows hold,
     only those, equal to the merged statistics of those groups."""
     from gaecli.io.format import Columns
-    from gaecli.pipeline import Computation, engine_file_moments, engine_moments
+    from gaecli.pipeline import Computation
     from gaecli.progress import NoProgress
+    from gaecli.run.passes import engine_file_moments, engine_moments
 
     paths = []
     for index, groups in enumerate((("a", "b"), ("b", "c", "d"), ("d",))):

@@ -1,4 +1,4 @@
-"""Group codes and grouped moments (gaecli.grouping.KeyTable, GroupedMoments): codes match a
+"""Group codes and keyed sums (gaecli.advantages.keyed.KeyTable, gaecli.advantages.statistics.Moments): codes match a
 plain Python dictionary in first-seen order for every key type, keys come back as given,
 state survives pickling, moments match a float64 loop and do not depend on batching."""
 
@@ -11,7 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gaecli.grouping import GroupedMoments, KeyTable
+from gaecli.advantages.keyed import KeyTable
+from gaecli.advantages.statistics import Moments
+from gaecli.errors import GAEInputError
 
 
 def dictionary_codes(values: list) -> tuple[np.ndarray, list]:
@@ -67,21 +69,23 @@ def test_grouped_moments_match_a_float64_loop_and_ignore_batching():
     counts = rng.integers(0, 9, rows)
     sums = rng.normal(size=rows) * 10.0 ** rng.integers(-3, 4, rows)
     squares = sums * sums
-    whole = GroupedMoments()
-    whole.add(keys, counts, sums, squares)
+    whole = Moments()
+    whole.add(keys, {"counts": counts, "sums": sums, "squares": squares})
     for batch_rows in (1, 7, 256):
-        batched = GroupedMoments()
+        batched = Moments()
         for start in range(0, rows, batch_rows):
             end = start + batch_rows
-            batched.add(keys[start:end], counts[start:end], sums[start:end], squares[start:end])
-        for name in ("counts", "sums", "sum_errors", "squares", "square_errors"):
-            assert getattr(batched, name)[: whole.size].tobytes() == getattr(whole, name)[: whole.size].tobytes()
+            batched.add(
+                keys[start:end], {"counts": counts[start:end], "sums": sums[start:end], "squares": squares[start:end]}
+            )
+        for kind in ("counts", "sums", "errors"):
+            assert getattr(batched, kind)[:, : whole.size].tobytes() == getattr(whole, kind)[:, : whole.size].tobytes()
     totals, total_squares = whole.totals()
     key_list = whole.table.keys().to_pylist()
     key_values = np.asarray(keys)
     for code in range(0, whole.size, 37):
         members = key_values == key_list[code]
-        assert whole.counts[code] == counts[members].sum()
+        assert whole.count("counts")[code] == counts[members].sum()
         exact = math.fsum(sums[members])
         assert abs(totals[code] - exact) <= 4e-16 * abs(exact) + 1e-300
         assert abs(total_squares[code] - math.fsum(squares[members])) <= 4e-16 * math.fsum(squares[members])
@@ -92,5 +96,56 @@ def test_grouped_moments_match_a_float64_loop_and_ignore_batching():
     assert means[code] == pytest.approx(mean, rel=1e-14)
     row_means, row_stds = whole.row_stats(keys[:10], 10, 1e-8)
     assert row_means.tolist() == means[[key_list.index(k) for k in keys[:10].to_pylist()]].tolist()
-    with pytest.raises(KeyError, match="-1"):
+    with pytest.raises(GAEInputError, match="group -1 has no statistics"):
         whole.row_stats(pa.array([-1]), 1, 1e-8)
+
+
+def test_score_statistics_ignore_batching_and_merge_in_order():
+    """The estimators' statistics (one KeyedStatistics of Scores per group and per step):
+    the same bits for any batch size, for parts merged in input order, after pickling; a
+    file's subset holds its own keys with the merged figures."""
+    from gaecli.advantages.statistics import SCORES, KeyedStatistics, Statistic, merged_in_order
+
+    rng = np.random.default_rng(11)
+    rows = 3_000
+    lengths = rng.integers(0, 6, rows)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    trainable = rng.random(offsets[-1]) < 0.7
+    scores = np.where(rng.random(rows) < 0.2, 0.0, rng.normal(size=rows) * 10.0 ** rng.integers(-3, 4, rows))
+    keys = {"group": pa.array(rng.integers(0, 400, rows)), "step": pa.array(rng.integers(0, 3, rows))}
+    declared = (Statistic(SCORES, "scores", "group"), Statistic(SCORES, "scores", "step"), Statistic(SCORES, "scores"))
+
+    def added(first: int, last: int, batch_rows: int) -> KeyedStatistics:
+        result = KeyedStatistics(declared)
+        for start in range(first, last, batch_rows):
+            end = min(start + batch_rows, last)
+            tokens = trainable[offsets[start] : offsets[end]]
+            part_keys = {name: column[start:end] for name, column in keys.items()}
+            result.add({"scores": scores[start:end]}, tokens, offsets[start : end + 1] - offsets[start], part_keys)
+        return result
+
+    whole = added(0, rows, rows)
+    cut = 1_234
+    merged, per_file = merged_in_order(declared, [pickle.loads(pickle.dumps(added(0, cut, 7))), added(cut, rows, 256)])
+    for statistic in declared:
+        expected, got = whole[statistic], merged[statistic]
+        for kind in ("counts", "lows", "highs"):
+            assert getattr(got, kind)[:, : got.size].tobytes() == getattr(expected, kind)[:, : expected.size].tobytes()
+        assert np.allclose(got.group_statistics()[1], expected.group_statistics()[1], rtol=1e-14, atol=0)
+        batched = added(0, rows, 7)[statistic]  # one file in other batches: the same bits
+        for kind in ("counts", "sums", "errors", "lows", "highs"):
+            assert (
+                getattr(batched, kind)[:, : batched.size].tobytes()
+                == getattr(expected, kind)[:, : expected.size].tobytes()
+            )
+        first = per_file[1][statistic]
+        codes = got.codes(first.table.keys() if first.table is not None else None, first.size, insert=False)
+        for derived, subset in zip(got.group_statistics(), first.group_statistics()):
+            assert subset.tobytes() == derived[codes].tobytes()
+    steps = whole[declared[1]]
+    members = np.asarray(keys["step"]) == steps.key(0)
+    assert steps.count("rows")[0] == members.sum() and steps.count("nonzero")[0] == (scores[members] != 0).sum()
+    assert steps.count("tokens")[0] == sum(
+        trainable[offsets[r] : offsets[r + 1]].sum() for r in np.flatnonzero(members)
+    )
+    assert steps.alphas()[0] == members.sum() / (scores[members] != 0).sum()

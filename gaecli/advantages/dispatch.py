@@ -30,7 +30,7 @@ SCREENED_MASKS = (
 
 ROW_ADVANTAGE = "row-advantage"
 """The per-row input of an outcome estimator's per-token pass: each row's advantage (float64
-``[B]``, :meth:`gaecli.advantages.estimators.ScoreStatistics.row_advantages`)."""
+``[B]``, :func:`gaecli.advantages.estimators.statistics_row_advantages`)."""
 
 
 def compute(
@@ -115,8 +115,6 @@ def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewa
             returns_spec, zeros, rewards, trainable, offsets, terminal_rewards, kernel=kernel, device=device
         )
         return returns, returns
-    from gaecli.advantages.estimators import spread_rows
-
     row_values = (row_inputs or {}).get(ROW_ADVANTAGE)
     if row_values is None:
         raise ValueError(f"estimator {spec.estimator!r}: row_inputs[{ROW_ADVANTAGE!r}] (each row's advantage) needed")
@@ -129,6 +127,13 @@ def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewa
     per_token = torch.repeat_interleave(torch.as_tensor(row_values, device=rewards.device), lengths)
     advantages = torch.where(trainable, per_token, 0.0).to(rewards.dtype)
     return advantages, advantages
+
+
+def spread_rows(row_values: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, dtype) -> np.ndarray:
+    """The per-token pass of the outcome estimators: each row's value at its trainable tokens,
+    0 at masked positions; flat ``[N]`` in ``dtype``."""
+    per_token = np.repeat(row_values.astype(np.float64, copy=False), np.diff(offsets))
+    return np.where(trainable, per_token, 0.0).astype(dtype, copy=False)
 
 
 def compute_screened(

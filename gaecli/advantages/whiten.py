@@ -16,7 +16,7 @@ from gaecli.errors import GAEInputError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from gaecli.grouping import GroupedMoments
+    from gaecli.advantages.statistics import Moments
 
 
 def whiten(advantages, loss_mask):
@@ -99,7 +99,7 @@ def whiten_by_group(advantages, trainable, offsets, keys):
 def whiten_rows(
     advantages: np.ndarray,
     offsets: np.ndarray,
-    moments: "GroupedMoments",
+    moments: "Moments",
     keys: Optional["pa.Array"],
     *,
     trainable: Optional[np.ndarray] = None,

@@ -12,10 +12,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gaecli.advantages.keyed import KeyTable
 from gaecli.comparison.figures import PRODUCT_SUMS, RowFigures, correlations
 from gaecli.comparison.keys import json_value
 from gaecli.errors import GAEUsageError
-from gaecli.grouping import KeyTable
 
 GROUP_SUMS = (
     "samples",
@@ -79,7 +79,7 @@ def _grown_rows(array: np.ndarray, needed: int) -> np.ndarray:
 class GroupedFigures:
     """The main figures per value of the ``--group-by`` column.
 
-    State: the keys' :class:`gaecli.grouping.KeyTable` and, per group, the
+    State: the keys' :class:`gaecli.advantages.keyed.KeyTable` and, per group, the
     :data:`GROUP_SUMS` and :data:`GROUP_MAXIMA` as rows of two flat float64 arrays (136
     bytes a group besides its key), grown by doubling; no Python runs per group or per row.
     Sums are added row by row in file order within a file, and files' sums in input order

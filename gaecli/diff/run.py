@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gaecli.advantages.statistics import Moments
 from gaecli.comparison.figures import DiffAccumulator, RowFigures
 from gaecli.comparison.groups import GroupedFigures, group_key_type, groups_schema
 from gaecli.comparison.sides import ComparisonSide
@@ -21,7 +22,6 @@ from gaecli.diff.options import DiffOptions
 from gaecli.diff.per_sample import per_sample_batch, per_sample_schema
 from gaecli.diff.report import ComparisonResult, DiffReport
 from gaecli.engines import EngineOptions, EngineSession, TaskFailure, map_units
-from gaecli.grouping import GroupedMoments
 from gaecli.io.filesystem import to_path, total_size
 from gaecli.io.paths import check_writes, discover_inputs, report_writes
 from gaecli.io.reader import RolloutFile
@@ -30,11 +30,10 @@ from gaecli.pipeline import (
     check_file,
     check_scalar_column,
     computed_batches,
-    engine_file_moments,
-    engine_file_scores,
     whitened_sides,
 )
 from gaecli.progress import NoProgress, Progress
+from gaecli.run.passes import engine_file_moments, engine_file_scores
 
 
 def computation_of(options: DiffOptions, kernel: str) -> Computation:
@@ -147,7 +146,7 @@ def diff_unit(
     path: str,
     options: DiffOptions,
     kernel: str,
-    moments: Optional[tuple[GroupedMoments, ...]] = None,
+    moments: Optional[tuple[Optional[Moments], ...]] = None,
     per_sample: Optional[pa.Schema] = None,
     footer: Optional[pq.FileMetaData] = None,
     scores=None,

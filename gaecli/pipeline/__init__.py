@@ -1,7 +1,8 @@
 """What ``gae recompute`` and ``gae diff`` share: the device and per-file checks, the
 streamed, checked and packed batches with new (masked) and old advantages computed by the
-one dispatch (:mod:`gaecli.advantages.dispatch`), and the grouped-reduction pass (one file
-at a time, exact and mergeable) that ``--normalize`` runs for its statistics.
+one dispatch (:mod:`gaecli.advantages.dispatch`), and the keyed-statistics pass of one file
+(order-fixed and mergeable: the ``--normalize`` moments, the critic-free estimators' scores;
+the passes over every file on an engine are :mod:`gaecli.run.passes`).
 
 Everything here works on one file at a time and takes only picklable arguments, so the
 engines (:mod:`gaecli.engines`) can run it in other processes or on other machines.
@@ -35,15 +36,10 @@ from gaecli.pipeline.options import (
 from gaecli.pipeline.packing import PackedBatch, compute_packed, drop_rows, pack_batch, row_input_arrays, stored_column
 from gaecli.pipeline.passes import (
     checked_moments,
-    engine_file_moments,
-    engine_file_scores,
-    engine_moments,
-    engine_reduction,
-    engine_reduction_parts,
-    file_reduction,
-    file_scores,
-    rollout_reduction,
-    rollout_scores,
+    file_statistics,
+    rollout_statistics,
+    score_statistics,
+    side_moments,
     statistics_columns,
     whitened_sides,
 )
@@ -65,21 +61,16 @@ __all__ = [
     "compute_packed",
     "computed_batches",
     "drop_rows",
-    "engine_file_moments",
-    "engine_file_scores",
-    "engine_moments",
-    "engine_reduction",
-    "engine_reduction_parts",
-    "file_reduction",
-    "file_scores",
+    "file_statistics",
     "id_findings",
     "new_side_spec",
     "normalize_label",
     "overflow_findings",
     "pack_batch",
-    "rollout_reduction",
-    "rollout_scores",
+    "rollout_statistics",
     "row_input_arrays",
+    "score_statistics",
+    "side_moments",
     "statistics_columns",
     "stored_column",
     "whiten_rows",

@@ -233,8 +233,8 @@ class ComputedBatch:
         return self.valid.column(name) if name is not None else None
 
     def operand(self, name: str) -> np.ndarray:
-        """A per-token array by the name a reduction gives it: ``new``, ``old`` (the first old
-        side) or ``old:K`` (the old side K, counted from 0)."""
+        """An array by the name a statistic gives it: ``new``, ``old`` (the first old
+        side) or ``old:K`` (the old side K, counted from 0), per token; ``scores``, per row."""
         if name.startswith("old:"):
             return self.olds[int(name[4:])][0]
         return getattr(self, name)
@@ -267,8 +267,10 @@ def _side(
         return compute_packed(packed, spec, computation.kernel, computation.device)
     if statistics is None:
         raise ValueError(f"estimator {spec.estimator!r}: the score statistics of the input are needed")
+    from gaecli.advantages.estimators import statistics_row_advantages
+
     step_keys = valid.column(spec.step_by) if spec.step_by is not None else None
-    advantages = statistics.row_advantages(spec.estimator, scores, valid.column(spec.group_by), step_keys)
+    advantages = statistics_row_advantages(statistics, spec, scores, valid.column(spec.group_by), step_keys)
     row_inputs = {ROW_ADVANTAGE: advantages}
     return compute_packed(packed, spec, computation.kernel, computation.device, row_inputs)
 
@@ -282,7 +284,7 @@ def computed_batches(
 ) -> Iterator[ComputedBatch]:
     """Every batch of ``rollout`` checked, packed, with new and old advantages computed.
     ``read``: the columns to read (None: all). ``statistics``: the score statistics
-    (:class:`gaecli.advantages.estimators.ScoreStatistics`) of this file's groups, merged over
+    (:class:`gaecli.advantages.statistics.KeyedStatistics`) of this file's groups, merged over
     the input, when a side is a grouped estimator. ``compute_sides`` False: only the checks,
     the packing and each row's score (the score-statistics pass; ``new`` and ``old`` empty)."""
     columns = computation.columns

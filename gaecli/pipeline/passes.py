@@ -1,49 +1,77 @@
-"""The passes over every file before the computing pass: the grouped reductions
-(``--normalize`` statistics, the ``reinforce++`` whitening) and the critic-free estimators'
-score statistics, one file per unit, merged in input order; and which sides are whitened."""
+"""The statistics pass over one file before the computing pass (the unit the engines run per
+file: :func:`file_statistics`), the statistics a run declares (the scores of the critic-free
+estimators, :func:`score_statistics`; the whitening moments of every side,
+:func:`side_moments`), and which sides are whitened with them (:func:`whitened_sides`). The
+engine-level passes over every file, merged in input order, are :mod:`gaecli.run.passes`."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional
 
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.reduction import Reduction, ReductionResult, merge_results, normalize_reduction
+from gaecli.advantages.estimators import declared_statistics
+from gaecli.advantages.statistics import KeyedStatistics, Moments, Statistic, side_operands, whitening_statistics
 from gaecli.advantages.whiten import whiten_rows
 from gaecli.errors import GAEInputError
-from gaecli.grouping import GroupedMoments
 from gaecli.io.reader import RolloutFile
-from gaecli.pipeline.batches import Computation, ComputedBatch, check_file, check_scalar_column, computed_batches
+from gaecli.pipeline.batches import Computation, ComputedBatch, check_file, computed_batches
 
 
-def statistics_columns(schema: pa.Schema, computation: Computation, key: Optional[str] = None) -> list[str]:
-    """The columns a reduction pass reads (the data, the stored comparison, ``key``), in
-    file order."""
+def statistics_columns(schema: pa.Schema, computation: Computation, keys: Iterable[Optional[str]] = ()) -> list[str]:
+    """The columns a statistics pass reads (the data, the stored comparison, the key
+    columns ``keys``), in file order."""
     columns = computation.columns
     needed = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
-    named = (computation.normalize_by, *computation.stored_columns, key)
+    named = (computation.normalize_by, *computation.stored_columns, *keys)
     needed |= {name for name in named if name is not None} | set(computation.variants.columns())
     needed |= {name for _, name in computation.id_columns()}
     return [name for name in schema.names if name in needed]
 
 
-def rollout_reduction(
-    rollout, computation: Computation, reduction: Reduction, progress=None, statistics=None
-) -> ReductionResult:
-    """A grouped-reduction pass (:class:`gaecli.advantages.reduction.Reduction`) over the
-    computed batches of an open reader (a file's :class:`RolloutFile`, or a table's);
-    ``progress`` (optional) is advanced per batch; ``statistics``: the file's score
-    statistics when a side needs them (:func:`computed_batches`)."""
-    where = str(rollout.path)
-    check_file(rollout.schema, where, computation)
-    check_scalar_column(rollout.schema, where, "the reduction key", reduction.key)
-    result = ReductionResult(reduction)
-    read = statistics_columns(rollout.schema, computation, reduction.key)
-    for computed in computed_batches(rollout, computation, read, statistics):
+def score_statistics(computation: Computation) -> tuple[Statistic, ...]:
+    """The statistics of the rows' scores that the sides computed here declare
+    (:data:`gaecli.advantages.estimators.ESTIMATOR_STATISTICS`): gathered first, from the
+    inputs alone."""
+    declared = (statistic for spec in computation.specs for statistic in declared_statistics(spec))
+    return tuple(dict.fromkeys(statistic for statistic in declared if not statistic.reads_sides))
+
+
+def side_moments(computation: Computation) -> tuple[Optional[Statistic], ...]:
+    """The whitening moments of each side (the new one, then each old side:
+    :attr:`Computation.n_sides`; None where a side needs none): under ``--normalize`` every
+    side's, keyed by :attr:`Computation.whiten_key`; otherwise those a side's estimator
+    declares (the ``reinforce++`` estimators', per step). With no old side, the new side's
+    spec stands in for it."""
+    operands = side_operands(computation.n_sides)
+    if not computation.critic_free:
+        return whitening_statistics(computation.whiten_key, computation.n_sides)
+    specs = (computation.new_spec, *computation.old_specs)
+    moments = []
+    for index, operand in enumerate(operands):
+        spec = specs[index] if index < len(specs) else specs[0]
+        declared = () if spec is None else declared_statistics(spec, operand)
+        moments.append(next((statistic for statistic in declared if statistic.reads_sides), None))
+    return tuple(moments)
+
+
+def rollout_statistics(
+    rollout, computation: Computation, statistics: tuple[Statistic, ...], progress=None, scores=None
+) -> KeyedStatistics:
+    """The keyed ``statistics`` of the computed batches of an open reader (a file's
+    :class:`RolloutFile`, or a table's), added in row order. Statistics of the inputs alone
+    (the scores) need only the checks and the packing; those of a side compute the sides,
+    with ``scores``, the file's score statistics, when a side needs them
+    (:func:`computed_batches`). ``progress`` (optional) is advanced per batch."""
+    check_file(rollout.schema, str(rollout.path), computation)
+    result = KeyedStatistics(statistics)
+    read = statistics_columns(rollout.schema, computation, result.keys)
+    sides = any(statistic.reads_sides for statistic in result.statistics)
+    for computed in computed_batches(rollout, computation, read, scores, compute_sides=sides):
         packed = computed.packed
-        operands = {operand: computed.operand(operand) for operand in reduction.operands}
-        result.add(operands, packed.trainable, packed.offsets, computed.keys(reduction.key))
+        operands = {operand: computed.operand(operand) for operand in result.operands}
+        result.add(operands, packed.trainable, packed.offsets, {key: computed.keys(key) for key in result.keys})
         result.rows += computed.batch.num_rows
         result.tokens += packed.tokens
         if progress is not None:
@@ -51,24 +79,25 @@ def rollout_reduction(
     return result
 
 
-def file_reduction(
-    path: str, computation: Computation, reduction: Reduction, footer=None, statistics=None, progress=None
-) -> ReductionResult:
-    """:func:`rollout_reduction` over one file (the unit of the statistics pass). ``footer``:
-    the file's footer if read already; ``statistics``: its score statistics if needed."""
+def file_statistics(
+    path: str, computation: Computation, statistics: tuple[Statistic, ...], footer=None, scores=None, progress=None
+) -> KeyedStatistics:
+    """:func:`rollout_statistics` over one file (the unit of every statistics pass).
+    ``footer``: the file's footer if read already; ``scores``: its score statistics if a side
+    needs them."""
     rollout = RolloutFile(path, footer)
     try:
-        return rollout_reduction(rollout, computation, reduction, progress, statistics)
+        return rollout_statistics(rollout, computation, statistics, progress, scores)
     finally:
         rollout.close()
 
 
 def checked_moments(
-    merged: ReductionResult, normalize_by: Optional[str], whole: str = "the input"
-) -> tuple[GroupedMoments, GroupedMoments]:
-    """The moments (new, old) of a merged ``--normalize`` reduction; refuses
-    (:class:`GAEInputError`) a group, or the ``whole`` input, with no trainable token."""
-    new, old = merged.groups["new"], merged.groups["old"]
+    moments: tuple[Moments, ...], normalize_by: Optional[str], whole: str = "the input"
+) -> tuple[Moments, Moments]:
+    """The moments (new, old) of the merged ``--normalize`` statistics (one per side);
+    refuses (:class:`GAEInputError`) a group, or the ``whole`` input, with no trainable token."""
+    new, old = moments[0], moments[1]
     empty = new.empty_groups()
     if empty.size:
         key = new.key(int(empty[0]))
@@ -77,179 +106,10 @@ def checked_moments(
     return new, old
 
 
-def engine_reduction_parts(
-    paths: list[str],
-    computation: Computation,
-    reduction: Reduction,
-    engine,
-    progress,
-    total_rows: int,
-    session=None,
-    footers: Optional[list] = None,
-    statistics: Optional[list] = None,
-) -> list[ReductionResult]:
-    """The per-file parts of a grouped-reduction pass over ``paths`` on ``engine`` (an
-    :class:`gaecli.engines.EngineOptions`, with the command's
-    :class:`gaecli.engines.EngineSession` if any): one :func:`file_reduction` unit per file,
-    stopped at the first failure (raised as for one file), in input order. ``footers``: the
-    files' footers where read already (None where not)."""
-    footers = footers or [None] * len(paths)
-    statistics = statistics or [None] * len(paths)
-    tasks = [
-        (str(path), computation, reduction, footer, scores) for path, footer, scores in zip(paths, footers, statistics)
-    ]
-    return _per_file_pass("statistics", file_reduction, tasks, paths, engine, progress, total_rows, session)
-
-
-def _per_file_pass(phase: str, unit, tasks: list, paths: list, engine, progress, total_rows: int, session) -> list:
-    """One ``unit`` per file on ``engine`` (the progress shown as ``phase``), stopped at the
-    first failure (raised as for one file); the results in input order."""
-    from gaecli.engines import TaskFailure, map_units
-
-    progress.start(phase, total_rows)
-    try:
-        parts = map_units(
-            unit, tasks, [str(path) for path in paths], engine, stop_on_failure=True, progress=progress, session=session
-        )
-    finally:
-        progress.finish()
-    for part in parts:
-        if isinstance(part, TaskFailure):
-            part.raise_error()
-    return parts
-
-
-def engine_reduction(
-    paths: list[str], computation: Computation, reduction: Reduction, engine, progress, total_rows: int, session=None
-) -> ReductionResult:
-    """A grouped-reduction pass over ``paths`` (:func:`engine_reduction_parts`), merged in
-    input order: every part is computed per file whatever the engine, so the result is the
-    same for any engine and worker count."""
-    return merge_results(
-        reduction, engine_reduction_parts(paths, computation, reduction, engine, progress, total_rows, session)
-    )
-
-
-def _moments_parts(
-    paths: list[str],
-    computation: Computation,
-    engine,
-    progress,
-    total_rows: int,
-    session,
-    footers=None,
-    statistics=None,
-) -> tuple[tuple[GroupedMoments, ...], list[dict[str, np.ndarray]], list]:
-    reduction = normalize_reduction(computation.whiten_key, computation.n_sides)
-    parts = engine_reduction_parts(
-        paths, computation, reduction, engine, progress, total_rows, session, footers, statistics
-    )
-    merged = ReductionResult(reduction)
-    codes = [merged.merge(part) for part in parts]
-    moments = tuple(merged.groups[operand] for operand in reduction.operands)
-    if not computation.critic_free:  # under --normalize; a step of an estimator may have nothing to whiten
-        checked_moments(merged, computation.normalize_by)
-    return moments, codes, parts
-
-
-def engine_moments(
-    paths: list[str], computation: Computation, engine, progress, total_rows: int, session=None
-) -> tuple[GroupedMoments, GroupedMoments]:
-    """The ``--normalize`` statistics (:func:`gaecli.advantages.reduction.normalize_reduction`)
-    by :func:`engine_reduction`: the moments of the new and the (first) old advantages;
-    refuses (:class:`GAEInputError`) a group without any trainable token."""
-    return _moments_parts(paths, computation, engine, progress, total_rows, session)[0][:2]
-
-
-def engine_file_moments(
-    paths: list[str],
-    computation: Computation,
-    engine,
-    progress,
-    total_rows: int,
-    session=None,
-    footers: Optional[list] = None,
-    statistics: Optional[list] = None,
-) -> list[tuple[GroupedMoments, ...]]:
-    """:func:`engine_moments`, handed out per file: for each of ``paths`` the merged moments
-    of every side (the new one, then each old side: :attr:`Computation.n_sides`) of the groups
-    its rows belong to, and only those, so that each file's unit is sent what it needs (a few
-    dozen bytes per group of the file) and not every group. ``footers``: the files' footers
-    where read already; ``statistics``: the files' score statistics where a side needs them
-    (:func:`engine_file_scores`)."""
-    moments, codes, parts = _moments_parts(
-        paths, computation, engine, progress, total_rows, session, footers, statistics
-    )
-    operands = normalize_reduction(computation.whiten_key, computation.n_sides).operands
-    return [
-        tuple(side.subset(code[operand], part.groups[operand].table) for side, operand in zip(moments, operands))
-        for code, part in zip(codes, parts)
-    ]
-
-
-def rollout_scores(rollout, computation: Computation, progress=None):
-    """The score statistics (:class:`gaecli.advantages.estimators.ScoreStatistics`) of the
-    rows of an open reader: each valid row's score added per group id (when a side is
-    grouped) and per step id (or the whole input), in row order."""
-    from gaecli.advantages.estimators import ScoreStatistics, row_scores
-
-    where = str(rollout.path)
-    check_file(rollout.schema, where, computation)
-    grouped = computation.group_by is not None and computation.needs_scores
-    statistics = ScoreStatistics(grouped)
-    read = statistics_columns(rollout.schema, computation)
-    for computed in computed_batches(rollout, computation, read, compute_sides=False):
-        packed = computed.packed
-        _, counts = row_scores(packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards)
-        statistics.add(
-            computed.keys(computation.group_by) if grouped else None,
-            computed.keys(computation.step_by),
-            computed.scores,
-            counts,
-        )
-        statistics.rows += computed.batch.num_rows
-        statistics.tokens += packed.tokens
-        if progress is not None:
-            progress.advance(computed.batch.num_rows, packed.tokens)
-    return statistics
-
-
-def file_scores(path: str, computation: Computation, footer=None, progress=None):
-    """:func:`rollout_scores` over one file (the unit of the score pass)."""
-    rollout = RolloutFile(path, footer)
-    try:
-        return rollout_scores(rollout, computation, progress)
-    finally:
-        rollout.close()
-
-
-def engine_file_scores(
-    paths: list[str],
-    computation: Computation,
-    engine,
-    progress,
-    total_rows: int,
-    session=None,
-    footers: Optional[list] = None,
-) -> list:
-    """The score statistics of the critic-free estimators over ``paths`` (one
-    :func:`file_scores` unit per file on ``engine``, merged in input order, so the same for
-    any engine and worker count), handed out per file: for each file the merged statistics of
-    the groups and steps its rows belong to, and only those."""
-    from gaecli.advantages.estimators import ScoreStatistics
-
-    footers = footers or [None] * len(paths)
-    tasks = [(str(path), computation, footer) for path, footer in zip(paths, footers)]
-    parts = _per_file_pass("scores", file_scores, tasks, paths, engine, progress, total_rows, session)
-    merged = ScoreStatistics(parts[0].groups is not None if parts else True)
-    codes = [merged.merge(part) for part in parts]
-    return [merged.subset(code) for code in codes]
-
-
 def whitened_sides(
     computed: ComputedBatch,
     computation: Computation,
-    moments: Optional[tuple[GroupedMoments, ...]],
+    moments: Optional[tuple[Optional[Moments], ...]],
     cast: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, Optional[np.ndarray]]]]:
     """The advantages and returns of every side of a computed batch after whitening with the

@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gaecli._version import __version__
+from gaecli.advantages.statistics import Moments
 from gaecli.display import display
 from gaecli.errors import (
     GAEUsageError,
 )
-from gaecli.grouping import GroupedMoments
 from gaecli.io.filesystem import AnyPath, RemotePath
 from gaecli.io.format import list_type_like, output_float_type
 from gaecli.io.paths import FileJob, with_suffix
@@ -215,7 +215,7 @@ def output_batch(
     options: RecomputeOptions,
     schema: pa.Schema,
     list_type: pa.DataType,
-    moments: Optional[tuple[GroupedMoments, ...]] = None,
+    moments: Optional[tuple[Optional[Moments], ...]] = None,
     computation: Optional[Computation] = None,
 ):
     """One output batch of ``schema`` from a computed batch (:func:`gaecli.pipeline.computed_batches`):

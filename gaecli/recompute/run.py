@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gaecli.advantages.statistics import Moments
 from gaecli.checks import row_reasons
 from gaecli.comparison.figures import DiffAccumulator
 from gaecli.display import display
@@ -30,17 +31,11 @@ from gaecli.errors import (
     RunInterrupted,
     UnusableFilesError,
 )
-from gaecli.grouping import GroupedMoments
 from gaecli.io.filesystem import is_stream, remove_dead_temps, total_size
 from gaecli.io.paths import FileJob, plan_outputs, report_writes, with_suffix
 from gaecli.io.reader import RolloutFile, read_metadata
 from gaecli.io.writer import AtomicParquetWriter, failure_reason
-from gaecli.pipeline import (
-    computed_batches,
-    engine_file_moments,
-    engine_file_scores,
-    new_side_spec,
-)
+from gaecli.pipeline import computed_batches, new_side_spec
 from gaecli.progress import NoProgress, Progress
 from gaecli.recompute.options import REASON_COLUMN, REJECTS_SUFFIX, FileOutcome, RecomputeOptions, RecomputeReport
 from gaecli.recompute.output import (
@@ -53,6 +48,7 @@ from gaecli.recompute.output import (
     output_schema,
     spans_inputs,
 )
+from gaecli.run.passes import engine_file_moments, engine_file_scores
 
 
 @dataclass
@@ -81,7 +77,7 @@ def recompute_job(
     job: FileJob,
     options: RecomputeOptions,
     kernel: str,
-    moments: Optional[tuple[GroupedMoments, GroupedMoments]] = None,
+    moments: Optional[tuple[Optional[Moments], ...]] = None,
     footer: Optional[pq.FileMetaData] = None,
     scores=None,
     identity: Optional[dict[str, str]] = None,
@@ -93,7 +89,7 @@ def recompute_job(
     ``kernel``: the resolved kernel name; ``moments``: the merged ``--normalize``
     statistics (new, old) of this file's groups when whitening; ``footer``: the file's footer
     when the parent has read it (not read again); ``scores``: the merged score statistics of
-    this file's groups for a grouped estimator (:func:`gaecli.pipeline.engine_file_scores`);
+    this file's groups for a grouped estimator (:func:`gaecli.run.passes.engine_file_scores`);
     ``identity``: the metadata of the inputs it is computed from
     (:func:`gaecli.recompute.output.identity_record`); ``recomputed``: why an existing output
     of ``--skip-existing`` is replaced (in the outcome).

@@ -1,16 +1,18 @@
-"""Group codes and grouped statistics that do not depend on batch size or engine: the
-numba hash table of Arrow keys (:class:`KeyTable`), the whitening statistics of
-``--normalize`` / ``--normalize-by`` (:class:`GroupedMoments`, compensated sums per group)."""
+"""Keyed statistics that do not depend on batch size or engine: dense codes of Arrow keys
+(:class:`KeyTable`, a numba hash table) and compensated per-key sums of any number of
+per-row quantities (:class:`KeyedSums`), added in row order, merged in input order, cut down
+to one file's keys and pickled once. The whitening moments and the critic-free estimators'
+group and step statistics are both such sums (:mod:`gaecli.advantages.statistics`)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import numba
 import numpy as np
 import pyarrow as pa
 
-from gaecli.errors import GAEUsageError
+from gaecli.errors import GAEInputError, GAEUsageError
 
 
 @numba.njit(cache=True, nogil=True)
@@ -249,148 +251,202 @@ def _grown(array: np.ndarray, needed: int) -> np.ndarray:
 
 
 @numba.njit(cache=True, nogil=True)
-def _compensated_add(sums, compensations, codes, numbers):
-    # Neumaier's compensated summation per group, in the order given: the rounding error of
-    # every addition is kept in the group's compensation term.
+def _add_rows(codes, counts, count_rows, sums, errors, sum_rows, lows, low_rows, highs, high_rows):
+    # Every quantity of every row added to its key's, rows in the order given. Sums are
+    # Neumaier's compensated summation: the rounding error of every addition is kept in the
+    # key's compensation term. Counts are exact; lows and highs keep a NaN once seen.
     for i in range(codes.shape[0]):
-        group = codes[i]
-        x = numbers[i]
-        s = sums[group]
-        t = s + x
-        if abs(s) >= abs(x):
-            compensations[group] += (s - t) + x
-        else:
-            compensations[group] += (x - t) + s
-        sums[group] = t
+        key = codes[i]
+        for q in range(count_rows.shape[0]):
+            counts[q, key] += count_rows[q, i]
+        for q in range(sum_rows.shape[0]):
+            x = sum_rows[q, i]
+            s = sums[q, key]
+            t = s + x
+            if abs(s) >= abs(x):
+                errors[q, key] += (s - t) + x
+            else:
+                errors[q, key] += (x - t) + s
+            sums[q, key] = t
+        for q in range(low_rows.shape[0]):
+            x = low_rows[q, i]
+            if x < lows[q, key] or x != x:
+                lows[q, key] = x
+        for q in range(high_rows.shape[0]):
+            x = high_rows[q, i]
+            if x > highs[q, key] or x != x:
+                highs[q, key] = x
 
 
-MOMENT_FIELDS = ("counts", "sums", "sum_errors", "squares", "square_errors")
+_KINDS = ("counts", "sums", "errors", "lows", "highs")
 
 
-class GroupedMoments:
-    """Per group key (or one group, for whole-input whitening): the count, sum and sum of
-    squares of trainable advantages, from per-row figures.
+class KeyedSums:
+    """Per key (coded by a :class:`KeyTable`; or one key for the whole input): exact integer
+    sums of the quantities :attr:`COUNTS`, compensated (Neumaier) sums of :attr:`SUMS`, the
+    lowest of :attr:`LOWS` and the highest of :attr:`HIGHS`. A subclass names its quantities
+    and the statistics derived from them (:class:`gaecli.advantages.statistics.Moments`,
+    :class:`~gaecli.advantages.statistics.Scores`).
 
-    Sums are compensated (Neumaier) and added row by row in the order the rows are given
-    (within a file, file order: the same for every batch size); :meth:`merge` adds other
-    parts' groups in the order called (the commands merge per-file parts in input order,
-    whatever the engine and worker count). So the statistics are deterministic for a given
-    list of files, with an error of about one rounding of each group's total (not exact
-    sums: splitting the rows into other files can change the last bits). State: 40 bytes per
-    group and the group's key (:class:`KeyTable`)."""
+    Rows are added in the order given (within a file, file order: the same for every batch
+    size); :meth:`merge` adds other parts' keys in the order called (the commands merge
+    per-file parts in input order, whatever the engine and worker count), so the sums are
+    the same bits for a given list of files, within about one rounding of each key's exact
+    total. State: 8 bytes per quantity and key (16 per sum) and the keys' bytes; no Python
+    runs per row or per key. Picklable (only the keys in use travel)."""
+
+    COUNTS: tuple[str, ...] = ()
+    SUMS: tuple[str, ...] = ()
+    LOWS: tuple[str, ...] = ()
+    HIGHS: tuple[str, ...] = ()
 
     def __init__(self) -> None:
-        self.table: Optional[KeyTable] = None  # None: one group (whole input)
+        self.table: Optional[KeyTable] = None  # None: one key (the whole input)
         self.size = 0
-        for name in MOMENT_FIELDS:
-            setattr(self, name, np.zeros(0, dtype=np.int64 if name == "counts" else np.float64))
-        self._stats: Optional[tuple[np.ndarray, np.ndarray, float]] = None
+        self.counts = np.zeros((len(self.COUNTS), 0), dtype=np.int64)
+        self.sums = np.zeros((len(self.SUMS), 0), dtype=np.float64)
+        self.errors = np.zeros((len(self.SUMS), 0), dtype=np.float64)
+        self.lows = np.zeros((len(self.LOWS), 0), dtype=np.float64)
+        self.highs = np.zeros((len(self.HIGHS), 0), dtype=np.float64)
+        self._derived: dict = {}
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for name in MOMENT_FIELDS:
-            state[name] = state[name][: self.size].copy()
-        state["_stats"] = None
+        for kind in _KINDS:
+            state[kind] = state[kind][:, : self.size].copy()
+        state["_derived"] = {}
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        for name in MOMENT_FIELDS:
-            setattr(self, name, np.array(getattr(self, name)))  # writable
+        for kind in _KINDS:
+            setattr(self, kind, np.array(getattr(self, kind)))  # writable (a Ray result's arrays are read-only)
 
-    def _codes(self, keys: Optional[pa.Array], rows: int, insert: bool) -> np.ndarray:
+    def codes(self, keys: Optional[pa.Array], rows: int, insert: bool = True) -> np.ndarray:
+        """The code of each row's key (``keys``: an Arrow array, or None for one key); an
+        unknown key gets −1 unless ``insert``."""
         if keys is None:
             if self.table is not None:
-                raise ValueError("grouped moments: keys needed")
+                raise ValueError("keyed sums: keys needed")
             if insert and self.size == 0:
                 self._resize(1)
             return np.zeros(rows, dtype=np.int64)
         if self.table is None:
             if self.size:
-                raise ValueError("grouped moments: one group, no keys expected")
+                raise ValueError("keyed sums: one key, no keys expected")
             self.table = KeyTable()
         codes = self.table.encode(keys, insert)
         if insert and self.table.size > self.size:
             self._resize(self.table.size)
         return codes
 
-    def _resize(self, size: int) -> None:
-        if self.counts.size < size:
-            for name in MOMENT_FIELDS:
-                setattr(self, name, _grown(getattr(self, name), size))
-        self.size = size
-
-    def add(self, keys: pa.Array | None, counts: np.ndarray, sums: np.ndarray, squares: np.ndarray) -> None:
-        """Add per-row moments ``[B]`` in row order; ``keys`` is an Arrow array of one group
-        key per row (None: one group)."""
-        codes = self._codes(keys, counts.size, insert=True)
-        np.add.at(self.counts, codes, np.asarray(counts, dtype=np.int64))
-        _compensated_add(self.sums, self.sum_errors, codes, np.ascontiguousarray(sums, dtype=np.float64))
-        _compensated_add(self.squares, self.square_errors, codes, np.ascontiguousarray(squares, dtype=np.float64))
-        self._stats = None
-
-    def merge(self, other: "GroupedMoments") -> np.ndarray:
-        """Add another part's groups (new groups keep ``other``'s order after ours); returns
-        the code here of each of ``other``'s groups."""
-        if other.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        if other.table is None:
-            codes = self._codes(None, other.size, insert=True)
-        else:
-            codes = self._codes(other.table.keys(), other.size, insert=True)
-        np.add.at(self.counts, codes, other.counts[: other.size])
-        _compensated_add(self.sums, self.sum_errors, codes, other.sums[: other.size])
-        _compensated_add(self.squares, self.square_errors, codes, other.squares[: other.size])
-        np.add.at(self.sum_errors, codes, other.sum_errors[: other.size])
-        np.add.at(self.square_errors, codes, other.square_errors[: other.size])
-        self._stats = None
+    def known_codes(self, keys: Optional[pa.Array], rows: int, what: str) -> np.ndarray:
+        """:meth:`codes` of keys that must be here; one that is not raises
+        :class:`GAEInputError` naming it (``what``: the kind of key)."""
+        codes = self.codes(keys, rows, insert=False)
+        if rows and (codes < 0).any():
+            raise GAEInputError(f"{what} {keys[int(np.flatnonzero(codes < 0)[0])].as_py()!r} has no statistics")
         return codes
 
-    def subset(self, codes: np.ndarray, table: Optional[KeyTable] = None) -> "GroupedMoments":
-        """The groups ``codes`` (distinct) alone, in that order: what one file's unit needs.
+    def _resize(self, size: int) -> None:
+        if self.capacity < size:
+            capacity = max(size, 2 * self.capacity)
+            old = self.capacity
+            for kind in _KINDS:
+                array = getattr(self, kind)
+                grown = np.zeros((array.shape[0], capacity), dtype=array.dtype)
+                grown[:, :old] = array[:, :old]
+                setattr(self, kind, grown)
+            self.lows[:, old:] = np.inf
+            self.highs[:, old:] = -np.inf
+        self.size = size
+
+    @property
+    def capacity(self) -> int:
+        """The keys the arrays have room for."""
+        return self.errors.shape[1]
+
+    def add(self, keys: Optional[pa.Array], rows: Mapping[str, np.ndarray]) -> None:
+        """Add rows in row order: their keys (an Arrow array, or None for one key) and every
+        quantity of the class, by name (``rows[name]``, one value per row)."""
+        codes = self.codes(keys, len(keys) if keys is not None else _rows_of(rows))
+        self._add(codes, *(_stacked(rows, names, dtype) for names, dtype in self._layout()))
+
+    def _layout(self):
+        return (
+            (self.COUNTS, np.int64),
+            (self.SUMS, np.float64),
+            (self.LOWS, np.float64),
+            (self.HIGHS, np.float64),
+        )
+
+    def _add(self, codes, counts, sums, lows, highs) -> None:
+        _add_rows(codes, self.counts, counts, self.sums, self.errors, sums, self.lows, lows, self.highs, highs)
+        self._derived = {}
+
+    def merge(self, other: "KeyedSums") -> np.ndarray:
+        """Add another part's keys (new keys after ours, in its order); returns the code here
+        of each of its keys."""
+        if other.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        size = other.size
+        codes = self.codes(None if other.table is None else other.table.keys(), size)
+        part = [np.ascontiguousarray(getattr(other, kind)[:, :size]) for kind in ("counts", "sums", "lows", "highs")]
+        self._add(codes, *part)
+        self.errors[:, codes] += other.errors[:, :size]  # the codes of one part's keys are distinct
+        return codes
+
+    def subset(self, codes: np.ndarray, table: Optional[KeyTable] = None) -> "KeyedSums":
+        """The keys ``codes`` (distinct) alone, in that order: what one file's unit needs.
         ``table``: a key table holding exactly those keys in that order (the file's part's,
         whose codes :meth:`merge` returned), shared rather than rebuilt."""
-        part = GroupedMoments()
+        part = type(self)()
         if self.table is not None:
             part.table = table
             if table is None:
                 part.table = KeyTable()
-                part.table.encode(self.table.keys().take(pa.array(codes)))
+                part.table.encode(self.table.keys().take(pa.array(codes, type=pa.int64())))
         part.size = codes.size
-        for name in MOMENT_FIELDS:
-            setattr(part, name, getattr(self, name)[codes].copy())
+        for kind in _KINDS:
+            setattr(part, kind, getattr(self, kind)[:, codes].copy())
         return part
 
-    def totals(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each group's sum and sum of squares (float64 ``[groups]``)."""
-        size = self.size
-        return self.sums[:size] + self.sum_errors[:size], self.squares[:size] + self.square_errors[:size]
+    def count(self, name: str) -> np.ndarray:
+        """Each key's exact sum of the integer quantity ``name`` (int64 ``[keys]``)."""
+        return self.counts[self.COUNTS.index(name), : self.size]
+
+    def total(self, name: str) -> np.ndarray:
+        """Each key's compensated sum of ``name`` (float64 ``[keys]``)."""
+        index = self.SUMS.index(name)
+        return self.sums[index, : self.size] + self.errors[index, : self.size]
+
+    def low(self, name: str) -> np.ndarray:
+        """Each key's lowest ``name`` (float64 ``[keys]``; +inf for a key without rows)."""
+        return self.lows[self.LOWS.index(name), : self.size]
+
+    def high(self, name: str) -> np.ndarray:
+        """Each key's highest ``name`` (float64 ``[keys]``; −inf for a key without rows)."""
+        return self.highs[self.HIGHS.index(name), : self.size]
 
     def key(self, code: int):
-        """The key of group ``code`` (None for the whole input)."""
+        """The key of ``code`` (None for the whole input)."""
         return None if self.table is None else self.table.keys()[code].as_py()
 
-    def empty_groups(self) -> np.ndarray:
-        """The codes of groups without a trainable token."""
-        return np.flatnonzero(self.counts[: self.size] == 0)
+    def derived(self, name, compute):
+        """``compute()``, kept until rows are added or merged (statistics derived from the
+        sums, read once per batch)."""
+        if name not in self._derived:
+            self._derived[name] = compute()
+        return self._derived[name]
 
-    def mean_std(self, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
-        """Per group: mean and ``sqrt(var + epsilon)`` with the Bessel-corrected variance (0
-        for one token); an empty group gets NaN."""
-        if self._stats is None or self._stats[2] != epsilon:
-            totals, squares = self.totals()
-            counts = self.counts[: self.size]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                means = totals / counts
-                spread = np.maximum(squares - totals * means, 0.0)
-                variances = np.where(counts > 1, spread / np.maximum(counts - 1, 1), 0.0)
-            self._stats = (means, np.sqrt(variances + epsilon), epsilon)
-        return self._stats[0], self._stats[1]
 
-    def row_stats(self, keys: pa.Array | None, rows: int, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
-        """Per-row mean and std of the row's group."""
-        means, stds = self.mean_std(epsilon)
-        codes = self._codes(keys, rows, insert=False)
-        if (codes < 0).any():
-            raise KeyError(f"group {keys[int(np.flatnonzero(codes < 0)[0])].as_py()!r} has no statistics")
-        return means[codes], stds[codes]
+def _rows_of(rows: Mapping[str, np.ndarray]) -> int:
+    return len(next(iter(rows.values()))) if rows else 0
+
+
+def _stacked(rows: Mapping[str, np.ndarray], names: tuple[str, ...], dtype) -> np.ndarray:
+    """The quantities ``names`` of some rows as one C-contiguous ``[quantities, rows]`` array."""
+    stacked = np.empty((len(names), _rows_of(rows)), dtype=dtype)
+    for index, name in enumerate(names):
+        stacked[index] = rows[name]
+    return stacked
