@@ -55,6 +55,12 @@ class Finding:
         return f"{', '.join(where)}: {self.message} [{self.code}]"
 
 
+def missing_column(file: str, name: str, names: Sequence[str], label: str = "column", why: str = "") -> Finding:
+    """The ``missing-column`` finding of a column ``name`` a file (with columns ``names``)
+    lacks; ``label`` says what the column is for, ``why`` what to do about it."""
+    return Finding(file, None, name, "missing-column", f"{label} {name!r} is missing (have: {', '.join(names)}){why}")
+
+
 def check_schema(schema: pa.Schema, columns: Columns, file: str) -> list[Finding]:
     """File-level findings: column names used twice, required columns missing or of the
     wrong type."""
@@ -69,15 +75,7 @@ def check_schema(schema: pa.Schema, columns: Columns, file: str) -> list[Finding
 
     def require(name: str, ok, expected: str, why: str = "") -> None:
         if name not in schema.names:
-            findings.append(
-                Finding(
-                    file,
-                    None,
-                    name,
-                    "missing-column",
-                    f"column {name!r} is missing (have: {', '.join(schema.names)}){why}",
-                )
-            )
+            findings.append(missing_column(file, name, schema.names, why=why))
         elif not ok(schema.field(name).type):
             findings.append(
                 Finding(
@@ -510,8 +508,7 @@ def check_row_input_schema(schema: pa.Schema, row_inputs: Sequence[RowInput], fi
         if needed.role not in ROW_INPUT_TYPES:
             continue
         if needed.name not in schema.names:
-            message = f"column {needed.name!r} is missing (have: {', '.join(schema.names)})"
-            findings.append(Finding(file, None, needed.name, "missing-column", message))
+            findings.append(missing_column(file, needed.name, schema.names))
         elif not row_input_type_ok(needed.role, schema.field(needed.name).type):
             arrow_type = schema.field(needed.name).type
             message = f"column {needed.name!r} is {arrow_type}, expected {ROW_INPUT_TYPES[needed.role]}"
