@@ -10,7 +10,15 @@ from typing import Collection, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.layout import masked_tail_lengths, trainable_counts, turn_table
+from gaecli.advantages.faults import (
+    all_finite,
+    first_per_row,
+    non_finite,
+    rows_of_positions,
+    truncated_without_bootstrap,
+    turn_counts,
+)
+from gaecli.advantages.layout import masked_tail_lengths, trainable_counts
 from gaecli.advantages.spec import RowInput
 from gaecli.io.format import (
     Columns,
@@ -136,10 +144,6 @@ class BatchCheck:
         return not any(f.severity == ERROR for f in self.findings)
 
 
-def _rows_of_flat_positions(offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    return np.searchsorted(offsets, positions, side="right") - 1
-
-
 VALUE_WEIGHT = 3.0  # |returns| <= sum |delta| + |V| and |delta| <= |r| + |V'| + |V|: each value counts 3 times
 
 
@@ -198,21 +202,6 @@ def cannot_overflow(
         return bool(bound <= largest_output / 2)
 
 
-def _first_per_row(offsets: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows holding sorted flat ``positions`` and, per row, its first such position."""
-    rows, first = np.unique(_rows_of_flat_positions(offsets, positions), return_index=True)
-    return rows, positions[first]
-
-
-def _all_finite(numbers: np.ndarray) -> bool:
-    """Whether a float array holds no NaN or ±Inf; one reduction when it does not (an
-    overflowing sum only sends it to the exact check)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        if np.isfinite(numbers.sum()):
-            return True
-    return bool(np.isfinite(numbers).all())
-
-
 class _Flagged:
     """The rows each rule flags in one batch (rows in the batch), the invalid rows (those
     with an error) and the count per rule code; messages are built only for the findings
@@ -269,7 +258,7 @@ def _flag_nulls(flagged: _Flagged, batch: pa.RecordBatch, columns: Columns) -> t
             flagged.flag(is_null, name, "null", "the list is null")
         if flat.null_count:
             null_positions = np.flatnonzero(np.asarray(flat.is_null()))
-            flagged.flag(_rows_of_flat_positions(offsets, null_positions), name, "null", "the list holds a null")
+            flagged.flag(rows_of_positions(offsets, null_positions), name, "null", "the list holds a null")
     terminal = batch.column(columns.terminal_reward)
     if terminal.null_count:
         flagged.flag(np.asarray(terminal.is_null()), columns.terminal_reward, "null", "the terminal reward is null")
@@ -325,7 +314,7 @@ def _flag_mask_values(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndar
         return
     bad_positions = np.flatnonzero((mask != 0) & (mask != 1))
     if bad_positions.size:
-        mask_rows, mask_first = _first_per_row(mask_offsets, bad_positions)
+        mask_rows, mask_first = first_per_row(mask_offsets, bad_positions)
 
         def bad_mask_message(row: int) -> str:
             position = mask_first[np.searchsorted(mask_rows, row)]
@@ -345,9 +334,10 @@ def _flag_non_finite(flagged: _Flagged, columns: Columns, lists: dict, screened:
         _, offsets, flat = lists[role]
         numbers = numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat)
         flat_numbers[name] = numbers
-        if name in screened or _all_finite(numbers):
+        faults = None if name in screened else non_finite(numbers, offsets)
+        if faults is None:
             continue
-        bad_rows, bad_first = _first_per_row(offsets, np.flatnonzero(~np.isfinite(numbers)))
+        bad_rows, bad_first = faults
 
         def non_finite_message(
             row: int, name=name, numbers=numbers, offsets=offsets, bad_rows=bad_rows, bad_first=bad_first
@@ -363,7 +353,7 @@ def _terminal_numbers(flagged: _Flagged, batch: pa.RecordBatch, columns: Columns
     """The terminal rewards ``[B]`` (nulls as 0), a NaN or ±Inf flagged ``non-finite``."""
     terminal = batch.column(columns.terminal_reward)
     terminal_numbers = np.asarray(terminal.fill_null(0)) if terminal.null_count else np.asarray(terminal)
-    if terminal_numbers.dtype.kind == "f" and not _all_finite(terminal_numbers):
+    if terminal_numbers.dtype.kind == "f" and not all_finite(terminal_numbers):
         flagged.flag(
             ~np.isfinite(terminal_numbers),
             columns.terminal_reward,
@@ -535,11 +525,11 @@ def check_row_inputs(
         null_list = np.asarray(array.is_null()) if array.null_count else np.zeros(rows, dtype=bool)
         found.append((null_list, name, "turn-rewards-null", "the turn-rewards list is null"))
         if flat.null_count:
-            null_rows = _rows_of_flat_positions(offsets, np.flatnonzero(np.asarray(flat.is_null())))
+            null_rows = rows_of_positions(offsets, np.flatnonzero(np.asarray(flat.is_null())))
             at_fault = np.zeros(rows, dtype=bool)
             at_fault[null_rows] = True
             found.append((at_fault, name, "turn-rewards-null", "the turn-rewards list holds a null"))
-        turns = np.diff(turn_table(trainable, mask_offsets)[2])
+        turns = turn_counts(trainable, mask_offsets)
         given = np.diff(offsets)
         found.append(
             (
@@ -550,16 +540,17 @@ def check_row_inputs(
             )
         )
         numbers = numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat)
-        if not _all_finite(numbers):
-            bad_rows, bad_first = _first_per_row(offsets, np.flatnonzero(~np.isfinite(numbers)))
+        faults = non_finite(numbers, offsets)
+        if faults is not None:
+            bad_rows, bad_first = faults
             at_fault = np.zeros(rows, dtype=bool)
             at_fault[bad_rows] = True
 
-            def non_finite(row: int) -> str:
+            def non_finite_turn(row: int) -> str:
                 position = bad_first[np.searchsorted(bad_rows, row)]
                 return f"{name!r} is {numbers[position].item()} at turn {position - offsets[row]}"
 
-            found.append((at_fault, name, "turn-rewards-non-finite", non_finite))
+            found.append((at_fault, name, "turn-rewards-non-finite", non_finite_turn))
     flag_name, value_name = by_role.get("truncated"), by_role.get("bootstrap_values")
     if flag_name is not None:
         flags = batch.column(flag_name)
@@ -568,7 +559,7 @@ def check_row_inputs(
         truncated = np.asarray(flags.cast(pa.bool_()).fill_null(False))
         values = batch.column(value_name)
         numbers = np.asarray(values.cast(pa.float64()).fill_null(np.nan))
-        bad = truncated & ~np.isfinite(numbers)
+        bad = truncated_without_bootstrap(truncated, numbers)
         found.append(
             (
                 bad,

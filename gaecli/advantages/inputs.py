@@ -449,8 +449,10 @@ def check_variant_inputs(spec, row_inputs: dict, trainable: torch.Tensor, offset
                 array = flags = _truncated_flags(needed.name, array)
             converted[needed.name] = array
     if flags is not None:
+        from gaecli.advantages.faults import truncated_without_bootstrap
+
         boots = converted[spec.bootstrap_values]
-        bad = flags & ~np.isfinite(boots)
+        bad = truncated_without_bootstrap(flags, boots)
         if bad.any():
             sample = int(np.flatnonzero(bad)[0])
             raise GAEInputError(
@@ -478,7 +480,7 @@ def _turn_offsets(name: str, value) -> tuple[np.ndarray, np.ndarray]:
 def _turn_rewards_input(name: str, value, mask: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A turn-rewards input checked against the batch's turns (bool ``mask`` ``[N]``,
     ``bounds`` ``[B + 1]``): ``(flat [U], turn offsets [B + 1])``."""
-    from gaecli.advantages.layout import turn_table
+    from gaecli.advantages.faults import non_finite, turn_counts
 
     batch = bounds.size - 1
     if not isinstance(value, FlatLists) and len(value) != batch:
@@ -492,14 +494,14 @@ def _turn_rewards_input(name: str, value, mask: np.ndarray, bounds: np.ndarray) 
             )
         if (np.diff(turn_offsets) < 0).any():
             raise GAEInputError(f"sample {int(np.flatnonzero(np.diff(turn_offsets) < 0)[0])}: turn_offsets decrease")
-    turns = np.diff(turn_table(mask, bounds)[2])
+    turns = turn_counts(mask, bounds)
     given = np.diff(turn_offsets)
     if (given != turns).any():
         sample = int(np.flatnonzero(given != turns)[0])
         raise GAEInputError(f"sample {sample}: {name} has {given[sample]} values, the sample has {turns[sample]} turns")
-    if not np.isfinite(flat).all():
-        position = int(np.flatnonzero(~np.isfinite(flat))[0])
-        sample = int(np.searchsorted(turn_offsets, position, side="right") - 1)
+    faults = non_finite(flat, turn_offsets)
+    if faults is not None:
+        sample, position = int(faults[0][0]), int(faults[1][0])  # the lowest row's first: the first of all
         raise GAEInputError(
             f"sample {sample}: {name} is {flat[position]} at turn {position - turn_offsets[sample]} (must be finite)"
         )
