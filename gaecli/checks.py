@@ -5,12 +5,20 @@ column, a stable rule code and a message."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.layout import masked_tail_lengths, trainable_counts, turn_table
+from gaecli.advantages.faults import (
+    all_finite,
+    first_per_row,
+    non_finite,
+    rows_of_positions,
+    truncated_without_bootstrap,
+    turn_counts,
+)
+from gaecli.advantages.layout import masked_tail_lengths, trainable_counts
 from gaecli.advantages.spec import RowInput
 from gaecli.io.format import (
     Columns,
@@ -55,6 +63,12 @@ class Finding:
         return f"{', '.join(where)}: {self.message} [{self.code}]"
 
 
+def missing_column(file: str, name: str, names: Sequence[str], label: str = "column", why: str = "") -> Finding:
+    """The ``missing-column`` finding of a column ``name`` a file (with columns ``names``)
+    lacks; ``label`` says what the column is for, ``why`` what to do about it."""
+    return Finding(file, None, name, "missing-column", f"{label} {name!r} is missing (have: {', '.join(names)}){why}")
+
+
 def check_schema(schema: pa.Schema, columns: Columns, file: str) -> list[Finding]:
     """File-level findings: column names used twice, required columns missing or of the
     wrong type."""
@@ -69,15 +83,7 @@ def check_schema(schema: pa.Schema, columns: Columns, file: str) -> list[Finding
 
     def require(name: str, ok, expected: str, why: str = "") -> None:
         if name not in schema.names:
-            findings.append(
-                Finding(
-                    file,
-                    None,
-                    name,
-                    "missing-column",
-                    f"column {name!r} is missing (have: {', '.join(schema.names)}){why}",
-                )
-            )
+            findings.append(missing_column(file, name, schema.names, why=why))
         elif not ok(schema.field(name).type):
             findings.append(
                 Finding(
@@ -138,10 +144,6 @@ class BatchCheck:
         return not any(f.severity == ERROR for f in self.findings)
 
 
-def _rows_of_flat_positions(offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    return np.searchsorted(offsets, positions, side="right") - 1
-
-
 VALUE_WEIGHT = 3.0  # |returns| <= sum |delta| + |V| and |delta| <= |r| + |V'| + |V|: each value counts 3 times
 
 
@@ -200,62 +202,52 @@ def cannot_overflow(
         return bool(bound <= largest_output / 2)
 
 
-def _first_per_row(offsets: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows holding sorted flat ``positions`` and, per row, its first such position."""
-    rows, first = np.unique(_rows_of_flat_positions(offsets, positions), return_index=True)
-    return rows, positions[first]
+class _Flagged:
+    """The rows each rule flags in one batch (rows in the batch), the invalid rows (those
+    with an error) and the count per rule code; messages are built only for the findings
+    listed (:meth:`findings`)."""
 
+    def __init__(self, rows: int) -> None:
+        self.invalid = np.zeros(rows, dtype=bool)
+        self.counts: dict[str, int] = {}
+        self.entries: list[tuple[np.ndarray, str, str, object]] = []  # (rows in batch, column, code, message)
 
-def _all_finite(numbers: np.ndarray) -> bool:
-    """Whether a float array holds no NaN or ±Inf; one reduction when it does not (an
-    overflowing sum only sends it to the exact check)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        if np.isfinite(numbers.sum()):
-            return True
-    return bool(np.isfinite(numbers).all())
-
-
-def check_batch(
-    batch: pa.RecordBatch,
-    columns: Columns,
-    file: str,
-    first_row: int,
-    *,
-    warnings: bool = False,
-    ids: Optional[Sequence] = None,
-    max_findings: Optional[int] = None,
-    row_inputs: Sequence[RowInput] = (),
-) -> BatchCheck:
-    """Check every row of ``batch`` (rows numbered from ``first_row`` in the file).
-
-    Errors: null, length-mismatch, response-length-mismatch, mask-value, non-finite,
-    overflow (:func:`overflow_bounds`, on rows without another error).
-    ``row_inputs``: the per-row inputs of the GAE variants to check too
-    (:func:`check_row_inputs`). With ``warnings``: fully-masked, masked-tail, empty-response
-    too (only on rows without an error). A row with a null list is not compared for lengths; a null response_length
-    is not compared. ``ids[row]`` (row in the batch) labels the findings; it is only looked
-    up for rows with a finding. ``max_findings`` lists at most that many findings (the
-    lowest rows first); ``counts`` and ``invalid`` stay exact.
-    The schema must have passed :func:`check_schema`. The common case, a clean batch, costs
-    a few vectorised passes over the flat buffers; messages are built only for the findings
-    listed.
-    """
-    rows = batch.num_rows
-    invalid = np.zeros(rows, dtype=bool)
-    counts: dict[str, int] = {}
-    flagged: list[tuple[np.ndarray, str, str, object]] = []  # (rows in batch, column, code, message)
-
-    def flag(bad_rows: np.ndarray, column: str, code: str, message) -> None:
+    def flag(self, bad_rows: np.ndarray, column: str, code: str, message) -> None:
+        """Flag ``bad_rows`` (bool ``[B]`` or row indices) under rule ``code``; ``message``:
+        a text, or a function of the row that returns it."""
         bad = np.flatnonzero(bad_rows) if bad_rows.dtype == bool else np.unique(bad_rows)
         if bad.size == 0:
             return
-        flagged.append((bad, column, code, message))
-        counts[code] = counts.get(code, 0) + int(bad.size)
+        self.entries.append((bad, column, code, message))
+        self.counts[code] = self.counts.get(code, 0) + int(bad.size)
         if RULES[code].severity == ERROR:
-            invalid[bad] = True
+            self.invalid[bad] = True
 
+    def findings(self, file: str, first_row: int, ids: Optional[Sequence], max_findings: Optional[int]) -> list:
+        """The findings, the lowest row first (at most ``max_findings``), each rule in the
+        order it was flagged within a row."""
+        if not self.entries:
+            return []
+        flagged_rows = np.concatenate([bad for bad, _, _, _ in self.entries])
+        which = np.repeat(np.arange(len(self.entries)), [bad.size for bad, _, _, _ in self.entries])
+        order = np.lexsort((which, flagged_rows))
+        if max_findings is not None:
+            order = order[: max(max_findings, 0)]
+        findings = []
+        for index in order.tolist():
+            row = int(flagged_rows[index])
+            _, column, code, message = self.entries[which[index]]
+            text = message(row) if callable(message) else message
+            findings.append(Finding(file, first_row + row, column, code, text, None if ids is None else ids[row]))
+        return findings
+
+
+def _flag_nulls(flagged: _Flagged, batch: pa.RecordBatch, columns: Columns) -> tuple[dict, np.ndarray]:
+    """``null`` rule: null lists, nulls in a list, null terminal rewards (from Arrow's null
+    counts: no token read where there is none). Returns the token columns' parts (role →
+    (array, zero-based offsets, flat values)) and the rows with a null list."""
     lists: dict[str, tuple[pa.Array, np.ndarray, pa.Array]] = {}
-    null_rows = np.zeros(rows, dtype=bool)
+    null_rows = np.zeros(batch.num_rows, dtype=bool)
     for role, name in columns.token_columns():
         array = batch.column(name)
         offsets, flat = list_parts(array)
@@ -263,21 +255,29 @@ def check_batch(
         if array.null_count:
             is_null = np.asarray(array.is_null())
             null_rows |= is_null
-            flag(is_null, name, "null", "the list is null")
+            flagged.flag(is_null, name, "null", "the list is null")
         if flat.null_count:
             null_positions = np.flatnonzero(np.asarray(flat.is_null()))
-            flag(_rows_of_flat_positions(offsets, null_positions), name, "null", "the list holds a null")
+            flagged.flag(rows_of_positions(offsets, null_positions), name, "null", "the list holds a null")
     terminal = batch.column(columns.terminal_reward)
     if terminal.null_count:
-        flag(np.asarray(terminal.is_null()), columns.terminal_reward, "null", "the terminal reward is null")
+        flagged.flag(np.asarray(terminal.is_null()), columns.terminal_reward, "null", "the terminal reward is null")
+    return lists, null_rows
 
+
+def _flag_lengths(
+    flagged: _Flagged, batch: pa.RecordBatch, columns: Columns, lists: dict, null_rows: np.ndarray
+) -> np.ndarray:
+    """``length-mismatch`` (a token column's length is not the mask's) and
+    ``response-length-mismatch`` (the declared length is not the mask's), rows with a null
+    list or a null declared length left out. Returns the mask's lengths ``[B]``."""
     lengths = {role: np.diff(offsets) for role, (_, offsets, _) in lists.items()}
     mask_name = columns.loss_mask
     mask_lengths = lengths["loss_mask"]
     for role, name in columns.token_columns():
         if role != "loss_mask":
             differ = (lengths[role] != mask_lengths) & ~null_rows
-            flag(
+            flagged.flag(
                 differ,
                 name,
                 "length-mismatch",
@@ -291,113 +291,186 @@ def check_batch(
         differ = (declared_values != mask_lengths) & ~null_rows
         if declared.null_count:
             differ &= np.asarray(declared.is_valid())
-        flag(
+        flagged.flag(
             differ,
             columns.response_length,
             "response-length-mismatch",
             lambda row: f"response_length is {declared_values[row]} but {mask_name!r} has {mask_lengths[row]} tokens",
         )
+    return mask_lengths
 
-    _, mask_offsets, mask_flat = lists["loss_mask"]
+
+def _mask_numbers(mask_flat: pa.Array) -> np.ndarray:
+    """The mask's flat values as numpy, as stored (nulls as 0 / False)."""
     mask_fill = False if pa.types.is_boolean(mask_flat.type) else 0  # a bool array takes no int 0
-    mask = numeric_numpy(mask_flat.fill_null(mask_fill) if mask_flat.null_count else mask_flat)
-    flat_numbers = {mask_name: mask}
-    if mask.dtype != np.bool_ and mask.size:
-        in_range = mask.dtype.kind in "iu" and mask.min() >= 0 and mask.max() <= 1
-        if not in_range:
-            bad_positions = np.flatnonzero((mask != 0) & (mask != 1))
-            if bad_positions.size:
-                mask_rows, mask_first = _first_per_row(mask_offsets, bad_positions)
+    return numeric_numpy(mask_flat.fill_null(mask_fill) if mask_flat.null_count else mask_flat)
 
-                def bad_mask_message(row: int) -> str:
-                    position = mask_first[np.searchsorted(mask_rows, row)]
-                    value, token = mask[position].item(), position - mask_offsets[row]
-                    return f"loss_mask value {value!r} at token {token} is not 0 or 1"
 
-                flag(mask_rows, mask_name, "mask-value", bad_mask_message)
+def _flag_mask_values(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> None:
+    """``mask-value`` rule: a mask value other than 0 or 1 (the first per row named)."""
+    if mask.dtype == np.bool_ or not mask.size:
+        return
+    if mask.dtype.kind in "iu" and mask.min() >= 0 and mask.max() <= 1:
+        return
+    bad_positions = np.flatnonzero((mask != 0) & (mask != 1))
+    if bad_positions.size:
+        mask_rows, mask_first = first_per_row(mask_offsets, bad_positions)
+
+        def bad_mask_message(row: int) -> str:
+            position = mask_first[np.searchsorted(mask_rows, row)]
+            value, token = mask[position].item(), position - mask_offsets[row]
+            return f"loss_mask value {value!r} at token {token} is not 0 or 1"
+
+        flagged.flag(mask_rows, mask_name, "mask-value", bad_mask_message)
+
+
+def _flag_non_finite(flagged: _Flagged, columns: Columns, lists: dict, screened: Collection[str]) -> dict:
+    """``non-finite`` rule on the token columns other than the mask, but those ``screened``
+    (the first NaN or ±Inf per row named). Returns column name → flat numbers (nulls as 0)."""
+    flat_numbers = {}
     for role, name in columns.token_columns():
         if role == "loss_mask":
             continue
         _, offsets, flat = lists[role]
         numbers = numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat)
         flat_numbers[name] = numbers
-        if not _all_finite(numbers):
-            bad_rows, bad_first = _first_per_row(offsets, np.flatnonzero(~np.isfinite(numbers)))
+        faults = None if name in screened else non_finite(numbers, offsets)
+        if faults is None:
+            continue
+        bad_rows, bad_first = faults
 
-            def non_finite_message(
-                row: int, name=name, numbers=numbers, offsets=offsets, bad_rows=bad_rows, bad_first=bad_first
-            ) -> str:
-                position = bad_first[np.searchsorted(bad_rows, row)]
-                return f"{name!r} is {numbers[position].item()} at token {position - offsets[row]}"
+        def non_finite_message(
+            row: int, name=name, numbers=numbers, offsets=offsets, bad_rows=bad_rows, bad_first=bad_first
+        ) -> str:
+            position = bad_first[np.searchsorted(bad_rows, row)]
+            return f"{name!r} is {numbers[position].item()} at token {position - offsets[row]}"
 
-            flag(bad_rows, name, "non-finite", non_finite_message)
+        flagged.flag(bad_rows, name, "non-finite", non_finite_message)
+    return flat_numbers
+
+
+def _terminal_numbers(flagged: _Flagged, batch: pa.RecordBatch, columns: Columns) -> np.ndarray:
+    """The terminal rewards ``[B]`` (nulls as 0), a NaN or ±Inf flagged ``non-finite``."""
+    terminal = batch.column(columns.terminal_reward)
     terminal_numbers = np.asarray(terminal.fill_null(0)) if terminal.null_count else np.asarray(terminal)
-    if terminal_numbers.dtype.kind == "f" and not _all_finite(terminal_numbers):
-        flag(
+    if terminal_numbers.dtype.kind == "f" and not all_finite(terminal_numbers):
+        flagged.flag(
             ~np.isfinite(terminal_numbers),
             columns.terminal_reward,
             "non-finite",
             lambda row: f"terminal reward is {terminal_numbers[row].item()}",
         )
-    if row_inputs:
-        trainable = mask if mask.dtype == np.bool_ else mask != 0
-        for rows_at_fault, column, code, message in check_row_inputs(batch, row_inputs, trainable, mask_offsets):
-            flag(rows_at_fault & ~null_rows, column, code, message)
+    return terminal_numbers
+
+
+def _flag_overflow(
+    flagged: _Flagged,
+    batch: pa.RecordBatch,
+    columns: Columns,
+    lists: dict,
+    flat_numbers: dict,
+    terminal_numbers: np.ndarray,
+    mask_lengths: np.ndarray,
+) -> None:
+    """``overflow`` rule (:func:`overflow_bounds`), on rows without another error."""
     float_type = output_float_type(batch.schema, columns)
     summed = {name: lists[role][1:] for role, name in columns.token_columns() if role in ("values", "rewards")}
     largest_output = float(np.finfo(float_type.to_pandas_dtype()).max)
     summed_numbers = {name: flat_numbers[name] for name in summed}
-    if not cannot_overflow(summed_numbers, columns, terminal_numbers, mask_lengths, largest_output):
-        bounds, contributors, largest = overflow_bounds(summed, columns, terminal_numbers)
-        too_large = ~(bounds <= largest_output) & ~invalid
-    else:
-        too_large = np.zeros(rows, dtype=bool)
-    if too_large.any():
-        for index, name in enumerate(contributors):
-            flag(
-                too_large & (largest == index),
-                name,
-                "overflow",
-                lambda row: (
-                    f"|values|, |rewards| and |terminal reward| add up to {bounds[row]:.3g}: "
-                    f"advantages or returns can overflow {np.dtype(float_type.to_pandas_dtype()).name}"
-                ),
-            )
-
-    if warnings:
-        trainable = mask if mask.dtype == np.bool_ else mask != 0
-        any_trainable = trainable_counts(trainable, mask_offsets) > 0
-        tails = np.where(any_trainable & ~invalid, masked_tail_lengths(trainable, mask_offsets), 0)
-        flag((mask_lengths == 0) & ~invalid, mask_name, "empty-response", "the response has no token")
-        flag(
-            (mask_lengths > 0) & ~any_trainable & ~invalid,
-            mask_name,
-            "fully-masked",
-            "every token is masked: the sample trains nothing and its terminal reward is dropped",
-        )
-        flag(
-            tails > 0,
-            mask_name,
-            "masked-tail",
+    if cannot_overflow(summed_numbers, columns, terminal_numbers, mask_lengths, largest_output):
+        return
+    bounds, contributors, largest = overflow_bounds(summed, columns, terminal_numbers)
+    too_large = ~(bounds <= largest_output) & ~flagged.invalid
+    if not too_large.any():
+        return
+    for index, name in enumerate(contributors):
+        flagged.flag(
+            too_large & (largest == index),
+            name,
+            "overflow",
             lambda row: (
-                f"the response ends in {tails[row]} masked token{'s' if tails[row] != 1 else ''}: "
-                f"the old GAE decayed the terminal reward over them"
+                f"|values|, |rewards| and |terminal reward| add up to {bounds[row]:.3g}: "
+                f"advantages or returns can overflow {np.dtype(float_type.to_pandas_dtype()).name}"
             ),
         )
 
-    findings: list[Finding] = []
-    if flagged:
-        flagged_rows = np.concatenate([bad for bad, _, _, _ in flagged])
-        which = np.repeat(np.arange(len(flagged)), [bad.size for bad, _, _, _ in flagged])
-        order = np.lexsort((which, flagged_rows))
-        if max_findings is not None:
-            order = order[: max(max_findings, 0)]
-        for index in order.tolist():
-            row = int(flagged_rows[index])
-            _, column, code, message = flagged[which[index]]
-            text = message(row) if callable(message) else message
-            findings.append(Finding(file, first_row + row, column, code, text, None if ids is None else ids[row]))
-    return BatchCheck(findings, invalid, counts, flat_numbers, mask_offsets)
+
+def _flag_warnings(
+    flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_lengths: np.ndarray, mask_name: str
+) -> None:
+    """The warnings (on rows without an error): empty-response, fully-masked, masked-tail."""
+    invalid = flagged.invalid.copy()
+    trainable = mask if mask.dtype == np.bool_ else mask != 0
+    any_trainable = trainable_counts(trainable, mask_offsets) > 0
+    tails = np.where(any_trainable & ~invalid, masked_tail_lengths(trainable, mask_offsets), 0)
+    flagged.flag((mask_lengths == 0) & ~invalid, mask_name, "empty-response", "the response has no token")
+    flagged.flag(
+        (mask_lengths > 0) & ~any_trainable & ~invalid,
+        mask_name,
+        "fully-masked",
+        "every token is masked: the sample trains nothing and its terminal reward is dropped",
+    )
+    flagged.flag(
+        tails > 0,
+        mask_name,
+        "masked-tail",
+        lambda row: (
+            f"the response ends in {tails[row]} masked token{'s' if tails[row] != 1 else ''}: "
+            f"the old GAE decayed the terminal reward over them"
+        ),
+    )
+
+
+def check_batch(
+    batch: pa.RecordBatch,
+    columns: Columns,
+    file: str,
+    first_row: int,
+    *,
+    warnings: bool = False,
+    ids: Optional[Sequence] = None,
+    max_findings: Optional[int] = None,
+    row_inputs: Sequence[RowInput] = (),
+    screened: Collection[str] = (),
+) -> BatchCheck:
+    """Check every row of ``batch`` (rows numbered from ``first_row`` in the file).
+
+    Errors: null, length-mismatch, response-length-mismatch, mask-value, non-finite,
+    overflow (:func:`overflow_bounds`, on rows without another error).
+    ``row_inputs``: the per-row inputs of the GAE variants to check too
+    (:func:`check_row_inputs`). With ``warnings``: fully-masked, masked-tail, empty-response
+    too (only on rows without an error). A row with a null list is not compared for lengths; a null response_length
+    is not compared. ``ids[row]`` (row in the batch) labels the findings; it is only looked
+    up for rows with a finding. ``max_findings`` lists at most that many findings (the
+    lowest rows first); ``counts`` and ``invalid`` stay exact.
+    ``screened``: the columns a kernel screens in its own pass (the mask's ``mask-value``
+    rule and the numbers' ``non-finite`` rule are not checked for them here): the check then
+    holds only with the kernel's ``clean`` flag, and when that is False, or this check finds
+    a fault, the caller checks again without ``screened`` to name the fault
+    (:func:`gaecli.pipeline.computed_batches`).
+    The schema must have passed :func:`check_schema`. The common case, a clean batch, costs
+    a few vectorised passes over the flat buffers; messages are built only for the findings
+    listed.
+    """
+    flagged = _Flagged(batch.num_rows)
+    lists, null_rows = _flag_nulls(flagged, batch, columns)
+    mask_lengths = _flag_lengths(flagged, batch, columns, lists, null_rows)
+    mask_name = columns.loss_mask
+    _, mask_offsets, mask_flat = lists["loss_mask"]
+    mask = _mask_numbers(mask_flat)
+    if mask_name not in screened:
+        _flag_mask_values(flagged, mask, mask_offsets, mask_name)
+    flat_numbers = {mask_name: mask, **_flag_non_finite(flagged, columns, lists, screened)}
+    terminal_numbers = _terminal_numbers(flagged, batch, columns)
+    if row_inputs:
+        trainable = mask if mask.dtype == np.bool_ else mask != 0
+        for rows_at_fault, column, code, message in check_row_inputs(batch, row_inputs, trainable, mask_offsets):
+            flagged.flag(rows_at_fault & ~null_rows, column, code, message)
+    _flag_overflow(flagged, batch, columns, lists, flat_numbers, terminal_numbers, mask_lengths)
+    if warnings:
+        _flag_warnings(flagged, mask, mask_offsets, mask_lengths, mask_name)
+    findings = flagged.findings(file, first_row, ids, max_findings)
+    return BatchCheck(findings, flagged.invalid, flagged.counts, flat_numbers, mask_offsets)
 
 
 ROW_INPUT_TYPES: dict[str, str] = {
@@ -425,8 +498,7 @@ def check_row_input_schema(schema: pa.Schema, row_inputs: Sequence[RowInput], fi
         if needed.role not in ROW_INPUT_TYPES:
             continue
         if needed.name not in schema.names:
-            message = f"column {needed.name!r} is missing (have: {', '.join(schema.names)})"
-            findings.append(Finding(file, None, needed.name, "missing-column", message))
+            findings.append(missing_column(file, needed.name, schema.names))
         elif not row_input_type_ok(needed.role, schema.field(needed.name).type):
             arrow_type = schema.field(needed.name).type
             message = f"column {needed.name!r} is {arrow_type}, expected {ROW_INPUT_TYPES[needed.role]}"
@@ -453,11 +525,11 @@ def check_row_inputs(
         null_list = np.asarray(array.is_null()) if array.null_count else np.zeros(rows, dtype=bool)
         found.append((null_list, name, "turn-rewards-null", "the turn-rewards list is null"))
         if flat.null_count:
-            null_rows = _rows_of_flat_positions(offsets, np.flatnonzero(np.asarray(flat.is_null())))
+            null_rows = rows_of_positions(offsets, np.flatnonzero(np.asarray(flat.is_null())))
             at_fault = np.zeros(rows, dtype=bool)
             at_fault[null_rows] = True
             found.append((at_fault, name, "turn-rewards-null", "the turn-rewards list holds a null"))
-        turns = np.diff(turn_table(trainable, mask_offsets)[2])
+        turns = turn_counts(trainable, mask_offsets)
         given = np.diff(offsets)
         found.append(
             (
@@ -468,16 +540,17 @@ def check_row_inputs(
             )
         )
         numbers = numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat)
-        if not _all_finite(numbers):
-            bad_rows, bad_first = _first_per_row(offsets, np.flatnonzero(~np.isfinite(numbers)))
+        faults = non_finite(numbers, offsets)
+        if faults is not None:
+            bad_rows, bad_first = faults
             at_fault = np.zeros(rows, dtype=bool)
             at_fault[bad_rows] = True
 
-            def non_finite(row: int) -> str:
+            def non_finite_turn(row: int) -> str:
                 position = bad_first[np.searchsorted(bad_rows, row)]
                 return f"{name!r} is {numbers[position].item()} at turn {position - offsets[row]}"
 
-            found.append((at_fault, name, "turn-rewards-non-finite", non_finite))
+            found.append((at_fault, name, "turn-rewards-non-finite", non_finite_turn))
     flag_name, value_name = by_role.get("truncated"), by_role.get("bootstrap_values")
     if flag_name is not None:
         flags = batch.column(flag_name)
@@ -486,7 +559,7 @@ def check_row_inputs(
         truncated = np.asarray(flags.cast(pa.bool_()).fill_null(False))
         values = batch.column(value_name)
         numbers = np.asarray(values.cast(pa.float64()).fill_null(np.nan))
-        bad = truncated & ~np.isfinite(numbers)
+        bad = truncated_without_bootstrap(truncated, numbers)
         found.append(
             (
                 bad,

@@ -106,3 +106,22 @@ class RunInterrupted(KeyboardInterrupt):
 
     def __str__(self) -> str:
         return displayed_message(self.message, lines=True)
+
+
+EXIT_INVALID_DATA = 1
+"""The exit code of invalid input data (rows that break the format)."""
+EXIT_USAGE = 2
+"""The exit code of a usage error, an unreadable or unwritable file, a refused operation."""
+EXIT_INTERRUPTED = 130
+"""The exit code of a run stopped by Ctrl-C or SIGTERM."""
+
+
+def exit_code(error: BaseException) -> Optional[int]:
+    """The documented exit code of a gaecli error (the one mapping, which the CLI and the
+    engines' failures both use), None for any other exception. Usage comes first: an
+    :class:`InvalidOptionError` is both."""
+    if isinstance(error, GAEUsageError):
+        return EXIT_USAGE
+    if isinstance(error, GAEInputError):
+        return EXIT_INVALID_DATA
+    return None

@@ -26,6 +26,7 @@ from gaecli.checks import (
     check_batch,
     check_row_input_schema,
     check_schema,
+    missing_column,
 )
 from gaecli.engines import EngineOptions, TaskFailure, map_units
 from gaecli.errors import GAEUsageError, InvalidOptionError, UnreadableFileError
@@ -206,15 +207,7 @@ def check_id_columns(schema: pa.Schema, id_columns: Sequence[str], file: str) ->
     findings = []
     for name in id_columns:
         if name not in schema.names:
-            findings.append(
-                Finding(
-                    file,
-                    None,
-                    name,
-                    "missing-column",
-                    f"id column {name!r} is missing (have: {', '.join(schema.names)})",
-                )
-            )
+            findings.append(missing_column(file, name, schema.names, "id column"))
         elif schema.names.count(name) > 1:
             continue  # a duplicate-column finding of check_schema
         elif not _comparable_id_type(schema.field(name).type):

@@ -233,6 +233,7 @@ def test_one_pass_reads_each_batch_once_and_computes_the_new_side_once(tmp_path,
     path = write_data(tmp_path, rollouts(rows=25, seed=4))
     reads, computed = [], []
     iter_batches, compute_packed = RolloutFile.iter_batches, pipeline.compute_packed
+    compute_screened = pipeline.compute_screened_packed  # the new side, on the kernel's screen
 
     def counted_batches(self, *args, **kwargs):
         for batch in iter_batches(self, *args, **kwargs):
@@ -243,8 +244,13 @@ def test_one_pass_reads_each_batch_once_and_computes_the_new_side_once(tmp_path,
         computed.append(spec.semantics)
         return compute_packed(packed, spec, kernel, device)
 
+    def counted_screened(packed, spec, *args):
+        computed.append(spec.semantics)
+        return compute_screened(packed, spec, *args)
+
     monkeypatch.setattr(RolloutFile, "iter_batches", counted_batches)
     monkeypatch.setattr(pipeline, "compute_packed", counted_compute)
+    monkeypatch.setattr(pipeline, "compute_screened_packed", counted_screened)
     report = diff_files([path], DiffOptions(gamma=GAMMA, lambd=LAMBD, baseline="all", batch_rows=10))
     assert reads == [10, 10, 5]  # every row read once
     assert computed == ["masked", *PROFILES] * 3  # per batch: the new side once, each profile once

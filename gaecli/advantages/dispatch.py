@@ -28,6 +28,11 @@ SCREENED_MASKS = (
 )
 
 
+# The numpy dtypes (by name) a screened kernel reads on numpy buffers (the same as the above).
+SCREENED_VALUE_DTYPES = ("float32", "float64")
+SCREENED_MASK_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", *SCREENED_VALUE_DTYPES)
+
+
 ROW_ADVANTAGE = "row-advantage"
 """The per-row input of an outcome estimator's per-token pass: each row's advantage (float64
 ``[B]``, :func:`gaecli.advantages.estimators.statistics_row_advantages`)."""
@@ -136,6 +141,36 @@ def spread_rows(row_values: np.ndarray, trainable: np.ndarray, offsets: np.ndarr
     return np.where(trainable, per_token, 0.0).astype(dtype, copy=False)
 
 
+def _screening_kernel(spec: AdvantageSpec, kernel: str, device):
+    """The kernel entry ``kernel`` resolves to on ``device`` for ``spec`` when a screened form
+    of it may run: on the CPU, the ``masked`` semantics, no variant, not critic-free; else
+    None (also when ``kernel`` does not resolve: the caller's general path checks the input
+    first, then raises that)."""
+    if spec.critic_free or spec.variants or spec.semantics != "masked" or device_type(device) != "cpu":
+        return None
+    try:
+        return KERNELS[resolve_kernel(kernel, device, spec)]
+    except KernelUnavailableError:
+        return None
+
+
+def screened_kernel(spec: AdvantageSpec, kernel: str = "auto", device="cpu"):
+    """The screened numpy form (``Kernel.screened_function``: advantages, returns and whether
+    its input was clean, in one pass) of the kernel ``kernel`` resolves to on ``device`` for
+    ``spec``, or None when there is none (:func:`_screening_kernel`)."""
+    entry = _screening_kernel(spec, kernel, device)
+    return None if entry is None else entry.screened_function
+
+
+def compute_screened_flat(screened, spec: AdvantageSpec, values, rewards, loss_mask, offsets, terminal_rewards):
+    """``screened`` (:func:`screened_kernel`) on flat numpy buffers: values and rewards of one
+    dtype among :data:`SCREENED_VALUE_DTYPES`, the mask as stored (bool, integer or float 0/1:
+    :data:`SCREENED_MASK_DTYPES`), int64 offsets, terminal rewards in the values' dtype.
+    Returns ``(advantages, returns, clean)``: ``clean`` False when a value or reward was not
+    finite or a mask value not 0 or 1 (which row is at fault is for the caller to find)."""
+    return screened(values, rewards, loss_mask, offsets, terminal_rewards, gamma=spec.gamma, lambd=spec.lambd)
+
+
 def compute_screened(
     spec: AdvantageSpec, values, rewards, loss_mask, offsets, terminal_rewards, *, kernel: str = "auto"
 ):
@@ -147,19 +182,11 @@ def compute_screened(
     kernel with a screened form, a semantics other than ``masked``, or dtypes it does not
     read (values float32/float64, rewards the same, mask bool, integer or float). The tensors
     (mask: bool, integer or float 0/1 as given) are read in place and not modified."""
-    if spec.critic_free:
+    if str(values.dtype) not in SCREENED_VALUES or rewards.dtype != values.dtype:
         return None
-    if values.device.type != "cpu" or spec.semantics != "masked" or str(values.dtype) not in SCREENED_VALUES:
+    if str(loss_mask.dtype) not in SCREENED_MASKS:
         return None
-    if spec.variants:
-        return None
-    if rewards.dtype != values.dtype or str(loss_mask.dtype) not in SCREENED_MASKS:
-        return None
-    try:
-        entry = KERNELS[resolve_kernel(kernel, values.device, spec)]
-    except KernelUnavailableError:
-        return None  # the caller's path checks the input first, then raises this
-    screened = entry.screened_function
+    screened = screened_kernel(spec, kernel, values.device)
     if screened is None:
         return None
     import torch
@@ -168,7 +195,7 @@ def compute_screened(
     arrays = [
         tensor.detach().resolve_neg().numpy() for tensor in (values, rewards, loss_mask, offsets, terminal_rewards)
     ]
-    advantages, returns, clean = screened(*arrays, gamma=spec.gamma, lambd=spec.lambd)
+    advantages, returns, clean = compute_screened_flat(screened, spec, *arrays)
     return torch.from_numpy(advantages), torch.from_numpy(returns), clean
 
 
@@ -177,12 +204,8 @@ def samples_kernel(spec: AdvantageSpec, kernel: str = "auto"):
     kernel ``kernel`` resolves to on the CPU for ``spec``, or None when it has none, the
     semantics is not ``masked``, a variant is set, or ``kernel`` does not resolve (the
     caller's general path checks the input first, then raises that)."""
-    if spec.semantics != "masked" or spec.variants or spec.critic_free:
-        return None
-    try:
-        return KERNELS[resolve_kernel(kernel, "cpu", spec)].samples_function
-    except KernelUnavailableError:
-        return None
+    entry = _screening_kernel(spec, kernel, "cpu")
+    return None if entry is None else entry.samples_function
 
 
 def compute_screened_samples(spec: AdvantageSpec, buffers, advantages, returns, *, kernel: str = "auto", samples=None):
@@ -232,9 +255,17 @@ def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, ter
     )
 
 
-def _on_tensors(spec: AdvantageSpec, function, device, variants, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Numpy buffers through a torch kernel on ``device``, back as numpy (the variants'
-    per-row inputs stay as given: the kernels that take them read numpy or tensors)."""
+def runs_on_tensors(spec: AdvantageSpec, kernel: str, device) -> bool:
+    """Whether :func:`compute` of numpy buffers for ``spec`` runs a torch kernel on tensors
+    (any kernel without a numpy form, any device but the CPU), so that the buffers are
+    uploaded (:func:`device_tensors`); a critic-free estimator's other steps stay in numpy."""
+    entry = KERNELS[resolve_kernel(kernel, device, spec)]
+    return entry.flat_function is None or device_type(device) != "cpu"
+
+
+def device_tensors(arrays, device) -> list:
+    """Numpy buffers as tensors on ``device`` (shared with the buffers on the CPU, copied
+    once to any other device)."""
     import torch
 
     with warnings.catch_warnings():
@@ -242,7 +273,21 @@ def _on_tensors(spec: AdvantageSpec, function, device, variants, *arrays: np.nda
         tensors = [torch.from_numpy(array) for array in arrays]
     if device_type(device) != "cpu":
         tensors = [tensor.to(device) for tensor in tensors]
-    advantages, returns = _run(spec, function, *tensors, variants)
+    return tensors
+
+
+def as_numpy(outputs) -> tuple[np.ndarray, np.ndarray]:
+    """Advantages and returns tensors back as numpy on the host (one array when they are one
+    tensor)."""
+    advantages, returns = outputs
+    host = advantages.cpu().numpy()
+    return host, host if returns is advantages else returns.cpu().numpy()
+
+
+def _on_tensors(spec: AdvantageSpec, function, device, variants, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Numpy buffers through a torch kernel on ``device``, back as numpy (the variants'
+    per-row inputs stay as given: the kernels that take them read numpy or tensors)."""
+    advantages, returns = _run(spec, function, *device_tensors(arrays, device), variants)
     return advantages.cpu().numpy(), returns.cpu().numpy()
 
 

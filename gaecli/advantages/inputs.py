@@ -90,6 +90,22 @@ def check_real(name: str, tensor: torch.Tensor) -> None:
         raise GAEInputError(f"{name} must hold real numbers, got a {tensor.dtype} tensor")
 
 
+def _checked_offsets(offsets: torch.Tensor, total: int, device) -> torch.Tensor:
+    """``offsets`` as int64 on ``device``: integers from 0 to ``total`` that never decrease,
+    else :class:`GAEInputError`."""
+    if offsets.is_floating_point() or offsets.dtype == torch.bool or offsets.numel() == 0:
+        raise GAEInputError("offsets must be a non-empty integer tensor of B + 1 entries")
+    offsets = offsets.to(device=device, dtype=torch.int64)
+    if int(offsets[0]) != 0 or int(offsets[-1]) != total:
+        raise GAEInputError(
+            f"offsets must start at 0 and end at len(values) = {total}, got {int(offsets[0])} .. {int(offsets[-1])}"
+        )
+    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+        sample = int((offsets[1:] < offsets[:-1]).nonzero()[0, 0])
+        raise GAEInputError(f"sample {sample}: offsets decrease")
+    return offsets
+
+
 def check_packed(values, rewards, loss_mask, offsets, terminal_rewards):
     """The structural checks of packed arguments (types, shapes, real numbers with data,
     offsets, lengths), none that reads every token. Returns float values, rewards and
@@ -108,17 +124,8 @@ def check_packed(values, rewards, loss_mask, offsets, terminal_rewards):
     if not values.is_floating_point():
         values = values.to(torch.get_default_dtype())
     device, dtype = values.device, values.dtype
-    if offsets.is_floating_point() or offsets.dtype == torch.bool or offsets.numel() == 0:
-        raise GAEInputError("offsets must be a non-empty integer tensor of B + 1 entries")
-    offsets = offsets.to(device=device, dtype=torch.int64)
+    offsets = _checked_offsets(offsets, values.numel(), device)
     total = values.numel()
-    if int(offsets[0]) != 0 or int(offsets[-1]) != total:
-        raise GAEInputError(
-            f"offsets must start at 0 and end at len(values) = {total}, got {int(offsets[0])} .. {int(offsets[-1])}"
-        )
-    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
-        sample = int((offsets[1:] < offsets[:-1]).nonzero()[0, 0])
-        raise GAEInputError(f"sample {sample}: offsets decrease")
     for name, tensor in (("rewards", rewards), ("loss_mask", loss_mask)):
         if tensor.numel() != total:
             raise GAEInputError(f"{name} has {tensor.numel()} tokens, values has {total}")
@@ -289,6 +296,25 @@ class SampleBuffers:
     keep: tuple
 
 
+def _in_place_samples(seq, allowed) -> list[torch.Tensor] | None:
+    """One argument's samples as CPU tensors of one dtype among ``allowed``, each 1-D and
+    contiguous with its negative bit resolved (a copy of those that are not), or None when
+    they do not fit :class:`SampleBuffers`."""
+    tensors = seq if set(map(type, seq)) == _TENSORS_ONLY else _as_tensors("", seq)
+    kinds = set(map(_DTYPE, tensors))
+    if len(kinds) != 1 or str(next(iter(kinds))) not in allowed or not all(map(_IS_CPU, tensors)):
+        return None
+    # A bool mask reads the same negated or not (nonzero stays nonzero); bool has no resolve_neg.
+    if kinds != _BOOL and any(map(torch.Tensor.is_neg, tensors)):
+        tensors = [tensor.resolve_neg() for tensor in tensors]
+    strides = set(map(torch.Tensor.stride, tensors))
+    if strides != _UNIT_STRIDE:
+        if any(len(stride) != 1 for stride in strides):
+            return None
+        tensors = [tensor.contiguous() for tensor in tensors]
+    return tensors
+
+
 def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dtypes) -> SampleBuffers | None:
     """The list form's samples as :class:`SampleBuffers`, or None when they do not fit that
     form: B = 0, a sample not a CPU tensor (or a numpy array: taken as a tensor) of 1-D,
@@ -306,18 +332,9 @@ def sample_buffers(values, rewards, loss_mask, terminal_rewards, dtypes, mask_dt
             return None
         addresses = np.empty((5, samples), dtype=np.int64)
         for row, (seq, allowed) in enumerate(((values, dtypes), (rewards, dtypes), (loss_mask, mask_dtypes))):
-            tensors = seq if set(map(type, seq)) == _TENSORS_ONLY else _as_tensors("", seq)
-            kinds = set(map(_DTYPE, tensors))
-            if len(kinds) != 1 or str(next(iter(kinds))) not in allowed or not all(map(_IS_CPU, tensors)):
+            tensors = _in_place_samples(seq, allowed)
+            if tensors is None:
                 return None
-            # A bool mask reads the same negated or not (nonzero stays nonzero); bool has no resolve_neg.
-            if kinds != _BOOL and any(map(torch.Tensor.is_neg, tensors)):
-                tensors = [tensor.resolve_neg() for tensor in tensors]
-            strides = set(map(torch.Tensor.stride, tensors))
-            if strides != _UNIT_STRIDE:
-                if any(len(stride) != 1 for stride in strides):
-                    return None
-                tensors = [tensor.contiguous() for tensor in tensors]
             addresses[row] = np.fromiter(map(torch.Tensor.data_ptr, tensors), np.int64, count=samples)
             columns.append(tensors)
     except (GAEInputError, RuntimeError, TypeError):  # e.g. a sparse tensor (no strides), a 0-d tensor (no len)
@@ -415,8 +432,6 @@ def check_variant_inputs(spec, row_inputs: dict, trainable: torch.Tensor, offset
     the sample: a turn list whose length is not the sample's number of turns, a non-finite
     turn reward, a truncated flag other than 0/1, a non-finite bootstrap value on a truncated
     sample, a length other than B."""
-    from gaecli.advantages.layout import turn_table
-
     mask = trainable.detach().cpu().numpy()
     bounds = offsets.detach().cpu().numpy()
     batch = bounds.size - 1
@@ -425,59 +440,69 @@ def check_variant_inputs(spec, row_inputs: dict, trainable: torch.Tensor, offset
     for needed in spec.row_inputs:
         value = row_inputs[needed.name]
         if needed.role == "turn_rewards":
-            if isinstance(value, FlatLists):
-                flat, turn_offsets = _numbers(needed.name, value[0]), _numbers("turn_offsets", value[1], np.int64)
-                if turn_offsets.size != batch + 1 or turn_offsets[0] != 0 or turn_offsets[-1] != flat.size:
-                    raise GAEInputError(
-                        f"turn_offsets must hold B + 1 = {batch + 1} entries from 0 to len(turn_rewards) = "
-                        f"{flat.size}, got {turn_offsets.size} entries"
-                    )
-                if (np.diff(turn_offsets) < 0).any():
-                    raise GAEInputError(
-                        f"sample {int(np.flatnonzero(np.diff(turn_offsets) < 0)[0])}: turn_offsets decrease"
-                    )
-            else:
-                if len(value) != batch:
-                    raise GAEInputError(f"{needed.name} has {len(value)} lists, there are {batch} samples")
-                flat, turn_offsets = _flatten_lists(needed.name, value)
-            turns = np.diff(turn_table(mask, bounds)[2])
-            given = np.diff(turn_offsets)
-            if (given != turns).any():
-                sample = int(np.flatnonzero(given != turns)[0])
-                raise GAEInputError(
-                    f"sample {sample}: {needed.name} has {given[sample]} values, the sample has {turns[sample]} turns"
-                )
-            if not np.isfinite(flat).all():
-                position = int(np.flatnonzero(~np.isfinite(flat))[0])
-                sample = int(np.searchsorted(turn_offsets, position, side="right") - 1)
-                raise GAEInputError(
-                    f"sample {sample}: {needed.name} is {flat[position]} at turn {position - turn_offsets[sample]} "
-                    "(must be finite)"
-                )
-            converted[needed.name] = (flat, turn_offsets)
-            continue
-        if needed.role not in ("truncated", "bootstrap_values"):
-            continue
-        array = _numbers(needed.name, value)
-        if array.size != batch:
-            raise GAEInputError(f"{needed.name} must hold one value per sample ({batch}), got {array.size}")
-        if needed.role == "truncated":
-            bad = ~((array == 0) | (array == 1))
-            if bad.any():
-                sample = int(np.flatnonzero(bad)[0])
-                raise GAEInputError(
-                    f"sample {sample}: {needed.name} is {array[sample].item()!r}, not a flag (0/1, bool)"
-                )
-            flags = array != 0
-            converted[needed.name] = flags
-        else:
+            converted[needed.name] = _turn_rewards_input(needed.name, value, mask, bounds)
+        elif needed.role in ("truncated", "bootstrap_values"):
+            array = _numbers(needed.name, value)
+            if array.size != batch:
+                raise GAEInputError(f"{needed.name} must hold one value per sample ({batch}), got {array.size}")
+            if needed.role == "truncated":
+                array = flags = _truncated_flags(needed.name, array)
             converted[needed.name] = array
     if flags is not None:
+        from gaecli.advantages.faults import truncated_without_bootstrap
+
         boots = converted[spec.bootstrap_values]
-        bad = flags & ~np.isfinite(boots)
+        bad = truncated_without_bootstrap(flags, boots)
         if bad.any():
             sample = int(np.flatnonzero(bad)[0])
             raise GAEInputError(
                 f"sample {sample}: truncated, but {spec.bootstrap_values} is {boots[sample]} (must be finite)"
             )
     return converted
+
+
+def _truncated_flags(name: str, array: np.ndarray) -> np.ndarray:
+    """Truncated flags ``[B]`` as bool; a value other than 0/1 names its sample."""
+    bad = ~((array == 0) | (array == 1))
+    if bad.any():
+        sample = int(np.flatnonzero(bad)[0])
+        raise GAEInputError(f"sample {sample}: {name} is {array[sample].item()!r}, not a flag (0/1, bool)")
+    return array != 0
+
+
+def _turn_offsets(name: str, value) -> tuple[np.ndarray, np.ndarray]:
+    """Flat turn rewards and their offsets from a :class:`FlatLists` or one list per sample."""
+    if not isinstance(value, FlatLists):
+        return _flatten_lists(name, value)
+    return _numbers(name, value[0]), _numbers("turn_offsets", value[1], np.int64)
+
+
+def _turn_rewards_input(name: str, value, mask: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A turn-rewards input checked against the batch's turns (bool ``mask`` ``[N]``,
+    ``bounds`` ``[B + 1]``): ``(flat [U], turn offsets [B + 1])``."""
+    from gaecli.advantages.faults import non_finite, turn_counts
+
+    batch = bounds.size - 1
+    if not isinstance(value, FlatLists) and len(value) != batch:
+        raise GAEInputError(f"{name} has {len(value)} lists, there are {batch} samples")
+    flat, turn_offsets = _turn_offsets(name, value)
+    if isinstance(value, FlatLists):
+        if turn_offsets.size != batch + 1 or turn_offsets[0] != 0 or turn_offsets[-1] != flat.size:
+            raise GAEInputError(
+                f"turn_offsets must hold B + 1 = {batch + 1} entries from 0 to len(turn_rewards) = "
+                f"{flat.size}, got {turn_offsets.size} entries"
+            )
+        if (np.diff(turn_offsets) < 0).any():
+            raise GAEInputError(f"sample {int(np.flatnonzero(np.diff(turn_offsets) < 0)[0])}: turn_offsets decrease")
+    turns = turn_counts(mask, bounds)
+    given = np.diff(turn_offsets)
+    if (given != turns).any():
+        sample = int(np.flatnonzero(given != turns)[0])
+        raise GAEInputError(f"sample {sample}: {name} has {given[sample]} values, the sample has {turns[sample]} turns")
+    faults = non_finite(flat, turn_offsets)
+    if faults is not None:
+        sample, position = int(faults[0][0]), int(faults[1][0])  # the lowest row's first: the first of all
+        raise GAEInputError(
+            f"sample {sample}: {name} is {flat[position]} at turn {position - turn_offsets[sample]} (must be finite)"
+        )
+    return flat, turn_offsets

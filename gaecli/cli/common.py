@@ -10,6 +10,8 @@ from typing import Annotated, Any, NoReturn, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from gaecli.errors import EXIT_INTERRUPTED, EXIT_USAGE, exit_code
+
 EXIT_CODES_HELP = (
     "Exit codes: 0 success · 1 the input data is invalid (rows that break the format) · "
     "2 usage error, unreadable or unwritable file, refused operation."
@@ -165,9 +167,6 @@ app = GaeTyper(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-EXIT_INVALID_DATA = 1
-EXIT_USAGE = 2
 
 WRITE_PATH_OPTIONS = ("--output", "--json", "--markdown", "--html", "--per-sample", "--groups-out")
 """Every option that names a path a command writes. Each is declared with
@@ -533,7 +532,7 @@ class errors_to_exit:
             # the signal's KeyboardInterrupt was swallowed, or turned into another error, by
             # third-party code: the run stopped at the next batch or unit, or had finished
             done = "every output was written whole" if exc_type is None else "no partial output was left"
-            fail(f"interrupted; {done}", 130)
+            fail(f"interrupted; {done}", EXIT_INTERRUPTED)
         if (
             exc_type is None
             or issubclass(exc_type, typer.Exit)
@@ -541,14 +540,13 @@ class errors_to_exit:
             and not issubclass(exc_type, KeyboardInterrupt)
         ):
             return False
-        from gaecli.errors import GAEInputError, GAEUsageError, RunInterrupted
+        from gaecli.errors import RunInterrupted
 
         if isinstance(exc, RunInterrupted) and exc.written + exc.not_written:
-            fail(str(exc), 130)  # lists the outputs written and not written
+            fail(str(exc), EXIT_INTERRUPTED)  # lists the outputs written and not written
         if issubclass(exc_type, KeyboardInterrupt):
-            fail("interrupted; no partial output was left (outputs finished before are whole)", 130)
-        if issubclass(exc_type, GAEUsageError):  # before GAEInputError: an InvalidOptionError is both
-            fail(str(exc), EXIT_USAGE)
-        if issubclass(exc_type, GAEInputError):
-            fail(str(exc), EXIT_INVALID_DATA)
+            fail("interrupted; no partial output was left (outputs finished before are whole)", EXIT_INTERRUPTED)
+        code = exit_code(exc)
+        if code is not None:
+            fail(str(exc), code)
         return False

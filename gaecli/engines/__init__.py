@@ -20,14 +20,21 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
-from gaecli.errors import GAEInputError, GAEUsageError, InvalidOptionError, RunInterrupted
+from gaecli.errors import (
+    EXIT_INVALID_DATA,
+    EXIT_USAGE,
+    GAEInputError,
+    GAEUsageError,
+    InvalidOptionError,
+    RunInterrupted,
+    exit_code,
+)
 from gaecli.options import check_choice, check_count
 from gaecli.progress import report_files_done
 from gaecli.stop import check_stop, stop_requested
 
 ENGINES = ("local", "ray")
-EXIT_INVALID_DATA = 1
-EXIT_UNUSABLE = 2
+EXIT_UNUSABLE = EXIT_USAGE  # the name the engines and the recompute driver import
 # Without --workers the local engine starts at most one worker per this many bytes of
 # input: a worker costs ~0.8 s of CPU to start, about what 256 MB of rollouts cost to
 # recompute (scripts/bench_scale.py: 8 files of 273 MB in all ran as fast in this process
@@ -96,11 +103,8 @@ class TaskFailure:
 
 def failure_of(error: BaseException) -> Optional[TaskFailure]:
     """The failure a gaecli error stands for (None for any other exception: a bug)."""
-    if isinstance(error, GAEUsageError):
-        return TaskFailure(EXIT_UNUSABLE, str(error), error)
-    if isinstance(error, GAEInputError):
-        return TaskFailure(EXIT_INVALID_DATA, str(error), error)
-    return None
+    code = exit_code(error)
+    return None if code is None else TaskFailure(code, str(error), error)
 
 
 def run_unit(function: Callable, args: tuple, progress=None) -> Any:

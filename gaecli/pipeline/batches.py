@@ -15,7 +15,7 @@ from gaecli.advantages.contract import (
     GROUPED_ESTIMATORS,
     WHITENED_ESTIMATORS,
 )
-from gaecli.advantages.dispatch import ROW_ADVANTAGE
+from gaecli.advantages.dispatch import ROW_ADVANTAGE, SCREENED_MASK_DTYPES, SCREENED_VALUE_DTYPES, screened_kernel
 from gaecli.advantages.spec import AdvantageSpec, estimator_spec
 from gaecli.checks import (
     ROW_INPUT_TYPES,
@@ -35,7 +35,15 @@ from gaecli.io.format import (
 )
 from gaecli.io.reader import RolloutFile
 from gaecli.pipeline.options import VariantOptions
-from gaecli.pipeline.packing import PackedBatch, compute_packed, drop_rows, pack_batch, row_input_arrays, stored_column
+from gaecli.pipeline.packing import (
+    PackedBatch,
+    compute_packed,
+    compute_screened_packed,
+    drop_rows,
+    pack_batch,
+    row_input_arrays,
+    stored_column,
+)
 from gaecli.stop import check_stop
 
 
@@ -275,6 +283,44 @@ def _side(
     return compute_packed(packed, spec, computation.kernel, computation.device, row_inputs)
 
 
+@dataclass(frozen=True)
+class _FileBatches:
+    """What every batch of one file is computed with (:func:`computed_batches`): ``screen``,
+    the new side's screened kernel (None: the checks run in full on every batch), and
+    ``screened``, the columns it screens."""
+
+    file: str
+    computation: Computation
+    dtype: np.dtype
+    row_inputs: tuple
+    statistics: object
+    compute_sides: bool
+    screen: object
+    screened: tuple
+
+
+def _file_batches(rollout: RolloutFile, computation: Computation, statistics, compute_sides: bool) -> _FileBatches:
+    """The per-file settings of :func:`computed_batches`. The new side's kernel screens the
+    batch when it has a screened form for the spec (:func:`gaecli.advantages.dispatch.screened_kernel`),
+    the outputs and the mask have dtypes it reads, no side is critic-free (their scores read
+    the rewards first) and no GAE variant reads per-row inputs; it screens the mask and the
+    values and rewards it reads as stored (not rewards that KL terms are added to)."""
+    columns = computation.columns
+    dtype = np.dtype(output_float_type(rollout.schema, columns).to_pandas_dtype())
+    new_spec = computation.new_spec
+    row_inputs = tuple(new_spec.row_inputs) if new_spec.variants else ()
+    screen = None
+    if compute_sides and not computation.critic_free and not row_inputs and dtype.name in SCREENED_VALUE_DTYPES:
+        mask_dtype = np.dtype(rollout.schema.field(columns.loss_mask).type.value_type.to_pandas_dtype())
+        if mask_dtype.name in SCREENED_MASK_DTYPES:
+            screen = screened_kernel(new_spec, computation.kernel, computation.device)
+    screened = ()
+    if screen is not None:
+        rewards = columns.rewards if columns.kl_coef is None else None
+        screened = tuple(name for name in (columns.loss_mask, columns.values, rewards) if name is not None)
+    return _FileBatches(str(rollout.path), computation, dtype, row_inputs, statistics, compute_sides, screen, screened)
+
+
 def computed_batches(
     rollout: RolloutFile,
     computation: Computation,
@@ -286,91 +332,152 @@ def computed_batches(
     ``read``: the columns to read (None: all). ``statistics``: the score statistics
     (:class:`gaecli.advantages.statistics.KeyedStatistics`) of this file's groups, merged over
     the input, when a side is a grouped estimator. ``compute_sides`` False: only the checks,
-    the packing and each row's score (the score-statistics pass; ``new`` and ``old`` empty)."""
-    columns = computation.columns
-    file = str(rollout.path)
-    dtype = output_float_type(rollout.schema, columns).to_pandas_dtype()
-    new_spec = computation.new_spec
-    row_inputs = new_spec.row_inputs if new_spec.variants else ()
-    critic_free = computation.critic_free
-    first_row = first_token = 0
-    for batch in rollout.iter_batches(computation.batch_rows, read, columns.loss_mask):
-        check_stop()  # a signal whose KeyboardInterrupt third-party code swallowed (gaecli.stop)
-        check = check_batch(batch, columns, file, first_row, row_inputs=row_inputs)
-        null_ids = id_findings(batch, computation, file, first_row)
-        if null_ids:
-            check, _ = with_findings(check, null_ids, first_row)
-        valid = batch
-        if not check.ok:
-            if computation.on_invalid == "stop":
-                raise InvalidDataError(first_error(check.findings))
-            valid = batch.filter(pa.array(~check.invalid))
-        packed = pack_batch(valid, columns, dtype, check if valid is batch else None)
-        if row_inputs:
-            packed.row_inputs = row_input_arrays(valid, new_spec)
-        scores = None
-        if critic_free:
-            from gaecli.advantages.estimators import row_scores
+    the packing and each row's score (the score-statistics pass; ``new`` and ``old`` empty).
 
-            scores, _ = row_scores(packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards)
-            if not np.isfinite(scores).all():  # finite rewards whose sum overflowed: the row is rejected in every pass
-                bad = np.flatnonzero(~np.isfinite(scores))
-                valid_rows = np.flatnonzero(~check.invalid)
-                name = columns.rewards or columns.terminal_reward
-                overflow = [
-                    Finding(file, first_row + int(valid_rows[row]), name, "overflow", "the score overflowed")
-                    for row in bad.tolist()
-                ]
-                if computation.on_invalid == "stop":
-                    raise InvalidDataError(overflow[0])
-                check, keep = with_findings(check, overflow, first_row)
-                valid = batch.filter(pa.array(~check.invalid))
-                packed = drop_rows(packed, keep, np.repeat(keep, np.diff(packed.offsets)))
-                scores = scores[keep]
-        if not compute_sides:
-            empty = np.zeros(0, dtype=dtype)
-            yield ComputedBatch(
-                batch, valid, check, first_row, first_token, packed, empty, empty, empty, None, scores=scores
-            )
-            first_row += batch.num_rows
-            first_token += packed.tokens
-            continue
-        new, new_returns = _side(packed, new_spec, computation, valid, scores, statistics)
-        outputs = {columns.advantages: new, columns.returns: new_returns}
-        olds = []
-        for side, spec in zip(computation.old_sides, computation.old_specs):
-            if spec is not None:
-                old, old_returns = _side(packed, spec, computation, valid, scores, statistics)
-                outputs.update(zip(side.output_columns, (old, old_returns)))
-            else:
-                old = stored_column(valid, side.advantages_column, packed.offsets, columns.loss_mask, file, first_row)
-                old_returns = None
-                if side.returns_column is not None:
-                    old_returns = stored_column(
-                        valid, side.returns_column, packed.offsets, columns.loss_mask, file, first_row
-                    )
-            olds.append((old, old_returns))
-        if not olds:  # nothing to compare with: the new side itself
-            olds.append((new, new_returns))
-        overflow = overflow_findings(outputs, packed.offsets, np.flatnonzero(~check.invalid), file, first_row)
-        if overflow:
-            if computation.on_invalid == "stop":
-                raise InvalidDataError(overflow[0])
-            check, keep = with_findings(check, overflow, first_row)
-            valid = batch.filter(pa.array(~check.invalid))
-            tokens = np.repeat(keep, np.diff(packed.offsets))
-            packed = drop_rows(packed, keep, tokens)
-            if row_inputs:
-                packed.row_inputs = row_input_arrays(valid, new_spec)
-            new, new_returns = new[tokens], new_returns[tokens]
-            olds = [(old[tokens], None if old_returns is None else old_returns[tokens]) for old, old_returns in olds]
-            scores = None if scores is None else scores[keep]
-        (old, old_returns), olds = olds[0], tuple(olds)
-        yield ComputedBatch(
-            batch, valid, check, first_row, first_token, packed, new, new_returns, old, old_returns, olds, scores
-        )
+    Where the new side's kernel screens its input (:func:`_file_batches`), a batch is checked
+    without the rules the kernel applies in its own pass (finite values and rewards, mask
+    values 0 or 1); when that check finds a fault or the kernel reports one, the batch is
+    checked and computed again with every rule, which names the fault as always."""
+    run = _file_batches(rollout, computation, statistics, compute_sides)
+    first_row = first_token = 0
+    for batch in rollout.iter_batches(computation.batch_rows, read, computation.columns.loss_mask):
+        check_stop()  # a signal whose KeyboardInterrupt third-party code swallowed (gaecli.stop)
+        computed = _computed_batch(run, batch, first_row, first_token, screened=True) if run.screen else None
+        if computed is None:
+            computed = _computed_batch(run, batch, first_row, first_token, screened=False)
+        yield computed
         first_row += batch.num_rows
-        first_token += packed.tokens
+        first_token += computed.packed.tokens
+
+
+@dataclass
+class _ValidRows:
+    """The valid rows of one batch as the steps of :func:`_computed_batch` narrow them."""
+
+    check: BatchCheck
+    valid: pa.RecordBatch
+    packed: PackedBatch
+    scores: Optional[np.ndarray] = None
+
+    def drop(self, run: _FileBatches, batch: pa.RecordBatch, findings: list[Finding], first_row: int) -> np.ndarray:
+        """Drop the rows of error ``findings`` (rows in the file); returns which tokens of the
+        rows valid before are kept."""
+        self.check, keep = with_findings(self.check, findings, first_row)
+        self.valid = batch.filter(pa.array(~self.check.invalid))
+        tokens = np.repeat(keep, np.diff(self.packed.offsets))
+        self.packed = drop_rows(self.packed, keep, tokens)
+        if run.row_inputs:
+            self.packed.row_inputs = row_input_arrays(self.valid, run.computation.new_spec)
+        self.scores = None if self.scores is None else self.scores[keep]
+        return tokens
+
+
+def _checked_rows(run: _FileBatches, batch: pa.RecordBatch, first_row: int, screened: bool) -> Optional[_ValidRows]:
+    """The batch checked (``screened``: without the kernel's rules; None when that check
+    finds any fault) and packed: all its rows, or under ``on_invalid="skip"`` its valid
+    ones (``"stop"`` raises :class:`InvalidDataError` for the first invalid row)."""
+    computation = run.computation
+    columns, file = computation.columns, run.file
+    left_to_kernel = run.screened if screened else ()
+    check = check_batch(batch, columns, file, first_row, row_inputs=run.row_inputs, screened=left_to_kernel)
+    null_ids = id_findings(batch, computation, file, first_row)
+    if null_ids:
+        check, _ = with_findings(check, null_ids, first_row)
+    valid = batch
+    if not check.ok:
+        if screened:
+            return None
+        if computation.on_invalid == "stop":
+            raise InvalidDataError(first_error(check.findings))
+        valid = batch.filter(pa.array(~check.invalid))
+    packed = pack_batch(valid, columns, run.dtype, check if valid is batch else None)
+    if run.row_inputs:
+        packed.row_inputs = row_input_arrays(valid, computation.new_spec)
+    return _ValidRows(check, valid, packed)
+
+
+def _score_rows(run: _FileBatches, batch: pa.RecordBatch, rows: _ValidRows, first_row: int) -> None:
+    """Each valid row's score (a critic-free side); a score that overflowed (finite rewards
+    whose sum did not stay finite) rejects its row in every pass."""
+    from gaecli.advantages.estimators import row_scores
+
+    packed = rows.packed
+    rows.scores, _ = row_scores(packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards)
+    if np.isfinite(rows.scores).all():
+        return
+    bad = np.flatnonzero(~np.isfinite(rows.scores))
+    valid_rows = np.flatnonzero(~rows.check.invalid)
+    name = run.computation.columns.rewards or run.computation.columns.terminal_reward
+    overflow = [
+        Finding(run.file, first_row + int(valid_rows[row]), name, "overflow", "the score overflowed")
+        for row in bad.tolist()
+    ]
+    if run.computation.on_invalid == "stop":
+        raise InvalidDataError(overflow[0])
+    rows.drop(run, batch, overflow, first_row)
+
+
+def _old_sides(run: _FileBatches, rows: _ValidRows, first_row: int, outputs: dict) -> list:
+    """(advantages, returns) of every old side, recomputed or read from its stored columns
+    (each output added to ``outputs`` under its column's name)."""
+    computation, columns, packed, valid = run.computation, run.computation.columns, rows.packed, rows.valid
+    olds = []
+    for side, spec in zip(computation.old_sides, computation.old_specs):
+        if spec is not None:
+            old, old_returns = _side(packed, spec, computation, valid, rows.scores, run.statistics)
+            outputs.update(zip(side.output_columns, (old, old_returns)))
+        else:
+            old = stored_column(valid, side.advantages_column, packed.offsets, columns.loss_mask, run.file, first_row)
+            old_returns = None
+            if side.returns_column is not None:
+                old_returns = stored_column(
+                    valid, side.returns_column, packed.offsets, columns.loss_mask, run.file, first_row
+                )
+        olds.append((old, old_returns))
+    return olds
+
+
+def _computed_batch(
+    run: _FileBatches, batch: pa.RecordBatch, first_row: int, first_token: int, screened: bool
+) -> Optional[ComputedBatch]:
+    """One batch of :func:`computed_batches`; ``screened``: checked without the kernel's
+    rules and computed by the screened kernel, None when either finds a fault."""
+    computation, columns = run.computation, run.computation.columns
+    rows = _checked_rows(run, batch, first_row, screened)
+    if rows is None:
+        return None
+    if computation.critic_free:
+        _score_rows(run, batch, rows, first_row)
+    if not run.compute_sides:
+        empty = np.zeros(0, dtype=run.dtype)
+        return ComputedBatch(
+            batch, rows.valid, rows.check, first_row, first_token, rows.packed, empty, empty, empty, None,
+            scores=rows.scores,
+        )  # fmt: skip
+    if screened:
+        mask = rows.check.flat[columns.loss_mask]
+        new, new_returns, clean = compute_screened_packed(rows.packed, computation.new_spec, run.screen, mask)
+        if not clean:
+            return None
+    else:
+        new, new_returns = _side(
+            rows.packed, computation.new_spec, computation, rows.valid, rows.scores, run.statistics
+        )
+    outputs = {columns.advantages: new, columns.returns: new_returns}
+    olds = _old_sides(run, rows, first_row, outputs) or [(new, new_returns)]  # nothing to compare with: the new side
+    valid_rows = np.flatnonzero(~rows.check.invalid)
+    overflow = overflow_findings(outputs, rows.packed.offsets, valid_rows, run.file, first_row)
+    if overflow:
+        if computation.on_invalid == "stop":
+            raise InvalidDataError(overflow[0])
+        tokens = rows.drop(run, batch, overflow, first_row)
+        new, new_returns = new[tokens], new_returns[tokens]
+        olds = [(old[tokens], None if old_returns is None else old_returns[tokens]) for old, old_returns in olds]
+    (old, old_returns), olds = olds[0], tuple(olds)
+    return ComputedBatch(
+        batch, rows.valid, rows.check, first_row, first_token, rows.packed, new, new_returns, old, old_returns, olds,
+        rows.scores,
+    )  # fmt: skip
 
 
 def overflow_findings(

@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.dispatch import compute
+from gaecli.advantages.dispatch import as_numpy, compute, compute_screened_flat, device_tensors, runs_on_tensors
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.checks import (
     BatchCheck,
@@ -56,10 +56,21 @@ class PackedBatch:
     terminal_rewards: np.ndarray
     arrow_offsets: Optional[pa.Array] = None
     row_inputs: dict = field(default_factory=dict)
+    uploaded: dict = field(default_factory=dict, repr=False)
 
     @property
     def tokens(self) -> int:
         return int(self.offsets[-1])
+
+    def tensors(self, device) -> list:
+        """The five buffers as tensors on ``device`` (values, rewards, trainable, int64
+        offsets, terminal rewards), uploaded on the first call and kept: a batch goes to the
+        device once, whatever the number of sides computed on it."""
+        key = str(device)
+        if key not in self.uploaded:
+            arrays = (self.values, self.rewards, self.trainable, self.offsets.astype(np.int64, copy=False))
+            self.uploaded[key] = device_tensors((*arrays, self.terminal_rewards), device)
+        return self.uploaded[key]
 
 
 def pack_batch(
@@ -112,19 +123,22 @@ def compute_packed(
     """Advantages and returns (flat numpy, the values' dtype) of a packed batch under
     ``spec``, by the one dispatch (:func:`gaecli.advantages.dispatch.compute`): the
     ``native`` kernel on the CPU runs without torch, every other kernel and device on
-    tensors, the same bits where both can run. ``row_inputs``: the per-row inputs of a
-    critic-free estimator (each row's advantage)."""
-    return compute(
-        spec,
-        packed.values,
-        packed.rewards,
-        packed.trainable,
-        packed.offsets,
-        packed.terminal_rewards,
-        kernel=kernel,
-        device=device,
-        row_inputs=row_inputs if row_inputs is not None else packed.row_inputs if spec.variants else None,
-    )
+    tensors, the same bits where both can run; the buffers go to a device once per batch
+    (:meth:`PackedBatch.tensors`). ``row_inputs``: the per-row inputs of a critic-free
+    estimator (each row's advantage)."""
+    row_inputs = row_inputs if row_inputs is not None else packed.row_inputs if spec.variants else None
+    if not spec.critic_free and runs_on_tensors(spec, kernel, device):
+        return as_numpy(compute(spec, *packed.tensors(device), kernel=kernel, row_inputs=row_inputs))
+    arrays = (packed.values, packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards)
+    return compute(spec, *arrays, kernel=kernel, device=device, row_inputs=row_inputs)
+
+
+def compute_screened_packed(packed: PackedBatch, spec: AdvantageSpec, screened, mask: np.ndarray):
+    """Advantages, returns and ``clean`` of a packed batch by a screened kernel (``screened``:
+    :func:`gaecli.advantages.dispatch.screened_kernel`), which reads ``mask``, the batch's
+    mask as stored, instead of ``trainable`` (:func:`gaecli.advantages.dispatch.compute_screened_flat`)."""
+    arrays = (packed.values, packed.rewards, mask, packed.offsets, packed.terminal_rewards)
+    return compute_screened_flat(screened, spec, *arrays)
 
 
 def stored_column(
