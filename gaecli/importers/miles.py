@@ -30,10 +30,8 @@ from gaecli.importers.common import (
     ROWS_KEY,
     DumpField,
     FieldsOutput,
-    ImportedFile,
     ImportOptions,
     ImportPlan,
-    ImportReport,
     check_per_sample,
     check_unchanged,
     list_offsets,
@@ -41,6 +39,7 @@ from gaecli.importers.common import (
     run_import,
     scalar_column,
 )
+from gaecli.importers.report import ImportedFile, ImportReport
 from gaecli.importers.values import describe, integer, key_list, shown
 from gaecli.io.filesystem import AnyPath
 from gaecli.io.paths import INPUT_PATTERNS

@@ -24,15 +24,14 @@ import pyarrow as pa
 from gaecli.errors import GAEInputError, GAEUsageError
 from gaecli.importers.common import (
     MAX_LIST_TOKENS,
-    ImportedFile,
     ImportOptions,
     ImportPlan,
-    ImportReport,
     list_offsets,
     open_binary,
     run_import,
     schema_metadata,
 )
+from gaecli.importers.report import ImportedFile, ImportReport
 from gaecli.importers.values import INT64_RANGE, shown
 from gaecli.io.filesystem import AnyPath
 from gaecli.io.paths import INPUT_PATTERNS
