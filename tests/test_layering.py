@@ -71,11 +71,16 @@ def modules() -> dict[str, Path]:
 
 
 def imported_modules(module: str, path: Path, known: set[str]) -> set[str]:
-    """The ``gaecli`` modules ``module`` imports anywhere in its file: ``from P import N``
-    counts as module ``P.N`` where that is a module, else as ``P``."""
+    """The ``gaecli`` modules ``module`` (the file at ``path``) imports anywhere in its file."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return imports_in(path.read_text(encoding="utf-8"), package, known)
+
+
+def imports_in(source: str, package: str, known: set[str]) -> set[str]:
+    """The ``gaecli`` modules ``source`` (a module of ``package``) imports, at any depth:
+    ``from P import N`` counts as module ``P.N`` where that is one of ``known``, else as ``P``."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -125,6 +130,19 @@ def test_every_module_is_placed_in_one_layer():
 
 
 def test_imports_are_read_wherever_they_stand():
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "import numpy\n"
+        "from . import sibling\n"
+        "from ..io import reader\n"
+        "from .sibling import name\n"
+        "if TYPE_CHECKING:\n"
+        "    from gaecli.run import driver\n"
+        "def f():\n"
+        "    import gaecli.report.html\n"
+    )
+    known = {"gaecli.diff.sibling", "gaecli.io.reader", "gaecli.run.driver", "gaecli.report.html"}
+    assert imports_in(source, "gaecli.diff", known) == known
     path = PACKAGE / "cli" / "imports.py"
     imported = imported_modules("gaecli.cli.imports", path, set(modules()))
     assert {"gaecli.cli.common", "gaecli.importers", "gaecli.display"} <= imported  # the last two inside functions
