@@ -29,6 +29,29 @@ FAST_KERNEL_NAMES: list[str] = [name for name in KERNEL_NAMES if name != "refere
 # ----------------------------------------------------------------------------- tolerance
 
 
+def spec_document(gamma: float, lambd: float, **fields) -> dict:
+    """An ``AdvantageSpec``'s JSON document (``to_dict``, the outputs' ``gaecli.spec``) written
+    out field by field: the defaults, but ``fields``."""
+    document = {
+        "gamma": gamma,
+        "lambd": lambd,
+        "semantics": "masked",
+        "normalize": "none",
+        "normalize_by": None,
+        "estimator": "gae",
+        "timestep": "token",
+        "lambd_critic": None,
+        "lambd_alpha": None,
+        "turn_rewards": None,
+        "truncated": None,
+        "bootstrap_values": None,
+        "group_by": None,
+        "step_by": None,
+    }
+    assert set(fields) <= set(document), f"no spec field {sorted(set(fields) - set(document))}"
+    return {**document, **fields}
+
+
 def _as_samples(tensors) -> list[torch.Tensor]:
     if isinstance(tensors, torch.Tensor):
         return [tensors]
@@ -131,6 +154,13 @@ def verl_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[flo
     values, rewards, mask = _floats(values), _floats(rewards), _floats(mask)
     if rewards:
         rewards[-1] += float(terminal)
+    advantages = _carry_forward_gae(values, rewards, mask, gamma, lambd)
+    return advantages, [a + v for a, v in zip(advantages, values)]
+
+
+def _carry_forward_gae(values, rewards, mask, gamma, lambd) -> list[float]:
+    """The loop verl and NeMo-RL share: walking back, a masked step leaves the next value and
+    the carry as they were; every position stores the carry held after its step."""
     advantages = [0.0] * len(values)
     next_value, carry = 0.0, 0.0
     for t in reversed(range(len(values))):
@@ -138,7 +168,7 @@ def verl_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[flo
         if mask[t]:
             next_value, carry = values[t], step
         advantages[t] = carry
-    return advantages, [a + v for a, v in zip(advantages, values)]
+    return advantages
 
 
 def areal_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
@@ -190,13 +220,7 @@ def nemo_rl_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[
     if trainable:
         token_rewards[trainable[-1]] += float(terminal)
     token_rewards = [r * m for r, m in zip(token_rewards, mask)]
-    advantages = [0.0] * len(values)
-    next_values, last_gae = 0.0, 0.0
-    for t in reversed(range(len(values))):
-        new_gae = token_rewards[t] + gamma * next_values - values[t] + gamma * lambd * last_gae
-        if mask[t]:
-            next_values, last_gae = values[t], new_gae
-        advantages[t] = last_gae
+    advantages = _carry_forward_gae(values, token_rewards, mask, gamma, lambd)  # NeMo-RL's _compute_gae
     returns = [a + v for a, v in zip(advantages, values)]
     return [a if m else 0.0 for a, m in zip(advantages, mask)], returns
 
@@ -352,18 +376,25 @@ class Batch:
 MASK_KINDS = ("random", "blocks", "zeros", "ones", "masked-tail", "masked-head")
 
 
+def alternating_blocks(length: int, bound: int, rng: np.random.Generator, trainable: bool = True) -> np.ndarray:
+    """A bool mask of ``length``: blocks of ``rng.integers(1, bound)`` tokens, trainable and
+    masked in turn, the first ``trainable``."""
+    mask = np.zeros(length, dtype=bool)
+    position = 0
+    while position < length:
+        block = int(rng.integers(1, bound))
+        mask[position : position + block] = trainable
+        position, trainable = position + block, not trainable
+    return mask
+
+
 def make_mask(kind: str, length: int, rng: np.random.Generator) -> torch.Tensor:
     """A bool mask of ``length`` of the given kind (random tokens, alternating blocks, all
     zeros, all ones, trainable then a masked tail, a masked head then trainable)."""
     if kind == "random":
         mask = rng.random(length) < rng.uniform(0.2, 0.9)
     elif kind == "blocks":
-        mask = np.zeros(length, dtype=bool)
-        position, on = 0, bool(rng.integers(2))
-        while position < length:
-            block = int(rng.integers(1, 9))
-            mask[position : position + block] = on
-            position, on = position + block, not on
+        mask = alternating_blocks(length, 9, rng, trainable=bool(rng.integers(2)))
     elif kind == "zeros":
         mask = np.zeros(length, dtype=bool)
     elif kind == "ones":

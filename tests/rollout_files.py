@@ -10,7 +10,10 @@ under test except the float64 oracle ``gaecli.advantages.kernels.reference.refer
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -262,6 +265,60 @@ def assert_rows_close(name: str, expected: Sequence[np.ndarray], got: Sequence, 
             error = float(np.abs(have - want).max())
             allowed = tolerance * (1.0 + float(np.abs(want).max()))
             assert error <= allowed, f"{name}: row {row}: max abs error {error:.3e} > {allowed:.3e}"
+
+
+def count_footer_reads(monkeypatch) -> list:
+    """From now on (until ``monkeypatch.undo()``), every footer this process reads through
+    ``gaecli.io.reader.read_footer``, the one place footers are read: the list of their
+    sources, growing."""
+    import gaecli.io.reader as reader
+
+    reads = []
+    read_footer = reader.read_footer
+
+    def counted(source):
+        reads.append(source)
+        return read_footer(source)
+
+    monkeypatch.setattr(reader, "read_footer", counted)
+    return reads
+
+
+# ----------------------------------------------------------------------------- the worked example, in a process
+
+# docs/semantics.md's worked example (one sample of 4 tokens, 2 trainable, z = 8; γ = 0.5,
+# λ = 1) computed by the dispatch on numpy buffers for each name of the JSON list argv[1]:
+# advantages, returns and (for a trainer profile) the terminal reward it loses.
+WORKED_EXAMPLE_SCRIPT = (
+    "import json, sys, numpy as np\n"
+    "from gaecli.advantages import AdvantageSpec\n"
+    "from gaecli.advantages.baselines import lost_terminal_abs_sum\n"
+    "from gaecli.advantages.contract import PROFILES\n"
+    "from gaecli.advantages.dispatch import compute\n"
+    "v = np.array([1.0, 2.0, 3.0, 4.0]); r = np.array([0.5, 1.0, 0.25, 2.0])\n"
+    "m = np.array([True, False, True, False]); o = np.array([0, 4]); z = np.array([8.0])\n"
+    "results = {}\n"
+    "for name in json.loads(sys.argv[1]):\n"
+    "    a, g = compute(AdvantageSpec(0.5, 1.0, name), v, r, m, o, z)\n"
+    "    lost = lost_terminal_abs_sum(name, m, o, z, gamma=0.5, lambd=1.0) if name in PROFILES else None\n"
+    "    results[name] = [a.tolist(), g.tolist(), lost]\n"
+    "print(json.dumps({'results': results, 'torch': 'torch' in sys.modules}))\n"
+)
+
+
+def worked_example_in_a_process(names: Sequence[str]) -> tuple[dict, bool]:
+    """:data:`WORKED_EXAMPLE_SCRIPT` for ``names`` (semantics or profiles) in a fresh
+    interpreter: ``{name: [advantages, returns, lost or None]}`` and whether it imported
+    torch. A failing script fails the test."""
+    process = subprocess.run(
+        [sys.executable, "-c", WORKED_EXAMPLE_SCRIPT, json.dumps(list(names))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert process.returncode == 0, process.stderr
+    document = json.loads(process.stdout)
+    return document["results"], document["torch"]
 
 
 def gae(*args):

@@ -43,6 +43,16 @@ def rollouts(rows: int = 40, seed: int = 7) -> Rollouts:
     return random_rollouts(rows, seed=seed, max_length=30)
 
 
+def masked_tail_rollouts() -> Rollouts:
+    """Three samples, the first ending in 3 masked tokens (the terminal credit's case)."""
+    return Rollouts(
+        values=[[0.5, -0.2, 0.3, 0.1, 0.4], [0.2, 0.1, 0.3], [0.1, 0.2]],
+        rewards=[[0.0, 0.1, 0.0, 0.0, 0.2], [0.0, 0.0, 0.0], [0.0, 0.0]],
+        masks=[[1, 1, 0, 0, 0], [1, 0, 1], [1, 1]],
+        terminal=[1.0, -1.0, 0.5],
+    )
+
+
 def data_table(data: Rollouts, *, extra: dict | None = None) -> pa.Table:
     """float64 rollouts with an id and a step column (4 steps)."""
     rows = len(data)
@@ -108,6 +118,11 @@ def nearest_rank(values: list[float], q: float) -> float | None:
     return ordered[max(math.ceil(q * len(ordered)), 1) - 1]
 
 
+def trainable_tokens(mask, new_row, old_row) -> list[tuple[int, float, float]]:
+    """``(t, new, old)`` at each trainable token ``t`` of one sample (floats)."""
+    return [(t, float(new_row[t]), float(old_row[t])) for t, m in enumerate(mask) if m]
+
+
 def expected_figures(data: Rollouts, new, old, new_returns, old_returns, credits, tol: float = 1e-6) -> dict:
     """Every summary figure by plain loops over samples and tokens."""
     deltas, return_deltas, news, olds = [], [], [], []
@@ -115,10 +130,7 @@ def expected_figures(data: Rollouts, new, old, new_returns, old_returns, credits
     tails, tail_credits = [], []
     for row, mask in enumerate(data.masks):
         sample_changed = False
-        for t, m in enumerate(mask):
-            if not m:
-                continue
-            a, b = float(new[row][t]), float(old[row][t])
+        for t, a, b in trainable_tokens(mask, new[row], old[row]):
             deltas.append(abs(a - b))
             news.append(a)
             olds.append(b)
@@ -225,12 +237,7 @@ def test_terminal_credit_per_baseline(tmp_path, gamma, lambd):
     """The credit each baseline gives the last trainable token of a masked-tail sample, as
     measured by perturbing z, and the documented formula: unmasked (γλ)^gap, skip-masked
     0, zero-masked 1."""
-    data = Rollouts(
-        values=[[0.5, -0.2, 0.3, 0.1, 0.4], [0.2, 0.1, 0.3], [0.1, 0.2]],
-        rewards=[[0.0, 0.1, 0.0, 0.0, 0.2], [0.0, 0.0, 0.0], [0.0, 0.0]],
-        masks=[[1, 1, 0, 0, 0], [1, 0, 1], [1, 1]],
-        terminal=[1.0, -1.0, 0.5],
-    )
+    data = masked_tail_rollouts()
     path = write_data(tmp_path, data)
     for baseline, formula in (("unmasked", (gamma * lambd) ** 3), ("skip-masked", 0.0), ("zero-masked", 1.0)):
         summary = diff_json(

@@ -20,8 +20,8 @@ from gaecli.comparison.groups import GROUP_FIGURES, HARDEST_GROUPS, GroupedFigur
 from gaecli.diff import DiffOptions, diff_files
 from gaecli.engines import EngineOptions
 
-from rollout_files import gae
-from test_diff import outputs, perturbed_credit, rollouts, write_data
+from rollout_files import count_footer_reads, gae
+from test_diff import outputs, perturbed_credit, rollouts, trainable_tokens, write_data
 
 GAMMA, LAMBD = 0.9, 0.8
 
@@ -46,10 +46,7 @@ def group_expectations(data, keys: list, baseline: str, tol: float = 1e-6) -> di
         for row in rows:
             mask = data.masks[row]
             sample_changed = False
-            for t, m in enumerate(mask):
-                if not m:
-                    continue
-                a, b = float(new[row][t]), float(old[row][t])
+            for t, a, b in trainable_tokens(mask, new[row], old[row]):
                 deltas.append(abs(a - b))
                 return_deltas.append(abs(float(new_returns[row][t]) - float(old_returns[row][t])))
                 news.append(a)
@@ -236,17 +233,8 @@ def _rows_slice(rows: RowFigures, start: int, stop: int) -> RowFigures:
 def test_a_multi_file_diff_reads_each_footer_once(tmp_path, monkeypatch):
     """Three inputs, --normalize-by and --group-by (two passes), in this process: three
     footer reads, and the report equals that of a run that reads footers as it likes."""
-    import gaecli.io.reader as reader
-
     paths = [write_data(tmp_path / "in", rollouts(rows=11, seed=60 + index), f"f{index}.parquet") for index in range(3)]
-    reads = []
-    read_footer = reader.read_footer
-
-    def counted(source):
-        reads.append(source)
-        return read_footer(source)
-
-    monkeypatch.setattr(reader, "read_footer", counted)
+    reads = count_footer_reads(monkeypatch)
     options = DiffOptions(gamma=GAMMA, lambd=LAMBD, normalize_by="step", group_by="step", batch_rows=4)
     counted_report = diff_files(paths, options)
     assert len(reads) == 3, reads

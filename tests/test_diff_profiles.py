@@ -19,13 +19,14 @@ import pytest
 from gaecli.advantages.contract import PROFILES
 from gaecli.advantages.spec import AdvantageSpec
 
-from helpers import ORACLES
+from helpers import ORACLES, spec_document
 from rollout_files import Rollouts, gae, rollout_table, rollouts_from_table, write_table
 from test_diff import (
     assert_figures,
     assert_markdown_tables,
     diff_json,
     expected_figures,
+    masked_tail_rollouts,
     outputs,
     perturbed_credit,
     rollouts,
@@ -100,22 +101,7 @@ def test_comparisons_in_the_order_given_and_the_top_level_mirrors_the_first(tmp_
         "returns_column": None,
     }
     assert report["new"] == "masked"
-    assert report["new_spec"] == {
-        "gamma": GAMMA,
-        "lambd": LAMBD,
-        "semantics": "masked",
-        "normalize": "none",
-        "normalize_by": None,
-        "estimator": "gae",
-        "timestep": "token",
-        "lambd_critic": None,
-        "lambd_alpha": None,
-        "turn_rewards": None,
-        "truncated": None,
-        "bootstrap_values": None,
-        "group_by": None,
-        "step_by": None,
-    }
+    assert report["new_spec"] == spec_document(GAMMA, LAMBD)
     assert set(report["new_spec"]) == set(AdvantageSpec(GAMMA, LAMBD).to_dict())
 
     everything = diff_json(path, "--baseline", "all", "--normalize-by", "step", gamma=GAMMA, lambd=LAMBD)
@@ -189,12 +175,7 @@ def test_terminal_credit_of_every_profile(tmp_path, gamma, lambd):
     """The credit each profile gives the last trainable token of a sample whose response
     ends in 3 masked tokens: slime (γλ)³, verl / areal / roll 0, openrlhf / nemo-rl 1 — as
     measured by perturbing z in the trainers' loops (the aliases as their profiles)."""
-    data = Rollouts(
-        values=[[0.5, -0.2, 0.3, 0.1, 0.4], [0.2, 0.1, 0.3], [0.1, 0.2]],
-        rewards=[[0.0, 0.1, 0.0, 0.0, 0.2], [0.0, 0.0, 0.0], [0.0, 0.0]],
-        masks=[[1, 1, 0, 0, 0], [1, 0, 1], [1, 1]],
-        terminal=[1.0, -1.0, 0.5],
-    )
+    data = masked_tail_rollouts()
     path = write_data(tmp_path, data)
     formulas = {
         "slime": (gamma * lambd) ** 3,

@@ -69,6 +69,11 @@ def output_bits(out_dir) -> dict:
 ENGINES = [("local", 1, 7), ("local", 2, 3), ("ray", 2, 5)]
 
 
+def grid_options(engine: str, workers: int, batch_rows: int) -> tuple:
+    """The options of one run of an engine grid (``ENGINES``, ``DIFF_ENGINES``)."""
+    return ("--engine", engine, "--workers", workers, "--batch-rows", batch_rows)
+
+
 @pytest.mark.parametrize(
     "normalize", [(), ("--normalize",), ("--normalize-by", "rollout_id")], ids=["plain", "normalize", "normalize-by"]
 )
@@ -78,19 +83,7 @@ def test_engines_give_bitwise_equal_outputs(tmp_path, inputs, local_ray, normali
         if engine == "ray" and local_ray is None:
             continue
         out_dir = tmp_path / f"{engine}{workers}"
-        result = recompute(
-            inputs,
-            out_dir,
-            "--engine",
-            engine,
-            "--workers",
-            workers,
-            "--batch-rows",
-            batch_rows,
-            "--json",
-            "-",
-            *normalize,
-        )
+        result = recompute(inputs, out_dir, *grid_options(engine, workers, batch_rows), "--json", "-", *normalize)
         assert result.exit_code == 0, result.output
         report = json.loads(result.stdout)
         results[engine, workers] = output_bits(out_dir), report["summary"], [f["rows"] for f in report["files"]]
@@ -366,36 +359,24 @@ def test_validate_with_workers_matches_one(tmp_path, inputs):
     assert reports[0] == reports[1] and len(reports[0]["findings"]) == 2 and reports[0]["truncated"]
 
 
+CURVE = ("--gamma", GAMMA, "--lambd", LAMBD)
+
+
+def ray_recompute_process(inputs, out, *options) -> subprocess.CompletedProcess:
+    """``gae recompute INPUTS -o OUT --engine ray OPTIONS`` in a fresh interpreter (text
+    output captured, 300 s at most): the command starts or joins Ray itself."""
+    command = ["recompute", inputs, "-o", out, "--engine", "ray", *options]
+    return subprocess.run(
+        [sys.executable, "-m", "gaecli", *map(str, command)], capture_output=True, text=True, timeout=300
+    )
+
+
 def test_ray_started_by_the_command_is_quiet_and_gives_the_same_bits(tmp_path, inputs):
     # A fresh process: the command starts Ray itself (kept up for the statistics pass and
     # the work, then shut down), and --quiet keeps Ray's own log lines off stderr too.
     pytest.importorskip("ray")
     out = tmp_path / "out"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gaecli",
-            "recompute",
-            str(inputs),
-            "-o",
-            str(out),
-            "--gamma",
-            str(GAMMA),
-            "--lambd",
-            str(LAMBD),
-            "--keep-baseline",
-            "--normalize",
-            "--engine",
-            "ray",
-            "--workers",
-            "2",
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = ray_recompute_process(inputs, out, *CURVE, "--keep-baseline", "--normalize", "--workers", 2, "--quiet")
     assert done.returncode == 0, done.stderr
     assert done.stderr == "" and done.stdout == ""
     reference = tmp_path / "reference"
@@ -409,30 +390,7 @@ def test_ray_address_joins_a_running_ray(tmp_path, inputs, local_ray):
         pytest.skip("ray is not installed")
     address = local_ray.get_runtime_context().gcs_address
     out = tmp_path / "out"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gaecli",
-            "recompute",
-            str(inputs),
-            "-o",
-            str(out),
-            "--gamma",
-            str(GAMMA),
-            "--lambd",
-            str(LAMBD),
-            "--keep-baseline",
-            "--engine",
-            "ray",
-            "--ray-address",
-            address,
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = ray_recompute_process(inputs, out, *CURVE, "--keep-baseline", "--ray-address", address, "--quiet")
     assert done.returncode == 0, done.stderr
     reference = tmp_path / "reference"
     assert recompute(inputs, reference, "--workers", 1).exit_code == 0
@@ -446,27 +404,8 @@ def test_an_unreachable_ray_address_is_refused_at_once(tmp_path, inputs):
     with socket.socket() as listener:  # a port nothing listens on: bound, never listening
         listener.bind(("127.0.0.1", 0))
         port = listener.getsockname()[1]
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gaecli",
-                "recompute",
-                str(inputs),
-                "-o",
-                str(tmp_path / "out"),
-                "--gamma",
-                "1",
-                "--lambd",
-                "1",
-                "--engine",
-                "ray",
-                "--ray-address",
-                f"127.0.0.1:{port}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
+        done = ray_recompute_process(
+            inputs, tmp_path / "out", "--gamma", 1, "--lambd", 1, "--ray-address", f"127.0.0.1:{port}"
         )
     assert done.returncode == 2
     assert (
@@ -522,12 +461,7 @@ def test_diff_engines_give_identical_reports(tmp_path, inputs, local_ray, monkey
             "rollout_id",
             "--top",
             7,
-            "--engine",
-            engine,
-            "--workers",
-            workers,
-            "--batch-rows",
-            batch_rows,
+            *grid_options(engine, workers, batch_rows),
             "--quiet",
             "--json",
             "r.json",

@@ -479,6 +479,7 @@ def test_library_api(tmp_path):
 # ----------------------------------------------------------------------------- round trips
 
 GAMMA, LAMBD, KL_COEF = 0.95, 0.9, 0.1
+K3_OPTIONS = ("--gamma", GAMMA, "--lambd", LAMBD, "--kl-coef", KL_COEF, "--kl-estimator", "k3")
 
 
 def k3_rewards(log_probs: list[float], ref_log_probs: list[float]) -> list[float]:
@@ -499,21 +500,7 @@ def two_rank_dumps(tmp_path: Path) -> tuple[Path, list[dict]]:
 def test_import_then_recompute_with_k3_rewards(tmp_path):
     imported, datas = two_rank_dumps(tmp_path)
     recomputed = tmp_path / "recomputed.parquet"
-    result = gae(
-        "recompute",
-        imported,
-        "-o",
-        recomputed,
-        "--gamma",
-        GAMMA,
-        "--lambd",
-        LAMBD,
-        "--kl-coef",
-        KL_COEF,
-        "--kl-estimator",
-        "k3",
-        "--quiet",
-    )
+    result = gae("recompute", imported, "-o", recomputed, *K3_OPTIONS, "--quiet")
     assert result.exit_code == 0, result.output
     values = [row for data in datas for row in as_lists(data["values"])]
     masks = [[int(m) for m in mask.tolist()] for data in datas for mask in data["loss_masks"]]
@@ -554,23 +541,7 @@ def test_import_then_diff_against_trained_advantages(tmp_path):
     write_dump(tmp_path / "train_0_0.pt", data)
     imported = tmp_path / "rollouts.parquet"
     assert import_dumps(tmp_path / "train_0_0.pt", output=imported).exit_code == 0
-    result = gae(
-        "diff",
-        imported,
-        "--gamma",
-        GAMMA,
-        "--lambd",
-        LAMBD,
-        "--kl-coef",
-        KL_COEF,
-        "--kl-estimator",
-        "k3",
-        "--against",
-        "trained_advantages",
-        "--json",
-        "-",
-        "--quiet",
-    )
+    result = gae("diff", imported, *K3_OPTIONS, "--against", "trained_advantages", "--json", "-", "--quiet")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)["summary"]
     correct = masked_advantages(values[wrong], rewards[wrong], masks[wrong], data["rewards"][wrong], GAMMA, LAMBD)

@@ -128,37 +128,16 @@ def test_recompute_needs_values_col_none_and_then_matches_the_reference(tmp_path
     write_step(tmp_path, 3, samples)
     imported = tmp_path / "rollouts.parquet"
     assert gae("import", "nemo-rl", tmp_path / "train_data_step3.jsonl", "-o", imported, "--quiet").exit_code == 0
-    refused = gae(
-        "recompute",
-        imported,
-        "-o",
-        tmp_path / "r.parquet",
-        "--gamma",
-        1,
-        "--lambd",
-        0.95,
-        "--rewards-col",
-        "none",
-        "--quiet",
-    )
+
+    def recompute(*options):
+        curve = ("--gamma", 1, "--lambd", 0.95)
+        return gae("recompute", imported, "-o", tmp_path / "r.parquet", *curve, "--rewards-col", "none", *options, "-q")
+
+    refused = recompute()
     assert refused.exit_code == 1
     message = " ".join(refused.stderr.split())
     assert "column 'values' is missing" in message and "--values-col none" in message
-    result = gae(
-        "recompute",
-        imported,
-        "-o",
-        tmp_path / "r.parquet",
-        "--gamma",
-        1,
-        "--lambd",
-        0.95,
-        "--rewards-col",
-        "none",
-        "--values-col",
-        "none",
-        "--quiet",
-    )
+    result = recompute("--values-col", "none")
     assert result.exit_code == 0, result.output
     rows = expected_rows(3, samples)
     masks = [[int(m != 0) for m in row["loss_mask"]] for row in rows]

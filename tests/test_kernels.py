@@ -18,6 +18,7 @@ from helpers import (
     FAST_KERNEL_NAMES,
     KERNEL_NAMES,
     Batch,
+    alternating_blocks,
     assert_bitwise,
     assert_close,
     make_batch,
@@ -228,12 +229,7 @@ def long_sample(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     ~ N(0, 3), rewards ~ N(0, 1) (the γ = λ = 1 reward-to-go random-walks to ~±100)."""
     rng = np.random.default_rng(seed)
     length = 131_072
-    mask = np.zeros(length, dtype=bool)
-    position, trainable = 0, True
-    while position < length:
-        block = int(rng.integers(1, 1000))
-        mask[position : position + block] = trainable
-        position, trainable = position + block, not trainable
+    mask = alternating_blocks(length, 1000, rng)
     values = torch.from_numpy(rng.normal(0.0, 3.0, length)).float()
     rewards = torch.from_numpy(rng.normal(0.0, 1.0, length)).float()
     return values, rewards, torch.from_numpy(mask)

@@ -7,8 +7,6 @@ torch and the numpy path, the aliases, the names of a baseline list, recompute's
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -36,7 +34,7 @@ from helpers import (
     oracle_batch,
     ragged_batches,
 )
-from rollout_files import random_rollouts, rollout_table, rollouts_from_table, write_table
+from rollout_files import random_rollouts, rollout_table, rollouts_from_table, worked_example_in_a_process, write_table
 
 # The worked example of docs/semantics.md: R = 4, mask [1, 0, 1, 0], V = [1, 2, 3, 4],
 # r = [0.5, 1, 0.25, 2], z = 8, γ = 0.5, λ = 1 (γλ = 0.5); and a fully masked sample R = 2,
@@ -421,25 +419,9 @@ def test_recompute_refuses_a_list_or_an_unknown_baseline(baseline, message):
 
 @pytest.mark.skipif("native" not in gaecli.available_kernels(), reason="needs numba")
 def test_the_numpy_path_of_every_profile_never_imports_torch():
-    script = (
-        "import sys, numpy as np\n"
-        "from gaecli.advantages import AdvantageSpec\n"
-        "from gaecli.advantages.baselines import lost_terminal_abs_sum\n"
-        "from gaecli.advantages.contract import PROFILES\n"
-        "from gaecli.advantages.dispatch import compute\n"
-        "v = np.array([1.0, 2.0, 3.0, 4.0]); r = np.array([0.5, 1.0, 0.25, 2.0])\n"
-        "m = np.array([True, False, True, False]); o = np.array([0, 4]); z = np.array([8.0])\n"
-        "for name in PROFILES:\n"
-        "    a, g = compute(AdvantageSpec(0.5, 1.0, name), v, r, m, o, z)\n"
-        "    lost = lost_terminal_abs_sum(name, m, o, z, gamma=0.5, lambd=1.0)\n"
-        "    print(name, a.tolist(), g.tolist(), lost)\n"
-        "print('torch' in sys.modules)\n"
-    )
-    process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert process.returncode == 0, process.stderr
-    *lines, last = process.stdout.strip().splitlines()
-    assert last == "False"
-    for line, profile in zip(lines, PROFILES):
+    results, torch_loaded = worked_example_in_a_process(PROFILES)
+    assert not torch_loaded and list(results) == list(PROFILES)
+    for profile in PROFILES:
         (expected_advantages, expected_returns), _ = WORKED_EXPECTED[profile]
         lost = 8.0 if profile in ("verl", "roll", "areal") else 0.0
-        assert line == f"{profile} {expected_advantages} {expected_returns} {lost}"
+        assert str(results[profile]) == str([expected_advantages, expected_returns, lost]), profile

@@ -29,6 +29,7 @@ from rollout_files import (
     TOLERANCE,
     Rollouts,
     assert_rows_close,
+    count_footer_reads,
     files_under,
     gae,
     masked_advantages,
@@ -1077,21 +1078,12 @@ print(sorted(name for name in sys.modules if name == "torch" or name.startswith(
 def test_a_multi_file_run_reads_each_footer_once(tmp_path, monkeypatch):
     """Three inputs, --normalize-by (two passes), in this process: three footer reads, and
     the outputs equal those of a run that reads footers as it likes."""
-    import gaecli.io.reader as reader
-
     paths = []
     for index in range(3):
         data = random_rollouts(11, seed=60 + index)
         keys = pa.array([f"g{row % 4}" for row in range(11)])
         paths.append(write_table(rollout_table(data, extra={"prompt": keys}), tmp_path / "in" / f"f{index}.parquet"))
-    reads = []
-    read_footer = reader.read_footer
-
-    def counted(source):
-        reads.append(source)
-        return read_footer(source)
-
-    monkeypatch.setattr(reader, "read_footer", counted)
+    reads = count_footer_reads(monkeypatch)
     options = RecomputeOptions(gamma=GAMMA, lambd=LAMBD, normalize_by="prompt", batch_rows=4)
     recompute_files(paths, tmp_path / "out", options)
     assert len(reads) == 3, reads

@@ -27,7 +27,7 @@ from gaecli.advantages.kernels.reference import reference_gae
 from gaecli.advantages.kernels.triton import CHUNK_LENGTH, triton_gae
 from gaecli.errors import KernelUnavailableError
 
-from helpers import Batch, assert_bitwise, assert_close, make_batch
+from helpers import Batch, alternating_blocks, assert_bitwise, assert_close, make_batch
 from rollout_files import files_under, gae, random_rollouts, rollout_table, write_table
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -61,12 +61,7 @@ def block_masked_sample(seed: int, length: int, dtype: torch.dtype) -> Batch:
     """One sample of ``length`` tokens, about half masked in blocks of 1..600 tokens (so whole
     chunks are masked, and gaps cross chunk boundaries), values ~ N(0, 3), rewards ~ N(0, 1)."""
     rng = np.random.default_rng(seed)
-    mask = np.zeros(length, dtype=bool)
-    position, trainable = 0, True
-    while position < length:
-        block = int(rng.integers(1, 600))
-        mask[position : position + block] = trainable
-        position, trainable = position + block, not trainable
+    mask = alternating_blocks(length, 600, rng)
     values = torch.from_numpy(rng.normal(0.0, 3.0, length)).to(dtype)
     rewards = torch.from_numpy(rng.normal(0.0, 1.0, length)).to(dtype)
     return Batch([values], [rewards], [torch.from_numpy(mask)], [1.0], 0.0, 0.0, dtype)

@@ -70,6 +70,15 @@ def only_finding(document: dict) -> dict:
     return finding
 
 
+def one_changed_row(tmp_path: Path, row: int, change: dict, length: int = 3) -> tuple[int, dict]:
+    """``gae validate`` of four clean rows (``length`` tokens) but row ``row`` updated with
+    ``change``: the exit code and the only finding."""
+    rows = [clean_row(i, length=length) for i in range(4)]
+    rows[row].update(change)
+    code, document, _ = validate(write_rows(tmp_path / "f.parquet", rows))
+    return code, only_finding(document)
+
+
 # ----------------------------------------------------------------------------- one rule each
 
 
@@ -123,39 +132,28 @@ def test_wrong_type(tmp_path):
     ids=["null-terminal", "null-list", "null-in-list"],
 )
 def test_null(tmp_path, column, change):
-    rows = [clean_row(i) for i in range(4)]
-    rows[2].update(change)
-    code, document, _ = validate(write_rows(tmp_path / "f.parquet", rows))
-    finding = only_finding(document)
+    code, finding = one_changed_row(tmp_path, 2, change)
     assert code == 1
     assert (finding["row"], finding["column"], finding["code"]) == (2, column, "null")
 
 
 def test_length_mismatch(tmp_path):
-    rows = [clean_row(i) for i in range(4)]
-    rows[1]["rewards"] = [0.0] * 4  # mask, values and response_length say 3
-    code, document, _ = validate(write_rows(tmp_path / "f.parquet", rows))
-    finding = only_finding(document)
+    # mask, values and response_length say 3
+    code, finding = one_changed_row(tmp_path, 1, {"rewards": [0.0] * 4})
     assert code == 1
     assert (finding["row"], finding["column"], finding["code"]) == (1, "rewards", "length-mismatch")
     assert "4 tokens" in finding["message"] and "3" in finding["message"]
 
 
 def test_response_length_mismatch(tmp_path):
-    rows = [clean_row(i) for i in range(4)]
-    rows[3]["response_length"] = 5
-    code, document, _ = validate(write_rows(tmp_path / "f.parquet", rows))
-    finding = only_finding(document)
+    code, finding = one_changed_row(tmp_path, 3, {"response_length": 5})
     assert code == 1
     assert (finding["row"], finding["column"], finding["code"]) == (3, "response_length", "response-length-mismatch")
     assert "5" in finding["message"]
 
 
 def test_mask_value(tmp_path):
-    rows = [clean_row(i) for i in range(4)]
-    rows[1]["loss_mask"] = [0, 2, 1]
-    code, document, _ = validate(write_rows(tmp_path / "f.parquet", rows))
-    finding = only_finding(document)
+    code, finding = one_changed_row(tmp_path, 1, {"loss_mask": [0, 2, 1]})
     assert code == 1
     assert (finding["row"], finding["column"], finding["code"]) == (1, "loss_mask", "mask-value")
     assert "value 2 at token 1" in finding["message"]
@@ -171,20 +169,14 @@ def test_mask_value(tmp_path):
     ids=["nan-values", "inf-rewards", "inf-terminal"],
 )
 def test_non_finite(tmp_path, column, change, shown):
-    rows = [clean_row(i) for i in range(4)]
-    rows[2].update(change)
-    code, document, _ = validate(write_rows(tmp_path / "f.parquet", rows))
-    finding = only_finding(document)
+    code, finding = one_changed_row(tmp_path, 2, change)
     assert code == 1
     assert (finding["row"], finding["column"], finding["code"]) == (2, column, "non-finite")
     assert shown in finding["message"]
 
 
 def test_fully_masked(tmp_path):
-    rows = [clean_row(i) for i in range(4)]
-    rows[1]["loss_mask"] = [0, 0, 0]
-    code, document, _ = validate(write_rows(tmp_path / "f.parquet", rows))
-    finding = only_finding(document)
+    code, finding = one_changed_row(tmp_path, 1, {"loss_mask": [0, 0, 0]})
     assert code == 0  # a warning
     assert (finding["row"], finding["column"], finding["code"], finding["severity"]) == (
         1,
@@ -195,20 +187,14 @@ def test_fully_masked(tmp_path):
 
 
 def test_masked_tail_says_how_many_tokens(tmp_path):
-    rows = [clean_row(i, length=6) for i in range(4)]
-    rows[3]["loss_mask"] = [0, 1, 1, 0, 0, 0]
-    code, document, _ = validate(write_rows(tmp_path / "f.parquet", rows))
-    finding = only_finding(document)
+    code, finding = one_changed_row(tmp_path, 3, {"loss_mask": [0, 1, 1, 0, 0, 0]}, length=6)
     assert code == 0
     assert (finding["row"], finding["column"], finding["code"]) == (3, "loss_mask", "masked-tail")
     assert "3 masked tokens" in finding["message"]
 
 
 def test_empty_response(tmp_path):
-    rows = [clean_row(i) for i in range(4)]
-    rows[0].update(values=[], rewards=[], loss_mask=[], response_length=0)
-    code, document, _ = validate(write_rows(tmp_path / "f.parquet", rows))
-    finding = only_finding(document)
+    code, finding = one_changed_row(tmp_path, 0, dict(values=[], rewards=[], loss_mask=[], response_length=0))
     assert code == 0
     assert (finding["row"], finding["column"], finding["code"]) == (0, "loss_mask", "empty-response")
 

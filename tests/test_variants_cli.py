@@ -17,25 +17,14 @@ import pytest
 
 from gaecli.advantages.layout import turn_table
 
-from helpers import variant_oracle
+from helpers import spec_document, variant_oracle
 from rollout_files import TOLERANCE, assert_rows_close, files_under, gae, random_rollouts, rollout_table, write_table
 
 GAMMA, LAMBD = 0.9, 0.8
 ROWS = 30
-VARIANT_FLAGS = [
-    "--timestep",
-    "turn",
-    "--lambd-alpha",
-    "0.05",
-    "--lambd-critic",
-    "1",
-    "--turn-rewards-col",
-    "turns",
-    "--truncated-col",
-    "cut",
-    "--bootstrap-col",
-    "boot",
-]
+ROW_INPUT_FLAGS = ["--turn-rewards-col", "turns", "--truncated-col", "cut", "--bootstrap-col", "boot"]
+ROW_INPUT_FIELDS = {"turn_rewards": "turns", "truncated": "cut", "bootstrap_values": "boot"}  # the spec of those flags
+VARIANT_FLAGS = ["--timestep", "turn", "--lambd-alpha", "0.05", "--lambd-critic", "1", *ROW_INPUT_FLAGS]
 
 
 def turn_counts(masks) -> list[int]:
@@ -95,22 +84,7 @@ def test_recompute_with_every_variant_matches_the_float64_loop(dump, tmp_path):
     assert_rows_close("advantages", advantages, table.column("advantages").to_pylist(), TOLERANCE["double"])
     assert_rows_close("returns", returns, table.column("returns").to_pylist(), TOLERANCE["double"])
     spec = json.loads(table.schema.metadata[b"gaecli.spec"])
-    assert spec == {
-        "gamma": GAMMA,
-        "lambd": LAMBD,
-        "semantics": "masked",
-        "normalize": "none",
-        "normalize_by": None,
-        "estimator": "gae",
-        "timestep": "turn",
-        "lambd_critic": 1.0,
-        "lambd_alpha": 0.05,
-        "turn_rewards": "turns",
-        "truncated": "cut",
-        "bootstrap_values": "boot",
-        "group_by": None,
-        "step_by": None,
-    }
+    assert spec == spec_document(GAMMA, LAMBD, timestep="turn", lambd_critic=1.0, lambd_alpha=0.05, **ROW_INPUT_FIELDS)
 
 
 @pytest.mark.parametrize(
@@ -208,19 +182,7 @@ def test_validate_reports_the_variant_rules(tmp_path):
         "boot": pa.array([0.0, 0.0, None, 0.0], pa.float64()),
     }
     path = write_table(rollout_table(rollouts, extra=extra), tmp_path / "in.parquet")
-    result = gae(
-        "validate",
-        path,
-        "--json",
-        "-",
-        "--quiet",
-        "--turn-rewards-col",
-        "turns",
-        "--truncated-col",
-        "cut",
-        "--bootstrap-col",
-        "boot",
-    )
+    result = gae("validate", path, "--json", "-", "--quiet", *ROW_INPUT_FLAGS)
     assert result.exit_code == 1
     document = json.loads(result.stdout)
     found = {(f["row"], f["column"], f["code"]) for f in document["findings"]}

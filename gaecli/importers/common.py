@@ -1,6 +1,6 @@
-"""What every ``gae import FORMAT`` shares: finding the inputs, loading ``torch.save`` files
-safely, building Arrow columns from per-sample tensors, the report, and writing the output
-whole or not at all (see docs/import.md)."""
+"""What every ``gae import FORMAT`` shares: one import run (:func:`run_import`: finding the
+inputs, the format's plan, writing the output whole or not at all), loading ``torch.save``
+files safely, and building Arrow columns from per-sample tensors (see docs/import.md)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import io
 import json
 import pickle
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +20,7 @@ import torch
 from gaecli._version import __version__
 from gaecli.display import display
 from gaecli.errors import GAEInputError, GAEUsageError
+from gaecli.importers.report import ImportReport
 from gaecli.importers.values import describe, is_dense, shown
 from gaecli.io.filesystem import AnyPath, RemotePath, to_path
 from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_writes
@@ -81,144 +82,6 @@ FIELDS: tuple[DumpField, ...] = (
 )
 FIELDS_BY_KEY = {f.key: f for f in FIELDS}
 ROWS_KEY = "loss_masks"  # the list whose length is the number of samples
-
-
-# ----------------------------------------------------------------------------- report
-
-
-@dataclass
-class ImportedFile:
-    """One input file read: its rollout, rank and how many samples and tokens it gave.
-    ``cp_rank``, ``data_parallel_rank`` and ``note`` are set only where they apply (a
-    context-parallel miles dump, a file skipped or read as a copy of another). ``file``: the
-    input, named so in every command's JSON."""
-
-    file: str
-    rollout_id: int
-    rank: Optional[int]
-    rows: int
-    tokens: int
-    cp_rank: Optional[int] = None
-    data_parallel_rank: Optional[int] = None
-    note: Optional[str] = None
-
-    def to_dict(self) -> dict:
-        optional = {"cp_rank", "data_parallel_rank", "note"}
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name not in optional or getattr(self, f.name) is not None
-        }
-
-
-@dataclass
-class ImportReport:
-    """What an import wrote.
-
-    ``files`` in output order; ``columns`` written; ``missing_keys`` the optional dump keys
-    absent (their columns left out); ``ignored_keys`` dump keys that have no column;
-    ``length_mismatch_rows`` rows whose per-token lists differ in length from ``loss_masks``
-    or ``response_lengths`` (imported as they are: ``gae validate`` lists them); ``notes``
-    what the reader decided on the way (files skipped, copies read once).
-    """
-
-    output: str
-    files: list[ImportedFile]
-    columns: list[str]
-    missing_keys: list[str] = field(default_factory=list)
-    ignored_keys: list[str] = field(default_factory=list)
-    length_mismatch_rows: int = 0
-    format: str = "miles"
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def rows(self) -> int:
-        return sum(f.rows for f in self.files)
-
-    @property
-    def tokens(self) -> int:
-        return sum(f.tokens for f in self.files)
-
-    def to_dict(self) -> dict:
-        document = {
-            "version": __version__,
-            "format": self.format,
-            "output": self.output,
-            "rows": self.rows,
-            "tokens": self.tokens,
-            "files": [f.to_dict() for f in self.files],
-            "columns": list(self.columns),
-            "missing_keys": list(self.missing_keys),
-            "ignored_keys": list(self.ignored_keys),
-            "length_mismatch_rows": self.length_mismatch_rows,
-            "next_steps": self.next_steps(),
-        }
-        if self.notes:
-            document["notes"] = list(self.notes)
-        return document
-
-    def next_steps(self) -> list[str]:
-        """What to run on the output, one sentence each."""
-        steps = []
-        if "values" not in self.columns:
-            steps.append(
-                "the file has no values column (no critic): GAE needs values, so run gae recompute / gae diff "
-                "with --values-col none (critic-free: values taken as 0)"
-            )
-        if "log_probs" in self.columns and "ref_log_probs" in self.columns:
-            steps.append(
-                "the file has no per-token rewards column: run gae recompute / gae diff with --kl-coef C "
-                "(KL rewards from log_probs and ref_log_probs) or with --rewards-col none"
-            )
-        elif "log_probs" in self.columns:
-            steps.append(
-                "the file has no per-token rewards column and no ref_log_probs (no KL rewards): run gae recompute / "
-                "gae diff with --rewards-col none"
-            )
-        else:
-            steps.append(
-                "the file has no per-token rewards column and no log-probs: run gae recompute / gae diff "
-                "with --rewards-col none"
-            )
-        if self.length_mismatch_rows:
-            steps.append(
-                f"{self.length_mismatch_rows} row(s) have per-token lists whose lengths differ from loss_mask "
-                f"or response_length: gae validate {self.output} lists them"
-            )
-        if "trained_advantages" in self.columns:
-            steps.append(
-                "trained_advantages holds the advantages the run trained on: gae diff --against trained_advantages "
-                "shows how far they are from masked GAE"
-            )
-        return steps
-
-    def summary_lines(self) -> list[str]:
-        """The human summary, one line each (the CLI prints them)."""
-        rollouts = sorted({f.rollout_id for f in self.files})
-        parallel = any(f.data_parallel_rank is not None for f in self.files)
-        ranks = sorted({f.data_parallel_rank if parallel else f.rank for f in self.files} - {None})
-        rank_name = "data-parallel rank" if parallel else "rank"
-        spans = _span("rollout", rollouts) + (f", {_span(rank_name, ranks)}" if ranks else "")
-        lines = [
-            f"imported {self.rows:,} samples ({self.tokens:,} tokens) from {len(self.files)} "
-            f"{'dump ' if self.format != 'nemo-rl' else ''}file(s) ({spans}) into {self.output}",
-            f"columns: {', '.join(self.columns)}",
-        ]
-        if self.missing_keys:
-            lines.append(f"not in the dumps (columns left out): {', '.join(self.missing_keys)}")
-        if self.ignored_keys:
-            lines.append(f"dump keys not imported: {', '.join(self.ignored_keys)}")
-        lines.extend(f"note: {note}" for note in self.notes)
-        lines.extend(f"note: {step}" for step in self.next_steps())
-        return lines
-
-
-def _span(name: str, numbers: list[int]) -> str:
-    if not numbers:
-        return f"no {name}"
-    if len(numbers) == 1:
-        return f"{name} {numbers[0]}"
-    return f"{len(numbers)} {name}s {numbers[0]}–{numbers[-1]}"
 
 
 # ----------------------------------------------------------------------------- inputs and output
@@ -303,6 +166,59 @@ def write_batches(
         raise
     finally:
         progress.finish()
+
+
+class ImportOptions(TypedDict, total=False):
+    """The keywords every ``import_X`` takes: ``overwrite`` (replace an existing output),
+    ``progress`` (a :class:`gaecli.progress.Progress`), ``report_paths`` (files the caller
+    writes reports to, e.g. ``--json``: checked with the output before anything is read)."""
+
+    overwrite: bool
+    progress: Optional[Progress]
+    report_paths: Sequence[ReportPath]
+
+
+@dataclass
+class ImportPlan:
+    """What a format's reader makes of the checked inputs: the output ``schema``; the
+    ``report`` so far (``batches`` fill it in as they are written); the ``batches``
+    (record batch, its token count); ``count_rows`` (the rows to write, for the progress
+    bar: called only when there is one); ``finish`` (what the report gets once the output
+    is written)."""
+
+    schema: pa.Schema
+    report: ImportReport
+    batches: Iterable[tuple[pa.RecordBatch, int]]
+    count_rows: Callable[[], int]
+    finish: Callable[[], None] = lambda: None
+
+
+def run_import(
+    paths: Sequence[str | Path],
+    output: str | Path,
+    patterns: tuple[str, ...],
+    plan: Callable[[list[AnyPath], str], ImportPlan],
+    *,
+    overwrite: bool = False,
+    progress: Optional[Progress] = None,
+    report_paths: Sequence[ReportPath] = (),
+) -> ImportReport:
+    """One import run, whatever the format: the inputs found and every written path checked
+    (:func:`plan_import`), the format's ``plan`` of the sources, its batches written whole
+    or not at all (:func:`write_batches`), then its report."""
+    sources, target = plan_import(paths, output, overwrite, patterns, report_paths)
+    planned = plan(sources, str(output))
+    total_rows = planned.count_rows() if progress else 0
+    write_batches(target, planned.schema, planned.batches, progress, total_rows, overwrite=overwrite)
+    planned.finish()
+    return planned.report
+
+
+def check_unchanged(path: AnyPath, unchanged: bool) -> None:
+    """:class:`GAEUsageError` unless the file at ``path``, loaded again to be converted, is
+    still what the first pass checked (``unchanged``)."""
+    if not unchanged:
+        raise GAEUsageError(f"{path}: the file changed while it was being imported; run the import again")
 
 
 # ----------------------------------------------------------------------------- loading torch.save files
@@ -410,20 +326,21 @@ def check_per_sample(
     return dtypes
 
 
+def differences(*sides: tuple[str, Sequence[str]]) -> str:
+    """``"LABEL a, b; LABEL c"``: each side's label and names, for the sides with any (what
+    one holds and another lacks)."""
+    return "; ".join(f"{label} {', '.join(names)}" for label, names in sides if names)
+
+
 def check_same_keys(dumps: Sequence[Any]) -> None:
     """Every dump (``.keys``, ``.path``) has the first one's keys; else :class:`GAEInputError`
     saying which file has which."""
     for dump in dumps[1:]:
         keys = dumps[0].keys
         if dump.keys != keys:
-            only_first, only_here = sorted(keys - dump.keys), sorted(dump.keys - keys)
-            difference = "; ".join(
-                part
-                for part in (
-                    f"only {dumps[0].path} has {', '.join(only_first)}" if only_first else "",
-                    f"only {dump.path} has {', '.join(only_here)}" if only_here else "",
-                )
-                if part
+            difference = differences(
+                (f"only {dumps[0].path} has", sorted(keys - dump.keys)),
+                (f"only {dump.path} has", sorted(dump.keys - keys)),
             )
             raise GAEInputError(f"the dumps differ in their keys ({difference}); import files of one run together")
 
@@ -440,17 +357,28 @@ def arrow_value_type(dump_field: DumpField, dtypes: set[torch.dtype]) -> pa.Data
     return pa.float64() if dtype == torch.float64 else pa.float32()
 
 
+def list_offsets(lengths: np.ndarray, too_many: Optional[Callable[[int], str]] = None) -> np.ndarray:
+    """The int64 offsets ``[B + 1]`` of lists of ``lengths``. With ``too_many``: lists of
+    more tokens than one Parquet list column of a file part holds (int32 offsets) raise
+    :class:`GAEInputError` with ``too_many(tokens)``."""
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if too_many is not None and offsets[-1] > MAX_LIST_TOKENS:
+        raise GAEInputError(too_many(int(offsets[-1])))
+    return offsets
+
+
 def token_column(tensors: Sequence[torch.Tensor], value_type: pa.DataType, where: str) -> tuple[pa.Array, np.ndarray]:
     """A list column from per-sample 1-D tensors: one ``torch.cat``, offsets from the
     lengths, no loop over tokens. Also returns the lengths ``[B]``."""
     lengths = np.array([tensor.numel() for tensor in tensors], dtype=np.int64)
-    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1] > MAX_LIST_TOKENS:
-        raise GAEInputError(
-            f"{where} holds {offsets[-1]:,} tokens, more than one Parquet list column "
+    offsets = list_offsets(
+        lengths,
+        lambda total: (
+            f"{where} holds {total:,} tokens, more than one Parquet list column "
             f"of a file part can hold ({MAX_LIST_TOKENS:,}); split the dump"
-        )
+        ),
+    )
     dtype = _TORCH_OF_ARROW[value_type]
     flat = torch.cat([tensor.detach().to(dtype) for tensor in tensors]) if len(tensors) else torch.zeros(0, dtype=dtype)
     array = pa.ListArray.from_arrays(
@@ -562,3 +490,54 @@ def fields_batch(
         mismatch |= arrays["response_length"].to_numpy(zero_copy_only=False) != mask_lengths
     batch = pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema)
     return batch, int(mask_lengths.sum()), int(mismatch.sum())
+
+
+@dataclass
+class FieldsOutput:
+    """The output of an import of :data:`FIELDS` (miles, slime): the keys every dump holds,
+    the Arrow element type of each per-token column, the schema and the report."""
+
+    keys: frozenset[str]
+    value_types: dict[str, pa.DataType]
+    schema: pa.Schema
+    report: ImportReport
+
+    @classmethod
+    def of(
+        cls,
+        dumps: Sequence[Any],
+        keys: frozenset[str],
+        format_name: str,
+        optional_keys: Sequence[str],
+        output: str,
+        notes: Optional[list[str]] = None,
+    ) -> "FieldsOutput":
+        """The output of ``dumps`` (each with ``.path``, ``.keys``, ``.dtypes``,
+        ``.other_keys``; checked to hold the same keys, ``keys``)."""
+        check_same_keys(dumps)
+        value_types = {
+            f.key: arrow_value_type(f, set().union(*(dump.dtypes[f.key] for dump in dumps)))
+            for f in FIELDS
+            if f.per_token and f.key in keys
+        }
+        schema = output_schema(keys, value_types, format_name, [dump.path.name for dump in dumps])
+        report = ImportReport(
+            output=output,
+            files=[],
+            columns=list(schema.names),
+            format=format_name,
+            missing_keys=[key for key in optional_keys if key not in keys],
+            ignored_keys=sorted(set().union(*(dump.other_keys for dump in dumps))),
+            notes=[] if notes is None else notes,
+        )
+        return cls(keys, value_types, schema, report)
+
+    def batch(
+        self, data: dict[str, Any], rollout_id: int, ranks: np.ndarray, where: Callable[[str], str]
+    ) -> tuple[pa.RecordBatch, int]:
+        """:func:`fields_batch` of ``data``; its rows of mismatched lengths go to the report."""
+        batch, tokens, mismatches = fields_batch(
+            data, rollout_id, ranks, self.keys, self.schema, self.value_types, where
+        )
+        self.report.length_mismatch_rows += mismatches
+        return batch, tokens

@@ -17,34 +17,35 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from gaecli.errors import GAEInputError, GAEUsageError
+from gaecli.errors import GAEInputError
 from gaecli.importers.common import (
     FIELDS,
     FIELDS_BY_KEY,
     ROWS_KEY,
     DumpField,
-    ImportedFile,
-    ImportReport,
-    arrow_value_type,
+    FieldsOutput,
+    ImportOptions,
+    ImportPlan,
     check_per_sample,
-    check_same_keys,
-    fields_batch,
+    check_unchanged,
+    list_offsets,
     load_dump,
-    output_schema,
-    plan_import,
+    run_import,
     scalar_column,
-    write_batches,
 )
+from gaecli.importers.report import ImportedFile, ImportReport
 from gaecli.importers.values import describe, integer, key_list, shown
 from gaecli.io.filesystem import AnyPath
-from gaecli.io.paths import INPUT_PATTERNS, ReportPath
-from gaecli.progress import Progress
+from gaecli.io.paths import INPUT_PATTERNS
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 DUMP_PATTERNS = INPUT_PATTERNS["torch.save dump"]
 TOP_LEVEL_KEYS = ("rollout_id", "rank", "rollout_data")
@@ -103,6 +104,28 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
 
     A ``cp_size = 1`` dump without ``values`` is refused here; a context-parallel one is
     checked for ``values`` once its group is known (an earlier pipeline stage has none)."""
+    _check_top_level(path, dump)
+    cp_size, cp_rank, qkv_format = _parallel_place(path, dump)
+    rollout_id = integer(dump["rollout_id"], "rollout_id", path)
+    rank = integer(dump["rank"], "rank", path, minimum=0)
+    data = dump["rollout_data"]
+    if not isinstance(data, dict):
+        raise GAEInputError(f"{path}: rollout_data is {describe(data)}, expected a dict of per-sample lists")
+    _check_required(path, data, cp_size, qkv_format)
+    keys = frozenset(key for key in data if key in FIELDS_BY_KEY)
+    rows, dtypes = _check_lists(path, data, keys)
+    other_keys = frozenset(str(key) for key in data if key not in FIELDS_BY_KEY)
+    facts = _Dump(path, rollout_id, rank, rows, keys, other_keys, dtypes, cp_rank, cp_size, str(qkv_format))
+    if cp_size > 1:
+        if MAX_SEQ_LENS_KEY in data:
+            check_per_sample(data[MAX_SEQ_LENS_KEY], MAX_SEQ_LENS_FIELD, rows, _where(path)(MAX_SEQ_LENS_KEY))
+        facts.sample_indices = tuple(_integers(data, "sample_indices", path).tolist())
+        facts.digests = _digests(data, keys, path)
+    return facts
+
+
+def _check_top_level(path: AnyPath, dump: Any) -> None:
+    """A dict with :data:`TOP_LEVEL_KEYS`; else :class:`GAEInputError` saying what the file holds."""
     expected = f"expected {', '.join(TOP_LEVEL_KEYS)} (and optionally {', '.join(CONTEXT_PARALLEL_KEYS)})"
     if not isinstance(dump, dict):
         raise GAEInputError(f"{path}: holds {describe(dump)}, not a miles train-data dump (a dict; {expected})")
@@ -112,6 +135,10 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
             f"{path}: not a miles train-data dump: missing {', '.join(missing)}; "
             f"the file has {key_list(dump)}; {expected}"
         )
+
+
+def _parallel_place(path: AnyPath, dump: dict) -> tuple[int, int, Any]:
+    """The dump's ``cp_size``, ``cp_rank`` and ``qkv_format`` (1, 0, ``thd`` without context parallelism), checked."""
     cp_size = integer(dump.get("cp_size", 1), "cp_size", path, minimum=1)
     cp_rank = integer(dump.get("cp_rank", 0), "cp_rank", path, minimum=0)
     qkv_format = dump.get("qkv_format", "thd") if cp_size > 1 else "thd"
@@ -119,11 +146,11 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
         raise GAEInputError(f"{path}: cp_rank {cp_rank} with cp_size {cp_size}: expected 0 ≤ cp_rank < cp_size")
     if not isinstance(qkv_format, str) or qkv_format not in ("thd", "bshd"):
         raise GAEInputError(f"{path}: qkv_format is {shown(qkv_format)}, expected 'thd' or 'bshd'")
-    rollout_id = integer(dump["rollout_id"], "rollout_id", path)
-    rank = integer(dump["rank"], "rank", path, minimum=0)
-    data = dump["rollout_data"]
-    if not isinstance(data, dict):
-        raise GAEInputError(f"{path}: rollout_data is {describe(data)}, expected a dict of per-sample lists")
+    return cp_size, cp_rank, qkv_format
+
+
+def _check_required(path: AnyPath, data: dict, cp_size: int, qkv_format: str) -> None:
+    """``rollout_data`` holds the keys required (more under context parallelism, to reassemble the shares)."""
     required = [key for key in REQUIRED_KEYS if cp_size == 1 or key != "values"]
     if cp_size > 1:
         required += list(CONTEXT_PARALLEL_REQUIRED) + ([MAX_SEQ_LENS_KEY] if qkv_format == "bshd" else [])
@@ -134,8 +161,12 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
             f"{path}: rollout_data lacks the required key(s) {', '.join(missing)}{why}; it has {key_list(data)}; "
             f"required: {', '.join(REQUIRED_KEYS)}; optional: {', '.join(OPTIONAL_KEYS)}"
         )
-    keys = frozenset(key for key in data if key in FIELDS_BY_KEY)
-    for key in sorted(keys, key=list(FIELDS_BY_KEY).index):
+
+
+def _check_lists(path: AnyPath, data: dict, keys: frozenset[str]) -> tuple[int, dict[str, set[torch.dtype]]]:
+    """Every imported key's per-sample list checked; the number of samples and the dtypes of the per-token lists."""
+    in_order = sorted(keys, key=list(FIELDS_BY_KEY).index)
+    for key in in_order:
         scalars_in_a_tensor = not FIELDS_BY_KEY[key].per_token and isinstance(data[key], torch.Tensor)
         if not isinstance(data[key], (list, tuple)) and not scalars_in_a_tensor:
             raise GAEInputError(
@@ -143,18 +174,11 @@ def inspect_dump(path: AnyPath, dump: Any) -> _Dump:
             )
     rows = len(data[ROWS_KEY])
     dtypes: dict[str, set[torch.dtype]] = {}
-    for key in sorted(keys, key=list(FIELDS_BY_KEY).index):
+    for key in in_order:
         found = check_per_sample(data[key], FIELDS_BY_KEY[key], rows, _where(path)(key))
         if found is not None:
             dtypes[key] = found
-    other_keys = frozenset(str(key) for key in data if key not in FIELDS_BY_KEY)
-    facts = _Dump(path, rollout_id, rank, rows, keys, other_keys, dtypes, cp_rank, cp_size, str(qkv_format))
-    if cp_size > 1:
-        if MAX_SEQ_LENS_KEY in data:
-            check_per_sample(data[MAX_SEQ_LENS_KEY], MAX_SEQ_LENS_FIELD, rows, _where(path)(MAX_SEQ_LENS_KEY))
-        facts.sample_indices = tuple(_integers(data, "sample_indices", path).tolist())
-        facts.digests = _digests(data, keys, path)
-    return facts
+    return rows, dtypes
 
 
 def _integers(data: dict, key: str, path: AnyPath) -> np.ndarray:
@@ -224,8 +248,7 @@ def assemble_shares(
     into the flat output, no loop over samples or tokens. A share of the wrong length
     raises :class:`GAEInputError` (``where[r]`` names the rank's file and key)."""
     lengths = response_lengths.astype(np.int64)
-    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = list_offsets(lengths)
     covered = sum((stop - start).sum(axis=1) for start, stop in zip(starts, stops))
     if lengths.size and not np.array_equal(covered, lengths):
         sample = int(np.flatnonzero(covered != lengths)[0])
@@ -290,6 +313,29 @@ def _context_parallel_groups(dumps: list[_Dump], notes: list[str]) -> tuple[list
             f"rollout {rollout_id}: the dumps have different cp_size ({', '.join(map(str, sizes))}); "
             f"import the files of one run together"
         )
+    by_samples, skipped = _by_samples(rollout_id, dumps)
+    if skipped:
+        ranks = sorted(d.rank for d in skipped)
+        notes.append(
+            f"rollout {rollout_id}: skipped {len(skipped)} dump(s) without values (ranks {ranks[0]}–{ranks[-1]}: "
+            f"earlier pipeline stages; the last stage's files hold the same samples)"
+        )
+    full_length_keys = [key for key in dumps[0].digests if key not in RANK_LOCAL_KEYS]
+    groups = [_group(rollout_id, members, sizes[0], full_length_keys) for members in by_samples.values()]
+    groups.sort(key=lambda g: g.lowest_rank)
+    for data_parallel_rank, group in enumerate(groups):
+        group.data_parallel_rank = data_parallel_rank
+    if any(g.copies for g in groups):
+        count = sum(len(g.copies) for g in groups)
+        notes.append(
+            f"rollout {rollout_id}: {count} dump(s) equal to another rank's (tensor-parallel copies) read once"
+        )
+    return groups, skipped
+
+
+def _by_samples(rollout_id: int, dumps: list[_Dump]) -> tuple[dict[tuple, list[_Dump]], list[_Dump]]:
+    """A rollout's dumps with values by the samples they hold (in the order found); the
+    dumps without values (skipped: another file must hold their samples with values)."""
     with_values = {d.sample_indices for d in dumps if "values" in d.keys}
     skipped = []
     by_samples: dict[tuple, list[_Dump]] = {}
@@ -303,56 +349,43 @@ def _context_parallel_groups(dumps: list[_Dump], notes: list[str]) -> tuple[list
             skipped.append(dump)
             continue
         by_samples.setdefault(dump.sample_indices, []).append(dump)
-    if skipped:
-        ranks = sorted(d.rank for d in skipped)
-        notes.append(
-            f"rollout {rollout_id}: skipped {len(skipped)} dump(s) without values (ranks {ranks[0]}–{ranks[-1]}: "
-            f"earlier pipeline stages; the last stage's files hold the same samples)"
+    return by_samples, skipped
+
+
+def _group(rollout_id: int, members: list[_Dump], cp_size: int, full_length_keys: list[str]) -> _Group:
+    """The dumps holding the same samples as one context-parallel group (data-parallel rank
+    set later): one file per cp_rank, equal copies read once, the whole-length keys equal."""
+    by_cp_rank: dict[int, list[_Dump]] = {}
+    for dump in sorted(members, key=lambda d: d.rank):
+        by_cp_rank.setdefault(dump.cp_rank, []).append(dump)
+    name = _describe_group(rollout_id, members)
+    missing = [cp_rank for cp_rank in range(cp_size) if cp_rank not in by_cp_rank]
+    if missing:
+        raise GAEInputError(
+            f"{name}: no file for cp_rank {', '.join(map(str, missing))} of cp_size {cp_size}; "
+            f"import every context-parallel rank's file"
         )
-    groups = []
-    cp_size = sizes[0]
-    full_length_keys = [key for key in dumps[0].digests if key not in RANK_LOCAL_KEYS]
-    for members in by_samples.values():
-        by_cp_rank: dict[int, list[_Dump]] = {}
-        for dump in sorted(members, key=lambda d: d.rank):
-            by_cp_rank.setdefault(dump.cp_rank, []).append(dump)
-        name = _describe_group(rollout_id, members)
-        missing = [cp_rank for cp_rank in range(cp_size) if cp_rank not in by_cp_rank]
-        if missing:
-            raise GAEInputError(
-                f"{name}: no file for cp_rank {', '.join(map(str, missing))} of cp_size {cp_size}; "
-                f"import every context-parallel rank's file"
-            )
-        chosen, copies = [], []
-        for cp_rank in range(cp_size):
-            first, *others = by_cp_rank[cp_rank]
-            for other in others:
-                if other.digests != first.digests:
-                    raise GAEInputError(
-                        f"{name}: two different files for cp_rank {cp_rank}: {first.path} and "
-                        f"{other.path} (their data differ, so they are no tensor-parallel copies); "
-                        f"import one of them"
-                    )
-                copies.append((other, first))
-            chosen.append(first)
-        for member in chosen[1:]:
-            differ = [key for key in full_length_keys if member.digests.get(key) != chosen[0].digests.get(key)]
-            if differ:
+    chosen, copies = [], []
+    for cp_rank in range(cp_size):
+        first, *others = by_cp_rank[cp_rank]
+        for other in others:
+            if other.digests != first.digests:
                 raise GAEInputError(
-                    f"{name}: {member.path} and {chosen[0].path} hold the same samples but "
-                    f"different {', '.join(differ)} (whole on every context-parallel rank); "
-                    f"import files of one run"
+                    f"{name}: two different files for cp_rank {cp_rank}: {first.path} and "
+                    f"{other.path} (their data differ, so they are no tensor-parallel copies); "
+                    f"import one of them"
                 )
-        groups.append(_Group(rollout_id, 0, chosen, copies))
-    groups.sort(key=lambda g: g.lowest_rank)
-    for data_parallel_rank, group in enumerate(groups):
-        group.data_parallel_rank = data_parallel_rank
-    if any(g.copies for g in groups):
-        count = sum(len(g.copies) for g in groups)
-        notes.append(
-            f"rollout {rollout_id}: {count} dump(s) equal to another rank's (tensor-parallel copies) read once"
-        )
-    return groups, skipped
+            copies.append((other, first))
+        chosen.append(first)
+    for member in chosen[1:]:
+        differ = [key for key in full_length_keys if member.digests.get(key) != chosen[0].digests.get(key)]
+        if differ:
+            raise GAEInputError(
+                f"{name}: {member.path} and {chosen[0].path} hold the same samples but "
+                f"different {', '.join(differ)} (whole on every context-parallel rank); "
+                f"import files of one run"
+            )
+    return _Group(rollout_id, 0, chosen, copies)
 
 
 def _assembled_data(group: _Group, loaded: list[Any]) -> dict[str, Any]:
@@ -421,14 +454,7 @@ def _units(facts: list[_Dump], notes: list[str]) -> tuple[list[_Unit], list[_Dum
     return units, skipped
 
 
-def import_miles(
-    paths: Sequence[str | Any],
-    output: str | Any,
-    *,
-    overwrite: bool = False,
-    progress: Optional[Progress] = None,
-    report_paths: Sequence[ReportPath] = (),
-) -> ImportReport:
+def import_miles(paths: Sequence[str | Any], output: str | Any, **options: Unpack[ImportOptions]) -> ImportReport:
     """Import miles ``--save-debug-train-data`` dumps into one rollout Parquet file.
 
     ``paths``: dump files, directories (read recursively for ``*.pt`` and ``*.pth``), globs
@@ -462,7 +488,12 @@ def import_miles(
     ``report_paths`` (files the caller writes reports to, e.g. ``--json``) that is an input
     or another of them (:func:`gaecli.io.paths.check_writes`).
     """
-    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS, report_paths)
+    return run_import(paths, output, DUMP_PATTERNS, _plan, **options)
+
+
+def _plan(sources: list[AnyPath], output: str) -> ImportPlan:
+    """The first pass over the dumps (checked, ordered into units) and the conversion of
+    each unit, one at a time, as the output's batches."""
     facts = [inspect_dump(source, load_dump(source)) for source in sources]
     facts.sort(key=lambda dump: (dump.rollout_id, dump.rank))
     for previous, current in zip(facts, facts[1:]):
@@ -475,86 +506,68 @@ def import_miles(
     units, skipped = _units(facts, notes)
     read = [dump for unit in units for dump in unit.dumps]
     keys = read[0].keys if read else facts[0].keys
-    check_same_keys(read)
-    value_types = {
-        dump_field.key: arrow_value_type(dump_field, set().union(*(dump.dtypes[dump_field.key] for dump in read)))
-        for dump_field in FIELDS
-        if dump_field.per_token and dump_field.key in keys
-    }
-    schema = output_schema(keys, value_types, "miles", [dump.path.name for dump in read])
-    report = ImportReport(
-        output=str(output),
-        files=[],
-        columns=list(schema.names),
-        missing_keys=[key for key in OPTIONAL_KEYS if key not in keys],
-        ignored_keys=sorted(set().union(*(dump.other_keys for dump in read))),
-        notes=notes,
-    )
+    out = FieldsOutput.of(read, keys, "miles", OPTIONAL_KEYS, output, notes)
 
     def batches() -> Iterator[tuple[pa.RecordBatch, int]]:
         for unit in units:
-            loaded = []
-            for dump_facts in unit.dumps:
-                dump = load_dump(dump_facts.path)
-                if not inspect_dump(dump_facts.path, dump).same_place(dump_facts):
-                    raise GAEUsageError(
-                        f"{dump_facts.path}: the file changed while it was being imported; run the import again"
-                    )
-                loaded.append(dump)
             first = unit.dumps[0]
-            data = _assembled_data(unit.group, loaded) if unit.group else loaded[0]["rollout_data"]
-            del loaded
             ranks = np.full(first.rows, unit.rank, dtype=np.int64)
-            batch, tokens, mismatches = fields_batch(
-                data, unit.rollout_id, ranks, keys, schema, value_types, _where(first.path)
-            )
-            del data
+            batch, tokens = out.batch(_unit_data(unit), unit.rollout_id, ranks, _where(first.path))
             yield batch, tokens
-            report.length_mismatch_rows += mismatches
-            if unit.group is None:
-                report.files.append(ImportedFile(str(first.path), unit.rollout_id, first.rank, first.rows, tokens))
-            else:
-                for member in unit.group.members:
-                    counted = member.cp_rank == 0
-                    report.files.append(
-                        ImportedFile(
-                            str(member.path),
-                            unit.rollout_id,
-                            member.rank,
-                            first.rows if counted else 0,
-                            tokens if counted else 0,
-                            member.cp_rank,
-                            unit.rank,
-                            None if counted else "context-parallel share: its rows are counted with cp_rank 0's file",
-                        )
-                    )
-                for copy, original in unit.group.copies:
-                    report.files.append(
-                        ImportedFile(
-                            str(copy.path),
-                            unit.rollout_id,
-                            copy.rank,
-                            0,
-                            0,
-                            copy.cp_rank,
-                            unit.rank,
-                            f"tensor-parallel copy of {original.path}: read once",
-                        )
-                    )
+            out.report.files.extend(_unit_files(unit, tokens))
 
-    total_rows = sum(unit.dumps[0].rows for unit in units)
-    write_batches(target, schema, batches(), progress, total_rows, overwrite=overwrite)
-    for dump in skipped:
-        report.files.append(
+    def finish() -> None:
+        skipped_note = "skipped: no values (an earlier pipeline stage)"
+        out.report.files.extend(
+            ImportedFile(str(dump.path), dump.rollout_id, dump.rank, 0, 0, dump.cp_rank, None, skipped_note)
+            for dump in skipped
+        )
+
+    return ImportPlan(out.schema, out.report, batches(), lambda: sum(unit.dumps[0].rows for unit in units), finish)
+
+
+def _unit_data(unit: _Unit) -> dict[str, Any]:
+    """A unit's dumps loaded again (checked to be what the first pass saw) as one ``cp_size = 1`` rollout_data."""
+    loaded = []
+    for dump_facts in unit.dumps:
+        dump = load_dump(dump_facts.path)
+        check_unchanged(dump_facts.path, inspect_dump(dump_facts.path, dump).same_place(dump_facts))
+        loaded.append(dump)
+    return _assembled_data(unit.group, loaded) if unit.group else loaded[0]["rollout_data"]
+
+
+def _unit_files(unit: _Unit, tokens: int) -> list[ImportedFile]:
+    """The report's entries of a unit's files: a ``cp_size = 1`` dump, or a context-parallel
+    group's members (rows and tokens counted on cp_rank 0's) and its copies."""
+    first = unit.dumps[0]
+    if unit.group is None:
+        return [ImportedFile(str(first.path), unit.rollout_id, first.rank, first.rows, tokens)]
+    files = []
+    for member in unit.group.members:
+        counted = member.cp_rank == 0
+        files.append(
             ImportedFile(
-                str(dump.path),
-                dump.rollout_id,
-                dump.rank,
-                0,
-                0,
-                dump.cp_rank,
-                None,
-                "skipped: no values (an earlier pipeline stage)",
+                str(member.path),
+                unit.rollout_id,
+                member.rank,
+                first.rows if counted else 0,
+                tokens if counted else 0,
+                member.cp_rank,
+                unit.rank,
+                None if counted else "context-parallel share: its rows are counted with cp_rank 0's file",
             )
         )
-    return report
+    for copy, original in unit.group.copies:
+        files.append(
+            ImportedFile(
+                str(copy.path),
+                unit.rollout_id,
+                copy.rank,
+                0,
+                0,
+                copy.cp_rank,
+                unit.rank,
+                f"tensor-parallel copy of {original.path}: read once",
+            )
+        )
+    return files

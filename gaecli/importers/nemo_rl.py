@@ -16,7 +16,7 @@ import re
 import sys
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -24,17 +24,20 @@ import pyarrow as pa
 from gaecli.errors import GAEInputError, GAEUsageError
 from gaecli.importers.common import (
     MAX_LIST_TOKENS,
-    ImportedFile,
-    ImportReport,
+    ImportOptions,
+    ImportPlan,
+    list_offsets,
     open_binary,
-    plan_import,
+    run_import,
     schema_metadata,
-    write_batches,
 )
+from gaecli.importers.report import ImportedFile, ImportReport
 from gaecli.importers.values import INT64_RANGE, shown
 from gaecli.io.filesystem import AnyPath
-from gaecli.io.paths import INPUT_PATTERNS, ReportPath
-from gaecli.progress import Progress
+from gaecli.io.paths import INPUT_PATTERNS
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 DUMP_PATTERNS = INPUT_PATTERNS["NeMo-RL dump"]
 STEP_NAME = re.compile(r"^train_data_step(\d+)\.jsonl$")
@@ -210,8 +213,7 @@ def lines_batch(lines: list[_Line], rollout_id: int, source: AnyPath, schema: pa
     ``[s, input_lengths)`` with s the first token whose ``token_loss_mask`` is not 0 (none:
     an empty response), found for the whole batch at once."""
     lengths = np.array([line.length for line in lines], dtype=np.int64)
-    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    offsets = list_offsets(lengths)
     total = int(offsets[-1])
     mask, advantages, log_probs = (_flat(lines, key, source, total) for key in TOKEN_KEYS)
     position = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
@@ -225,19 +227,19 @@ def lines_batch(lines: list[_Line], rollout_id: int, source: AnyPath, schema: pa
     starts = np.where(first < 0, lengths, first)
     keep = position >= np.repeat(starts, lengths)
     response_lengths = lengths - starts
-    out_offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(response_lengths, out=out_offsets[1:])
-    if out_offsets[-1] > MAX_LIST_TOKENS:
-        raise GAEInputError(
+    out_offsets = list_offsets(
+        response_lengths,
+        lambda _: (
             f"{source}: lines {lines[0].number}–{lines[-1].number} hold more tokens than one Parquet "
             f"list column of a file part can ({MAX_LIST_TOKENS:,})"
-        )
+        ),
+    )
     sample_masks = np.array([line.sample_mask for line in lines], dtype=np.float64)
     loss_mask = (mask[keep] * np.repeat(sample_masks, response_lengths)).astype(np.float32)
-    list_offsets = pa.array(out_offsets.astype(np.int32))
+    arrow_offsets = pa.array(out_offsets.astype(np.int32))
 
     def token_list(values: np.ndarray, value_type: pa.DataType) -> pa.Array:
-        return pa.ListArray.from_arrays(list_offsets, pa.array(values), type=pa.list_(value_type))
+        return pa.ListArray.from_arrays(arrow_offsets, pa.array(values), type=pa.list_(value_type))
 
     arrays = [
         pa.array(np.full(lengths.size, rollout_id, dtype=np.int64)),
@@ -276,13 +278,7 @@ def _count_lines(path: AnyPath) -> int:
 
 
 def import_nemo_rl(
-    paths: Sequence[str | Any],
-    output: str | Any,
-    *,
-    overwrite: bool = False,
-    progress: Optional[Progress] = None,
-    report_paths: Sequence[ReportPath] = (),
-    batch_rows: int = BATCH_ROWS,
+    paths: Sequence[str | Any], output: str | Any, *, batch_rows: int = BATCH_ROWS, **options: Unpack[ImportOptions]
 ) -> ImportReport:
     """Import NeMo-RL ``train_data_step{N}.jsonl`` files into one rollout Parquet file.
 
@@ -302,7 +298,11 @@ def import_nemo_rl(
     documented shape; :class:`GAEUsageError` for unreadable inputs, a file name without
     the step, an existing output without ``overwrite``.
     """
-    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS, report_paths)
+    return run_import(paths, output, DUMP_PATTERNS, lambda sources, out: _plan(sources, out, batch_rows), **options)
+
+
+def _plan(sources: list[AnyPath], output: str, batch_rows: int) -> ImportPlan:
+    """The files in step order (named so, one per step), streamed ``batch_rows`` lines at a time."""
     steps = sorted(((step_of(source), source) for source in sources), key=lambda pair: pair[0])
     for (step, previous), (next_step, current) in zip(steps, steps[1:]):
         if step == next_step:
@@ -310,7 +310,7 @@ def import_nemo_rl(
     schema = pa.schema(list(SCHEMA_FIELDS), metadata=schema_metadata("nemo-rl", [source.name for _, source in steps]))
     ignored: set[str] = set()
     report = ImportReport(
-        output=str(output), files=[], columns=list(schema.names), format="nemo-rl", missing_keys=[], notes=[]
+        output=output, files=[], columns=list(schema.names), format="nemo-rl", missing_keys=[], notes=[]
     )
     used_filtered = False
 
@@ -337,13 +337,13 @@ def import_nemo_rl(
                     yield batch, batch_tokens
             report.files.append(ImportedFile(str(source), step, None, rows, tokens))
 
-    total_rows = sum(_count_lines(source) for _, source in steps) if progress else 0
-    write_batches(target, schema, batches(), progress, total_rows, overwrite=overwrite)
-    report.ignored_keys = sorted(ignored)
-    report.missing_keys = list(MISSING_COLUMNS)
-    if used_filtered:
-        report.notes.append(
-            "terminal_reward is filtered_rewards (dynamic sampling: the rewards the trainer used); "
-            "rewards (before filtering) is not imported"
-        )
-    return report
+    def finish() -> None:
+        report.ignored_keys = sorted(ignored)
+        report.missing_keys = list(MISSING_COLUMNS)
+        if used_filtered:
+            report.notes.append(
+                "terminal_reward is filtered_rewards (dynamic sampling: the rewards the trainer used); "
+                "rewards (before filtering) is not imported"
+            )
+
+    return ImportPlan(schema, report, batches(), lambda: sum(_count_lines(source) for _, source in steps), finish)

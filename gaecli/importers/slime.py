@@ -13,33 +13,34 @@ each sample is a dict with ``data_parallel_rank``, ``sample_index`` (may be ``No
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from gaecli.errors import GAEInputError, GAEUsageError
+from gaecli.errors import GAEInputError
 from gaecli.importers.common import (
     FIELDS,
     FIELDS_BY_KEY,
     DumpField,
-    ImportedFile,
-    ImportReport,
-    arrow_value_type,
+    FieldsOutput,
+    ImportOptions,
+    ImportPlan,
     check_per_sample,
-    check_same_keys,
-    fields_batch,
+    check_unchanged,
+    differences,
     load_dump,
-    output_schema,
-    plan_import,
+    run_import,
     scalar_column,
-    write_batches,
 )
+from gaecli.importers.report import ImportedFile, ImportReport
 from gaecli.importers.values import describe, integer, key_list, shown
 from gaecli.io.filesystem import AnyPath
-from gaecli.io.paths import INPUT_PATTERNS, ReportPath
-from gaecli.progress import Progress
+from gaecli.io.paths import INPUT_PATTERNS
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 DUMP_PATTERNS = INPUT_PATTERNS["torch.save dump"]
 FORMAT_VERSION = 2
@@ -74,55 +75,10 @@ def inspect_dump(path: AnyPath, dump: Any) -> tuple[_Dump, dict[str, list], np.n
     """Check a loaded slime dump and return its facts, its per-sample columns keyed like
     miles' rollout_data, and the data-parallel rank of each sample; :class:`GAEInputError`
     names the file, the sample and the key that is wrong."""
-    expected = f"expected format_version {FORMAT_VERSION}, rollout_id, rank, samples, dp_shards"
-    if not isinstance(dump, dict):
-        raise GAEInputError(f"{path}: holds {describe(dump)}, not a slime train-data dump (a dict; {expected})")
-    if "format_version" not in dump and "rollout_data" in dump:
-        raise GAEInputError(
-            f"{path}: has no format_version but a rollout_data key: a per-rank dump in miles' "
-            f"layout (older slime, or miles); read it with gae import miles"
-        )
-    missing = [key for key in TOP_LEVEL_KEYS if key not in dump]
-    if missing:
-        raise GAEInputError(
-            f"{path}: not a slime train-data dump: missing {', '.join(missing)}; "
-            f"the file has {key_list(dump)}; {expected}"
-        )
-    version = dump["format_version"]
-    if version != FORMAT_VERSION:
-        raise GAEInputError(
-            f"{path}: format_version is {shown(version)}; gae import slime reads format_version "
-            f"{FORMAT_VERSION} (slime's _build_dump_payload); other layouts are not supported"
-        )
+    _check_top_level(path, dump)
     rollout_id = integer(dump["rollout_id"], "rollout_id", path)
     samples = dump["samples"]
-    if not isinstance(samples, (list, tuple)):
-        raise GAEInputError(f"{path}: samples is {describe(samples)}, expected a list of per-sample dicts")
-    not_dict = [i for i, sample in enumerate(samples) if not isinstance(sample, dict)]
-    if not_dict:
-        raise GAEInputError(f"{path}: samples[{not_dict[0]}] is {describe(samples[not_dict[0]])}, expected a dict")
-    first_keys = set(samples[0]) if samples else set(REQUIRED_KEYS) | {RANK_KEY}
-    for i, sample in enumerate(samples):
-        if set(sample) != first_keys:
-            extra, lacking = sorted(map(str, set(sample) - first_keys)), sorted(map(str, first_keys - set(sample)))
-            difference = "; ".join(
-                part
-                for part in (
-                    f"has {', '.join(extra)}" if extra else "",
-                    f"lacks {', '.join(lacking)}" if lacking else "",
-                )
-                if part
-            )
-            raise GAEInputError(
-                f"{path}: samples[{i}] {difference}, unlike samples[0]: every sample needs the same keys"
-            )
-    lacking = [key for key in (*REQUIRED_KEYS, RANK_KEY) if key not in first_keys]
-    if lacking:
-        raise GAEInputError(
-            f"{path}: samples[0] lacks the required key(s) {', '.join(lacking)}; it has "
-            f"{', '.join(map(str, samples[0]))}; required: {', '.join((*REQUIRED_KEYS, RANK_KEY))}; "
-            f"optional: {', '.join(OPTIONAL_KEYS)}"
-        )
+    first_keys = _sample_keys(path, samples)
     rows = len(samples)
     columns: dict[str, list] = {f.key: [s[f.key] for s in samples] for f in SAMPLE_FIELDS if f.key in first_keys}
     if SAMPLE_INDEX_KEY in first_keys:
@@ -148,14 +104,58 @@ def inspect_dump(path: AnyPath, dump: Any) -> tuple[_Dump, dict[str, list], np.n
     return _Dump(path, rollout_id, rows, frozenset(columns), other, dtypes), columns, ranks
 
 
-def import_slime(
-    paths: Sequence[str | Any],
-    output: str | Any,
-    *,
-    overwrite: bool = False,
-    progress: Optional[Progress] = None,
-    report_paths: Sequence[ReportPath] = (),
-) -> ImportReport:
+def _check_top_level(path: AnyPath, dump: Any) -> None:
+    """A dict of format 2 with :data:`TOP_LEVEL_KEYS`; else :class:`GAEInputError` saying what the file is."""
+    expected = f"expected format_version {FORMAT_VERSION}, rollout_id, rank, samples, dp_shards"
+    if not isinstance(dump, dict):
+        raise GAEInputError(f"{path}: holds {describe(dump)}, not a slime train-data dump (a dict; {expected})")
+    if "format_version" not in dump and "rollout_data" in dump:
+        raise GAEInputError(
+            f"{path}: has no format_version but a rollout_data key: a per-rank dump in miles' "
+            f"layout (older slime, or miles); read it with gae import miles"
+        )
+    missing = [key for key in TOP_LEVEL_KEYS if key not in dump]
+    if missing:
+        raise GAEInputError(
+            f"{path}: not a slime train-data dump: missing {', '.join(missing)}; "
+            f"the file has {key_list(dump)}; {expected}"
+        )
+    version = dump["format_version"]
+    if version != FORMAT_VERSION:
+        raise GAEInputError(
+            f"{path}: format_version is {shown(version)}; gae import slime reads format_version "
+            f"{FORMAT_VERSION} (slime's _build_dump_payload); other layouts are not supported"
+        )
+
+
+def _sample_keys(path: AnyPath, samples: Any) -> set:
+    """The keys every sample holds (checked: a list of dicts of the same keys, the required ones among them)."""
+    if not isinstance(samples, (list, tuple)):
+        raise GAEInputError(f"{path}: samples is {describe(samples)}, expected a list of per-sample dicts")
+    not_dict = [i for i, sample in enumerate(samples) if not isinstance(sample, dict)]
+    if not_dict:
+        raise GAEInputError(f"{path}: samples[{not_dict[0]}] is {describe(samples[not_dict[0]])}, expected a dict")
+    first_keys = set(samples[0]) if samples else set(REQUIRED_KEYS) | {RANK_KEY}
+    for i, sample in enumerate(samples):
+        if set(sample) != first_keys:
+            difference = differences(
+                ("has", sorted(map(str, set(sample) - first_keys))),
+                ("lacks", sorted(map(str, first_keys - set(sample)))),
+            )
+            raise GAEInputError(
+                f"{path}: samples[{i}] {difference}, unlike samples[0]: every sample needs the same keys"
+            )
+    lacking = [key for key in (*REQUIRED_KEYS, RANK_KEY) if key not in first_keys]
+    if lacking:
+        raise GAEInputError(
+            f"{path}: samples[0] lacks the required key(s) {', '.join(lacking)}; it has "
+            f"{', '.join(map(str, samples[0]))}; required: {', '.join((*REQUIRED_KEYS, RANK_KEY))}; "
+            f"optional: {', '.join(OPTIONAL_KEYS)}"
+        )
+    return first_keys
+
+
+def import_slime(paths: Sequence[str | Any], output: str | Any, **options: Unpack[ImportOptions]) -> ImportReport:
     """Import slime ``--save-debug-train-data`` dumps (format 2) into one rollout Parquet file.
 
     ``paths``: dump files, directories (read recursively for ``*.pt`` and ``*.pth``), globs
@@ -173,7 +173,12 @@ def import_slime(
     differ; :class:`GAEUsageError` for unreadable inputs and an existing output without
     ``overwrite``.
     """
-    sources, target = plan_import(paths, output, overwrite, DUMP_PATTERNS, report_paths)
+    return run_import(paths, output, DUMP_PATTERNS, _plan, **options)
+
+
+def _plan(sources: list[AnyPath], output: str) -> ImportPlan:
+    """The first pass over the dumps (checked, one per rollout) and the conversion of each,
+    one at a time, as the output's batches."""
     facts = [inspect_dump(source, load_dump(source))[0] for source in sources]
     facts.sort(key=lambda dump: dump.rollout_id)
     for previous, current in zip(facts, facts[1:]):
@@ -181,39 +186,18 @@ def import_slime(
             raise GAEInputError(
                 f"{previous.path} and {current.path} both hold rollout {current.rollout_id}; import one of them"
             )
-    keys = facts[0].keys
-    check_same_keys(facts)
-    value_types = {
-        f.key: arrow_value_type(f, set().union(*(dump.dtypes[f.key] for dump in facts)))
-        for f in FIELDS
-        if f.per_token and f.key in keys
-    }
-    schema = output_schema(keys, value_types, "slime", [dump.path.name for dump in facts])
-    report = ImportReport(
-        output=str(output),
-        files=[],
-        columns=list(schema.names),
-        format="slime",
-        missing_keys=[key for key in OPTIONAL_KEYS if key not in keys],
-        ignored_keys=sorted(set().union(*(dump.other_keys for dump in facts))),
-    )
+    out = FieldsOutput.of(facts, facts[0].keys, "slime", OPTIONAL_KEYS, output)
 
     def batches() -> Iterator[tuple[pa.RecordBatch, int]]:
         for dump_facts in facts:
             again, columns, ranks = inspect_dump(dump_facts.path, load_dump(dump_facts.path))
-            if (again.rollout_id, again.rows, again.keys) != (dump_facts.rollout_id, dump_facts.rows, dump_facts.keys):
-                raise GAEUsageError(
-                    f"{dump_facts.path}: the file changed while it was being imported; run the import again"
-                )
-            batch, tokens, mismatches = fields_batch(
-                columns, dump_facts.rollout_id, ranks, keys, schema, value_types, _where(dump_facts.path)
-            )
+            place = (dump_facts.rollout_id, dump_facts.rows, dump_facts.keys)
+            check_unchanged(dump_facts.path, (again.rollout_id, again.rows, again.keys) == place)
+            batch, tokens = out.batch(columns, dump_facts.rollout_id, ranks, _where(dump_facts.path))
             del columns
             yield batch, tokens
-            report.length_mismatch_rows += mismatches
-            report.files.append(
+            out.report.files.append(
                 ImportedFile(str(dump_facts.path), dump_facts.rollout_id, None, dump_facts.rows, tokens)
             )
 
-    write_batches(target, schema, batches(), progress, sum(dump.rows for dump in facts), overwrite=overwrite)
-    return report
+    return ImportPlan(out.schema, out.report, batches(), lambda: sum(dump.rows for dump in facts))
