@@ -24,7 +24,7 @@ LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     4: ("the run driver", ("gaecli.run",)),
     5: ("comparison", ("gaecli.comparison",)),
     6: ("engines", ("gaecli.engines",)),
-    7: ("data path", ("gaecli.pipeline", "gaecli.checks", "gaecli.io", "gaecli.kl", "gaecli.stats", "gaecli.grouping")),
+    7: ("data path", ("gaecli.pipeline", "gaecli.checks", "gaecli.io", "gaecli.kl", "gaecli.stats")),
     8: ("the numbers", ("gaecli.advantages", "gaecli.flat")),
     9: (
         "foundation",
@@ -32,6 +32,7 @@ LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
             "gaecli.options",
             "gaecli.errors",
             "gaecli.display",
+            "gaecli.lazy",
             "gaecli.rules",
             "gaecli.stop",
             "gaecli.progress",
