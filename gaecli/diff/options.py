@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Optional
 
 from gaecli.advantages.contract import CRITIC_FREE, expand_baselines
 from gaecli.advantages.spec import AdvantageSpec
-from gaecli.comparison.sides import ComparisonSide
 from gaecli.comparison.token_sample import SCATTER_SAMPLE
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
 from gaecli.options import check_count, check_number
-from gaecli.pipeline import VariantOptions, check_device, check_estimators, new_side_spec
+from gaecli.pipeline.description import ComparisonSide, Computation, describe_run
+from gaecli.pipeline.options import VariantOptions, check_device, check_estimators
 
 DEFAULT_TOP = 10
 DEFAULT_BASELINE = "unmasked"
@@ -75,8 +76,6 @@ class DiffOptions:
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
         choices, a kernel or device not usable here, and contradicting options."""
-        from gaecli.advantages.kernels import resolve_kernel
-
         given = [flag for flag, value in self._old_side_options() if value is not None]
         if len(given) > 1:
             raise InvalidOptionError(
@@ -94,12 +93,11 @@ class DiffOptions:
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
         self.sides  # noqa: B018 - the baseline list checked (unknown names, duplicates)
-        self.new_spec  # noqa: B018 - the new side checked
         check_count("--batch-rows", self.batch_rows, 1)
         check_count("--top", self.top, 0)
         check_number("--tol", self.tolerance, 0.0)
         check_device(self.device)
-        resolve_kernel(self.kernel, self.device, new_side_spec(self))
+        self.computation  # noqa: B018 - the specs built, the kernel resolved for them
 
     @property
     def whitening(self) -> bool:
@@ -109,13 +107,25 @@ class DiffOptions:
         """The options that each choose a kind of old side, (flag, value)."""
         return (("--baseline", self.baseline), ("--against", self.against), ("--old-estimator", self.old_estimator))
 
+    @cached_property
+    def computation(self) -> Computation:
+        """What the diff computes (:func:`gaecli.pipeline.description.describe_run`), built
+        once with the options."""
+        return describe_run(self)
+
     @property
     def new_spec(self) -> AdvantageSpec:
         """The new side: what is computed and compared with every old side (its estimator, the
         masked contract with γ and λ or a critic-free estimator, its GAE variants, whitened as
-        ``normalize`` / ``normalize_by`` say): :func:`gaecli.pipeline.new_side_spec`, the one
-        place options become the new side's spec."""
-        return new_side_spec(self)
+        ``normalize`` / ``normalize_by`` say): that of :attr:`computation`."""
+        return self.computation.new_spec
+
+    @property
+    def old_sides(self) -> tuple[ComparisonSide, ...]:
+        """:attr:`sides`, as :func:`gaecli.pipeline.description.describe_run` reads them."""
+        return self.sides
+
+    on_invalid = "stop"  # a diff compares every row: the first invalid one stops it
 
     @property
     def group_col(self) -> Optional[str]:

@@ -1,5 +1,5 @@
-"""The options recompute and diff share, checked once: the device, the GAE variants' options,
-the estimators' options, and the new side's spec built from them."""
+"""The options recompute and diff share, checked once: the device, the GAE variants' options
+and the estimators' options (the run they describe: :mod:`gaecli.pipeline.description`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from gaecli.advantages.contract import (
     STEP_ESTIMATORS,
     TIMESTEPS,
 )
-from gaecli.advantages.spec import AdvantageSpec, estimator_spec
 from gaecli.errors import InvalidOptionError
 from gaecli.options import check_choice, check_number
 
@@ -125,30 +124,3 @@ def check_estimators(
         raise InvalidOptionError(
             f"--step-col is not used by --estimator {names} (it splits gpg's α and the reinforce++ whitening)"
         )
-
-
-def new_side_spec(options) -> AdvantageSpec:
-    """The whole spec of the new side of ``options`` (recompute's or diff's): its estimator
-    with γ, λ and the group and step ids where it reads them
-    (:func:`gaecli.advantages.spec.estimator_spec`), the contract, the whitening and the GAE
-    variants (what the output metadata records): the one place options become the new
-    side's spec, for recompute and diff."""
-    normalize = "by" if options.normalize_by is not None else "all" if options.normalize else "none"
-    return estimator_spec(
-        options.estimator,
-        options.gamma,
-        options.lambd,
-        options.group_col,
-        options.step_by,
-        normalize=normalize,
-        normalize_by=options.normalize_by,
-        **options.variants.spec_fields(),
-    )
-
-
-def normalize_label(options) -> str:
-    """How ``options`` (recompute's or diff's) whiten: ``none``, ``all`` or ``by:COLUMN``;
-    the value of the ``gaecli.normalize`` metadata key and of the JSON ``normalize``."""
-    if options.normalize_by is not None:
-        return f"by:{options.normalize_by}"
-    return "all" if options.normalize else "none"

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Optional
 
 from gaecli._version import __version__
 from gaecli.advantages.contract import CRITIC_FREE, expand_baselines
-from gaecli.comparison.sides import ComparisonSide
 from gaecli.errors import (
     InvalidOptionError,
 )
 from gaecli.io.format import Columns
 from gaecli.options import check_choice, check_count, check_number
-from gaecli.pipeline import (
-    ON_INVALID_MODES,
-    VariantOptions,
-    check_device,
-    check_estimators,
-    new_side_spec,
-    normalize_label,
-)
+from gaecli.pipeline.description import ComparisonSide, Computation, describe_run
+from gaecli.pipeline.options import ON_INVALID_MODES, VariantOptions, check_device, check_estimators
 
 REJECTS_SUFFIX = ".rejected"
 REASON_COLUMN = "reason"
@@ -72,8 +66,6 @@ class RecomputeOptions:
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
         choices, a kernel or device not usable here, and contradicting options."""
-        from gaecli.kernels import resolve_kernel
-
         check_estimators((self.estimator,), self.gamma, self.lambd, self.group_by, self.step_by, self.whitening)
         if self.critic_free and self.keep_baseline:
             raise InvalidOptionError(f"--keep-baseline: --estimator {self.estimator} has no GAE baseline to keep")
@@ -83,7 +75,7 @@ class RecomputeOptions:
             raise InvalidOptionError(f"baseline: {self.baseline!r} names several baselines; recompute takes one")
         check_choice("--on-invalid", self.on_invalid, ON_INVALID_MODES, "mode")
         check_device(self.device)
-        resolve_kernel(self.kernel, self.device, new_side_spec(self))
+        self.computation  # noqa: B018 - the specs built, the kernel resolved for them
         if self.skip_existing and self.overwrite:
             raise InvalidOptionError(
                 "--skip-existing keeps existing outputs and --overwrite replaces them: give one of them"
@@ -98,6 +90,18 @@ class RecomputeOptions:
     def group_col(self) -> Optional[str]:
         """The prompt-group id column of the estimators (``--group-col``)."""
         return self.group_by
+
+    @property
+    def old_sides(self) -> tuple[ComparisonSide, ...]:
+        """The old side the summary compares with: the ``baseline`` recomputed (none for a
+        critic-free estimator, which has no GAE baseline)."""
+        return () if self.critic_free else (ComparisonSide.baseline(self.baseline),)
+
+    @cached_property
+    def computation(self) -> Computation:
+        """What the run computes (:func:`gaecli.pipeline.description.describe_run`), built
+        once with the options."""
+        return describe_run(self)
 
     @property
     def critic_free(self) -> bool:
@@ -202,7 +206,7 @@ class RecomputeReport:
             "group_col": self.options.group_by,
             "step_col": self.options.step_by,
             "kernel": self.kernel,
-            "normalize": normalize_label(self.options),
+            "normalize": self.options.computation.new_spec.normalize_label,
             "files": [f.to_dict() for f in self.files],
             "rows": sum(f.rows for f in self.files),
             "rejected_rows": self.rejected_rows,
