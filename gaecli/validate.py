@@ -27,7 +27,7 @@ from gaecli.checks import (
     check_row_input_schema,
     check_schema,
 )
-from gaecli.engines import EngineOptions, TaskFailure, map_units
+from gaecli.engines import EngineOptions, TaskFailure
 from gaecli.errors import GAEUsageError, InvalidOptionError, UnreadableFileError
 from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_parts
@@ -36,6 +36,7 @@ from gaecli.io.reader import RolloutFile
 from gaecli.options import check_count
 from gaecli.progress import NoProgress, Progress
 from gaecli.rules import ERROR, RULES, WARNING
+from gaecli.run import Run
 
 if TYPE_CHECKING:
     from gaecli.pipeline import VariantOptions
@@ -301,11 +302,11 @@ def duplicate_id_findings(ids: pa.Table, file: str, limit: Optional[int] = None)
 # ----------------------------------------------------------------------------- files
 
 
-def _discover(inputs: Sequence[str | Path]) -> list[FileResult]:
+def _discover(inputs: Sequence[str | Path], footers: dict) -> list[FileResult]:
     """One result per input file, in order, each file once; an input that names nothing,
     and a match that is no regular file (a dangling link, a FIFO:
     :func:`gaecli.io.paths.discover_inputs`), is an unreadable entry; every file's row
-    count read from its footer."""
+    count read from its footer, read once for the run (``footers``: ``id(result)`` → footer)."""
     results: list[FileResult] = []
     seen: set[Path] = set()
     for item in inputs:
@@ -331,6 +332,7 @@ def _discover(inputs: Sequence[str | Path]) -> list[FileResult]:
                 result.message = str(error)
             else:
                 result.rows = rollout.num_rows
+                footers[id(result)] = rollout.parquet.metadata
                 rollout.close()
             results.append(result)
     return results
@@ -452,21 +454,18 @@ def validate_files(
     if any(not name for name in id_columns):
         raise InvalidOptionError("--id-col: a column name is empty")
     row_inputs = variant_row_inputs(variants)
-    progress = progress or NoProgress()
-    report = ValidationReport(files=_discover(inputs), max_findings=max_findings)
+    footers: dict = {}
+    report = ValidationReport(files=_discover(inputs, footers), max_findings=max_findings)
     check_writes([result.file for result in report.files], report_writes(report_paths))
     readable = [result for result in report.files if result.status != UNREADABLE]
-    progress.start("validate", sum(result.rows for result in readable))
-    try:
-        parts = map_units(
-            _validate_unit,
-            [(result, columns, id_columns, max_findings, batch_rows, row_inputs) for result in readable],
-            [result.file for result in readable],
-            (engine or EngineOptions(workers=1)).for_inputs(total_size(result.file for result in readable)),
-            progress=progress,
-        )
-    finally:
-        progress.finish()
+    files = [result.file for result in readable]
+    engine = (engine or EngineOptions(workers=1)).for_inputs(total_size(files))
+    run = Run("validate", files, [footers[id(result)] for result in readable], None, engine, progress or NoProgress())
+
+    def task(index: int, _moments, _scores) -> tuple:
+        return (readable[index], columns, id_columns, max_findings, batch_rows, row_inputs, run.footers[index])
+
+    parts = run.execute(_validate_unit, task, stop_on_failure=False)
     merged = {id(result): part for result, part in zip(readable, parts)}
     for index, result in enumerate(report.files):
         part = merged.get(id(result))
@@ -505,12 +504,14 @@ def _validate_unit(
     max_findings: Optional[int],
     batch_rows: Optional[int],
     row_inputs: tuple = (),
+    footer=None,
     progress: Optional[Progress] = None,
 ) -> _FilePart:
-    """Validate one file on its own (the work unit of every engine)."""
+    """Validate one file on its own (the work unit of every engine; ``footer``: the file's,
+    read when it was found)."""
     report = ValidationReport(files=[result], max_findings=max_findings)
     try:
-        rollout = RolloutFile(result.file)
+        rollout = RolloutFile(result.file, footer)
     except UnreadableFileError as error:  # gone or changed since it was opened
         result.message = str(error)
         if progress is not None:

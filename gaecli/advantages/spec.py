@@ -23,7 +23,7 @@ from gaecli.advantages.contract import (
     TIMESTEPS,
 )
 from gaecli.errors import InvalidOptionError
-from gaecli.options import check_number
+from gaecli.options import check_choice, check_number
 
 VARIANT_INPUTS: dict[str, str] = {"turn_rewards": "list", "truncated": "scalar", "bootstrap_values": "scalar"}
 """The per-row inputs of the GAE variants: field (and role) → kind."""
@@ -107,27 +107,11 @@ class AdvantageSpec:
             refuse(f"unknown normalize {self.normalize!r}; choose one of: {', '.join(NORMALIZATIONS)}")
         if (self.normalize == "by") != (self.normalize_by is not None):
             refuse("normalize='by' needs normalize_by (the per-row group key), and normalize_by needs normalize='by'")
-        if self.timestep not in TIMESTEPS:
-            refuse(f"unknown timestep {self.timestep!r}; implemented: {', '.join(TIMESTEPS)}")
+        check_variant_values({name: getattr(self, name) for name in ("timestep", *VARIANT_FIELDS)})
         self._check_variants()
 
     def _check_variants(self) -> None:
-        """The GAE variants' fields (docs/variants.md)."""
-        for name in ("lambd_critic", "lambd_alpha"):
-            value = getattr(self, name)
-            if value is not None:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                    refuse(f"{name} must be a finite number or None, got {value!r}")
-        if self.lambd_critic is not None:
-            check_number("lambd_critic", self.lambd_critic, 0.0, 1.0)
-        if self.lambd_alpha is not None and not self.lambd_alpha > 0:
-            refuse(f"lambd_alpha must be > 0, got {self.lambd_alpha:g}")
-        for name in VARIANT_INPUTS:
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                refuse(f"{name} names a per-row input: a non-empty string or None, got {value!r}")
-        if (self.truncated is None) != (self.bootstrap_values is None):
-            refuse("truncated and bootstrap_values go together: set both (the flag and the value) or neither")
+        """The GAE variants apply to the masked contract of GAE only (docs/variants.md)."""
         variants = self.variants
         if variants and self.estimator != "gae":
             refuse(f"the GAE variants ({', '.join(variants)}) need estimator 'gae', got {self.estimator!r}")
@@ -161,6 +145,11 @@ class AdvantageSpec:
                 if getattr(self, name) is not None:
                     refuse(f"{name} is for the critic-free estimators; estimator 'gae' does not use it")
             return
+        self._check_critic_free()
+
+    def _check_critic_free(self) -> None:
+        """A critic-free estimator's contract, scaling and per-row ids."""
+        estimator = self.estimator
         if self.semantics != MASKED:
             refuse(f"estimator {estimator!r} runs under the masked contract only (semantics {self.semantics!r})")
         if self.normalize != "none":
@@ -211,6 +200,39 @@ class AdvantageSpec:
     def to_dict(self) -> dict:
         """Every field by name (for metadata and JSON reports)."""
         return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+def check_variant_values(values: dict, flags: Optional[dict] = None) -> None:
+    """Refuse (:class:`InvalidOptionError`) a GAE variant value (docs/variants.md; ``values``:
+    spec field → value, those absent unset): the one check of the spec's fields and of the
+    commands' options. ``flags``: spec field → the option a command names it by, named in
+    the messages (None: the spec's fields, as the API names them)."""
+    named = flags or {}
+
+    def name(field: str) -> str:
+        return named.get(field, field)
+
+    timestep = values.get("timestep", "token")
+    if timestep not in TIMESTEPS:
+        if flags:
+            check_choice(name("timestep"), timestep, TIMESTEPS, "timestep")
+        refuse(f"unknown timestep {timestep!r}; implemented: {', '.join(TIMESTEPS)}")
+    for field, bounds in (("lambd_critic", (0.0, 1.0)), ("lambd_alpha", ())):
+        value = values.get(field)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (flags or math.isfinite(value)):
+            refuse(f"{name(field)} must be a finite number or None, got {value!r}")
+        check_number(name(field), value, *bounds)
+        if field == "lambd_alpha" and not value > 0:
+            refuse(f"{name(field)} must be > 0, got {value:g}")
+    for field in VARIANT_INPUTS:
+        value = values.get(field)
+        if value is not None and (not isinstance(value, str) or not value):
+            refuse(f"{name(field)} names a per-row input: a non-empty string or None, got {value!r}")
+    if (values.get("truncated") is None) != (values.get("bootstrap_values") is None):
+        how = "give both or neither" if flags else "set both (the flag and the value) or neither"
+        refuse(f"{name('truncated')} and {name('bootstrap_values')} go together: {how}")
 
 
 def estimator_spec(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Optional
 
 from gaecli.advantages.contract import CRITIC_FREE, expand_baselines
@@ -11,16 +10,16 @@ from gaecli.advantages.spec import AdvantageSpec
 from gaecli.comparison.token_sample import SCATTER_SAMPLE
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
-from gaecli.options import check_count, check_number
-from gaecli.pipeline.description import ComparisonSide, Computation, describe_run
-from gaecli.pipeline.options import VariantOptions, check_device, check_estimators
+from gaecli.options import check_count
+from gaecli.pipeline.description import ComparisonSide, RunOptions
+from gaecli.pipeline.options import VariantOptions, check_estimators
 
 DEFAULT_TOP = 10
 DEFAULT_BASELINE = "unmasked"
 
 
 @dataclass(frozen=True)
-class DiffOptions:
+class DiffOptions(RunOptions):
     """Everything that shapes a diff (the CLI options, one to one).
 
     New advantages: :attr:`new_spec`. Old advantages, exactly one kind of old side
@@ -70,9 +69,6 @@ class DiffOptions:
     group_by_id: Optional[str] = None
     step_by: Optional[str] = None
 
-    def __post_init__(self) -> None:
-        self.check()
-
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
         choices, a kernel or device not usable here, and contradicting options."""
@@ -93,25 +89,12 @@ class DiffOptions:
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
         self.sides  # noqa: B018 - the baseline list checked (unknown names, duplicates)
-        check_count("--batch-rows", self.batch_rows, 1)
         check_count("--top", self.top, 0)
-        check_number("--tol", self.tolerance, 0.0)
-        check_device(self.device)
-        self.computation  # noqa: B018 - the specs built, the kernel resolved for them
-
-    @property
-    def whitening(self) -> bool:
-        return self.normalize or self.normalize_by is not None
+        self.check_run()
 
     def _old_side_options(self) -> tuple[tuple[str, Optional[str]], ...]:
         """The options that each choose a kind of old side, (flag, value)."""
         return (("--baseline", self.baseline), ("--against", self.against), ("--old-estimator", self.old_estimator))
-
-    @cached_property
-    def computation(self) -> Computation:
-        """What the diff computes (:func:`gaecli.pipeline.description.describe_run`), built
-        once with the options."""
-        return describe_run(self)
 
     @property
     def new_spec(self) -> AdvantageSpec:

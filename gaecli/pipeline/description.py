@@ -13,7 +13,8 @@ from typing import Optional
 from gaecli.advantages.contract import GROUPED_ESTIMATORS, WHITENED_ESTIMATORS
 from gaecli.advantages.spec import AdvantageSpec, estimator_spec
 from gaecli.io.format import Columns
-from gaecli.pipeline.options import VariantOptions
+from gaecli.options import check_count, check_number
+from gaecli.pipeline.options import VariantOptions, check_device
 
 BASELINE = "baseline"
 """A side recomputed from the same values, rewards and mask under a trainer profile."""
@@ -234,3 +235,35 @@ def describe_run(options) -> Computation:
         batch_rows=options.batch_rows,
         on_invalid=options.on_invalid,
     )
+
+
+class RunOptions:
+    """What the options of every computing command share (recompute's and diff's frozen
+    dataclasses): checked when made (:meth:`check`), and the run they describe
+    (:attr:`computation`), built once."""
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
+        choices, a kernel or device not usable here, and contradicting options."""
+        raise NotImplementedError
+
+    def check_run(self) -> None:
+        """The checks every run's options end with: the batch size, the tolerance, the device,
+        then the specs built and the kernel resolved for them (:attr:`computation`)."""
+        check_count("--batch-rows", self.batch_rows, 1)
+        check_number("--tol", self.tolerance, 0.0)
+        check_device(self.device)
+        self.computation  # noqa: B018 - the specs built, the kernel resolved for them
+
+    @property
+    def whitening(self) -> bool:
+        """Whether ``--normalize`` / ``--normalize-by`` whiten every side."""
+        return self.normalize or self.normalize_by is not None
+
+    @cached_property
+    def computation(self) -> Computation:
+        """What the run computes (:func:`describe_run`), built once with the options."""
+        return describe_run(self)

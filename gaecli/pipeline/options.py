@@ -11,8 +11,8 @@ from gaecli.advantages.contract import (
     ESTIMATOR_PARAMETERS,
     GROUPED_ESTIMATORS,
     STEP_ESTIMATORS,
-    TIMESTEPS,
 )
+from gaecli.advantages.spec import check_variant_values
 from gaecli.errors import InvalidOptionError
 from gaecli.options import check_choice, check_number
 
@@ -56,31 +56,39 @@ class VariantOptions:
     bootstrap_col: Optional[str] = None
 
     def __post_init__(self) -> None:
-        check_choice("--timestep", self.timestep, TIMESTEPS, "timestep")
-        check_number("--lambd-critic", self.lambd_critic, 0.0, 1.0)
-        check_number("--lambd-alpha", self.lambd_alpha)
-        if self.lambd_alpha is not None and not self.lambd_alpha > 0:
-            raise InvalidOptionError(f"--lambd-alpha must be > 0, got {self.lambd_alpha:g}")
-        if (self.truncated_col is None) != (self.bootstrap_col is None):
-            raise InvalidOptionError("--truncated-col and --bootstrap-col go together: give both or neither")
-        named = [name for name in (self.turn_rewards_col, self.truncated_col, self.bootstrap_col) if name is not None]
+        check_variant_values(self.spec_fields(), VARIANT_FLAGS)  # the spec's check, naming the options
+        named = self.columns()
         if len(set(named)) != len(named):
             raise InvalidOptionError("--turn-rewards-col, --truncated-col and --bootstrap-col name one column twice")
 
     def spec_fields(self) -> dict:
         """The :class:`AdvantageSpec` fields of these variants."""
-        return {
-            "timestep": self.timestep,
-            "lambd_critic": self.lambd_critic,
-            "lambd_alpha": self.lambd_alpha,
-            "turn_rewards": self.turn_rewards_col,
-            "truncated": self.truncated_col,
-            "bootstrap_values": self.bootstrap_col,
-        }
+        return {field: getattr(self, attribute) for field, attribute in _SPEC_FIELDS}
 
     def columns(self) -> list[str]:
         """The per-row columns these variants read."""
         return [name for name in (self.turn_rewards_col, self.truncated_col, self.bootstrap_col) if name is not None]
+
+
+_SPEC_FIELDS: tuple[tuple[str, str], ...] = (
+    ("timestep", "timestep"),
+    ("lambd_critic", "lambd_critic"),
+    ("lambd_alpha", "lambd_alpha"),
+    ("turn_rewards", "turn_rewards_col"),
+    ("truncated", "truncated_col"),
+    ("bootstrap_values", "bootstrap_col"),
+)
+"""Each :class:`AdvantageSpec` variant field and the :class:`VariantOptions` attribute of it."""
+
+VARIANT_FLAGS: dict[str, str] = {
+    "timestep": "--timestep",
+    "lambd_critic": "--lambd-critic",
+    "lambd_alpha": "--lambd-alpha",
+    "turn_rewards": "--turn-rewards-col",
+    "truncated": "--truncated-col",
+    "bootstrap_values": "--bootstrap-col",
+}
+"""The option of each GAE variant field, as ``gae recompute`` and ``gae diff`` name it."""
 
 
 def check_estimators(
@@ -98,7 +106,6 @@ def check_estimators(
     groups or given where none does, ``--step-col`` given where none has a statistic per
     step, ``--normalize`` / ``--normalize-by`` with a critic-free estimator (docs/estimators.md)."""
     from gaecli.advantages.contract import ESTIMATORS
-    from gaecli.options import check_choice, check_number
 
     for estimator in estimators:
         check_choice("--estimator", estimator, ESTIMATORS, "estimator")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Optional
 
 from gaecli._version import __version__
@@ -12,9 +11,9 @@ from gaecli.errors import (
     InvalidOptionError,
 )
 from gaecli.io.format import Columns
-from gaecli.options import check_choice, check_count, check_number
-from gaecli.pipeline.description import ComparisonSide, Computation, describe_run
-from gaecli.pipeline.options import ON_INVALID_MODES, VariantOptions, check_device, check_estimators
+from gaecli.options import check_choice
+from gaecli.pipeline.description import ComparisonSide, RunOptions
+from gaecli.pipeline.options import ON_INVALID_MODES, VariantOptions, check_estimators
 
 REJECTS_SUFFIX = ".rejected"
 REASON_COLUMN = "reason"
@@ -22,7 +21,7 @@ METADATA_PREFIX = "gaecli."
 
 
 @dataclass(frozen=True)
-class RecomputeOptions:
+class RecomputeOptions(RunOptions):
     """Everything that shapes a recompute run (the CLI options, one to one).
 
     ``normalize``: whiten the advantages over all trainable tokens of all inputs;
@@ -60,31 +59,21 @@ class RecomputeOptions:
     group_by: Optional[str] = None
     step_by: Optional[str] = None
 
-    def __post_init__(self) -> None:
-        self.check()
-
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
         choices, a kernel or device not usable here, and contradicting options."""
         check_estimators((self.estimator,), self.gamma, self.lambd, self.group_by, self.step_by, self.whitening)
         if self.critic_free and self.keep_baseline:
             raise InvalidOptionError(f"--keep-baseline: --estimator {self.estimator} has no GAE baseline to keep")
-        check_count("--batch-rows", self.batch_rows, 1)
-        check_number("--tol", self.tolerance, 0.0)
         if len(expand_baselines(self.baseline, "baseline")) != 1:
             raise InvalidOptionError(f"baseline: {self.baseline!r} names several baselines; recompute takes one")
         check_choice("--on-invalid", self.on_invalid, ON_INVALID_MODES, "mode")
-        check_device(self.device)
-        self.computation  # noqa: B018 - the specs built, the kernel resolved for them
+        self.check_run()
         if self.skip_existing and self.overwrite:
             raise InvalidOptionError(
                 "--skip-existing keeps existing outputs and --overwrite replaces them: give one of them"
             )
         check_written_columns(self.written_columns, self.read_columns)
-
-    @property
-    def whitening(self) -> bool:
-        return self.normalize or self.normalize_by is not None
 
     @property
     def group_col(self) -> Optional[str]:
@@ -97,11 +86,6 @@ class RecomputeOptions:
         critic-free estimator, which has no GAE baseline)."""
         return () if self.critic_free else (ComparisonSide.baseline(self.baseline),)
 
-    @cached_property
-    def computation(self) -> Computation:
-        """What the run computes (:func:`gaecli.pipeline.description.describe_run`), built
-        once with the options."""
-        return describe_run(self)
 
     @property
     def critic_free(self) -> bool:

@@ -6,16 +6,17 @@ pre-passes over one reader in memory (a table)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import pyarrow.parquet as pq
 
 from gaecli.engines import EngineOptions, EngineSession, map_units
 from gaecli.errors import GAEUsageError, RunInterrupted
 from gaecli.io.reader import RolloutFile
-from gaecli.pipeline import engine_file_moments, engine_file_scores
-from gaecli.pipeline.description import Computation
 from gaecli.progress import Progress
+
+if TYPE_CHECKING:  # the data path is imported by the runs that compute (validate does not)
+    from gaecli.pipeline.description import Computation
 
 
 def read_footers(paths: list, strict: bool = False) -> list[Optional[pq.FileMetaData]]:
@@ -52,7 +53,7 @@ class Run:
     phase: str
     files: list[str]
     footers: list[Optional[pq.FileMetaData]]
-    computation: Optional[Computation]
+    computation: Optional["Computation"]
     engine: EngineOptions
     progress: Progress
 
@@ -64,6 +65,8 @@ class Run:
         moments, scores = [None] * count, [None] * count
         if computation is None:
             return moments, scores
+        from gaecli.pipeline import engine_file_moments, engine_file_scores
+
         rows = total_rows(self.footers)
         if computation.needs_scores:  # the critic-free estimators' group statistics, per file
             scores = engine_file_scores(
@@ -119,7 +122,7 @@ class Run:
         return results
 
 
-def reader_statistics(rollout, computation: Computation, whole: str) -> tuple[object, object]:
+def reader_statistics(rollout, computation: "Computation", whole: str) -> tuple[object, object]:
     """The moments and score statistics (None where not needed) of one open reader in memory
     (a table): the pre-passes of :meth:`Run.statistics` over its rows alone (``whole``: what
     messages call it)."""
