@@ -12,6 +12,7 @@ import pytest
 
 import gaecli
 from gaecli import Columns, GAEInputError, RecomputeOptions
+from gaecli.pipeline import VariantOptions
 
 from rollout_files import TOLERANCE, assert_rows_close, random_rollouts, reference_outputs, rollout_table, write_table
 
@@ -183,3 +184,50 @@ def test_diff_table_invalid_row_named_by_table_row_and_column():
     with pytest.raises(GAEInputError) as raised:
         gaecli.diff_table(rollout_table(rollouts), gamma=GAMMA, lambd=LAMBD)
     assert str(raised.value) == "table, row 4, column 'rewards': 'rewards' is inf at token 0 [non-finite]"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"estimator": "grpo", "group_by": "group"},
+        {"estimator": "reinforce++", "gamma": GAMMA},
+        {"gamma": GAMMA, "lambd": LAMBD, "variants": VariantOptions(lambd_critic=0.5, lambd_alpha=0.1)},
+    ],
+    ids=["grpo", "reinforce++", "variants"],
+)
+def test_estimators_and_variants_agree_bitwise_with_the_command(tmp_path, options):
+    _, arrow = table()
+    got = gaecli.recompute_table(arrow, **options)
+    source = write_table(arrow, tmp_path / "in.parquet")
+    gaecli.recompute_file(source, tmp_path / "out.parquet", RecomputeOptions(**options))
+    want = pq.read_table(tmp_path / "out.parquet")
+    assert got.column_names == want.column_names
+    assert_same_numbers(got, want)
+
+
+def test_on_invalid_skip_leaves_the_invalid_rows_out(tmp_path):
+    rollouts, _ = table()
+    rollouts.values[7][1] = float("nan")
+    arrow = rollout_table(rollouts)
+    got = gaecli.recompute_table(arrow, gamma=GAMMA, lambd=LAMBD, on_invalid="skip")
+    assert got.num_rows == arrow.num_rows - 1
+    want = command_output(tmp_path, arrow, on_invalid="skip")
+    assert want.num_rows == got.num_rows
+    assert_same_numbers(got, want)
+
+
+def test_table_functions_refuse_what_writes_files():
+    _, arrow = table()
+    with pytest.raises(GAEInputError, match="recompute_table writes nothing: skip_existing is not an option here"):
+        gaecli.recompute_table(arrow, gamma=GAMMA, lambd=LAMBD, skip_existing=True)
+    with pytest.raises(GAEInputError, match="diff_table writes nothing: per_sample is not an option here"):
+        gaecli.diff_table(arrow, gamma=GAMMA, lambd=LAMBD, per_sample="x.parquet")
+
+
+def test_diff_table_with_estimators_is_the_diff_of_a_file_of_the_same_rows(tmp_path):
+    _, arrow = table()
+    options = {"estimator": "rloo", "old_estimator": "grpo", "group_by_id": "group"}
+    source = write_table(arrow, tmp_path / "in.parquet")
+    want = gaecli.diff_file(source, gaecli.DiffOptions(**options))
+    got = gaecli.diff_table(arrow, **options)
+    assert report_without_files(got) == report_without_files(want)
