@@ -9,7 +9,6 @@ file being checked (duplicates are found once the file has been read).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
@@ -27,6 +26,7 @@ from gaecli.checks import (
     check_row_input_schema,
     check_schema,
 )
+from gaecli.comparison.keys import json_value
 from gaecli.engines import EngineOptions, TaskFailure
 from gaecli.errors import GAEUsageError, InvalidOptionError, UnreadableFileError
 from gaecli.io.filesystem import total_size
@@ -157,16 +157,11 @@ def _finding_document(finding: Finding) -> dict:
 
 
 def _json_value(value):
-    """An id as JSON can hold it: numbers and strings as they are, the rest as text."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
+    """An id as JSON can hold it (:func:`gaecli.comparison.keys.json_value`), an id of
+    several columns as an object of them."""
     if isinstance(value, dict):
         return {key: _json_value(item) for key, item in value.items()}
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="backslashreplace")
-    return str(value)
+    return json_value(value)
 
 
 def rules_document() -> dict:

@@ -83,18 +83,13 @@ class ComparisonSide:
         return record
 
 
-def old_side_spec(
-    side: ComparisonSide,
-    gamma: Optional[float],
-    lambd: Optional[float],
-    group_by: Optional[str] = None,
-    step_by: Optional[str] = None,
-) -> Optional[AdvantageSpec]:
+def old_side_spec(side: ComparisonSide, gamma: float | None, lambd: float | None, *ids) -> AdvantageSpec | None:
     """What recomputes ``side`` (None for a stored side): GAE with γ, λ under its semantics,
-    or its estimator with the parameters and per-row ids that estimator reads
-    (:func:`gaecli.advantages.spec.estimator_spec`: one set of options serves every side)."""
+    or its estimator with the parameters and per-row ids (``ids``: the group and step id
+    columns, each optional) that estimator reads (:func:`gaecli.advantages.spec.estimator_spec`:
+    one set of options serves every side)."""
     if side.kind == ESTIMATOR:
-        return estimator_spec(side.estimator, gamma, lambd, group_by, step_by)
+        return estimator_spec(side.estimator, gamma, lambd, *ids)
     return AdvantageSpec(gamma, lambd, side.semantics) if side.recomputed else None
 
 

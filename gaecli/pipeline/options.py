@@ -6,15 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from gaecli.advantages.contract import (
-    CRITIC_FREE,
-    ESTIMATOR_PARAMETERS,
-    GROUPED_ESTIMATORS,
-    STEP_ESTIMATORS,
-)
-from gaecli.advantages.spec import check_variant_values
+from gaecli.advantages.spec import SpecWords, check_estimator_values, check_variant_values
 from gaecli.errors import InvalidOptionError
-from gaecli.options import check_choice, check_number
+from gaecli.options import check_choice
 
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 """The torch device types the kernels run on (``cuda:N`` names one GPU)."""
@@ -91,6 +85,35 @@ VARIANT_FLAGS: dict[str, str] = {
 """The option of each GAE variant field, as ``gae recompute`` and ``gae diff`` name it."""
 
 
+class OptionWords(SpecWords):
+    """How the commands word a refusal of :func:`gaecli.advantages.spec.check_estimator_values`:
+    by the options typed (``--gamma``, ``--group-col``...)."""
+
+    FLAGS = {"gamma": "--gamma", "lambd": "--lambd", "group_by": "--group-col", "step_by": "--step-col"}
+
+    def name(self, field: str) -> str:
+        return self.FLAGS[field]
+
+    def unknown(self, estimator: str) -> None:
+        from gaecli.advantages.contract import ESTIMATORS
+
+        check_choice("--estimator", estimator, ESTIMATORS, "estimator")
+
+    def needs(self, field: str, estimator: str) -> str:
+        if field == "group_by":
+            return f"--estimator {estimator} needs --group-col (the prompt-group id column)"
+        return f"{self.name(field)} is required by --estimator {estimator}"
+
+    def unused(self, field: str, estimators: tuple[str, ...]) -> str:
+        names = " and ".join(dict.fromkeys(estimators))
+        if field == "step_by":
+            return f"--step-col is not used by --estimator {names} (it splits gpg's α and the reinforce++ whitening)"
+        return f"{self.name(field)} is not used by --estimator {names}; leave it out"
+
+    def scaling(self, estimator: str) -> str:
+        return f"--normalize/--normalize-by: --estimator {estimator} defines its own scaling; leave them out"
+
+
 def check_estimators(
     estimators: tuple[str, ...],
     gamma: Optional[float],
@@ -101,33 +124,11 @@ def check_estimators(
 ) -> None:
     """The options of the estimators computed by a command (``estimators``: those of its
     sides, ``gae`` standing for a GAE baseline too), refused with
-    :class:`InvalidOptionError` (exit 2): ``--gamma`` / ``--lambd`` missing where an
-    estimator reads them or given where none does, ``--group-col`` missing where an estimator
-    groups or given where none does, ``--step-col`` given where none has a statistic per
-    step, ``--normalize`` / ``--normalize-by`` with a critic-free estimator (docs/estimators.md)."""
-    from gaecli.advantages.contract import ESTIMATORS
-
-    for estimator in estimators:
-        check_choice("--estimator", estimator, ESTIMATORS, "estimator")
-    names = " and ".join(dict.fromkeys(estimators))
-    for name, value in (("gamma", gamma), ("lambd", lambd)):
-        used = [estimator for estimator in estimators if name in ESTIMATOR_PARAMETERS.get(estimator, ())]
-        if used and value is None:
-            raise InvalidOptionError(f"--{name} is required by --estimator {used[0]}")
-        if not used and value is not None:
-            raise InvalidOptionError(f"--{name} is not used by --estimator {names}; leave it out")
-        check_number(f"--{name}", value, 0.0, 1.0)
-    critic_free = [estimator for estimator in estimators if estimator in CRITIC_FREE]
-    if critic_free and normalize:
-        raise InvalidOptionError(
-            f"--normalize/--normalize-by: --estimator {critic_free[0]} defines its own scaling; leave them out"
-        )
-    grouped = [estimator for estimator in estimators if estimator in GROUPED_ESTIMATORS]
-    if grouped and group_by is None:
-        raise InvalidOptionError(f"--estimator {grouped[0]} needs --group-col (the prompt-group id column)")
-    if not grouped and group_by is not None:
-        raise InvalidOptionError(f"--group-col is not used by --estimator {names}; leave it out")
-    if step_by is not None and not any(estimator in STEP_ESTIMATORS for estimator in estimators):
-        raise InvalidOptionError(
-            f"--step-col is not used by --estimator {names} (it splits gpg's α and the reinforce++ whitening)"
-        )
+    :class:`InvalidOptionError` (exit 2) by the spec's own check
+    (:func:`gaecli.advantages.spec.check_estimator_values`), naming the options: ``--gamma`` /
+    ``--lambd`` missing where an estimator reads them or given where none does,
+    ``--group-col`` missing where an estimator groups or given where none does, ``--step-col``
+    given where none has a statistic per step, ``--normalize`` / ``--normalize-by`` with a
+    critic-free estimator (docs/estimators.md)."""
+    values = {"gamma": gamma, "lambd": lambd, "group_by": group_by, "step_by": step_by}
+    check_estimator_values(estimators, values, normalize, OptionWords())
