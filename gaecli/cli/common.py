@@ -1,14 +1,10 @@
 """What every ``gae`` command shares: the typer app, the exit codes, the one-line error and
 its exit code (:class:`errors_to_exit`), the JSON writer, and the options several commands
-take (columns, KL rewards, engines). Heavy modules are imported inside the functions so
-that ``gae --help`` starts fast."""
+take (columns, KL rewards, engines; grouped in :mod:`gaecli.cli.option_groups`). Heavy
+modules are imported inside the functions so that ``gae --help`` starts fast."""
 
 from __future__ import annotations
 
-import functools
-import inspect
-import typing
-from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn, Optional
 
 import typer
@@ -557,116 +553,3 @@ class errors_to_exit:
             fail(str(exc), EXIT_INVALID_DATA)
         return False
 
-
-# ----------------------------------------------------------------------------- option groups
-
-KernelOption = Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")]
-DeviceOption = Annotated[str, typer.Option(help="torch device: cpu or cuda.")]
-
-
-@dataclass(frozen=True)
-class OptionGroup:
-    """Options several commands take together, written once: each ``(parameter, annotation,
-    default)``. A command names a group as the default of one parameter; :func:`with_groups`
-    puts the group's options in its place (so ``--help`` lists them there) and hands the
-    command their values as one dict under that parameter's name."""
-
-    options: tuple[tuple[str, Any, Any], ...]
-
-    def __add__(self, other: "OptionGroup") -> "OptionGroup":
-        return OptionGroup(self.options + other.options)
-
-
-ESTIMATOR_OPTIONS = OptionGroup(
-    (
-        ("gamma", GammaOption, None),
-        ("lambd", LambdOption, None),
-        ("estimator", EstimatorOption, "gae"),
-        ("group_col", GroupColOption, None),
-        ("step_col", StepColOption, None),
-    )
-)
-"""γ, λ, the estimator and its group and step id columns (recompute, diff)."""
-
-KERNEL_OPTIONS = OptionGroup((("kernel", KernelOption, "auto"), ("device", DeviceOption, "cpu")))
-"""The kernel and the device it runs on (recompute, diff)."""
-
-COLUMN_OPTIONS = OptionGroup(
-    (
-        ("values_col", ValuesColOption, "values"),
-        ("rewards_col", RewardsColOption, None),
-        ("mask_col", MaskColOption, "loss_mask"),
-        ("terminal_col", TerminalColOption, "terminal_reward"),
-        ("kl_coef", KLCoefOption, None),
-        ("kl_estimator", KLEstimatorOption, "k1"),
-        ("logprobs_col", LogprobsColOption, "log_probs"),
-        ("ref_logprobs_col", RefLogprobsColOption, "ref_log_probs"),
-    )
-)
-"""The input columns and the KL rewards (:func:`make_columns`; every command that reads rollouts)."""
-
-ROW_INPUT_OPTIONS = OptionGroup(
-    (
-        ("turn_rewards_col", TurnRewardsColOption, None),
-        ("truncated_col", TruncatedColOption, None),
-        ("bootstrap_col", BootstrapColOption, None),
-    )
-)
-"""The per-row columns of the GAE variants (validate checks them; :func:`make_variants`)."""
-
-VARIANT_OPTIONS = (
-    OptionGroup(
-        (
-            ("timestep", TimestepOption, "token"),
-            ("lambd_critic", LambdCriticOption, None),
-            ("lambd_alpha", LambdAlphaOption, None),
-        )
-    )
-    + ROW_INPUT_OPTIONS
-)
-"""The GAE variants of the new side (recompute, diff; :func:`make_variants`)."""
-
-ENGINE_OPTIONS = OptionGroup(
-    (("engine", EngineOption, "local"), ("workers", WorkersOption, None), ("ray_address", RayAddressOption, None))
-)
-"""Where the files are processed (:func:`make_engine`)."""
-
-
-def with_groups(command):
-    """``command`` with each parameter whose default is an :class:`OptionGroup` replaced by
-    the group's options, in its place; the command gets their values as a dict under that
-    parameter's name."""
-    signature = inspect.signature(command)
-    hints = typing.get_type_hints(command, include_extras=True)
-    parameters, groups = [], {}
-    for parameter in signature.parameters.values():
-        if isinstance(parameter.default, OptionGroup):
-            groups[parameter.name] = parameter.default
-            parameters += [
-                inspect.Parameter(name, parameter.kind, default=default, annotation=annotation)
-                for name, annotation, default in parameter.default.options
-            ]
-        else:
-            parameters.append(parameter.replace(annotation=hints.get(parameter.name, parameter.annotation)))
-
-    @functools.wraps(command)
-    def grouped(**values):
-        for name, group in groups.items():
-            values[name] = {option: values.pop(option) for option, _, _ in group.options}
-        return command(**values)
-
-    grouped.__signature__ = signature.replace(parameters=parameters)
-    grouped.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
-    return grouped
-
-
-def estimator_fields(values: dict, group_field: str = "group_by") -> dict:
-    """The options' fields of :data:`ESTIMATOR_OPTIONS`' values (``--group-col`` is the
-    field ``group_field``: ``group_by`` in recompute's options, ``group_by_id`` in diff's)."""
-    return {
-        "gamma": values["gamma"],
-        "lambd": values["lambd"],
-        "estimator": values["estimator"],
-        group_field: values["group_col"],
-        "step_by": values["step_col"],
-    }

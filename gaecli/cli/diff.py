@@ -6,18 +6,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from gaecli.cli import common
+from gaecli.cli import common, option_groups
 from gaecli.cli.common import BatchRowsOption, DebugOption, JsonOption, QuietOption, app, write_path_option
 from gaecli.cli.progress import make_progress, print_closing
 
 
 @app.command(epilog=common.EXIT_CODES_HELP)
-@common.with_groups
+@option_groups.with_groups
 def diff(
     inputs: Annotated[
         list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")
     ],
-    estimator_options: dict = common.ESTIMATOR_OPTIONS,
+    estimator_options: dict = option_groups.ESTIMATOR_OPTIONS,
     baseline: Annotated[
         Optional[str],
         typer.Option(
@@ -74,10 +74,10 @@ def diff(
     ] = None,
     top: Annotated[int, typer.Option(metavar="K", help="List the K samples with the largest max |Δ advantage|.")] = 10,
     tol: Annotated[float, typer.Option(help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
-    kernel_options: dict = common.KERNEL_OPTIONS,
+    kernel_options: dict = option_groups.KERNEL_OPTIONS,
     batch_rows: BatchRowsOption = None,
-    column_options: dict = common.COLUMN_OPTIONS,
-    variant_options: dict = common.VARIANT_OPTIONS,
+    column_options: dict = option_groups.COLUMN_OPTIONS,
+    variant_options: dict = option_groups.VARIANT_OPTIONS,
     json_path: JsonOption = None,
     markdown: Annotated[
         Optional[str],
@@ -104,7 +104,7 @@ def diff(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace existing --per-sample and --groups-out files.")
     ] = False,
-    engine_options: dict = common.ENGINE_OPTIONS,
+    engine_options: dict = option_groups.ENGINE_OPTIONS,
     quiet: QuietOption = False,
     debug: DebugOption = False,
 ) -> None:
@@ -124,7 +124,7 @@ def diff(
 
             require_matplotlib()
         options = DiffOptions(
-            **common.estimator_fields(estimator_options, group_field="group_by_id"),
+            **option_groups.estimator_fields(estimator_options, group_field="group_by_id"),
             baseline=baseline,
             against=against,
             against_returns=against_returns,

@@ -6,20 +6,20 @@ from typing import Annotated, Optional
 
 import typer
 
-from gaecli.cli import common
+from gaecli.cli import common, option_groups
 from gaecli.cli.common import BatchRowsOption, DebugOption, JsonOption, QuietOption, app, write_path_option
 from gaecli.cli.progress import make_progress, print_closing
 
 
 @app.command(epilog=common.EXIT_CODES_HELP)
-@common.with_groups
+@option_groups.with_groups
 def recompute(
     inputs: Annotated[
         list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")
     ],
     output: Annotated[str, write_path_option("--output", "-o", help="Output file (one input file) or directory.")],
-    estimator_options: dict = common.ESTIMATOR_OPTIONS,
-    kernel_options: dict = common.KERNEL_OPTIONS,
+    estimator_options: dict = option_groups.ESTIMATOR_OPTIONS,
+    kernel_options: dict = option_groups.KERNEL_OPTIONS,
     batch_rows: BatchRowsOption = None,
     normalize: Annotated[
         bool, typer.Option("--normalize", help="Whiten advantages over all trainable tokens of all inputs.")
@@ -27,8 +27,8 @@ def recompute(
     normalize_by: Annotated[
         Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")
     ] = None,
-    column_options: dict = common.COLUMN_OPTIONS,
-    variant_options: dict = common.VARIANT_OPTIONS,
+    column_options: dict = option_groups.COLUMN_OPTIONS,
+    variant_options: dict = option_groups.VARIANT_OPTIONS,
     advantages_col: Annotated[
         str, typer.Option(help="Name of the advantages column written.", rich_help_panel="Columns")
     ] = "advantages",
@@ -63,7 +63,7 @@ def recompute(
         bool, typer.Option("--skip-existing", help="Leave outputs that exist and are whole alone (resume a run).")
     ] = False,
     tol: Annotated[float, typer.Option(help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
-    engine_options: dict = common.ENGINE_OPTIONS,
+    engine_options: dict = option_groups.ENGINE_OPTIONS,
     json_path: JsonOption = None,
     quiet: QuietOption = False,
     debug: DebugOption = False,
@@ -75,7 +75,7 @@ def recompute(
         from gaecli.report.recompute import render_recompute
 
         options = RecomputeOptions(
-            **common.estimator_fields(estimator_options),
+            **option_groups.estimator_fields(estimator_options),
             **kernel_options,
             batch_rows=batch_rows,
             columns=common.make_columns(**column_options, advantages=advantages_col, returns=returns_col),

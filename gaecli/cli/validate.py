@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gaecli.cli import common
+from gaecli.cli import common, option_groups
 from gaecli.cli.common import EXIT_USAGE, BatchRowsOption, DebugOption, JsonOption, QuietOption, app, fail
 from gaecli.cli.progress import make_progress, print_closing
 
@@ -15,7 +15,7 @@ from gaecli.cli.progress import make_progress, print_closing
     epilog="Exit codes: 0 no errors (warnings allowed unless --strict) · 1 errors (or warnings under --strict) · "
     "2 a file could not be read or the command was misused (wins over 1; the readable files are still checked)."
 )
-@common.with_groups
+@option_groups.with_groups
 def validate(
     inputs: Annotated[
         Optional[list[str]],
@@ -44,9 +44,9 @@ def validate(
         bool, typer.Option("--list-rules", help="Print every rule (code, severity, what it finds, fix) and exit.")
     ] = False,
     batch_rows: BatchRowsOption = None,
-    column_options: dict = common.COLUMN_OPTIONS,
-    row_input_options: dict = common.ROW_INPUT_OPTIONS,
-    engine_options: dict = common.ENGINE_OPTIONS,
+    column_options: dict = option_groups.COLUMN_OPTIONS,
+    row_input_options: dict = option_groups.ROW_INPUT_OPTIONS,
+    engine_options: dict = option_groups.ENGINE_OPTIONS,
     json_path: JsonOption = None,
     quiet: QuietOption = False,
     debug: DebugOption = False,
