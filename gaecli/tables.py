@@ -147,7 +147,6 @@ def diff_table(table: Any, **options: Any):
     Computed in memory by the command's own unit (:func:`gaecli.diff.run.diff_rollout`) and
     merge, so every figure is the command's, bit for bit; error messages name the table
     where they would name a file."""
-    from dataclasses import replace
 
     from gaecli.diff import DiffOptions
     from gaecli.diff.run import diff_report, diff_rollout, merge_parts
@@ -155,8 +154,6 @@ def diff_table(table: Any, **options: Any):
 
     _refuse_writes("diff_table", options)
     diff = DiffOptions(**options)
-    if diff.normalize_by is not None and not diff.normalize:
-        diff = replace(diff, normalize=True)
     arrow, _ = to_arrow(table)
     rollout = TableRollout(arrow)
     moments, scores = reader_statistics(rollout, diff.computation, whole="the input")

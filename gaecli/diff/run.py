@@ -4,7 +4,7 @@ the report is the same for any engine and worker count."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -394,8 +394,6 @@ def diff_files(
     break the format. Bad option values raise :class:`gaecli.errors.InvalidOptionError` (a
     :class:`GAEInputError` too) when the options are made, before any work.
     """
-    if options.normalize_by is not None and not options.normalize:
-        options = replace(options, normalize=True)
     paths = _input_files(list(inputs))
     _check_outputs(paths, options)
     return _run(paths, options, progress or NoProgress(), engine or EngineOptions(workers=1))

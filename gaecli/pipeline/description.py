@@ -238,6 +238,8 @@ class RunOptions:
     (:attr:`computation`), built once."""
 
     def __post_init__(self) -> None:
+        if self.normalize_by is not None and not self.normalize:  # --normalize-by implies --normalize
+            object.__setattr__(self, "normalize", True)
         self.check()
 
     def check(self) -> None:

@@ -26,8 +26,9 @@ class RecomputeOptions(RunOptions):
 
     ``normalize``: whiten the advantages over all trainable tokens of all inputs;
     ``normalize_by``: whiten within groups of rows sharing this column's value (implies
-    normalize). ``on_invalid``: ``"stop"`` (first invalid row stops the run) or ``"skip"``
-    (invalid rows go whole to ``<output>.rejected.parquet`` with a ``reason`` column).
+    normalize: ``normalize`` is then True). ``on_invalid``: ``"stop"`` (first invalid row
+    stops the run) or ``"skip"`` (invalid rows go whole to ``<output>.rejected.parquet`` with
+    a ``reason`` column).
     Every value is checked when the options are made (:meth:`check`).
     ``report_paths``: files the caller will write reports to (e.g. ``--json``), refused
     before any work when one is an input or an output (:func:`gaecli.io.paths.check_writes`).

@@ -4,7 +4,7 @@ written whole or not at all) and the outcomes merged into the report."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -223,8 +223,6 @@ def recompute_files(
     :class:`GAEInputError` too) when the options are made, before any work.
     """
     engine = engine or EngineOptions(workers=1)  # a library call stays in this process unless told
-    if options.normalize_by is not None and not options.normalize:
-        options = replace(options, normalize=True)
     jobs = _plan(inputs, output, options)
     footers = read_footers([job.source for job in jobs])  # once per file: the passes and units reuse them
     identities = _identities(jobs, footers, options.computation.spans_inputs)
