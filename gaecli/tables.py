@@ -1,8 +1,8 @@
 """``gae recompute`` and ``gae diff`` on a table in memory: a pyarrow Table or RecordBatch, a
-pandas or polars DataFrame, or any object exporting ``__arrow_c_stream__``, computed by the
-commands' own code (the recompute's per-batch pipeline, :func:`gaecli.pipeline.computed_batches`
-and :func:`gaecli.recompute.output_batch`; the diff's :func:`gaecli.diff_files`), so the
-numbers are the commands' bits. Docs: docs/python-api.md#tables."""
+pandas or polars DataFrame, or any object exporting ``__arrow_c_stream__``, computed in memory by the
+commands' own units (the recompute's :func:`gaecli.recompute.run.output_batches`, the diff's
+:func:`gaecli.diff.run.diff_rollout`) after the pre-passes of the run driver
+(:func:`gaecli.run.reader_statistics`), so the numbers are the commands' bits. Docs: docs/python-api.md#tables."""
 
 from __future__ import annotations
 
@@ -92,77 +92,49 @@ def from_arrow(table: pa.Table, kind: str) -> Any:
     return table
 
 
-def recompute_table(
-    table: Any,
-    *,
-    gamma: float,
-    lambd: float,
-    kernel: str = "auto",
-    device: str = "cpu",
-    batch_rows: Optional[int] = None,
-    columns=None,
-    normalize: bool = False,
-    normalize_by: Optional[str] = None,
-    replace: bool = False,
-    keep_baseline: bool = False,
-    baseline: str = "unmasked",
-) -> Any:
+_WRITES = ("overwrite", "skip_existing", "report_paths", "per_sample", "groups_out")
+"""The options of the commands that name files to write: refused here (nothing is written)."""
+
+
+def _refuse_writes(function: str, options: dict) -> None:
+    for refused in _WRITES:
+        if refused in options:
+            raise GAEInputError(f"{function} writes nothing: {refused} is not an option here")
+
+
+def recompute_table(table: Any, **options: Any) -> Any:
     """``gae recompute`` on a table: the same rows, in the same order, every column kept, with
     the advantages and returns columns added (and the baseline's with ``keep_baseline``),
     returned in the kind given (a pyarrow Table for an ``__arrow_c_stream__`` exporter).
 
-    Options as :class:`gaecli.RecomputeOptions` (``columns``: a :class:`gaecli.Columns`
-    naming the input and output columns, KL rewards included; ``normalize``/``normalize_by``:
-    whitening over the whole table). The numbers are those the command writes for a file of
-    these rows, bit for bit. Raises :class:`gaecli.GAEInputError` for an invalid row, naming
-    the table row and column (``table, row 3, column 'values': ...``), and for a table it
+    ``options``: the fields of :class:`gaecli.RecomputeOptions` but ``overwrite``,
+    ``skip_existing`` and ``report_paths`` (nothing is written): γ and λ where the estimator
+    reads them, ``estimator`` with ``group_by`` / ``step_by``, the GAE ``variants``,
+    ``columns`` (a :class:`gaecli.Columns` naming the input and output columns, KL rewards
+    included), ``normalize``/``normalize_by`` (whitening over the whole table), ``on_invalid``
+    (``"skip"``: the invalid rows are left out of the result). Computed in memory by the
+    command's own unit (:func:`gaecli.recompute.run.output_batches`), so the numbers are those
+    the command writes for a file of these rows, bit for bit. Raises
+    :class:`gaecli.GAEInputError` for an invalid row, naming the table row and column
+    (``table, row 3, column 'values': ...``), for a bad option value and for a table it
     cannot read.
     """
-    from gaecli.advantages.kernels import resolve_kernel
-    from gaecli.io.format import Columns
-    from gaecli.pipeline import computed_batches
     from gaecli.recompute import RecomputeOptions
-    from gaecli.recompute.output import check_job, computation_of, output_batch, output_schema
+    from gaecli.recompute.output import check_job, output_schema
+    from gaecli.recompute.run import output_batches
+    from gaecli.run import reader_statistics
 
+    _refuse_writes("recompute_table", options)
     arrow, kind = to_arrow(table)
-    settings = {} if batch_rows is None else {"batch_rows": batch_rows}
-    options = RecomputeOptions(
-        gamma=gamma,
-        lambd=lambd,
-        kernel=kernel,
-        device=device,
-        columns=columns or Columns(),
-        normalize=normalize or normalize_by is not None,
-        normalize_by=normalize_by,
-        replace=replace,
-        keep_baseline=keep_baseline,
-        baseline=baseline,
-        **settings,
-    )
-    kernel = resolve_kernel(options.kernel, options.device)
-    computation = computation_of(options, kernel)
+    recompute = RecomputeOptions(**options)
     rollout = TableRollout(arrow)
     job = _Job()
-    check_job(rollout.schema, job, options, computation)
-    schema, list_type = output_schema(rollout, job, options, kernel)
+    check_job(rollout.schema, job, recompute)
+    schema, list_type = output_schema(rollout, job, recompute)
     schema = schema.with_metadata(arrow.schema.metadata)  # the table's own metadata (pandas' index), nothing added
-    moments = _moments(rollout, computation) if options.whitening else None
-    batches = [
-        output_batch(computed, options, schema, list_type, moments)[0]
-        for computed in computed_batches(rollout, computation)
-    ]
+    moments, scores = reader_statistics(rollout, recompute.computation, whole="the table")
+    batches = [output for _, output, _, _ in output_batches(rollout, recompute, schema, list_type, moments, scores)]
     return from_arrow(pa.Table.from_batches(batches, schema=schema), kind)
-
-
-def _moments(rollout: TableRollout, computation):
-    """The ``--normalize`` statistics of the whole table (new, old), gathered and merged as
-    the command does for one file (:func:`gaecli.run.passes.engine_moments`)."""
-    from gaecli.advantages.statistics import merged_in_order, whitening_statistics
-    from gaecli.pipeline import checked_moments, rollout_statistics
-
-    statistics = whitening_statistics(computation.normalize_by)
-    merged, _ = merged_in_order(statistics, [rollout_statistics(rollout, computation, statistics)])
-    return checked_moments(tuple(merged[statistic] for statistic in statistics), computation.normalize_by, "the table")
 
 
 def diff_table(table: Any, **options: Any):
@@ -172,35 +144,18 @@ def diff_table(table: Any, **options: Any):
     row. ``options``: the fields of :class:`gaecli.DiffOptions` but ``per_sample``,
     ``groups_out`` and ``report_paths`` (nothing is written). Raises as :func:`recompute_table`.
 
-    The table is written to a temporary Parquet file read by :func:`gaecli.diff_files`
-    itself, so every figure is the command's, bit for bit; error messages name the table
-    where they would name that file."""
-    import dataclasses
-    import tempfile
-    from pathlib import Path
+    Computed in memory by the command's own unit (:func:`gaecli.diff.run.diff_rollout`) and
+    merge, so every figure is the command's, bit for bit; error messages name the table
+    where they would name a file."""
 
-    import pyarrow.parquet as pq
+    from gaecli.diff import DiffOptions
+    from gaecli.diff.run import diff_report, diff_rollout, merge_parts
+    from gaecli.run import reader_statistics
 
-    from gaecli.diff import DiffOptions, diff_files
-    from gaecli.errors import GAEError, InvalidDataError
-
-    for refused in ("per_sample", "groups_out", "report_paths"):
-        if refused in options:
-            raise GAEInputError(f"diff_table writes nothing: {refused} is not an option here")
-    diff_options = DiffOptions(**options)
+    _refuse_writes("diff_table", options)
+    diff = DiffOptions(**options)
     arrow, _ = to_arrow(table)
-    with tempfile.TemporaryDirectory(prefix="gaecli-table-") as directory:
-        path = Path(directory) / f"{TABLE}.parquet"
-        pq.write_table(arrow, path, write_page_checksum=True)
-        try:
-            report = diff_files([path], diff_options)
-        except InvalidDataError as error:
-            raise InvalidDataError(dataclasses.replace(error.finding, file=TABLE)) from None
-        except GAEError as error:
-            if str(path) not in str(error) or type(error).__init__ is not Exception.__init__:
-                raise
-            raise type(error)(str(error).replace(str(path), TABLE)) from None
-    report.files = [{**entry, "file": None} for entry in report.files]
-    for comparison in report.comparisons:
-        comparison.top = [dataclasses.replace(entry, file=None) for entry in comparison.top]
-    return report
+    rollout = TableRollout(arrow)
+    moments, scores = reader_statistics(rollout, diff.computation, whole="the input")
+    part = diff_rollout(0, rollout, None, diff, moments, None, scores)
+    return diff_report(diff, [part], merge_parts([part], diff))

@@ -9,7 +9,6 @@ file being checked (duplicates are found once the file has been read).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
@@ -28,7 +27,8 @@ from gaecli.checks import (
     check_schema,
     missing_column,
 )
-from gaecli.engines import EngineOptions, TaskFailure, map_units
+from gaecli.comparison.keys import json_value
+from gaecli.engines import EngineOptions, TaskFailure
 from gaecli.errors import GAEUsageError, InvalidOptionError, UnreadableFileError
 from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_parts
@@ -37,6 +37,7 @@ from gaecli.io.reader import RolloutFile
 from gaecli.options import check_count
 from gaecli.progress import NoProgress, Progress
 from gaecli.rules import ERROR, RULES, WARNING
+from gaecli.run import Run
 
 if TYPE_CHECKING:
     from gaecli.pipeline import VariantOptions
@@ -157,16 +158,11 @@ def _finding_document(finding: Finding) -> dict:
 
 
 def _json_value(value):
-    """An id as JSON can hold it: numbers and strings as they are, the rest as text."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
+    """An id as JSON can hold it (:func:`gaecli.comparison.keys.json_value`), an id of
+    several columns as an object of them."""
     if isinstance(value, dict):
         return {key: _json_value(item) for key, item in value.items()}
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="backslashreplace")
-    return str(value)
+    return json_value(value)
 
 
 def rules_document() -> dict:
@@ -294,11 +290,11 @@ def duplicate_id_findings(ids: pa.Table, file: str, limit: Optional[int] = None)
 # ----------------------------------------------------------------------------- files
 
 
-def _discover(inputs: Sequence[str | Path]) -> list[FileResult]:
+def _discover(inputs: Sequence[str | Path], footers: dict) -> list[FileResult]:
     """One result per input file, in order, each file once; an input that names nothing,
     and a match that is no regular file (a dangling link, a FIFO:
     :func:`gaecli.io.paths.discover_inputs`), is an unreadable entry; every file's row
-    count read from its footer."""
+    count read from its footer, read once for the run (``footers``: ``id(result)`` → footer)."""
     results: list[FileResult] = []
     seen: set[Path] = set()
     for item in inputs:
@@ -324,6 +320,7 @@ def _discover(inputs: Sequence[str | Path]) -> list[FileResult]:
                 result.message = str(error)
             else:
                 result.rows = rollout.num_rows
+                footers[id(result)] = rollout.parquet.metadata
                 rollout.close()
             results.append(result)
     return results
@@ -445,21 +442,18 @@ def validate_files(
     if any(not name for name in id_columns):
         raise InvalidOptionError("--id-col: a column name is empty")
     row_inputs = variant_row_inputs(variants)
-    progress = progress or NoProgress()
-    report = ValidationReport(files=_discover(inputs), max_findings=max_findings)
+    footers: dict = {}
+    report = ValidationReport(files=_discover(inputs, footers), max_findings=max_findings)
     check_writes([result.file for result in report.files], report_writes(report_paths))
     readable = [result for result in report.files if result.status != UNREADABLE]
-    progress.start("validate", sum(result.rows for result in readable))
-    try:
-        parts = map_units(
-            _validate_unit,
-            [(result, columns, id_columns, max_findings, batch_rows, row_inputs) for result in readable],
-            [result.file for result in readable],
-            (engine or EngineOptions(workers=1)).for_inputs(total_size(result.file for result in readable)),
-            progress=progress,
-        )
-    finally:
-        progress.finish()
+    files = [result.file for result in readable]
+    engine = (engine or EngineOptions(workers=1)).for_inputs(total_size(files))
+    run = Run("validate", files, [footers[id(result)] for result in readable], None, engine, progress or NoProgress())
+
+    def task(index: int, _moments, _scores) -> tuple:
+        return (readable[index], columns, id_columns, max_findings, batch_rows, row_inputs, run.footers[index])
+
+    parts = run.execute(_validate_unit, task, stop_on_failure=False)
     merged = {id(result): part for result, part in zip(readable, parts)}
     for index, result in enumerate(report.files):
         part = merged.get(id(result))
@@ -498,12 +492,14 @@ def _validate_unit(
     max_findings: Optional[int],
     batch_rows: Optional[int],
     row_inputs: tuple = (),
+    footer=None,
     progress: Optional[Progress] = None,
 ) -> _FilePart:
-    """Validate one file on its own (the work unit of every engine)."""
+    """Validate one file on its own (the work unit of every engine; ``footer``: the file's,
+    read when it was found)."""
     report = ValidationReport(files=[result], max_findings=max_findings)
     try:
-        rollout = RolloutFile(result.file)
+        rollout = RolloutFile(result.file, footer)
     except UnreadableFileError as error:  # gone or changed since it was opened
         result.message = str(error)
         if progress is not None:

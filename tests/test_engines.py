@@ -578,8 +578,8 @@ def test_each_file_unit_gets_the_statistics_of_its_own_groups(tmp_path):
     """engine_file_moments: per file, the merged statistics of the groups its rows hold,
     only those, equal to the merged statistics of those groups."""
     from gaecli.io.format import Columns
-    from gaecli.pipeline import Computation
     from gaecli.progress import NoProgress
+    from gaecli.recompute import RecomputeOptions
     from gaecli.run.passes import engine_file_moments, engine_moments
 
     paths = []
@@ -587,9 +587,9 @@ def test_each_file_unit_gets_the_statistics_of_its_own_groups(tmp_path):
         data = random_rollouts(12, seed=90 + index)
         keys = pa.array([groups[row % len(groups)] for row in range(12)])
         paths.append(str(write_table(rollout_table(data, extra={"prompt": keys}), tmp_path / f"f{index}.parquet")))
-    computation = Computation(
-        gamma=GAMMA, lambd=LAMBD, kernel="native", device="cpu", batch_rows=5, columns=Columns(), normalize_by="prompt"
-    )
+    computation = RecomputeOptions(
+        gamma=GAMMA, lambd=LAMBD, kernel="native", batch_rows=5, columns=Columns(), normalize_by="prompt"
+    ).computation
     engine = EngineOptions(workers=1)
     merged_new, _ = engine_moments(paths, computation, engine, NoProgress(), 36)
     assert merged_new.table.keys().to_pylist() == ["a", "b", "c", "d"]

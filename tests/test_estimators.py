@@ -365,7 +365,7 @@ def test_diff_usage_errors_exit_2(tmp_path, options, message):
 def test_an_estimator_is_an_old_side_of_its_own():
     """``--old-estimator``: a comparison side named by the estimator, whose spec takes γ, λ and
     the group and step ids only where that estimator reads them."""
-    from gaecli.comparison.sides import ComparisonSide
+    from gaecli.comparison.sides import ComparisonSide, old_side_spec
 
     side = ComparisonSide.from_estimator("reinforce++-baseline")
     assert side.recomputed and side.name == "reinforce++-baseline"
@@ -378,16 +378,16 @@ def test_an_estimator_is_an_old_side_of_its_own():
     }
     assert side.output_columns == ("advantages_reinforcepp_baseline", "returns_reinforcepp_baseline")
     ids = ("prompt_id", "step")
-    assert side.spec(0.9, 0.95, *ids) == AdvantageSpec(
+    assert old_side_spec(side, 0.9, 0.95, *ids) == AdvantageSpec(
         estimator="reinforce++-baseline", group_by="prompt_id", step_by="step"
     )
-    assert ComparisonSide.from_estimator("reinforce++").spec(0.9, 0.95, *ids) == AdvantageSpec(
+    assert old_side_spec(ComparisonSide.from_estimator("reinforce++"), 0.9, 0.95, *ids) == AdvantageSpec(
         0.9, estimator="reinforce++", step_by="step"
     )
-    assert ComparisonSide.from_estimator("rloo").spec(0.9, 0.95, *ids) == AdvantageSpec(
+    assert old_side_spec(ComparisonSide.from_estimator("rloo"), 0.9, 0.95, *ids) == AdvantageSpec(
         estimator="rloo", group_by="prompt_id"
     )
-    assert ComparisonSide.from_estimator("gae").spec(0.9, 0.95, *ids) == AdvantageSpec(0.9, 0.95)
+    assert old_side_spec(ComparisonSide.from_estimator("gae"), 0.9, 0.95, *ids) == AdvantageSpec(0.9, 0.95)
 
 
 def test_diff_gae_with_a_variant_against_an_estimator(tmp_path):

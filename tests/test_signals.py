@@ -380,7 +380,8 @@ def test_a_swallowed_interrupt_still_stops_the_run_before_the_next_unit_and_batc
     from gaecli.errors import RunInterrupted
     from gaecli.io.format import Columns
     from gaecli.io.reader import RolloutFile
-    from gaecli.pipeline import Computation, computed_batches
+    from gaecli.pipeline import computed_batches
+    from gaecli.recompute import RecomputeOptions
     from gaecli.stop import clear_stop, request_stop
 
     started: list = []
@@ -397,7 +398,8 @@ def test_a_swallowed_interrupt_still_stops_the_run_before_the_next_unit_and_batc
         # within a unit: the next batch does not start either
         clear_stop()
         source = write_table(rollout_table(random_rollouts(6, seed=5)), tmp_path / "in.parquet")
-        computation = Computation(gamma=1.0, lambd=0.95, kernel="native", device="cpu", batch_rows=2, columns=Columns())
+        options = RecomputeOptions(gamma=1.0, lambd=0.95, kernel="native", batch_rows=2, columns=Columns())
+        computation = options.computation
         batches = computed_batches(RolloutFile(source), computation)
         assert next(batches).batch.num_rows == 2
         request_stop()

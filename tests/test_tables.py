@@ -12,6 +12,7 @@ import pytest
 
 import gaecli
 from gaecli import Columns, GAEInputError, RecomputeOptions
+from gaecli.pipeline import VariantOptions
 
 from rollout_files import TOLERANCE, assert_rows_close, random_rollouts, reference_outputs, rollout_table, write_table
 
@@ -124,11 +125,14 @@ def test_pandas_dataframe_in_pandas_out(tmp_path):
 
 
 def test_polars_dataframe_in_polars_out(tmp_path):
-    polars = pytest.importorskip("polars", reason="polars is not installed")
+    polars = pytest.importorskip("polars", reason="polars is not installed (pip install gaecli[dev])")
     _, arrow = table()
-    got = gaecli.recompute_table(polars.from_arrow(arrow), gamma=GAMMA, lambd=LAMBD)
+    frame = polars.from_arrow(arrow)
+    got = gaecli.recompute_table(frame, gamma=GAMMA, lambd=LAMBD)
     assert isinstance(got, polars.DataFrame)
-    assert_same_numbers(got.to_arrow(), command_output(tmp_path, arrow))
+    assert got.columns == [*frame.columns, "advantages", "returns"]
+    # polars holds lists as large lists: the command's output for a file of the frame's rows
+    assert_same_numbers(got.to_arrow(), command_output(tmp_path, frame.to_arrow()))
 
 
 def test_invalid_row_named_by_table_row_and_column():
@@ -153,7 +157,7 @@ def report_without_files(report) -> dict:
     return document
 
 
-@pytest.mark.parametrize("kind", ["arrow", "pandas"])
+@pytest.mark.parametrize("kind", ["arrow", "pandas", "polars"])
 @pytest.mark.parametrize(
     "options", [{}, {"group_by": "group", "id_col": "id", "normalize": True}], ids=["plain", "grouped"]
 )
@@ -161,7 +165,12 @@ def test_diff_table_is_the_diff_of_a_file_of_the_same_rows(tmp_path, kind, optio
     _, arrow = table()
     source = write_table(arrow, tmp_path / "in.parquet")
     want = gaecli.diff_file(source, gaecli.DiffOptions(gamma=GAMMA, lambd=LAMBD, **options))
-    given = arrow if kind == "arrow" else pytest.importorskip("pandas").DataFrame(arrow.to_pandas())
+    if kind == "arrow":
+        given = arrow
+    elif kind == "pandas":
+        given = pytest.importorskip("pandas").DataFrame(arrow.to_pandas())
+    else:
+        given = pytest.importorskip("polars").from_arrow(arrow)
     got = gaecli.diff_table(given, gamma=GAMMA, lambd=LAMBD, **options)
     assert got.files == [{"file": None, "rows": arrow.num_rows, "tokens": want.files[0]["tokens"]}]
     assert all(entry.file is None for entry in got.top)
@@ -175,3 +184,50 @@ def test_diff_table_invalid_row_named_by_table_row_and_column():
     with pytest.raises(GAEInputError) as raised:
         gaecli.diff_table(rollout_table(rollouts), gamma=GAMMA, lambd=LAMBD)
     assert str(raised.value) == "table, row 4, column 'rewards': 'rewards' is inf at token 0 [non-finite]"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"estimator": "grpo", "group_by": "group"},
+        {"estimator": "reinforce++", "gamma": GAMMA},
+        {"gamma": GAMMA, "lambd": LAMBD, "variants": VariantOptions(lambd_critic=0.5, lambd_alpha=0.1)},
+    ],
+    ids=["grpo", "reinforce++", "variants"],
+)
+def test_estimators_and_variants_agree_bitwise_with_the_command(tmp_path, options):
+    _, arrow = table()
+    got = gaecli.recompute_table(arrow, **options)
+    source = write_table(arrow, tmp_path / "in.parquet")
+    gaecli.recompute_file(source, tmp_path / "out.parquet", RecomputeOptions(**options))
+    want = pq.read_table(tmp_path / "out.parquet")
+    assert got.column_names == want.column_names
+    assert_same_numbers(got, want)
+
+
+def test_on_invalid_skip_leaves_the_invalid_rows_out(tmp_path):
+    rollouts, _ = table()
+    rollouts.values[7][1] = float("nan")
+    arrow = rollout_table(rollouts)
+    got = gaecli.recompute_table(arrow, gamma=GAMMA, lambd=LAMBD, on_invalid="skip")
+    assert got.num_rows == arrow.num_rows - 1
+    want = command_output(tmp_path, arrow, on_invalid="skip")
+    assert want.num_rows == got.num_rows
+    assert_same_numbers(got, want)
+
+
+def test_table_functions_refuse_what_writes_files():
+    _, arrow = table()
+    with pytest.raises(GAEInputError, match="recompute_table writes nothing: skip_existing is not an option here"):
+        gaecli.recompute_table(arrow, gamma=GAMMA, lambd=LAMBD, skip_existing=True)
+    with pytest.raises(GAEInputError, match="diff_table writes nothing: per_sample is not an option here"):
+        gaecli.diff_table(arrow, gamma=GAMMA, lambd=LAMBD, per_sample="x.parquet")
+
+
+def test_diff_table_with_estimators_is_the_diff_of_a_file_of_the_same_rows(tmp_path):
+    _, arrow = table()
+    options = {"estimator": "rloo", "old_estimator": "grpo", "group_by_id": "group"}
+    source = write_table(arrow, tmp_path / "in.parquet")
+    want = gaecli.diff_file(source, gaecli.DiffOptions(**options))
+    got = gaecli.diff_table(arrow, **options)
+    assert report_without_files(got) == report_without_files(want)

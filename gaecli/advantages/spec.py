@@ -23,7 +23,7 @@ from gaecli.advantages.contract import (
     TIMESTEPS,
 )
 from gaecli.errors import InvalidOptionError
-from gaecli.options import check_number
+from gaecli.options import check_choice, check_number
 
 VARIANT_INPUTS: dict[str, str] = {"turn_rewards": "list", "truncated": "scalar", "bootstrap_values": "scalar"}
 """The per-row inputs of the GAE variants: field (and role) → kind."""
@@ -107,27 +107,11 @@ class AdvantageSpec:
             refuse(f"unknown normalize {self.normalize!r}; choose one of: {', '.join(NORMALIZATIONS)}")
         if (self.normalize == "by") != (self.normalize_by is not None):
             refuse("normalize='by' needs normalize_by (the per-row group key), and normalize_by needs normalize='by'")
-        if self.timestep not in TIMESTEPS:
-            refuse(f"unknown timestep {self.timestep!r}; implemented: {', '.join(TIMESTEPS)}")
+        check_variant_values({name: getattr(self, name) for name in ("timestep", *VARIANT_FIELDS)})
         self._check_variants()
 
     def _check_variants(self) -> None:
-        """The GAE variants' fields (docs/variants.md)."""
-        for name in ("lambd_critic", "lambd_alpha"):
-            value = getattr(self, name)
-            if value is not None:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                    refuse(f"{name} must be a finite number or None, got {value!r}")
-        if self.lambd_critic is not None:
-            check_number("lambd_critic", self.lambd_critic, 0.0, 1.0)
-        if self.lambd_alpha is not None and not self.lambd_alpha > 0:
-            refuse(f"lambd_alpha must be > 0, got {self.lambd_alpha:g}")
-        for name in VARIANT_INPUTS:
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                refuse(f"{name} names a per-row input: a non-empty string or None, got {value!r}")
-        if (self.truncated is None) != (self.bootstrap_values is None):
-            refuse("truncated and bootstrap_values go together: set both (the flag and the value) or neither")
+        """The GAE variants apply to the masked contract of GAE only (docs/variants.md)."""
         variants = self.variants
         if variants and self.estimator != "gae":
             refuse(f"the GAE variants ({', '.join(variants)}) need estimator 'gae', got {self.estimator!r}")
@@ -144,33 +128,12 @@ class AdvantageSpec:
         return (("timestep",) if self.timestep != "token" else ()) + tuple(names)
 
     def _check_estimator(self) -> None:
-        """The estimator, the discount parameters it reads and its per-row inputs."""
-        estimator = self.estimator
-        if estimator not in ESTIMATORS:
-            refuse(f"unknown estimator {estimator!r}; implemented: {', '.join(ESTIMATORS)}")
-        used = ESTIMATOR_PARAMETERS.get(estimator, ())
-        for name in ("gamma", "lambd"):
-            value = getattr(self, name)
-            if name in used and value is None:
-                refuse(f"estimator {estimator!r} needs {name}")
-            if name not in used and value is not None:
-                refuse(f"estimator {estimator!r} does not use {name}; leave it None")
-            check_number(name, value, 0.0, 1.0)
-        if estimator not in CRITIC_FREE:
-            for name in ("group_by", "step_by"):
-                if getattr(self, name) is not None:
-                    refuse(f"{name} is for the critic-free estimators; estimator 'gae' does not use it")
-            return
-        if self.semantics != MASKED:
-            refuse(f"estimator {estimator!r} runs under the masked contract only (semantics {self.semantics!r})")
-        if self.normalize != "none":
-            refuse(f"estimator {estimator!r} defines its own scaling; normalize must be 'none'")
-        if estimator in GROUPED_ESTIMATORS and self.group_by is None:
-            refuse(f"estimator {estimator!r} needs group_by (the per-row prompt-group id)")
-        if estimator not in GROUPED_ESTIMATORS and self.group_by is not None:
-            refuse(f"estimator {estimator!r} has no groups; leave group_by None")
-        if estimator not in STEP_ESTIMATORS and self.step_by is not None:
-            refuse(f"estimator {estimator!r} has no statistic per step; leave step_by None")
+        """The estimator, the discount parameters it reads, its per-row inputs and scaling
+        (:func:`check_estimator_values`), and the contract a critic-free estimator runs under."""
+        values = {"gamma": self.gamma, "lambd": self.lambd, "group_by": self.group_by, "step_by": self.step_by}
+        check_estimator_values((self.estimator,), values, self.normalize != "none")
+        if self.estimator in CRITIC_FREE and self.semantics != MASKED:
+            refuse(f"estimator {self.estimator!r} runs under the masked contract only (semantics {self.semantics!r})")
 
     @property
     def critic_free(self) -> bool:
@@ -211,6 +174,102 @@ class AdvantageSpec:
     def to_dict(self) -> dict:
         """Every field by name (for metadata and JSON reports)."""
         return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+class SpecWords:
+    """How :func:`check_estimator_values` words a refusal for the API: by the spec's fields."""
+
+    def name(self, field: str) -> str:
+        return field
+
+    def unknown(self, estimator: str) -> None:
+        refuse(f"unknown estimator {estimator!r}; implemented: {', '.join(ESTIMATORS)}")
+
+    def needs(self, field: str, estimator: str) -> str:
+        if field == "group_by":
+            return f"estimator {estimator!r} needs group_by (the per-row prompt-group id)"
+        return f"estimator {estimator!r} needs {field}"
+
+    def unused(self, field: str, estimators: tuple[str, ...]) -> str:
+        estimator = estimators[0]
+        if field in ("group_by", "step_by") and estimator not in CRITIC_FREE:
+            return f"{field} is for the critic-free estimators; estimator 'gae' does not use it"
+        if field == "group_by":
+            return f"estimator {estimator!r} has no groups; leave group_by None"
+        if field == "step_by":
+            return f"estimator {estimator!r} has no statistic per step; leave step_by None"
+        return f"estimator {estimator!r} does not use {field}; leave it None"
+
+    def scaling(self, estimator: str) -> str:
+        return f"estimator {estimator!r} defines its own scaling; normalize must be 'none'"
+
+
+def check_estimator_values(
+    estimators: tuple[str, ...], values: dict, normalize: bool, words: Optional[SpecWords] = None
+) -> None:
+    """Refuse (:class:`InvalidOptionError`) the values of the estimators computed together
+    (``estimators``: a spec's one, or a command's sides, ``gae`` standing for a GAE
+    baseline): an unknown estimator; γ / λ (``values``' ``gamma``, ``lambd``) missing where an
+    estimator reads them, given where none does, or out of [0, 1]; whitening (``normalize``)
+    with a critic-free estimator; the group id (``group_by``) missing where an estimator
+    groups or given where none does; the step id (``step_by``) given where none has a
+    statistic per step (docs/estimators.md). The one check of the spec and of the commands'
+    options; ``words`` says how the caller names them (the spec's fields; the commands: their
+    options)."""
+    words = words or SpecWords()
+    for estimator in estimators:
+        if estimator not in ESTIMATORS:
+            words.unknown(estimator)
+    for field in ("gamma", "lambd"):
+        used = [estimator for estimator in estimators if field in ESTIMATOR_PARAMETERS.get(estimator, ())]
+        if used and values[field] is None:
+            refuse(words.needs(field, used[0]))
+        if not used and values[field] is not None:
+            refuse(words.unused(field, estimators))
+        check_number(words.name(field), values[field], 0.0, 1.0)
+    critic_free = [estimator for estimator in estimators if estimator in CRITIC_FREE]
+    if critic_free and normalize:
+        refuse(words.scaling(critic_free[0]))
+    grouped = [estimator for estimator in estimators if estimator in GROUPED_ESTIMATORS]
+    if grouped and values["group_by"] is None:
+        refuse(words.needs("group_by", grouped[0]))
+    if not grouped and values["group_by"] is not None:
+        refuse(words.unused("group_by", estimators))
+    if values["step_by"] is not None and not any(estimator in STEP_ESTIMATORS for estimator in estimators):
+        refuse(words.unused("step_by", estimators))
+
+
+def check_variant_values(values: dict, flags: Optional[dict] = None) -> None:
+    """Refuse (:class:`InvalidOptionError`) a GAE variant value (docs/variants.md; ``values``:
+    spec field → value, those absent unset): the one check of the spec's fields and of the
+    commands' options. ``flags``: spec field → the option a command names it by, named in
+    the messages (None: the spec's fields, as the API names them)."""
+    named = flags or {}
+
+    def name(field: str) -> str:
+        return named.get(field, field)
+
+    timestep = values.get("timestep", "token")
+    if timestep not in TIMESTEPS:
+        if flags:
+            check_choice(name("timestep"), timestep, TIMESTEPS, "timestep")
+        refuse(f"unknown timestep {timestep!r}; implemented: {', '.join(TIMESTEPS)}")
+    for field, bounds in (("lambd_critic", (0.0, 1.0)), ("lambd_alpha", ())):
+        value = values.get(field)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (flags or math.isfinite(value)):
+            refuse(f"{name(field)} must be a finite number or None, got {value!r}")
+        check_number(name(field), value, *bounds)
+        if field == "lambd_alpha" and not value > 0:
+            refuse(f"{name(field)} must be > 0, got {value:g}")
+    for field in VARIANT_INPUTS:
+        value = values.get(field)
+        if value is not None and (not isinstance(value, str) or not value):
+            refuse(f"{name(field)} names a per-row input: a non-empty string or None, got {value!r}")
+    if (values.get("truncated") is None) != (values.get("bootstrap_values") is None):
+        how = "give both or neither" if flags else "set both (the flag and the value) or neither"
+        refuse(f"{name('truncated')} and {name('bootstrap_values')} go together: {how}")
 
 
 def estimator_spec(

@@ -1,7 +1,7 @@
 """What every ``gae`` command shares: the typer app, the exit codes, the one-line error and
 its exit code (:class:`errors_to_exit`), the JSON writer, and the options several commands
-take (columns, KL rewards, engines). Heavy modules are imported inside the functions so
-that ``gae --help`` starts fast."""
+take (columns, KL rewards, engines; grouped in :mod:`gaecli.cli.option_groups`). Heavy
+modules are imported inside the functions so that ``gae --help`` starts fast."""
 
 from __future__ import annotations
 
@@ -550,3 +550,4 @@ class errors_to_exit:
         if code is not None:
             fail(str(exc), code)
         return False
+

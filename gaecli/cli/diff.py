@@ -6,59 +6,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from gaecli.cli.common import (
-    EXIT_CODES_HELP,
-    EXIT_USAGE,
-    BatchRowsOption,
-    BootstrapColOption,
-    DebugOption,
-    EngineOption,
-    EstimatorOption,
-    GammaOption,
-    GroupColOption,
-    JsonOption,
-    KLCoefOption,
-    KLEstimatorOption,
-    LambdAlphaOption,
-    LambdCriticOption,
-    LambdOption,
-    LogprobsColOption,
-    MaskColOption,
-    QuietOption,
-    RayAddressOption,
-    RefLogprobsColOption,
-    RewardsColOption,
-    StepColOption,
-    TerminalColOption,
-    TimestepOption,
-    TruncatedColOption,
-    TurnRewardsColOption,
-    ValuesColOption,
-    WorkersOption,
-    app,
-    errors_to_exit,
-    fail,
-    make_columns,
-    make_engine,
-    make_variants,
-    reports,
-    stderr_console,
-    write_json,
-    write_path_option,
-)
+from gaecli.cli import common, option_groups
+from gaecli.cli.common import BatchRowsOption, DebugOption, JsonOption, QuietOption, app, write_path_option
 from gaecli.cli.progress import make_progress, print_closing
 
 
-@app.command(epilog=EXIT_CODES_HELP)
+@app.command(epilog=common.EXIT_CODES_HELP)
+@option_groups.with_groups
 def diff(
     inputs: Annotated[
         list[str], typer.Argument(metavar="INPUT...", help="Parquet files, directories (recursive) or globs.")
     ],
-    gamma: GammaOption = None,
-    lambd: LambdOption = None,
-    estimator: EstimatorOption = "gae",
-    group_col: GroupColOption = None,
-    step_col: StepColOption = None,
+    estimator_options: dict = option_groups.ESTIMATOR_OPTIONS,
     baseline: Annotated[
         Optional[str],
         typer.Option(
@@ -115,23 +74,10 @@ def diff(
     ] = None,
     top: Annotated[int, typer.Option(metavar="K", help="List the K samples with the largest max |Δ advantage|.")] = 10,
     tol: Annotated[float, typer.Option(help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
-    kernel: Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")] = "auto",
-    device: Annotated[str, typer.Option(help="torch device: cpu or cuda.")] = "cpu",
+    kernel_options: dict = option_groups.KERNEL_OPTIONS,
     batch_rows: BatchRowsOption = None,
-    values_col: ValuesColOption = "values",
-    rewards_col: RewardsColOption = None,
-    mask_col: MaskColOption = "loss_mask",
-    terminal_col: TerminalColOption = "terminal_reward",
-    kl_coef: KLCoefOption = None,
-    kl_estimator: KLEstimatorOption = "k1",
-    logprobs_col: LogprobsColOption = "log_probs",
-    ref_logprobs_col: RefLogprobsColOption = "ref_log_probs",
-    timestep: TimestepOption = "token",
-    lambd_critic: LambdCriticOption = None,
-    lambd_alpha: LambdAlphaOption = None,
-    turn_rewards_col: TurnRewardsColOption = None,
-    truncated_col: TruncatedColOption = None,
-    bootstrap_col: BootstrapColOption = None,
+    column_options: dict = option_groups.COLUMN_OPTIONS,
+    variant_options: dict = option_groups.VARIANT_OPTIONS,
     json_path: JsonOption = None,
     markdown: Annotated[
         Optional[str],
@@ -158,18 +104,16 @@ def diff(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace existing --per-sample and --groups-out files.")
     ] = False,
-    engine: EngineOption = "local",
-    workers: WorkersOption = None,
-    ray_address: RayAddressOption = None,
+    engine_options: dict = option_groups.ENGINE_OPTIONS,
     quiet: QuietOption = False,
     debug: DebugOption = False,
 ) -> None:
     """How far were the old advantages off? Masked GAE against trainer profiles (side by side)
     or stored advantages, over trainable tokens."""
     if json_path == "-" and markdown == "-":
-        fail("--json and --markdown cannot both write to stdout ('-')", EXIT_USAGE)
+        common.fail("--json and --markdown cannot both write to stdout ('-')", common.EXIT_USAGE)
     progress = make_progress(quiet)
-    with errors_to_exit(debug):
+    with common.errors_to_exit(debug):
         from gaecli.diff import DiffOptions, diff_files
         from gaecli.report import write_text
         from gaecli.report.markdown import render_markdown
@@ -180,8 +124,7 @@ def diff(
 
             require_matplotlib()
         options = DiffOptions(
-            gamma=gamma,
-            lambd=lambd,
+            **option_groups.estimator_fields(estimator_options, group_field="group_by_id"),
             baseline=baseline,
             against=against,
             against_returns=against_returns,
@@ -191,32 +134,19 @@ def diff(
             id_col=id_col,
             top=top,
             tolerance=tol,
-            kernel=kernel,
-            device=device,
+            **kernel_options,
             batch_rows=batch_rows,
-            columns=make_columns(
-                values_col,
-                rewards_col,
-                mask_col,
-                terminal_col,
-                kl_coef=kl_coef,
-                kl_estimator=kl_estimator,
-                logprobs_col=logprobs_col,
-                ref_logprobs_col=ref_logprobs_col,
-            ),
+            columns=common.make_columns(**column_options),
             per_sample=per_sample,
-            variants=make_variants(timestep, lambd_critic, lambd_alpha, turn_rewards_col, truncated_col, bootstrap_col),
+            variants=common.make_variants(**variant_options),
             groups_out=groups_out,
             overwrite=overwrite,
-            report_paths=reports(JSON=json_path, Markdown=markdown, HTML=html),
-            estimator=estimator,
+            report_paths=common.reports(JSON=json_path, Markdown=markdown, HTML=html),
             old_estimator=old_estimator,
-            group_by_id=group_col,
-            step_by=step_col,
         )
-        report = diff_files(inputs, options, progress, make_engine(engine, workers, ray_address))
+        report = diff_files(inputs, options, progress, common.make_engine(**engine_options))
         document = report.to_dict()
-        write_json(document, json_path)
+        common.write_json(document, json_path)
         if markdown is not None:
             write_text(markdown, render_markdown(document))
         if html is not None:
@@ -224,6 +154,6 @@ def diff(
 
             write_text(html, render_html(report))
     if not quiet:
-        console = stderr_console()
+        console = common.stderr_console()
         render_diff(document, console)
         print_closing(progress, console)

@@ -6,36 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from gaecli.cli.common import (
-    EXIT_USAGE,
-    BatchRowsOption,
-    BootstrapColOption,
-    DebugOption,
-    EngineOption,
-    JsonOption,
-    KLCoefOption,
-    KLEstimatorOption,
-    LogprobsColOption,
-    MaskColOption,
-    QuietOption,
-    RayAddressOption,
-    RefLogprobsColOption,
-    RewardsColOption,
-    TerminalColOption,
-    TruncatedColOption,
-    TurnRewardsColOption,
-    ValuesColOption,
-    WorkersOption,
-    app,
-    errors_to_exit,
-    fail,
-    make_columns,
-    make_engine,
-    make_variants,
-    reports,
-    stderr_console,
-    write_json,
-)
+from gaecli.cli import common, option_groups
+from gaecli.cli.common import EXIT_USAGE, BatchRowsOption, DebugOption, JsonOption, QuietOption, app, fail
 from gaecli.cli.progress import make_progress, print_closing
 
 
@@ -43,6 +15,7 @@ from gaecli.cli.progress import make_progress, print_closing
     epilog="Exit codes: 0 no errors (warnings allowed unless --strict) · 1 errors (or warnings under --strict) · "
     "2 a file could not be read or the command was misused (wins over 1; the readable files are still checked)."
 )
+@option_groups.with_groups
 def validate(
     inputs: Annotated[
         Optional[list[str]],
@@ -71,20 +44,9 @@ def validate(
         bool, typer.Option("--list-rules", help="Print every rule (code, severity, what it finds, fix) and exit.")
     ] = False,
     batch_rows: BatchRowsOption = None,
-    values_col: ValuesColOption = "values",
-    rewards_col: RewardsColOption = None,
-    mask_col: MaskColOption = "loss_mask",
-    terminal_col: TerminalColOption = "terminal_reward",
-    kl_coef: KLCoefOption = None,
-    kl_estimator: KLEstimatorOption = "k1",
-    logprobs_col: LogprobsColOption = "log_probs",
-    ref_logprobs_col: RefLogprobsColOption = "ref_log_probs",
-    turn_rewards_col: TurnRewardsColOption = None,
-    truncated_col: TruncatedColOption = None,
-    bootstrap_col: BootstrapColOption = None,
-    engine: EngineOption = "local",
-    workers: WorkersOption = None,
-    ray_address: RayAddressOption = None,
+    column_options: dict = option_groups.COLUMN_OPTIONS,
+    row_input_options: dict = option_groups.ROW_INPUT_OPTIONS,
+    engine_options: dict = option_groups.ENGINE_OPTIONS,
     json_path: JsonOption = None,
     quiet: QuietOption = False,
     debug: DebugOption = False,
@@ -96,9 +58,9 @@ def validate(
     if list_rules:
         from gaecli.io.paths import check_writes
 
-        with errors_to_exit(debug):
-            check_writes((), reports(JSON=json_path))  # no inputs: the rule's other checks still hold
-        write_json(rules_document(), json_path)
+        with common.errors_to_exit(debug):
+            check_writes((), common.reports(JSON=json_path))  # no inputs: the rule's other checks still hold
+        common.write_json(rules_document(), json_path)
         if not quiet and json_path != "-":
             from rich.console import Console
 
@@ -107,35 +69,23 @@ def validate(
     if not inputs:
         fail("give at least one INPUT (or --list-rules)", EXIT_USAGE)
     progress = make_progress(quiet)
-    with errors_to_exit(debug):
+    with common.errors_to_exit(debug):
         id_columns = [name.strip() for name in id_col.split(",")] if id_col is not None else None
-        columns = make_columns(
-            values_col,
-            rewards_col,
-            mask_col,
-            terminal_col,
-            kl_coef=kl_coef,
-            kl_estimator=kl_estimator,
-            logprobs_col=logprobs_col,
-            ref_logprobs_col=ref_logprobs_col,
-        )
         report = validate_files(
             inputs,
-            columns,
+            common.make_columns(**column_options),
             id_columns=id_columns,
             max_findings=DEFAULT_MAX_FINDINGS if max_findings is None else max_findings,
             batch_rows=batch_rows,
             progress=progress,
-            engine=make_engine(engine, workers, ray_address),
-            report_paths=reports(JSON=json_path),
-            variants=make_variants(
-                turn_rewards_col=turn_rewards_col, truncated_col=truncated_col, bootstrap_col=bootstrap_col
-            ),
+            engine=common.make_engine(**engine_options),
+            report_paths=common.reports(JSON=json_path),
+            variants=common.make_variants(**row_input_options),
         )
     document = report.to_dict()
-    write_json(document, json_path)
+    common.write_json(document, json_path)
     if not quiet:
-        console = stderr_console()
+        console = common.stderr_console()
         render_validate(document, console, strict=strict, rows_per_rule=max_findings)
         print_closing(progress, console)
     raise typer.Exit(report.exit_code(strict))

@@ -7,19 +7,19 @@ from typing import Optional
 
 from gaecli.advantages.contract import CRITIC_FREE, expand_baselines
 from gaecli.advantages.spec import AdvantageSpec
-from gaecli.comparison.sides import ComparisonSide
 from gaecli.comparison.token_sample import SCATTER_SAMPLE
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
-from gaecli.options import check_count, check_number
-from gaecli.pipeline import VariantOptions, check_device, check_estimators, new_side_spec
+from gaecli.options import check_count
+from gaecli.pipeline.description import ComparisonSide, RunOptions
+from gaecli.pipeline.options import VariantOptions, check_estimators
 
 DEFAULT_TOP = 10
 DEFAULT_BASELINE = "unmasked"
 
 
 @dataclass(frozen=True)
-class DiffOptions:
+class DiffOptions(RunOptions):
     """Everything that shapes a diff (the CLI options, one to one).
 
     New advantages: :attr:`new_spec`. Old advantages, exactly one kind of old side
@@ -69,14 +69,9 @@ class DiffOptions:
     group_by_id: Optional[str] = None
     step_by: Optional[str] = None
 
-    def __post_init__(self) -> None:
-        self.check()
-
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
         choices, a kernel or device not usable here, and contradicting options."""
-        from gaecli.advantages.kernels import resolve_kernel
-
         given = [flag for flag, value in self._old_side_options() if value is not None]
         if len(given) > 1:
             raise InvalidOptionError(
@@ -94,16 +89,8 @@ class DiffOptions:
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
         self.sides  # noqa: B018 - the baseline list checked (unknown names, duplicates)
-        self.new_spec  # noqa: B018 - the new side checked
-        check_count("--batch-rows", self.batch_rows, 1)
         check_count("--top", self.top, 0)
-        check_number("--tol", self.tolerance, 0.0)
-        check_device(self.device)
-        resolve_kernel(self.kernel, self.device, new_side_spec(self))
-
-    @property
-    def whitening(self) -> bool:
-        return self.normalize or self.normalize_by is not None
+        self.check_run()
 
     def _old_side_options(self) -> tuple[tuple[str, Optional[str]], ...]:
         """The options that each choose a kind of old side, (flag, value)."""
@@ -113,9 +100,15 @@ class DiffOptions:
     def new_spec(self) -> AdvantageSpec:
         """The new side: what is computed and compared with every old side (its estimator, the
         masked contract with γ and λ or a critic-free estimator, its GAE variants, whitened as
-        ``normalize`` / ``normalize_by`` say): :func:`gaecli.pipeline.new_side_spec`, the one
-        place options become the new side's spec."""
-        return new_side_spec(self)
+        ``normalize`` / ``normalize_by`` say): that of :attr:`computation`."""
+        return self.computation.new_spec
+
+    @property
+    def old_sides(self) -> tuple[ComparisonSide, ...]:
+        """:attr:`sides`, as :func:`gaecli.pipeline.description.describe_run` reads them."""
+        return self.sides
+
+    on_invalid = "stop"  # a diff compares every row: the first invalid one stops it
 
     @property
     def group_col(self) -> Optional[str]:

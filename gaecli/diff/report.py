@@ -13,7 +13,6 @@ from gaecli.comparison.figures import QUANTILE_METHOD
 from gaecli.comparison.sides import ComparisonSide
 from gaecli.comparison.top_samples import TopSample
 from gaecli.diff.options import DiffOptions
-from gaecli.pipeline import normalize_label
 from gaecli.stats import SignedLogHistogram
 
 
@@ -102,7 +101,7 @@ class DiffReport:
             "group_col": options.group_by_id,
             "step_col": options.step_by,
             "old": self.first.side.to_dict(),
-            "normalize": normalize_label(options),
+            "normalize": options.new_spec.normalize_label,
             "tolerance": options.tolerance,
             "group_by": options.group_by,
             "id_col": options.id_col,

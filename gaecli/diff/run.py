@@ -4,7 +4,7 @@ the report is the same for any engine and worker count."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -21,48 +21,17 @@ from gaecli.comparison.top_samples import TopSample, TopSamples, finite_or_none
 from gaecli.diff.options import DiffOptions
 from gaecli.diff.per_sample import per_sample_batch, per_sample_schema
 from gaecli.diff.report import ComparisonResult, DiffReport
-from gaecli.engines import EngineOptions, EngineSession, TaskFailure, map_units
+from gaecli.engines import EngineOptions
 from gaecli.io.filesystem import to_path, total_size
 from gaecli.io.paths import check_writes, discover_inputs, report_writes
 from gaecli.io.reader import RolloutFile
-from gaecli.pipeline import (
-    Computation,
-    check_file,
-    check_scalar_column,
-    computed_batches,
-    whitened_sides,
-)
+from gaecli.pipeline import check_file, check_scalar_column, computed_batches, whitened_sides
 from gaecli.progress import NoProgress, Progress
-from gaecli.run.passes import engine_file_moments, engine_file_scores
+from gaecli.run import Run, raise_first_failure, read_footers
 
 
-def computation_of(options: DiffOptions, kernel: str) -> Computation:
-    """The pipeline settings of a diff (``kernel`` resolved); the values column is not read
-    when no side reads values (critic-free estimators only)."""
-    reads_values = "gae" in options.side_estimators
-    columns = options.columns if reads_values else replace(options.columns, values=None)
-    return Computation(
-        gamma=options.gamma,
-        lambd=options.lambd,
-        kernel=kernel,
-        device=options.device,
-        batch_rows=options.batch_rows,
-        columns=columns,
-        against=options.against,
-        against_returns=options.against_returns,
-        normalize_by=options.normalize_by,
-        new=options.new_spec,
-        sides=options.sides,
-        variants=options.variants,
-        estimator=options.estimator,
-        old_estimator=options.old_estimator,
-        group_by=options.group_by_id,
-        step_by=options.step_by,
-    )
-
-
-def _check_file(schema: pa.Schema, file: str, options: DiffOptions, computation: Computation) -> None:
-    check_file(schema, file, computation)
+def _check_file(schema: pa.Schema, file: str, options: DiffOptions) -> None:
+    check_file(schema, file, options.computation)
     for flag, name in (("--group-by", options.group_by), ("--id-col", options.id_col)):
         check_scalar_column(schema, file, flag, name)
 
@@ -145,59 +114,75 @@ def diff_unit(
     index: int,
     path: str,
     options: DiffOptions,
-    kernel: str,
-    moments: Optional[tuple[Optional[Moments], ...]] = None,
+    moments: Optional[tuple[Moments, ...]] = None,
     per_sample: Optional[pa.Schema] = None,
     footer: Optional[pq.FileMetaData] = None,
     scores=None,
     progress: Optional[Progress] = None,
 ) -> FilePart:
     """Diff one file (the work unit of every engine; file ``index`` in the input order,
-    which keys its top samples and token sample): each batch read and its new side computed
-    once, then compared with every old side. ``moments``: the merged ``--normalize``
-    statistics (of the file's groups), or those of a ``reinforce++`` estimator's whitening
-    (the new side's, then one per old side: :func:`gaecli.pipeline.whitened_sides`);
-    ``per_sample``: the ``--per-sample`` schema, when one is written; ``footer``: the file's
-    footer when read already (it is then not read again); ``scores``: the score statistics of
-    this file's groups for a grouped estimator. ``progress`` (optional) is advanced per batch."""
-    computation = computation_of(options, kernel)
-    part = FilePart.empty(path, options)
-    if per_sample is not None:
-        part.per_sample = []
+    which keys its top samples and token sample): :func:`diff_rollout` of the file opened.
+    ``footer``: the file's footer when read already (it is then not read again)."""
     rollout = RolloutFile(path, footer)
     try:
-        _check_file(rollout.schema, path, options, computation)
-        read = _read_columns(rollout.schema, options)
-        for computed in computed_batches(rollout, computation, read, statistics=scores):
-            batch, packed = computed.batch, computed.packed
-            first_row, first_token = computed.first_row, computed.first_token
-            new, new_returns, olds = whitened_sides(computed, computation, moments, cast=False)
-            group_keys = computed.keys(options.group_by)
-            figures = []
-            for comparison, (old, old_returns) in zip(part.comparisons, olds, strict=True):
-                rows = comparison.accumulator.update(
-                    new,
-                    old,
-                    packed.trainable,
-                    packed.offsets,
-                    new_returns=new_returns,
-                    old_returns=old_returns,
-                    terminal_rewards=packed.terminal_rewards,
-                )
-                if comparison.groups is not None:
-                    comparison.groups.update(group_keys, rows)
-                _offer_top(comparison.top, options, index, path, batch, packed, new, old, rows, first_row, group_keys)
-                comparison.sample.update(new, old, packed.trainable, index, first_token)
-                figures.append((comparison.side.name, rows))
-            if per_sample is not None:
-                part.per_sample.append(
-                    per_sample_batch(per_sample, path, first_row, figures, computed.keys(options.id_col), group_keys)
-                )
-            part.rows, part.tokens = first_row + batch.num_rows, first_token + packed.tokens
-            if progress is not None:
-                progress.advance(batch.num_rows, packed.tokens)
+        return diff_rollout(index, rollout, path, options, moments, per_sample, scores, progress)
     finally:
         rollout.close()
+
+
+def diff_rollout(
+    index: int,
+    rollout,
+    file: Optional[str],
+    options: DiffOptions,
+    moments: Optional[tuple[Moments, ...]] = None,
+    per_sample: Optional[pa.Schema] = None,
+    scores=None,
+    progress: Optional[Progress] = None,
+) -> FilePart:
+    """Diff the rows of an open reader (a file's, or a table's; ``file``: its name in the
+    report): each batch read and its new side computed once, then compared with every old
+    side. ``moments``: the merged ``--normalize``
+    statistics (of the file's groups), or those of a ``reinforce++`` estimator's whitening
+    (the new side's, then one per old side: :func:`gaecli.pipeline.whitened_sides`);
+    ``per_sample``: the ``--per-sample`` schema, when one is written; ``scores``: the score
+    statistics of this file's groups for a grouped estimator. ``progress`` (optional) is
+    advanced per batch."""
+    computation = options.computation
+    part = FilePart.empty(file, options)
+    if per_sample is not None:
+        part.per_sample = []
+    where = str(rollout.path)
+    _check_file(rollout.schema, where, options)
+    read = _read_columns(rollout.schema, options)
+    for computed in computed_batches(rollout, computation, read, statistics=scores):
+        batch, packed = computed.batch, computed.packed
+        first_row, first_token = computed.first_row, computed.first_token
+        new, new_returns, olds = whitened_sides(computed, computation, moments, cast=False)
+        group_keys = computed.keys(options.group_by)
+        figures = []
+        for comparison, (old, old_returns) in zip(part.comparisons, olds, strict=True):
+            rows = comparison.accumulator.update(
+                new,
+                old,
+                packed.trainable,
+                packed.offsets,
+                new_returns=new_returns,
+                old_returns=old_returns,
+                terminal_rewards=packed.terminal_rewards,
+            )
+            if comparison.groups is not None:
+                comparison.groups.update(group_keys, rows)
+            _offer_top(comparison.top, options, index, file, batch, packed, new, old, rows, first_row, group_keys)
+            comparison.sample.update(new, old, packed.trainable, index, first_token)
+            figures.append((comparison.side.name, rows))
+        if per_sample is not None:
+            part.per_sample.append(
+                per_sample_batch(per_sample, file, first_row, figures, computed.keys(options.id_col), group_keys)
+            )
+        part.rows, part.tokens = first_row + batch.num_rows, first_token + packed.tokens
+        if progress is not None:
+            progress.advance(batch.num_rows, packed.tokens)
     return part
 
 
@@ -248,93 +233,50 @@ def _offer_top(
 # ----------------------------------------------------------------------------- the run
 
 
-def _raise_first_failure(results: list) -> None:
-    for result in results:
-        if isinstance(result, TaskFailure):
-            result.raise_error()
-
-
 def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: EngineOptions) -> DiffReport:
-    """The diff over ``paths``: every file's footer read once and checked here first, the
-    ``--normalize`` statistics pass, then one :func:`diff_unit` per file on ``engine``,
-    merged in input order (so the report is the same for any engine and worker count)."""
-    from gaecli.advantages.kernels import resolve_kernel
-    from gaecli.io.writer import AtomicParquetWriter
-
-    kernel = resolve_kernel(options.kernel, options.device, options.new_spec)
-    computation = computation_of(options, kernel)
+    """The diff over ``paths`` on the one run driver (:class:`gaecli.run.Run`): every file's
+    footer read once and its schema checked here first, the pre-passes, then one
+    :func:`diff_unit` per file on ``engine``, merged in input order (so the report is the
+    same for any engine and worker count)."""
     files = [str(path) for path in paths]
-    footers, schema, key_type = [], None, None
-    for file in files:
-        rollout = RolloutFile(file)  # the one read of the file's footer: the passes reuse it
-        try:
-            _check_file(rollout.schema, file, options, computation)
-            footers.append(rollout.parquet.metadata)
-            if file == files[0]:
-                schema = per_sample_schema(rollout.schema, options) if options.per_sample is not None else None
-                key_type = group_key_type(rollout.schema, options.group_by)
-        finally:
-            rollout.close()
-    total_rows = sum(footer.num_rows for footer in footers)
-    engine = engine.for_inputs(total_size(files))
-    writers = []  # opened before any work, committed together after the last file
+    footers = []
+    for file in files:  # the one read of each footer (the passes reuse it), its schema checked
+        footers += read_footers([file], strict=True)
+        _check_file(footers[-1].schema.to_arrow_schema(), file, options)
+    schema = footers[0].schema.to_arrow_schema() if footers else None
+    per_sample = per_sample_schema(schema, options) if schema is not None and options.per_sample is not None else None
+    key_type = group_key_type(schema, options.group_by) if schema is not None else None
+    run = Run("diff", files, footers, options.computation, engine.for_inputs(total_size(files)), progress)
+    writers = _Outputs(options, per_sample, key_type)  # opened before any work, committed together after
     try:
-        per_sample_writer = groups_writer = None
-        if schema is not None:
-            per_sample_writer = AtomicParquetWriter(to_path(options.per_sample), schema, overwrite=options.overwrite)
-            writers.append(per_sample_writer)
-        if options.groups_out is not None:
-            groups_writer = AtomicParquetWriter(
-                to_path(options.groups_out), groups_schema(key_type), overwrite=options.overwrite
-            )
-            writers.append(groups_writer)
-        with EngineSession() as session:  # one pool (or Ray) for both passes
-            moments, scores = [None] * len(files), [None] * len(files)
-            if computation.needs_scores:  # the critic-free estimators' group statistics, per file
-                scores = engine_file_scores(files, computation, engine, progress, total_rows, session)
-            if options.whitening or any(computation.estimator_whitened):
-                # each unit gets the statistics of its file's groups (or steps) only
-                moments = engine_file_moments(
-                    files, computation, engine, progress, total_rows, session, footers, scores
-                )
-            progress.start("diff", total_rows)
-            try:
-                units = [
-                    (index, file, options, kernel, moments[index], schema, footer, scores[index])
-                    for index, (file, footer) in enumerate(zip(files, footers))
-                ]
-                results = map_units(
-                    diff_unit, units, files, engine, stop_on_failure=True, progress=progress, session=session
-                )
-            finally:
-                progress.finish()
-        _raise_first_failure(results)
-        # merged into fresh objects (a Ray result's arrays are read-only), in input order
-        merged = FilePart.empty("", options)
-        for part in results:
-            merged.merge(part)
-            for comparison in part.comparisons:
-                comparison.groups = None  # merged: the part's group arrays are not needed again
-        if per_sample_writer is not None:
-            for part in results:
-                for batch in part.per_sample:
-                    per_sample_writer.write(batch)
-                part.per_sample = None
-        if groups_writer is not None:
-            for comparison in merged.comparisons:
-                for batch in comparison.groups.batches(comparison.side.name, key_type):
-                    groups_writer.write(batch)
-        for writer in writers:
-            writer.close()
-        for writer in writers:
-            writer.commit()
+
+        def task(index: int, moments, scores) -> tuple:
+            return (index, files[index], options, moments, per_sample, footers[index], scores)
+
+        results = run.execute(diff_unit, task)
+        raise_first_failure(results)
+        merged = merge_parts(results, options)
+        writers.write(results, merged)
     except BaseException:
-        for writer in reversed(writers):
-            writer.abort()
+        writers.abort()
         raise
+    return diff_report(options, results, merged)
+
+
+def merge_parts(results: list[FilePart], options: DiffOptions) -> FilePart:
+    """The parts of every file merged, in input order, into fresh objects (a Ray result's
+    arrays are read-only)."""
+    merged = FilePart.empty("", options)
+    for part in results:
+        merged.merge(part)
+    return merged
+
+
+def diff_report(options: DiffOptions, results: list[FilePart], merged: FilePart) -> DiffReport:
+    """The report of a diff: its files (rows, tokens) and each comparison's figures."""
     return DiffReport(
         options=options,
-        kernel=kernel,
+        kernel=options.computation.kernel,
         files=[{"file": part.file, "rows": part.rows, "tokens": part.tokens} for part in results],
         comparisons=[
             ComparisonResult(
@@ -349,6 +291,51 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
             for comparison in merged.comparisons
         ],
     )
+
+
+class _Outputs:
+    """The ``--per-sample`` and ``--groups-out`` files of a diff, opened before any work and
+    committed together after the last file (or all aborted)."""
+
+    def __init__(self, options: DiffOptions, per_sample: Optional[pa.Schema], key_type) -> None:
+        from gaecli.io.writer import AtomicParquetWriter
+
+        self.key_type, self.writers = key_type, []
+        self.per_sample = self.groups = None
+        if per_sample is not None:
+            self.per_sample = AtomicParquetWriter(to_path(options.per_sample), per_sample, overwrite=options.overwrite)
+            self.writers.append(self.per_sample)
+        if options.groups_out is not None:
+            try:
+                self.groups = AtomicParquetWriter(
+                    to_path(options.groups_out), groups_schema(key_type), overwrite=options.overwrite
+                )
+            except BaseException:
+                self.abort()
+                raise
+            self.writers.append(self.groups)
+
+    def write(self, results: list[FilePart], merged: FilePart) -> None:
+        """Every file's per-sample rows in input order, every group's figures; then commit."""
+        for part in results:
+            for comparison in part.comparisons:
+                comparison.groups = None  # merged: the part's group arrays are not needed again
+            if self.per_sample is not None:
+                for batch in part.per_sample:
+                    self.per_sample.write(batch)
+                part.per_sample = None
+        if self.groups is not None:
+            for comparison in merged.comparisons:
+                for batch in comparison.groups.batches(comparison.side.name, self.key_type):
+                    self.groups.write(batch)
+        for writer in self.writers:
+            writer.close()
+        for writer in self.writers:
+            writer.commit()
+
+    def abort(self) -> None:
+        for writer in reversed(self.writers):
+            writer.abort()
 
 
 def _input_files(inputs: list[str | Path]) -> list[Path]:
@@ -407,8 +394,6 @@ def diff_files(
     break the format. Bad option values raise :class:`gaecli.errors.InvalidOptionError` (a
     :class:`GAEInputError` too) when the options are made, before any work.
     """
-    if options.normalize_by is not None and not options.normalize:
-        options = replace(options, normalize=True)
     paths = _input_files(list(inputs))
     _check_outputs(paths, options)
     return _run(paths, options, progress or NoProgress(), engine or EngineOptions(workers=1))

@@ -7,13 +7,13 @@ the passes over every file on an engine are :mod:`gaecli.run.passes`).
 Everything here works on one file at a time and takes only picklable arguments, so the
 engines (:mod:`gaecli.engines`) can run it in other processes or on other machines.
 
-The package: :mod:`.options` (the shared options), :mod:`.packing` (one batch as flat
+The package: :mod:`.options` (the shared options), :mod:`.description` (what a run
+computes, built from any command's options), :mod:`.packing` (one batch as flat
 buffers), :mod:`.batches` (a file's computed batches), :mod:`.passes` (the passes before the
 computing one)."""
 
 from gaecli.advantages.whiten import whiten_rows
 from gaecli.pipeline.batches import (
-    Computation,
     ComputedBatch,
     check_file,
     check_rollout_schema,
@@ -24,14 +24,13 @@ from gaecli.pipeline.batches import (
     overflow_findings,
     with_findings,
 )
+from gaecli.pipeline.description import ComparisonSide, Computation, describe_run, old_side_spec
 from gaecli.pipeline.options import (
     DEVICE_TYPES,
     ON_INVALID_MODES,
     VariantOptions,
     check_device,
     check_estimators,
-    new_side_spec,
-    normalize_label,
 )
 from gaecli.pipeline.packing import PackedBatch, compute_packed, drop_rows, pack_batch, row_input_arrays, stored_column
 from gaecli.pipeline.passes import (
@@ -45,6 +44,7 @@ from gaecli.pipeline.passes import (
 )
 
 __all__ = [
+    "ComparisonSide",
     "Computation",
     "ComputedBatch",
     "DEVICE_TYPES",
@@ -59,12 +59,12 @@ __all__ = [
     "check_variant_columns",
     "checked_moments",
     "compute_packed",
+    "describe_run",
     "computed_batches",
     "drop_rows",
     "file_statistics",
     "id_findings",
-    "new_side_spec",
-    "normalize_label",
+    "old_side_spec",
     "overflow_findings",
     "pack_batch",
     "rollout_statistics",

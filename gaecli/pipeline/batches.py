@@ -1,11 +1,10 @@
 """The streamed batches of one file: each checked, packed and computed for the new side and
-every old side (:class:`Computation`, :func:`computed_batches`), with the per-file checks
-before any row is read."""
+every old side of the run's :class:`gaecli.pipeline.description.Computation`
+(:func:`computed_batches`), with the per-file checks before any row is read."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import numpy as np
@@ -13,10 +12,9 @@ import pyarrow as pa
 
 from gaecli.advantages.contract import (
     GROUPED_ESTIMATORS,
-    WHITENED_ESTIMATORS,
 )
 from gaecli.advantages.dispatch import ROW_ADVANTAGE, SCREENED_MASK_DTYPES, SCREENED_VALUE_DTYPES, screened_kernel
-from gaecli.advantages.spec import AdvantageSpec, estimator_spec
+from gaecli.advantages.spec import AdvantageSpec
 from gaecli.checks import (
     ROW_INPUT_TYPES,
     BatchCheck,
@@ -34,6 +32,7 @@ from gaecli.io.format import (
     output_float_type,
 )
 from gaecli.io.reader import RolloutFile
+from gaecli.pipeline.description import Computation
 from gaecli.pipeline.options import VariantOptions
 from gaecli.pipeline.packing import (
     PackedBatch,
@@ -84,130 +83,6 @@ def check_variant_columns(schema: pa.Schema, file: str, variants: "VariantOption
         if not row_input_type_ok(role, schema.field(name).type):
             arrow_type = schema.field(name).type
             raise GAEUsageError(f"{file}: {flag} column {name!r} is {arrow_type}, expected {ROW_INPUT_TYPES[role]}")
-
-
-@dataclass(frozen=True)
-class Computation:
-    """What the batches of a file are computed with (picklable; the kernel resolved).
-
-    New advantages: ``new`` (an :class:`AdvantageSpec`; None: the masked contract with γ,
-    λ and ``variants``, the GAE variants of the new side, whose per-row columns are checked
-    with every batch), computed once per batch. Old advantages: ``sides``, the old sides of
-    the comparison (:class:`gaecli.comparison.sides.ComparisonSide`), each computed or read
-    per batch; when empty, the one side of ``baseline`` (a trainer profile recomputed) or,
-    with ``against``, the stored column (and ``against_returns``). ``on_invalid``:
-    ``"stop"`` raises on the first invalid row, ``"skip"`` computes the valid rows only."""
-
-    gamma: float
-    lambd: float
-    kernel: str
-    device: str
-    batch_rows: Optional[int]
-    columns: Columns
-    baseline: Optional[str] = "unmasked"
-    against: Optional[str] = None
-    against_returns: Optional[str] = None
-    on_invalid: str = "stop"
-    normalize_by: Optional[str] = None
-    new: Optional[AdvantageSpec] = None
-    sides: tuple = ()
-    variants: VariantOptions = field(default_factory=VariantOptions)
-    estimator: str = "gae"
-    old_estimator: Optional[str] = None
-    group_by: Optional[str] = None
-    step_by: Optional[str] = None
-
-    @cached_property
-    def new_spec(self) -> AdvantageSpec:
-        """What the new advantages are (not whitened here): ``new``, or ``estimator`` (masked
-        GAE with γ, λ and the GAE variants asked for, or a critic-free estimator)."""
-        if self.new is not None:
-            return self.new
-        return self.side_spec(self.estimator, **self.variants.spec_fields())
-
-    @cached_property
-    def old_sides(self) -> tuple:
-        """The old sides, in order (:class:`gaecli.comparison.sides.ComparisonSide`): ``sides``,
-        else the ``old_estimator``, the stored ``against`` column or the ``baseline``
-        profile; empty when nothing is compared (a critic-free recompute has no baseline)."""
-        from gaecli.comparison.sides import ComparisonSide
-
-        if self.sides:
-            return tuple(self.sides)
-        if self.old_estimator is not None:
-            return (ComparisonSide.from_estimator(self.old_estimator),)
-        if self.against is not None:
-            return (ComparisonSide.stored(self.against, self.against_returns),)
-        if self.baseline is None:
-            return ()
-        return (ComparisonSide.baseline(self.baseline),)
-
-    @cached_property
-    def old_specs(self) -> tuple[Optional[AdvantageSpec], ...]:
-        """The spec of each old side, in order (None for a stored side)."""
-        return tuple(side.spec(self.gamma, self.lambd, self.group_by, self.step_by) for side in self.old_sides)
-
-    @cached_property
-    def old_spec(self) -> Optional[AdvantageSpec]:
-        """What the first old side is when recomputed (None when it is stored or absent)."""
-        return self.old_specs[0] if self.old_specs else None
-
-    @property
-    def stored_columns(self) -> tuple[str, ...]:
-        """The stored columns the old sides read (``--against``, ``--against-returns``)."""
-        names = [name for side in self.old_sides for name in (side.advantages_column, side.returns_column)]
-        return tuple(name for name in names if name is not None)
-
-    def side_spec(self, estimator: str, **fields_) -> AdvantageSpec:
-        """The spec of ``estimator`` under the masked contract, with the parameters and per-row
-        ids it reads and no others (:func:`gaecli.advantages.spec.estimator_spec`: one set of
-        options serves every side of a comparison)."""
-        return estimator_spec(estimator, self.gamma, self.lambd, self.group_by, self.step_by, **fields_)
-
-    @property
-    def specs(self) -> tuple[AdvantageSpec, ...]:
-        """The specs computed here: the new one, then that of every recomputed old side."""
-        return (self.new_spec, *(spec for spec in self.old_specs if spec is not None))
-
-    @property
-    def critic_free(self) -> bool:
-        """Whether a side computed here is a critic-free estimator (docs/estimators.md)."""
-        return any(spec.critic_free for spec in self.specs)
-
-    @property
-    def needs_scores(self) -> bool:
-        """Whether a side needs the score statistics of every file first (a grouped estimator)."""
-        return any(spec.estimator in GROUPED_ESTIMATORS for spec in self.specs)
-
-    @property
-    def n_sides(self) -> int:
-        """The old sides the statistics passes keep moments of (at least one: with no old
-        side, the new side stands in for it)."""
-        return max(1, len(self.old_sides))
-
-    @property
-    def estimator_whitened(self) -> tuple[bool, ...]:
-        """Which sides (the new one first, then each old side) a ``reinforce++`` estimator
-        whitens over the input (``--normalize`` whitens every side, and is refused with them)."""
-        specs = (self.new_spec, *self.old_specs)
-        whitened = tuple(spec is not None and spec.estimator in WHITENED_ESTIMATORS for spec in specs)
-        return whitened + (whitened[0],) * (1 + self.n_sides - len(whitened))
-
-    @property
-    def whiten_key(self) -> Optional[str]:
-        """The column whose values split the whitening statistics: ``--normalize-by``, or the
-        step id of the ``reinforce++`` estimators (None: the whole input)."""
-        return self.normalize_by if self.normalize_by is not None else self.step_by
-
-    def id_columns(self) -> tuple[tuple[str, str], ...]:
-        """(option, column) of the per-row ids a side reads (group, step): a null id is
-        invalid data."""
-        named = (("--group-col", self.group_by), ("--step-col", self.step_by))
-        return tuple(
-            (flag, name)
-            for (flag, name), field_name in zip(named, ("group_by", "step_by"))
-            if name is not None and any(getattr(spec, field_name) is not None for spec in self.specs)
-        )
 
 
 @dataclass

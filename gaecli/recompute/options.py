@@ -7,20 +7,13 @@ from typing import Optional
 
 from gaecli._version import __version__
 from gaecli.advantages.contract import CRITIC_FREE, expand_baselines
-from gaecli.comparison.sides import ComparisonSide
 from gaecli.errors import (
     InvalidOptionError,
 )
 from gaecli.io.format import Columns
-from gaecli.options import check_choice, check_count, check_number
-from gaecli.pipeline import (
-    ON_INVALID_MODES,
-    VariantOptions,
-    check_device,
-    check_estimators,
-    new_side_spec,
-    normalize_label,
-)
+from gaecli.options import check_choice
+from gaecli.pipeline.description import ComparisonSide, RunOptions
+from gaecli.pipeline.options import ON_INVALID_MODES, VariantOptions, check_estimators
 
 REJECTS_SUFFIX = ".rejected"
 REASON_COLUMN = "reason"
@@ -28,13 +21,14 @@ METADATA_PREFIX = "gaecli."
 
 
 @dataclass(frozen=True)
-class RecomputeOptions:
+class RecomputeOptions(RunOptions):
     """Everything that shapes a recompute run (the CLI options, one to one).
 
     ``normalize``: whiten the advantages over all trainable tokens of all inputs;
     ``normalize_by``: whiten within groups of rows sharing this column's value (implies
-    normalize). ``on_invalid``: ``"stop"`` (first invalid row stops the run) or ``"skip"``
-    (invalid rows go whole to ``<output>.rejected.parquet`` with a ``reason`` column).
+    normalize: ``normalize`` is then True). ``on_invalid``: ``"stop"`` (first invalid row
+    stops the run) or ``"skip"`` (invalid rows go whole to ``<output>.rejected.parquet`` with
+    a ``reason`` column).
     Every value is checked when the options are made (:meth:`check`).
     ``report_paths``: files the caller will write reports to (e.g. ``--json``), refused
     before any work when one is an input or an output (:func:`gaecli.io.paths.check_writes`).
@@ -66,24 +60,16 @@ class RecomputeOptions:
     group_by: Optional[str] = None
     step_by: Optional[str] = None
 
-    def __post_init__(self) -> None:
-        self.check()
-
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
         choices, a kernel or device not usable here, and contradicting options."""
-        from gaecli.advantages.kernels import resolve_kernel
-
         check_estimators((self.estimator,), self.gamma, self.lambd, self.group_by, self.step_by, self.whitening)
         if self.critic_free and self.keep_baseline:
             raise InvalidOptionError(f"--keep-baseline: --estimator {self.estimator} has no GAE baseline to keep")
-        check_count("--batch-rows", self.batch_rows, 1)
-        check_number("--tol", self.tolerance, 0.0)
         if len(expand_baselines(self.baseline, "baseline")) != 1:
             raise InvalidOptionError(f"baseline: {self.baseline!r} names several baselines; recompute takes one")
         check_choice("--on-invalid", self.on_invalid, ON_INVALID_MODES, "mode")
-        check_device(self.device)
-        resolve_kernel(self.kernel, self.device, new_side_spec(self))
+        self.check_run()
         if self.skip_existing and self.overwrite:
             raise InvalidOptionError(
                 "--skip-existing keeps existing outputs and --overwrite replaces them: give one of them"
@@ -91,13 +77,16 @@ class RecomputeOptions:
         check_written_columns(self.written_columns, self.read_columns)
 
     @property
-    def whitening(self) -> bool:
-        return self.normalize or self.normalize_by is not None
-
-    @property
     def group_col(self) -> Optional[str]:
         """The prompt-group id column of the estimators (``--group-col``)."""
         return self.group_by
+
+    @property
+    def old_sides(self) -> tuple[ComparisonSide, ...]:
+        """The old side the summary compares with: the ``baseline`` recomputed (none for a
+        critic-free estimator, which has no GAE baseline)."""
+        return () if self.critic_free else (ComparisonSide.baseline(self.baseline),)
+
 
     @property
     def critic_free(self) -> bool:
@@ -202,7 +191,7 @@ class RecomputeReport:
             "group_col": self.options.group_by,
             "step_col": self.options.step_by,
             "kernel": self.kernel,
-            "normalize": normalize_label(self.options),
+            "normalize": self.options.computation.new_spec.normalize_label,
             "files": [f.to_dict() for f in self.files],
             "rows": sum(f.rows for f in self.files),
             "rejected_rows": self.rejected_rows,

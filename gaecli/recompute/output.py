@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import replace
 from typing import Optional
 from urllib.parse import urlsplit
 
@@ -24,13 +23,7 @@ from gaecli.io.filesystem import AnyPath, RemotePath
 from gaecli.io.format import list_type_like, output_float_type
 from gaecli.io.paths import FileJob, with_suffix
 from gaecli.io.reader import RolloutFile, read_schema
-from gaecli.pipeline import (
-    Computation,
-    check_file,
-    new_side_spec,
-    normalize_label,
-    whitened_sides,
-)
+from gaecli.pipeline import check_file, whitened_sides
 from gaecli.recompute.options import METADATA_PREFIX, REJECTS_SUFFIX, RecomputeOptions
 
 
@@ -39,31 +32,11 @@ def new_column_names(options: RecomputeOptions) -> list[str]:
     return [name for _, name in options.written_columns]
 
 
-def computation_of(options: RecomputeOptions, kernel: str) -> Computation:
-    """The pipeline settings of a recompute run (``kernel`` resolved)."""
-    columns = replace(options.columns, values=None) if options.critic_free else options.columns
-    return Computation(
-        gamma=options.gamma,
-        lambd=options.lambd,
-        kernel=kernel,
-        device=options.device,
-        batch_rows=options.batch_rows,
-        columns=columns,
-        baseline=None if options.critic_free else options.baseline,
-        on_invalid=options.on_invalid,
-        normalize_by=options.normalize_by,
-        variants=options.variants,
-        estimator=options.estimator,
-        group_by=options.group_by,
-        step_by=options.step_by,
-    )
-
-
-def check_job(schema: pa.Schema, job: FileJob, options: RecomputeOptions, computation: Computation) -> None:
+def check_job(schema: pa.Schema, job: FileJob, options: RecomputeOptions) -> None:
     """Refuse an input its run cannot read, or whose columns a written column would replace
     without ``--replace`` (the written columns among themselves and against the columns the
     run reads are checked with the options: :func:`gaecli.recompute.options.check_written_columns`)."""
-    check_file(schema, str(job.source), computation)
+    check_file(schema, str(job.source), options.computation)
     new_names = new_column_names(options)
     clash = [name for name in new_names if name in schema.names]
     if clash and not options.replace:
@@ -77,7 +50,6 @@ def output_schema(
     rollout: RolloutFile,
     job: FileJob,
     options: RecomputeOptions,
-    kernel: str,
     identity: Optional[dict[str, str]] = None,
 ) -> tuple[pa.Schema, pa.DataType]:
     """The output's schema (the input's, the new columns added or replaced) with the
@@ -96,7 +68,7 @@ def output_schema(
     metadata = dict(rollout.schema.metadata or {})
     record = {
         "version": __version__,
-        **computation_record(options, kernel),
+        **computation_record(options),
         "baseline": options.baseline,
         "on_invalid": options.on_invalid,
         "source": display(job.source.name),  # printable: no raw bytes, no secrets
@@ -106,30 +78,36 @@ def output_schema(
     return schema.with_metadata(metadata), list_type
 
 
-def computation_record(options: RecomputeOptions, kernel: str) -> dict[str, str]:
+def computation_record(options: RecomputeOptions) -> dict[str, str]:
     """What an output's metadata records about how it was computed, key (without the
-    ``gaecli.`` prefix) → value as written; ``--skip-existing`` keeps an output only when
-    all of these match. ``on_invalid`` and ``source`` are recorded but not compared: a
-    whole output holds the same rows under either mode unless a rejects file exists beside
-    it (which the resume checks), and the inputs are compared by their identity
-    (:func:`identity_record`: another input or a changed one means recompute, not refuse). ``spec`` is every field
-    of the new side's spec (:func:`gaecli.pipeline.new_side_spec`, the GAE variants
-    included), as JSON: an output computed with another spec is not the one asked for."""
+    ``gaecli.`` prefix) → value as written, from the run's description
+    (:attr:`gaecli.RecomputeOptions.computation`) and the columns written; ``--skip-existing``
+    keeps an output only when all of these match (the kernel too: kernels agree to their accuracy,
+not bitwise, docs/semantics.md; the batch size and the workers, which give the same bits, are
+not recorded). ``on_invalid`` and
+    ``source`` are recorded but not compared: a whole output holds the same rows under either
+    mode unless a rejects file exists beside it (which the resume checks), and the inputs are
+    compared by their identity (:func:`identity_record`: another input or a changed one means
+    recompute, not refuse). ``spec`` is every field of the new side's spec (the GAE variants
+    and the whitening included), as JSON: an output computed with another spec is not the one
+    asked for."""
+    computation = options.computation
+    spec = computation.new_spec
     record = {
-        "gamma": "none" if options.gamma is None else repr(float(options.gamma)),
-        "lambd": "none" if options.lambd is None else repr(float(options.lambd)),
-        "kernel": kernel,
-        "normalize": normalize_label(options),
+        "gamma": "none" if spec.gamma is None else repr(float(spec.gamma)),
+        "lambd": "none" if spec.lambd is None else repr(float(spec.lambd)),
+        "kernel": computation.kernel,
+        "normalize": spec.normalize_label,
         "columns": options.columns.to_json(),
         "keep_baseline": json.dumps(options.keep_baseline),
-        "spec": json.dumps(new_side_spec(options).to_dict(), sort_keys=True),
+        "spec": json.dumps(spec.to_dict(), sort_keys=True),
     }
     if options.keep_baseline:  # the baseline's columns are written only then
         record["baseline"] = options.baseline
-    if options.critic_free:  # recorded only then, so that outputs written before stay current
-        record["estimator"] = options.estimator
-        record["group_col"] = options.group_by or ""
-        record["step_col"] = options.step_by or ""
+    if spec.critic_free:  # recorded only then, so that outputs written before stay current
+        record["estimator"] = spec.estimator
+        record["group_col"] = spec.group_by or ""
+        record["step_col"] = spec.step_by or ""
     return record
 
 
@@ -152,18 +130,11 @@ def input_identity(path: AnyPath, footer: Optional[pq.FileMetaData]) -> Optional
     return {"path": where, "size": size, "mtime_ns": mtime, "rows": footer.num_rows}
 
 
-def spans_inputs(options: RecomputeOptions, computation: Computation) -> bool:
-    """Whether an output depends on other inputs than its own: a statistics pass runs over
-    every input first (``--normalize``/``--normalize-by``, the grouped estimators' scores,
-    ``reinforce++`` whitening), so a change to any input changes every output."""
-    return options.whitening or computation.needs_scores or any(computation.estimator_whitened)
-
-
 def identity_record(identity: Optional[dict], every: Optional[list[Optional[dict]]]) -> dict[str, str]:
     """The metadata entries (keys without the ``gaecli.`` prefix) of an output's inputs:
     ``input``, its own input's :func:`input_identity` as JSON; ``inputs``, where the output
-    depends on every input (``every`` given: :func:`spans_inputs`), a digest of the sorted
-    identities of all of them."""
+    depends on every input (``every`` given: :attr:`gaecli.pipeline.Computation.spans_inputs`),
+    a digest of the sorted identities of all of them."""
     record = {"input": json.dumps(identity, sort_keys=True)}
     if every is not None:
         listed = sorted(json.dumps(each, sort_keys=True) for each in every)
@@ -215,13 +186,12 @@ def output_batch(
     options: RecomputeOptions,
     schema: pa.Schema,
     list_type: pa.DataType,
-    moments: Optional[tuple[Optional[Moments], ...]] = None,
-    computation: Optional[Computation] = None,
+    moments: Optional[tuple[Moments, ...]] = None,
 ):
     """One output batch of ``schema`` from a computed batch (:func:`gaecli.pipeline.computed_batches`):
     its valid rows with the new columns added, the advantages whitened with ``moments`` when
-    given (:func:`gaecli.pipeline.whitened_sides`; ``computation``: the run's, made from
-    ``options`` when not given). Returns ``(batch, advantages, old advantages)`` (flat, as written)."""
+    given (:func:`gaecli.pipeline.whitened_sides`). Returns ``(batch, advantages, old
+    advantages)`` (flat, as written)."""
     packed, valid = computed.packed, computed.valid
     advantages, returns, old_advantages, old_returns = (
         computed.new,
@@ -230,7 +200,7 @@ def output_batch(
         computed.old_returns,
     )
     if moments is not None:
-        advantages, returns, olds = whitened_sides(computed, computation or computation_of(options, "auto"), moments)
+        advantages, returns, olds = whitened_sides(computed, options.computation, moments)
         old_advantages, old_returns = olds[0]
     offsets_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
     list_class = pa.LargeListArray if pa.types.is_large_list(list_type) else pa.ListArray
@@ -250,9 +220,7 @@ def output_batch(
     )
 
 
-def existing_output(
-    job: FileJob, options: RecomputeOptions, kernel: str, identity: dict[str, str]
-) -> tuple[bool, Optional[str]]:
+def existing_output(job: FileJob, options: RecomputeOptions, identity: dict[str, str]) -> tuple[bool, Optional[str]]:
     """Under ``--skip-existing``: ``(True, None)`` when the job's output is in place and
     whole (a readable Parquet footer with gaecli metadata recording the same computation:
     :func:`computation_record`; its rejects file, if any, readable too) and was computed
@@ -275,7 +243,7 @@ def existing_output(
         ) from error
     if f"{METADATA_PREFIX}version".encode() not in metadata:
         raise GAEUsageError(f"{job.target} exists but was not written by gaecli; remove it or give --overwrite")
-    for key, value in computation_record(options, kernel).items():
+    for key, value in computation_record(options).items():
         have = metadata.get(f"{METADATA_PREFIX}{key}".encode(), b"").decode()
         if have != value:
             raise GAEUsageError(

@@ -1,9 +1,10 @@
-"""The recompute run: plan the outputs, read each footer once, the ``--normalize`` pass, one
-unit per file on the engine, and the outcome of a run where files failed or were stopped."""
+"""The recompute run: what is particular to it on the one run driver (:class:`gaecli.run.Run`):
+the outputs planned, ``--skip-existing``, the unit of one file (its output and rejects file
+written whole or not at all) and the outcomes merged into the report."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -14,41 +15,24 @@ import pyarrow.parquet as pq
 from gaecli.advantages.statistics import Moments
 from gaecli.checks import row_reasons
 from gaecli.comparison.figures import DiffAccumulator
-from gaecli.display import display
-from gaecli.engines import (
-    EXIT_INVALID_DATA,
-    EXIT_UNUSABLE,
-    FINISHED,
-    EngineOptions,
-    EngineSession,
-    TaskFailure,
-    map_units,
-)
-from gaecli.errors import (
-    FilesFailedError,
-    GAEUsageError,
-    InvalidFilesError,
-    RunInterrupted,
-    UnusableFilesError,
-)
+from gaecli.engines import EngineOptions
+from gaecli.errors import GAEUsageError
 from gaecli.io.filesystem import is_stream, remove_dead_temps, total_size
 from gaecli.io.paths import FileJob, plan_outputs, report_writes, with_suffix
-from gaecli.io.reader import RolloutFile, read_metadata
+from gaecli.io.reader import RolloutFile
 from gaecli.io.writer import AtomicParquetWriter, failure_reason
-from gaecli.pipeline import computed_batches, new_side_spec
+from gaecli.pipeline import computed_batches
 from gaecli.progress import NoProgress, Progress
 from gaecli.recompute.options import REASON_COLUMN, REJECTS_SUFFIX, FileOutcome, RecomputeOptions, RecomputeReport
 from gaecli.recompute.output import (
     check_job,
-    computation_of,
     existing_output,
     identity_record,
     input_identity,
     output_batch,
     output_schema,
-    spans_inputs,
 )
-from gaecli.run.passes import engine_file_moments, engine_file_scores
+from gaecli.run import SKIPPED, Run, failed_run, interrupted_run, raise_first_failure, read_footers, stamp
 
 
 @dataclass
@@ -73,11 +57,49 @@ def _credit_baseline(options: RecomputeOptions) -> Optional[str]:
     return None if options.critic_free else options.baseline
 
 
+def output_batches(rollout, options: RecomputeOptions, schema: pa.Schema, list_type: pa.DataType, moments, scores):
+    """Each computed batch of an open reader (a file's, or a table's) with its output batch
+    and the advantages compared (:func:`gaecli.recompute.output.output_batch`):
+    ``(computed, output, advantages, old advantages)``."""
+    for computed in computed_batches(rollout, options.computation, statistics=scores):
+        output, advantages, old_advantages = output_batch(computed, options, schema, list_type, moments)
+        yield computed, output, advantages, old_advantages
+
+
+class _Rejects:
+    """The rejects file of one output, opened at the first invalid row (a temp file renamed
+    into place with the output)."""
+
+    def __init__(self, rollout: RolloutFile, job: FileJob, replaced: bool, writers: list, outcome: FileOutcome):
+        self.rollout, self.job, self.replaced, self.writers, self.outcome = rollout, job, replaced, writers, outcome
+        self.writer: Optional[AtomicParquetWriter] = None
+
+    def write(self, computed) -> None:
+        """The invalid rows of a computed batch, each with its reason."""
+        batch, check = computed.batch, computed.check
+        if self.writer is None:
+            schema = batch.schema.append(pa.field(REASON_COLUMN, pa.string()))
+            schema = schema.with_metadata(self.rollout.schema.metadata)
+            self.writer = AtomicParquetWriter(
+                with_suffix(self.job.target, REJECTS_SUFFIX),
+                schema,
+                compression=self.rollout.compression,
+                overwrite=self.replaced,
+            )
+            self.writers.insert(0, self.writer)
+            self.outcome.rejects_file = str(self.writer.target)
+        reasons = row_reasons(check)
+        invalid_rows = np.flatnonzero(check.invalid)
+        rejected = batch.filter(pa.array(check.invalid))
+        reason_array = pa.array([reasons[computed.first_row + int(row)] for row in invalid_rows], pa.string())
+        self.writer.write(pa.RecordBatch.from_arrays([*rejected.columns, reason_array], schema=self.writer.schema))
+        self.outcome.rejected_rows += rejected.num_rows
+
+
 def recompute_job(
     job: FileJob,
     options: RecomputeOptions,
-    kernel: str,
-    moments: Optional[tuple[Optional[Moments], ...]] = None,
+    moments: Optional[tuple[Moments, Moments]] = None,
     footer: Optional[pq.FileMetaData] = None,
     scores=None,
     identity: Optional[dict[str, str]] = None,
@@ -86,7 +108,8 @@ def recompute_job(
 ) -> FileResult:
     """Recompute one input file into its output (the work unit of every engine).
 
-    ``kernel``: the resolved kernel name; ``moments``: the merged ``--normalize``
+    ``options``: the run's, with its :attr:`~gaecli.RecomputeOptions.computation`;
+    ``moments``: the merged ``--normalize``
     statistics (new, old) of this file's groups when whitening; ``footer``: the file's footer
     when the parent has read it (not read again); ``scores``: the merged score statistics of
     this file's groups for a grouped estimator (:func:`gaecli.run.passes.engine_file_scores`);
@@ -100,59 +123,34 @@ def recompute_job(
     ``progress`` (optional) is advanced per batch. Raises the errors of
     :func:`recompute_files` for this one file.
     """
-    computation = computation_of(options, kernel)
     outcome = FileOutcome(str(job.source), str(job.target), recomputed=recomputed)
     diff = DiffAccumulator(options.gamma, options.lambd, _credit_baseline(options), options.tolerance)
     rollout = RolloutFile(job.source, footer)
     writers: list[AtomicParquetWriter] = []
     try:
-        check_job(rollout.schema, job, options, computation)
+        check_job(rollout.schema, job, options)
         replaced = options.overwrite or recomputed is not None  # a recomputed output replaces the one it found
-        schema, list_type = output_schema(rollout, job, options, kernel, identity)
+        schema, list_type = output_schema(rollout, job, options, identity)
         writer = AtomicParquetWriter(job.target, schema, compression=rollout.compression, overwrite=replaced)
         writers.append(writer)
-        rejects: Optional[AtomicParquetWriter] = None
-        for computed in computed_batches(rollout, computation, statistics=scores):
-            batch, valid, check, first_row, packed = (
-                computed.batch,
-                computed.valid,
-                computed.check,
-                computed.first_row,
-                computed.packed,
-            )
-            if valid.num_rows != batch.num_rows:
-                if rejects is None:
-                    rejects_schema = batch.schema.append(pa.field(REASON_COLUMN, pa.string())).with_metadata(
-                        rollout.schema.metadata
-                    )
-                    rejects = AtomicParquetWriter(
-                        with_suffix(job.target, REJECTS_SUFFIX),
-                        rejects_schema,
-                        compression=rollout.compression,
-                        overwrite=replaced,
-                    )
-                    writers.insert(0, rejects)
-                    outcome.rejects_file = str(rejects.target)
-                reasons = row_reasons(check)
-                invalid_rows = np.flatnonzero(check.invalid)
-                rejected = batch.filter(pa.array(check.invalid))
-                reason_array = pa.array([reasons[first_row + int(row)] for row in invalid_rows], pa.string())
-                rejects.write(pa.RecordBatch.from_arrays([*rejected.columns, reason_array], schema=rejects.schema))
-                outcome.rejected_rows += rejected.num_rows
-            output, advantages, old_advantages = output_batch(
-                computed, options, schema, list_type, moments, computation
-            )
+        rejects = _Rejects(rollout, job, replaced, writers, outcome)
+        for computed, output, advantages, old_advantages in output_batches(
+            rollout, options, schema, list_type, moments, scores
+        ):
+            if computed.valid.num_rows != computed.batch.num_rows:
+                rejects.write(computed)
+            packed = computed.packed
             diff.update(advantages, old_advantages, packed.trainable, packed.offsets)
             writer.write(output)
-            outcome.rows += valid.num_rows
+            outcome.rows += computed.valid.num_rows
             outcome.tokens += packed.tokens
             if progress is not None:
-                progress.advance(batch.num_rows, packed.tokens)
+                progress.advance(computed.batch.num_rows, packed.tokens)
         for each in writers:
             each.close()
         for each in writers:  # the rejects file first: an output in place means its rejects are too
             each.commit()
-        if rejects is None and replaced and not is_stream(job.target):  # a device or FIFO replaces nothing
+        if rejects.writer is None and replaced and not is_stream(job.target):  # a device or FIFO replaces nothing
             _remove_stale(with_suffix(job.target, REJECTS_SUFFIX))
     except BaseException:
         for each in reversed(writers):
@@ -184,23 +182,6 @@ def _identities(jobs: list[FileJob], footers: list, spans: bool) -> list[dict[st
     return [identity_record(identity, each if spans else None) for identity in each]
 
 
-def _read_footers(paths: list[Path]) -> list[Optional[pq.FileMetaData]]:
-    """Each file's footer, read once for the whole run (None for a file that cannot be read:
-    its unit fails with the reason)."""
-    footers = []
-    for path in paths:
-        try:
-            footers.append(read_metadata(path))
-        except (pa.ArrowException, OSError, GAEUsageError):
-            footers.append(None)
-    return footers
-
-
-def _total_rows(footers: list[Optional[pq.FileMetaData]]) -> int:
-    """Rows of the readable files (for progress; unreadable ones count 0 and fail later)."""
-    return sum(footer.num_rows for footer in footers if footer is not None)
-
-
 def _remove_leftovers(target: Path) -> None:
     """Temp files of ``target`` and its rejects file whose owner process is gone (a killed
     worker, a kill -9 of an earlier run); a concurrent run's temp files stay. Object
@@ -209,73 +190,6 @@ def _remove_leftovers(target: Path) -> None:
         return
     for candidate in (target, with_suffix(target, REJECTS_SUFFIX)):
         remove_dead_temps(candidate)
-
-
-SKIPPED = object()  # a job left alone under --skip-existing
-
-
-def _failed_run(jobs: list[FileJob], results: list, stopped: bool) -> FilesFailedError:
-    """The error of a multi-file run where some files failed: which outputs were written
-    (or skipped, being whole already) and which were not, and why."""
-    written, not_written, lines, worst = [], [], [], EXIT_INVALID_DATA
-    for job, result in zip(jobs, results):
-        if result is SKIPPED:
-            written.append(str(job.target))
-            lines.append(f"  skipped (whole already): {display(job.target)}")
-            continue
-        if isinstance(result, FileResult):
-            written.append(str(job.target))
-            lines.append(f"  written: {display(job.target)}")
-            continue
-        not_written.append(str(job.target))
-        if isinstance(result, TaskFailure):
-            worst = max(worst, result.code)
-            lines.append(f"  not written: {display(job.target)} ({result.message})")
-        else:
-            lines.append(f"  not written: {display(job.target)} (not started: the run stopped at the first failure)")
-    failed = sum(isinstance(result, TaskFailure) for result in results)
-    message = (
-        f"{failed} of {len(jobs)} files failed; {len(written)} written, {len(not_written)} not written"
-        + (" (--on-invalid stop: files not started were cancelled)" if stopped and failed < len(not_written) else "")
-        + ":\n"
-        + "\n".join(lines)
-    )
-    error_class = UnusableFilesError if worst == EXIT_UNUSABLE else InvalidFilesError
-    return error_class(message, written, not_written)
-
-
-def _stamp(target) -> Optional[tuple]:
-    """What identifies the local file at ``target`` now (None: none there, or remote)."""
-    try:
-        status = target.stat() if isinstance(target, Path) else None
-    except OSError:
-        return None
-    return None if status is None else (status.st_ino, status.st_mtime_ns, status.st_size)
-
-
-def _interrupted_run(jobs: list[FileJob], per_job: list, stamps: list) -> RunInterrupted:
-    """The error of a run stopped by Ctrl-C or SIGTERM: which outputs are in place (whole)
-    and which are not (absent; their temp files removed). ``stamps``: each target's
-    :func:`_stamp` before the run; a local output renamed into place by a unit stopped
-    before it could report it counts as written (a rename puts only whole files there)."""
-    written, not_written, lines = [], [], []
-    for job, result, stamp in zip(jobs, per_job, stamps):
-        if result is SKIPPED:
-            written.append(str(job.target))
-            lines.append(f"  skipped (whole already): {display(job.target)}")
-        elif isinstance(result, FileResult) or result is FINISHED or _stamp(job.target) not in (stamp, None):
-            written.append(str(job.target))
-            lines.append(f"  written: {display(job.target)}")
-        else:
-            _remove_leftovers(job.target)  # a worker killed after the grace period
-            not_written.append(str(job.target))
-            why = result.message if isinstance(result, TaskFailure) else "stopped or not started"
-            lines.append(f"  not written: {display(job.target)} ({why})")
-    message = (
-        f"interrupted; {len(written)} of {len(jobs)} outputs written (whole), {len(not_written)} not written "
-        f"(no partial output left):\n" + "\n".join(lines)
-    )
-    return RunInterrupted(message, written=written, not_written=not_written)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -308,108 +222,80 @@ def recompute_files(
     writes nothing. Bad option values raise :class:`gaecli.errors.InvalidOptionError` (a
     :class:`GAEInputError` too) when the options are made, before any work.
     """
-    from gaecli.advantages.kernels import resolve_kernel
-
     engine = engine or EngineOptions(workers=1)  # a library call stays in this process unless told
-    if options.normalize_by is not None and not options.normalize:
-        options = replace(options, normalize=True)
-    kernel = resolve_kernel(options.kernel, options.device, new_side_spec(options))
+    jobs = _plan(inputs, output, options)
+    footers = read_footers([job.source for job in jobs])  # once per file: the passes and units reuse them
+    identities = _identities(jobs, footers, options.computation.spans_inputs)
+    resumed = [
+        existing_output(job, options, identity) if options.skip_existing else (False, None)
+        for job, identity in zip(jobs, identities)
+    ]
+    skipped = [keep for keep, _ in resumed]
+    todo = [index for index, skip in enumerate(skipped) if not skip]
+    if options.on_invalid == "stop":  # every schema checked before any output is written
+        for index in todo:
+            if footers[index] is not None:
+                check_job(footers[index].schema.to_arrow_schema(), jobs[index], options)
+    stamps = [stamp(job.target) for job in jobs]
+    run = Run(
+        "recompute",
+        [job.source for job in jobs],
+        footers,
+        options.computation,
+        engine.for_inputs(total_size([jobs[index].source for index in todo])),
+        progress or NoProgress(),
+    )
+
+    def per_job(results: list) -> list:
+        done = iter(results)
+        return [SKIPPED if skip else next(done) for skip in skipped]
+
+    def interrupted(results: list) -> BaseException:
+        return interrupted_run([job.target for job in jobs], per_job(results), stamps, _remove_leftovers)
+
+    def task(index: int, moments, scores) -> tuple:
+        return (jobs[index], options, moments, footers[index], scores, identities[index], resumed[index][1])
+
+    results = per_job(run.execute(recompute_job, task, todo, options.on_invalid == "stop", interrupted))
+    return _report(jobs, results, options)
+
+
+def _plan(inputs: list, output, options: RecomputeOptions) -> list[FileJob]:
+    """The jobs of a run, every output checked (:func:`gaecli.io.paths.plan_outputs`), the
+    temp files of earlier runs' dead processes removed."""
     # a run that may replace outputs owns their rejects files (written or removed): checked too
     owns_rejects = options.on_invalid == "skip" or options.overwrite or options.skip_existing
-    suffixes = (REJECTS_SUFFIX,) if owns_rejects else ()
     jobs = plan_outputs(
         [str(i) for i in inputs],
         str(output),
         overwrite=options.overwrite or options.skip_existing,
-        suffixes=suffixes,
+        suffixes=(REJECTS_SUFFIX,) if owns_rejects else (),
         reports=report_writes(options.report_paths),
     )
     for job in jobs:
         _remove_leftovers(job.target)
-    footers = _read_footers([job.source for job in jobs])  # once per file: the units reuse them
-    identities = _identities(jobs, footers, spans_inputs(options, computation_of(options, kernel)))
-    resumed = [
-        existing_output(job, options, kernel, identity) if options.skip_existing else (False, None)
-        for job, identity in zip(jobs, identities)
-    ]
-    skipped = [keep for keep, _ in resumed]
-    progress = progress or NoProgress()
+    return jobs
 
-    todo = [job for job, skip in zip(jobs, skipped) if not skip]
-    if options.on_invalid == "stop":  # every schema checked before any output is written
-        computation = computation_of(options, kernel)
-        for job, footer, skip in zip(jobs, footers, skipped):
-            if footer is not None and not skip:
-                check_job(footer.schema.to_arrow_schema(), job, options, computation)
-    engine = engine.for_inputs(total_size([job.source for job in todo]))
-    results: list = [None] * len(todo)
-    stamps = [_stamp(job.target) for job in jobs]
-    writing = False  # the statistics pass writes nothing
-    try:
-        with EngineSession() as session:  # one pool (or Ray) for both passes
-            moments, scores = [None] * len(jobs), [None] * len(jobs)
-            computation = computation_of(options, kernel)
-            if computation.needs_scores:  # the critic-free estimators' group statistics, per file
-                scores = engine_file_scores(
-                    [job.source for job in jobs], computation, engine, progress, _total_rows(footers), session, footers
-                )
-            if options.whitening or any(computation.estimator_whitened):  # each unit gets its file's groups only
-                moments = engine_file_moments(
-                    [job.source for job in jobs],
-                    computation,
-                    engine,
-                    progress,
-                    _total_rows(footers),
-                    session,
-                    footers,
-                    scores,
-                )
-            progress.start("recompute", _total_rows([f for f, skip in zip(footers, skipped) if not skip]))
-            try:
-                writing = True
-                units = [
-                    (job, options, kernel, file_moments, footer, file_scores, identity, why)
-                    for job, file_moments, footer, file_scores, identity, (skip, why) in zip(
-                        jobs, moments, footers, scores, identities, resumed
-                    )
-                    if not skip
-                ]
-                results = map_units(
-                    recompute_job,
-                    units,
-                    [str(job.source) for job in todo],
-                    engine,
-                    stop_on_failure=options.on_invalid == "stop",
-                    progress=progress,
-                    session=session,
-                )
-            finally:
-                progress.finish()
-    except KeyboardInterrupt as error:
-        if writing and isinstance(error, RunInterrupted) and error.results is not None:
-            results = error.results
-        done = iter(results)
-        raise _interrupted_run(jobs, [SKIPPED if skip else next(done) for skip in skipped], stamps) from error
-    done = iter(results)
-    per_job = [SKIPPED if skip else next(done) for skip in skipped]
-    failures = [result for result in results if not isinstance(result, FileResult)]
-    if failures:
-        for job, result in zip(jobs, per_job):
+
+def _report(jobs: list[FileJob], results: list, options: RecomputeOptions) -> RecomputeReport:
+    """The report of a run (its files' outcomes in input order, their summaries merged), or
+    the error of the first failure (one file) or of the files that failed."""
+    if any(result is not SKIPPED and not isinstance(result, FileResult) for result in results):
+        for job, result in zip(jobs, results):
             if result is not SKIPPED and not isinstance(result, FileResult):
                 _remove_leftovers(job.target)
         if len(jobs) == 1:
-            failures[0].raise_error()
-        raise _failed_run(jobs, per_job, options.on_invalid == "stop")
-
+            raise_first_failure(results)
+        raise failed_run([job.target for job in jobs], results, options.on_invalid == "stop")
     diff = DiffAccumulator(options.gamma, options.lambd, _credit_baseline(options), options.tolerance)
     outcomes: list[FileOutcome] = []
-    for job, result in zip(jobs, per_job):
+    for job, result in zip(jobs, results):
         if result is SKIPPED:
             outcomes.append(FileOutcome(str(job.source), str(job.target), skipped=True))
             continue
         diff.merge(result.diff)
         outcomes.append(result.outcome)
-    return RecomputeReport(outcomes, kernel, options, diff.result())
+    return RecomputeReport(outcomes, options.computation.kernel, options, diff.result())
 
 
 def recompute_file(

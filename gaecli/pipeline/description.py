@@ -1,0 +1,266 @@
+"""What a run computes, as one immutable object: :class:`Computation` (the new side's spec,
+the old sides, each a spec or stored columns, the columns, kernel, device, batch size and what
+invalid rows do), built by one function, :func:`describe_run`, from the options of any
+command (recompute's, diff's, and so the table functions'), checked where the options are.
+Picklable: the engines send it to every work unit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Optional
+
+from gaecli.advantages.contract import GROUPED_ESTIMATORS, WHITENED_ESTIMATORS
+from gaecli.advantages.spec import AdvantageSpec, estimator_spec
+from gaecli.io.format import Columns
+from gaecli.options import check_count, check_number
+from gaecli.pipeline.options import VariantOptions, check_device
+
+BASELINE = "baseline"
+"""A side recomputed from the same values, rewards and mask under a trainer profile."""
+
+STORED = "stored"
+"""A side read from columns stored in the file (``--against``)."""
+
+ESTIMATOR = "estimator"
+"""A side recomputed from the same data by another estimator (``--old-estimator``,
+docs/estimators.md) under the masked contract."""
+
+
+@dataclass(frozen=True)
+class ComparisonSide:
+    """One old side (hashable, picklable): its ``kind`` (:data:`BASELINE`, :data:`STORED` or
+    :data:`ESTIMATOR`), its ``name`` in the reports (the profile or alias as given, the stored
+    advantages column, or the estimator), the ``semantics`` recomputed (baselines only), the
+    stored columns (stored sides only; ``returns_column`` may be None) and the ``estimator``
+    (estimator sides only). What recomputes it: :func:`old_side_spec`."""
+
+    kind: str
+    name: str
+    semantics: Optional[str] = None
+    advantages_column: Optional[str] = None
+    returns_column: Optional[str] = None
+    estimator: Optional[str] = None
+
+    @classmethod
+    def baseline(cls, semantics: str) -> "ComparisonSide":
+        """A trainer profile (or an alias of one) recomputed, named as given."""
+        return cls(BASELINE, semantics, semantics=semantics)
+
+    @classmethod
+    def stored(cls, advantages_column: str, returns_column: Optional[str] = None) -> "ComparisonSide":
+        """Advantages (and returns, optional) stored in the file, named by the advantages column."""
+        return cls(STORED, advantages_column, advantages_column=advantages_column, returns_column=returns_column)
+
+    @classmethod
+    def from_estimator(cls, estimator: str) -> "ComparisonSide":
+        """Another estimator recomputed on the same rows, named by the estimator."""
+        return cls(ESTIMATOR, estimator, estimator=estimator)
+
+    @property
+    def recomputed(self) -> bool:
+        return self.kind != STORED
+
+    @property
+    def output_columns(self) -> tuple[str, str]:
+        """``advantages_<name>``, ``returns_<name>`` (``-`` turned into ``_``, ``+`` into ``p``): the columns a
+        recomputed side is written to (``gae recompute --keep-baseline``) and named by in
+        messages."""
+        suffix = self.name.replace("-", "_").replace("+", "p")
+        return f"advantages_{suffix}", f"returns_{suffix}"
+
+    def to_dict(self) -> dict:
+        """The ``old`` object of the JSON reports: ``source``, ``baseline``,
+        ``advantages_column``, ``returns_column``, and for an estimator side ``estimator``."""
+        record = {
+            "source": self.kind,
+            "baseline": self.semantics,
+            "advantages_column": self.advantages_column,
+            "returns_column": self.returns_column,
+        }
+        if self.kind == ESTIMATOR:
+            record["estimator"] = self.estimator
+        return record
+
+
+def old_side_spec(side: ComparisonSide, gamma: float | None, lambd: float | None, *ids) -> AdvantageSpec | None:
+    """What recomputes ``side`` (None for a stored side): GAE with γ, λ under its semantics,
+    or its estimator with the parameters and per-row ids (``ids``: the group and step id
+    columns, each optional) that estimator reads (:func:`gaecli.advantages.spec.estimator_spec`:
+    one set of options serves every side)."""
+    if side.kind == ESTIMATOR:
+        return estimator_spec(side.estimator, gamma, lambd, *ids)
+    return AdvantageSpec(gamma, lambd, side.semantics) if side.recomputed else None
+
+
+@dataclass(frozen=True)
+class Computation:
+    """What a run computes (picklable; the kernel resolved): made by :func:`describe_run`.
+
+    ``new_spec``: the new side (its estimator, the masked contract with γ, λ and its GAE
+    variants, or a critic-free estimator; its whitening, applied around the kernel, included:
+    what the output metadata records); ``old_sides``: the old sides of the comparison, each
+    with its spec in ``old_specs`` (None for stored columns), empty when nothing is compared
+    (a critic-free recompute); ``columns``: the columns read (no values column when no side
+    reads values); ``on_invalid``: ``"stop"`` raises on the first invalid row, ``"skip"``
+    computes the valid rows only."""
+
+    new_spec: AdvantageSpec
+    old_sides: tuple[ComparisonSide, ...]
+    old_specs: tuple[Optional[AdvantageSpec], ...]
+    columns: Columns
+    kernel: str
+    device: str = "cpu"
+    batch_rows: Optional[int] = None
+    on_invalid: str = "stop"
+
+    @property
+    def normalize_by(self) -> Optional[str]:
+        """The ``--normalize-by`` column (None: whitened over the whole input, or not at all)."""
+        return self.new_spec.normalize_by
+
+    @property
+    def whitening(self) -> bool:
+        """Whether ``--normalize`` / ``--normalize-by`` whiten every side."""
+        return self.new_spec.normalize != "none"
+
+    @cached_property
+    def variants(self) -> VariantOptions:
+        """The GAE variants of the new side, as the commands name their columns."""
+        spec = self.new_spec
+        return VariantOptions(
+            spec.timestep, spec.lambd_critic, spec.lambd_alpha, spec.turn_rewards, spec.truncated, spec.bootstrap_values
+        )
+
+    @property
+    def specs(self) -> tuple[AdvantageSpec, ...]:
+        """The specs computed here: the new one, then that of every recomputed old side."""
+        return (self.new_spec, *(spec for spec in self.old_specs if spec is not None))
+
+    @property
+    def group_by(self) -> Optional[str]:
+        """The prompt-group id column a side reads (``--group-col``; None: none does)."""
+        return next((spec.group_by for spec in self.specs if spec.group_by is not None), None)
+
+    @property
+    def step_by(self) -> Optional[str]:
+        """The step id column a side reads (``--step-col``; None: none does)."""
+        return next((spec.step_by for spec in self.specs if spec.step_by is not None), None)
+
+    @property
+    def stored_columns(self) -> tuple[str, ...]:
+        """The stored columns the old sides read (``--against``, ``--against-returns``)."""
+        names = [name for side in self.old_sides for name in (side.advantages_column, side.returns_column)]
+        return tuple(name for name in names if name is not None)
+
+    @property
+    def critic_free(self) -> bool:
+        """Whether a side computed here is a critic-free estimator (docs/estimators.md)."""
+        return any(spec.critic_free for spec in self.specs)
+
+    @property
+    def needs_scores(self) -> bool:
+        """Whether a side needs the score statistics of every file first (a grouped estimator)."""
+        return any(spec.estimator in GROUPED_ESTIMATORS for spec in self.specs)
+
+    @property
+    def n_sides(self) -> int:
+        """The old sides the statistics passes keep moments of (at least one: with no old
+        side, the new side stands in for it)."""
+        return max(1, len(self.old_sides))
+
+    @property
+    def estimator_whitened(self) -> tuple[bool, ...]:
+        """Which sides (the new one first, then each old side) a ``reinforce++`` estimator
+        whitens over the input (``--normalize`` whitens every side, and is refused with them)."""
+        specs = (self.new_spec, *self.old_specs)
+        whitened = tuple(spec is not None and spec.estimator in WHITENED_ESTIMATORS for spec in specs)
+        return whitened + (whitened[0],) * (1 + self.n_sides - len(whitened))
+
+    @property
+    def whiten_key(self) -> Optional[str]:
+        """The column whose values split the whitening statistics: ``--normalize-by``, or the
+        step id of the ``reinforce++`` estimators (None: the whole input)."""
+        return self.normalize_by if self.normalize_by is not None else self.step_by
+
+    @property
+    def spans_inputs(self) -> bool:
+        """Whether a statistics pass runs over every input first (``--normalize``, the
+        grouped estimators' scores, ``reinforce++`` whitening): each output then depends on
+        every input."""
+        return self.whitening or self.needs_scores or any(self.estimator_whitened)
+
+    def id_columns(self) -> tuple[tuple[str, str], ...]:
+        """(option, column) of the per-row ids a side reads (group, step): a null id is
+        invalid data."""
+        named = (("--group-col", self.group_by), ("--step-col", self.step_by))
+        return tuple((flag, name) for flag, name in named if name is not None)
+
+
+def describe_run(options) -> Computation:
+    """The one place options become a :class:`Computation`: those of ``gae recompute`` or
+    ``gae diff`` (:class:`gaecli.RecomputeOptions`, :class:`gaecli.DiffOptions`, whose values
+    are checked when made), which name the estimator with γ, λ, the group and step ids, the
+    whitening, the GAE variants, the old sides (``options.old_sides``), the columns, kernel,
+    device, batch size and ``on_invalid``. The kernel is resolved here for the new side's
+    spec (:class:`gaecli.advantages.kernels.KernelUnavailableError` where it cannot run it)."""
+    from gaecli.advantages.kernels import resolve_kernel
+
+    normalize = "by" if options.normalize_by is not None else "all" if options.normalize else "none"
+    ids = (options.group_col, options.step_by)
+    new_spec = estimator_spec(
+        options.estimator,
+        options.gamma,
+        options.lambd,
+        *ids,
+        normalize=normalize,
+        normalize_by=options.normalize_by,
+        **options.variants.spec_fields(),
+    )
+    old_sides = tuple(options.old_sides)
+    old_specs = tuple(old_side_spec(side, options.gamma, options.lambd, *ids) for side in old_sides)
+    reads_values = any(spec is not None and not spec.critic_free for spec in (new_spec, *old_specs))
+    return Computation(
+        new_spec=new_spec,
+        old_sides=old_sides,
+        old_specs=old_specs,
+        columns=options.columns if reads_values else replace(options.columns, values=None),
+        kernel=resolve_kernel(options.kernel, options.device, new_spec),
+        device=options.device,
+        batch_rows=options.batch_rows,
+        on_invalid=options.on_invalid,
+    )
+
+
+class RunOptions:
+    """What the options of every computing command share (recompute's and diff's frozen
+    dataclasses): checked when made (:meth:`check`), and the run they describe
+    (:attr:`computation`), built once."""
+
+    def __post_init__(self) -> None:
+        if self.normalize_by is not None and not self.normalize:  # --normalize-by implies --normalize
+            object.__setattr__(self, "normalize", True)
+        self.check()
+
+    def check(self) -> None:
+        """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
+        choices, a kernel or device not usable here, and contradicting options."""
+        raise NotImplementedError
+
+    def check_run(self) -> None:
+        """The checks every run's options end with: the batch size, the tolerance, the device,
+        then the specs built and the kernel resolved for them (:attr:`computation`)."""
+        check_count("--batch-rows", self.batch_rows, 1)
+        check_number("--tol", self.tolerance, 0.0)
+        check_device(self.device)
+        self.computation  # noqa: B018 - the specs built, the kernel resolved for them
+
+    @property
+    def whitening(self) -> bool:
+        """Whether ``--normalize`` / ``--normalize-by`` whiten every side."""
+        return self.normalize or self.normalize_by is not None
+
+    @cached_property
+    def computation(self) -> Computation:
+        """What the run computes (:func:`describe_run`), built once with the options."""
+        return describe_run(self)
