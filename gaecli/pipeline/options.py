@@ -15,14 +15,7 @@ from gaecli.advantages.contract import (
 )
 from gaecli.advantages.spec import AdvantageSpec, estimator_spec
 from gaecli.errors import InvalidOptionError
-from gaecli.options import check_choice, check_number
-
-DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
-"""The torch device types the kernels run on (``cuda:N`` names one GPU)."""
-
-
-ON_INVALID_MODES: tuple[str, ...] = ("stop", "skip")
-"""What an invalid row does: stop the run, or go to the rejects file while the run goes on."""
+from gaecli.options import DEVICE_TYPES, ON_INVALID_MODES, check_choice, check_number  # noqa: F401 (re-exported)
 
 
 def check_device(device: str) -> None:
