@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from gaecli.advantages.dispatch import compute
+from gaecli.advantages.layout import next_trainable_index
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.checks import (
     BatchCheck,
@@ -47,7 +48,9 @@ class PackedBatch:
     zero-based offsets ``[B + 1]``, terminal rewards ``[B]``; ``arrow_offsets``: the same
     offsets as the input's Arrow array (the mask column's, reused by the output's list
     columns), None when the rows were filtered; ``row_inputs``: the per-row inputs of the
-    new side's GAE variants (:func:`row_input_arrays`), empty without them."""
+    new side's GAE variants (:func:`row_input_arrays`), empty without them. The next
+    trainable position of every token (:meth:`next_trainable`) is computed once, for all the
+    profiles that need it."""
 
     values: np.ndarray
     rewards: np.ndarray
@@ -56,10 +59,18 @@ class PackedBatch:
     terminal_rewards: np.ndarray
     arrow_offsets: Optional[pa.Array] = None
     row_inputs: dict = field(default_factory=dict)
+    _next_trainable: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
 
     @property
     def tokens(self) -> int:
         return int(self.offsets[-1])
+
+    def next_trainable(self) -> np.ndarray:
+        """:func:`gaecli.advantages.layout.next_trainable_index` of the batch, computed on the
+        first call."""
+        if self._next_trainable is None:
+            self._next_trainable = next_trainable_index(self.trainable, self.offsets)
+        return self._next_trainable
 
 
 def pack_batch(
@@ -124,6 +135,7 @@ def compute_packed(
         kernel=kernel,
         device=device,
         row_inputs=row_inputs if row_inputs is not None else packed.row_inputs if spec.variants else None,
+        next_trainable=packed.next_trainable,
     )
 
 
