@@ -1,5 +1,5 @@
 """Statistics for streaming work that do not depend on batch size or engine: exact sums,
-per-row moments, and the per-row comparison, histograms and token sampling of ``gae diff``.
+the all-finite screen, per-row moments, and the per-row comparison, histograms and token sampling of ``gae diff``.
 Group codes and grouped statistics: :mod:`gaecli.grouping`."""
 
 from __future__ import annotations
@@ -56,6 +56,18 @@ class ExactSum:
         the exact sum of both (merging partial sums in any order gives the same value)."""
         if other._count:
             self._count = _grow_partials(self._partials, self._count, other._partials[: other._count].copy())
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def all_finite(numbers) -> bool:
+    """Whether every number of a flat float array is finite, in one read at the array's own
+    width (no float64 copy): ``x · 0`` is 0 for a finite ``x`` and NaN for ±Inf or NaN, and
+    a sum of zeros is 0. Reassociating the sum (so that it runs in vector lanes) changes no
+    NaN into a number."""
+    total = numbers.dtype.type(0.0)
+    for position in range(numbers.shape[0]):
+        total += numbers[position] * 0
+    return total == 0
 
 
 @numba.njit(cache=True, nogil=True)
