@@ -14,7 +14,6 @@ from gaecli.advantages.layout import (
     ends_trainable,
     last_trainable_index,
     next_trainable_index,
-    trainable_counts,
 )
 from gaecli.errors import InvalidOptionError
 
@@ -102,7 +101,7 @@ def lost_terminal_samples(semantics: str, trainable, offsets, terminal_rewards, 
     profile = profile_of(semantics)
     nonempty = offsets[1:] > offsets[:-1]
     last_masked = nonempty & ~ends_trainable(trainable, offsets)
-    nothing_trainable = nonempty & (trainable_counts(trainable, offsets) == 0)
+    nothing_trainable = nonempty & (last_trainable_index(trainable, offsets) < 0)  # reads the masked tails only
     if profile in ("verl", "areal", "roll"):
         lost = last_masked
     elif profile in (MASKED, "openrlhf", "nemo-rl"):

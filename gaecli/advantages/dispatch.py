@@ -83,12 +83,12 @@ def compute(
         entry = KERNELS[resolve_kernel(kernel, device, spec)]
         if entry.flat_function is not None and device_type(device) == "cpu":
             arrays = (values, rewards, trainable, offsets, terminal_rewards)
-            return _run(spec, entry.flat_function, *arrays, variants, next_trainable)
+            return _run(spec, entry.flat_function, arrays, variants, next_trainable)
         offsets = offsets.astype(np.int64, copy=False)  # the torch kernels index with it
         arrays = (values, rewards, trainable, offsets, terminal_rewards)
         return _on_tensors(spec, entry.function, device, variants, *arrays)
     entry = KERNELS[resolve_kernel(kernel, values.device, spec)]
-    return _run(spec, entry.function, values, rewards, trainable, offsets, terminal_rewards, variants)
+    return _run(spec, entry.function, (values, rewards, trainable, offsets, terminal_rewards), variants)
 
 
 def variant_keywords(spec: AdvantageSpec, row_inputs=None) -> dict:
@@ -216,24 +216,16 @@ def compute_screened_samples(spec: AdvantageSpec, buffers, advantages, returns, 
     )
 
 
-def _run(
-    spec: AdvantageSpec, function, values, rewards, trainable, offsets, terminal_rewards, variants, next_trainable=None
-):
+def _run(spec: AdvantageSpec, function, arrays: tuple, variants, next_trainable=None):
+    """``function`` under ``spec``'s semantics on ``arrays`` (values, rewards, trainable,
+    offsets, terminal rewards)."""
+    offsets = arrays[3]
+
     def run(v, r, m, z):
         return function(v, r, m, offsets, z, gamma=spec.gamma, lambd=spec.lambd, **variants)
 
-    return apply_semantics(
-        run,
-        values,
-        rewards,
-        trainable,
-        offsets,
-        terminal_rewards,
-        gamma=spec.gamma,
-        lambd=spec.lambd,
-        semantics=spec.semantics,
-        next_trainable=next_trainable,
-    )
+    discount = {"gamma": spec.gamma, "lambd": spec.lambd}
+    return apply_semantics(run, *arrays, **discount, semantics=spec.semantics, next_trainable=next_trainable)
 
 
 def _on_tensors(spec: AdvantageSpec, function, device, variants, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -246,7 +238,7 @@ def _on_tensors(spec: AdvantageSpec, function, device, variants, *arrays: np.nda
         tensors = [torch.from_numpy(array) for array in arrays]
     if device_type(device) != "cpu":
         tensors = [tensor.to(device) for tensor in tensors]
-    advantages, returns = _run(spec, function, *tensors, variants)
+    advantages, returns = _run(spec, function, tuple(tensors), variants)
     return advantages.cpu().numpy(), returns.cpu().numpy()
 
 
