@@ -16,11 +16,12 @@ Masked positions get a KL reward like any other: masked GAE never reads it, the 
 
 from __future__ import annotations
 
-from typing import Callable, Optional
-
-import numpy as np
+from typing import TYPE_CHECKING, Callable, Optional
 
 from gaecli.options import check_choice, check_number
+
+if TYPE_CHECKING:  # numpy is imported where a function runs: the help lists the estimators without it
+    import numpy as np
 
 LOW_VAR_LOG_RATIO_BOUND = 20.0
 LOW_VAR_KL_BOUND = 10.0
@@ -28,17 +29,23 @@ LOW_VAR_KL_BOUND = 10.0
 
 def k1(log_ratio: np.ndarray) -> np.ndarray:
     """``log_ratio`` (the unbiased, high-variance estimator)."""
+    import numpy as np
+
     return np.asarray(log_ratio, dtype=np.float64).copy()
 
 
 def k2(log_ratio: np.ndarray) -> np.ndarray:
     """``log_ratio² / 2``."""
+    import numpy as np
+
     log_ratio = np.asarray(log_ratio, dtype=np.float64)
     return log_ratio * log_ratio / 2.0
 
 
 def k3(log_ratio: np.ndarray) -> np.ndarray:
     """``exp(−log_ratio) − 1 + log_ratio`` (Schulman's unbiased, non-negative estimator)."""
+    import numpy as np
+
     log_ratio = np.asarray(log_ratio, dtype=np.float64)
     return np.expm1(-log_ratio) + log_ratio
 
@@ -46,6 +53,8 @@ def k3(log_ratio: np.ndarray) -> np.ndarray:
 def low_var_kl(log_ratio: np.ndarray) -> np.ndarray:
     """``k3`` computed on ``−log_ratio`` clamped to [−20, 20] (NaN → 0), the result
     clamped to [−10, 10]."""
+    import numpy as np
+
     negative = np.clip(-np.asarray(log_ratio, dtype=np.float64), -LOW_VAR_LOG_RATIO_BOUND, LOW_VAR_LOG_RATIO_BOUND)
     negative = np.where(np.isnan(negative), 0.0, negative)
     return np.clip(np.expm1(negative) - negative, -LOW_VAR_KL_BOUND, LOW_VAR_KL_BOUND)
@@ -69,6 +78,8 @@ def check_kl_options(coef: Optional[float], estimator: str) -> None:
 def kl_estimate(log_probs: np.ndarray, ref_log_probs: np.ndarray, estimator: str) -> np.ndarray:
     """Per-token KL estimate ``[N]`` (float64) of flat ``log_probs`` and ``ref_log_probs``
     ``[N]`` (any float dtype) under ``estimator`` (a key of :data:`KL_ESTIMATORS`)."""
+    import numpy as np
+
     check_choice("--kl-estimator", estimator, KL_ESTIMATORS, "KL estimator")
     log_ratio = np.asarray(log_probs, dtype=np.float64) - np.asarray(ref_log_probs, dtype=np.float64)
     return KL_ESTIMATORS[estimator](log_ratio)

@@ -9,6 +9,13 @@ from typing import Collection, Optional
 
 from gaecli.errors import InvalidOptionError
 
+DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
+"""The torch device types the kernels run on (``cuda:N`` names one GPU)."""
+
+
+ON_INVALID_MODES: tuple[str, ...] = ("stop", "skip")
+"""What an invalid row does: stop the run, or go to the rejects file while the run goes on."""
+
 
 def check_choice(option: str, value: object, choices: Collection[str], what: str) -> None:
     """Refuse a ``value`` that is not one of ``choices`` (``what``: what a value names)."""

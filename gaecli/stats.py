@@ -1,6 +1,6 @@
 """Statistics for streaming work that do not depend on batch size or engine: exact sums,
-and the per-row comparison, histograms and token sampling of ``gae diff``. Group codes and
-keyed statistics: :mod:`gaecli.advantages.keyed`, :mod:`gaecli.advantages.statistics`."""
+the all-finite screen, and the per-row comparison, histograms and token sampling of ``gae diff``.
+Group codes and keyed statistics: :mod:`gaecli.advantages.keyed`, :mod:`gaecli.advantages.statistics`."""
 
 from __future__ import annotations
 
@@ -56,6 +56,18 @@ class ExactSum:
         the exact sum of both (merging partial sums in any order gives the same value)."""
         if other._count:
             self._count = _grow_partials(self._partials, self._count, other._partials[: other._count].copy())
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def all_finite(numbers) -> bool:
+    """Whether every number of a flat float array is finite, in one read at the array's own
+    width (no float64 copy): ``x · 0`` is 0 for a finite ``x`` and NaN for ±Inf or NaN, and
+    a sum of zeros is 0. Reassociating the sum (so that it runs in vector lanes) changes no
+    NaN into a number."""
+    total = numbers.dtype.type(0.0)
+    for position in range(numbers.shape[0]):
+        total += numbers[position] * 0
+    return total == 0
 
 
 # ----------------------------------------------------------------------------- gae diff
@@ -184,142 +196,84 @@ def diff_rows(
     counted into them, in place.
     """
     with_returns = returns is not None
-    new_returns, old_returns = returns if with_returns else (new, new)
+    pairs = (new, old, *(returns if with_returns else (new, new)))
     if histograms is None:
-        counts = return_counts = np.zeros(0, dtype=np.int64)
+        counts = (np.zeros(0, dtype=np.int64),) * 2
         bins = (0.0, 1.0, 0, 0)  # not read
     else:
         first, second = histograms
         bins = (first.zero, first.inverse_log_base, first.first_exponent, first.bins)
         if (second.zero, second.inverse_log_base, second.first_exponent, second.bins) != bins:
             raise ValueError("the Δ advantage and Δ return histograms must have the same bins")
-        counts, return_counts = first.counts, second.counts
-    return RowDiff(
-        *_diff_rows(
-            new,
-            old,
-            new_returns,
-            old_returns,
-            with_returns,
-            trainable,
-            offsets,
-            tolerance,
-            histograms is not None,
-            counts,
-            return_counts,
-            *bins,
-        )
-    )
+        counts = (first.counts, second.counts)
+    counted = histograms is not None
+    floats, integers = _diff_rows(pairs, with_returns, trainable, offsets, tolerance, counted, counts, bins)
+    return RowDiff(*floats[:3], integers[0], *floats[3:], integers[1], integers[2])
 
 
 @numba.njit(cache=True, nogil=True)
-def _diff_rows(
-    new,
-    old,
-    new_returns,
-    old_returns,
-    with_returns,
-    trainable,
-    offsets,
-    tolerance,
-    with_histograms,
-    histogram,
-    return_histogram,
-    zero,
-    inverse_log_base,
-    first_exponent,
-    bins,
-):
-    # the loop of diff_rows: one pass over each row's tokens, the figures in RowDiff's order
+def _diff_rows(pairs, with_returns, trainable, offsets, tolerance, counted, counts, bins):
+    # the loop of diff_rows: RowDiff's float figures [10, B] and its integer ones [3, B]
+    # (sign flips, trainable tokens, changed tokens), in RowDiff's order
     rows = offsets.shape[0] - 1
-    max_abs = np.zeros(rows, dtype=np.float64)
-    max_relative = np.zeros(rows, dtype=np.float64)
-    sum_abs = np.zeros(rows, dtype=np.float64)
-    sign_flips = np.zeros(rows, dtype=np.int64)
-    max_abs_return = np.zeros(rows, dtype=np.float64)
-    sum_abs_return = np.zeros(rows, dtype=np.float64)
-    sum_new = np.zeros(rows, dtype=np.float64)
-    sum_old = np.zeros(rows, dtype=np.float64)
-    sum_new_sq = np.zeros(rows, dtype=np.float64)
-    sum_old_sq = np.zeros(rows, dtype=np.float64)
-    sum_cross = np.zeros(rows, dtype=np.float64)
-    trainable_tokens = np.zeros(rows, dtype=np.int64)
-    changed_tokens = np.zeros(rows, dtype=np.int64)
+    floats = np.zeros((10, rows), dtype=np.float64)
+    integers = np.zeros((3, rows), dtype=np.int64)
     for row in range(rows):
-        row_max_abs = 0.0
-        row_max_relative = 0.0
-        row_sum_abs = 0.0
-        flips = 0
-        row_max_abs_return = 0.0
-        row_sum_abs_return = 0.0
-        row_sum_new = 0.0
-        row_sum_old = 0.0
-        row_sum_new_sq = 0.0
-        row_sum_old_sq = 0.0
-        row_sum_cross = 0.0
-        count = 0
-        changed = 0
-        for t in range(offsets[row], offsets[row + 1]):
-            if not trainable[t]:
-                continue
-            a = np.float64(new[t])
-            b = np.float64(old[t])
-            delta = a - b
-            magnitude = abs(delta)
-            row_sum_abs += magnitude
-            if magnitude > row_max_abs:
-                row_max_abs = magnitude
-            relative = magnitude / (1.0 + abs(a))
-            if relative > row_max_relative:
-                row_max_relative = relative
-            if relative > tolerance:
-                changed += 1
-            if a * b < 0.0:
-                flips += 1
-            row_sum_new += a
-            row_sum_old += b
-            row_sum_new_sq += a * a
-            row_sum_old_sq += b * b
-            row_sum_cross += a * b
-            count += 1
-            if with_histograms:
-                _log_bin(delta, histogram, zero, inverse_log_base, first_exponent, bins)
-            if with_returns:
-                return_delta = np.float64(new_returns[t]) - np.float64(old_returns[t])
-                return_magnitude = abs(return_delta)
-                row_sum_abs_return += return_magnitude
-                if return_magnitude > row_max_abs_return:
-                    row_max_abs_return = return_magnitude
-                if with_histograms:
-                    _log_bin(return_delta, return_histogram, zero, inverse_log_base, first_exponent, bins)
-        max_abs[row] = row_max_abs
-        max_relative[row] = row_max_relative
-        sum_abs[row] = row_sum_abs
-        sign_flips[row] = flips
-        max_abs_return[row] = row_max_abs_return
-        sum_abs_return[row] = row_sum_abs_return
-        sum_new[row] = row_sum_new
-        sum_old[row] = row_sum_old
-        sum_new_sq[row] = row_sum_new_sq
-        sum_old_sq[row] = row_sum_old_sq
-        sum_cross[row] = row_sum_cross
-        trainable_tokens[row] = count
-        changed_tokens[row] = changed
-    return (
-        max_abs,
-        max_relative,
-        sum_abs,
-        sign_flips,
-        max_abs_return,
-        sum_abs_return,
-        sum_new,
-        sum_old,
-        sum_new_sq,
-        sum_old_sq,
-        sum_cross,
-        trainable_tokens,
-        changed_tokens,
-    )
+        figures = _diff_row(
+            pairs, with_returns, trainable, offsets[row], offsets[row + 1], tolerance, counted, counts, bins
+        )
+        for index in range(10):
+            floats[index, row] = figures[0][index]
+        for index in range(3):
+            integers[index, row] = figures[1][index]
+    return floats, integers
+
+
+@numba.njit(cache=True, nogil=True)
+def _diff_row(pairs, with_returns, trainable, start, end, tolerance, counted, counts, bins):
+    # one pass over a row's tokens (start to end), serial in token order: its float figures
+    # and its integer ones, as _diff_rows orders them
+    new, old, new_returns, old_returns = pairs
+    histogram, return_histogram = counts
+    zero, inverse_log_base, first_exponent, bin_count = bins
+    max_abs = max_relative = sum_abs = max_abs_return = sum_abs_return = 0.0
+    sum_new = sum_old = sum_new_sq = sum_old_sq = sum_cross = 0.0
+    flips = count = changed = 0
+    for t in range(start, end):
+        if not trainable[t]:
+            continue
+        a = np.float64(new[t])
+        b = np.float64(old[t])
+        delta = a - b
+        magnitude = abs(delta)
+        sum_abs += magnitude
+        if magnitude > max_abs:
+            max_abs = magnitude
+        relative = magnitude / (1.0 + abs(a))
+        if relative > max_relative:
+            max_relative = relative
+        if relative > tolerance:
+            changed += 1
+        if a * b < 0.0:
+            flips += 1
+        sum_new += a
+        sum_old += b
+        sum_new_sq += a * a
+        sum_old_sq += b * b
+        sum_cross += a * b
+        count += 1
+        if counted:
+            _log_bin(delta, histogram, zero, inverse_log_base, first_exponent, bin_count)
+        if with_returns:
+            return_delta = np.float64(new_returns[t]) - np.float64(old_returns[t])
+            return_magnitude = abs(return_delta)
+            sum_abs_return += return_magnitude
+            if return_magnitude > max_abs_return:
+                max_abs_return = return_magnitude
+            if counted:
+                _log_bin(return_delta, return_histogram, zero, inverse_log_base, first_exponent, bin_count)
+    sums = (sum_new, sum_old, sum_new_sq, sum_old_sq, sum_cross)
+    return (max_abs, max_relative, sum_abs, max_abs_return, sum_abs_return) + sums, (flips, count, changed)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -1,87 +1,133 @@
-"""End-to-end benchmark: whole ``gae`` processes against the copy limit, side by side.
+"""End-to-end benchmark: each ``gae`` command beside its limit, as whole processes.
 
-    python scripts/bench_e2e.py [--rows 16000] [--small-rows 4000] [--data bench_data] [--scale 1.0]
-                                [--files small,large,short,groups]
+    python scripts/bench_e2e.py [--tree DIR]... [--scale 1.0] [--repeat 5] [--data bench_data]
+                                [--files large,short,small]
 
-Generates (once, cached under ``--data``) a zstd rollout file of ``--rows`` agentic
-rollouts (~70 M tokens at 16,000 rows) and a smaller one (~18 M tokens), a many-short-rows
-file (1,000,000 single-turn rows of 8–120 tokens, ~64 M tokens) and a million-group file
-(2,000,000 rows of 2–8 tokens, a ``prompt_uid`` string column with 1,000,000 groups of two
-consecutive rows, GRPO-style); ``--scale`` multiplies every row count (a quicker run on a
-busy machine). Then times, each as its own process:
+Generates (once, cached under ``--data``) three zstd rollout files: ``large``, ~500 MB of
+agentic rollouts (14,000 rows, ~60 M tokens); ``short``, 1,000,000 single-turn rows of
+8–120 tokens (~64 M tokens); ``small``, ~30 MB of agentic rollouts (840 rows). ``--scale``
+multiplies every row count (a quicker run; the files of each scale are cached apart).
 
-- copy limit: a pyarrow script that reads the file whole, appends two list<float32>
-  columns of the values' shape and writes it with the same codec;
-- ``gae recompute`` (γ = 1, λ = 0.95);
-- ``gae validate`` against a plain pyarrow read of the file (when the command exists);
-- ``gae diff`` against ``gae recompute`` (when the command exists);
-- ``gae --help`` start-up;
-- on the short-rows file, ``gae recompute`` and ``gae recompute --normalize`` against the
-  copy limit;
-- on the million-group file, ``gae recompute --normalize-by prompt_uid`` against ``gae
-  recompute --normalize``, and ``gae diff --group-by prompt_uid --json F`` (its peak RSS).
+On each file it times, as separate processes, each command beside its limit:
 
-Prints wall time, peak RSS (of that process and its children) and the ratios.
+- ``gae recompute`` beside a streaming copy: read a batch, append two list columns of the
+  values' type and shape, write it (the input's codec, the row groups ``gae recompute``
+  writes, no statistics, dictionaries off for floats, page checksums: as gae writes);
+- ``gae diff``, ``gae diff --baseline all`` (the six profiles) and ``gae validate`` beside a
+  streaming pyarrow read of the columns they read (values, rewards, loss_mask,
+  terminal_reward, response_length), in the same batches;
+
+then ``gae --help`` (absolute seconds). The runs are interleaved (limit, each tree, limit,
+each tree, ...), ``--repeat`` times, and the table shows medians and the ratio of the
+command's median to its limit's, beside the issue's goal.
+
+``--tree DIR`` (repeatable) runs ``gae`` from another checkout (``python -m gaecli`` with
+``PYTHONPATH=DIR``, from DIR), one column per tree, so that an old and a new checkout are
+measured in the same run; default: the checkout this script is in. The trees are only read:
+numba's cache and Python's bytecode go under ``--data``. Before a file is timed, each tree
+runs ``gae recompute``, ``gae diff --baseline all`` and ``gae validate`` on it once, untimed
+(its kernels compiled and cached, the file in the page cache).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-COPY_LIMIT = r"""
+READ_COLUMNS = ("values", "rewards", "loss_mask", "terminal_reward", "response_length")
+
+STREAMING_COPY = r"""
 import sys
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
-source, target = sys.argv[1], sys.argv[2]
-codec = pq.ParquetFile(source).metadata.row_group(0).column(0).compression.lower()
-table = pq.read_table(source)
-values = table.column("values").combine_chunks()
-flat = values.values.to_numpy()
-for name in ("advantages", "returns"):
-    column = pa.ListArray.from_arrays(values.offsets, pa.array(flat + np.float32(1.0)))
-    table = table.append_column(name, column)
-pq.write_table(table, target, compression=codec)
+source, target, batch_rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
+parquet = pq.ParquetFile(source)
+codec = parquet.metadata.row_group(0).column(0).compression.lower()
+schema = parquet.schema_arrow
+value_type = schema.field("values").type
+schema = schema.append(pa.field("advantages", value_type)).append(pa.field("returns", value_type))
+def floats(arrow_type):
+    while pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        arrow_type = arrow_type.value_type
+    return pa.types.is_floating(arrow_type)
+dictionary = [f.name for f in schema if not floats(f.type)]
+writer = pq.ParquetWriter(target, schema, compression=codec, write_statistics=False,
+                          use_dictionary=dictionary, write_page_checksum=True)
+for batch in parquet.iter_batches(batch_size=batch_rows, use_threads=True):
+    values = batch.column("values")
+    offsets = values.offsets
+    start = offsets[0].as_py()
+    flat = values.values.slice(start, offsets[-1].as_py() - start)
+    offsets = pc.subtract(offsets, pa.scalar(start, offsets.type))
+    columns = [*batch.columns]
+    for shift in (1.0, 2.0):
+        columns.append(type(values).from_arrays(offsets, pc.add(flat, pa.scalar(shift, flat.type))))
+    writer.write_table(pa.Table.from_batches([pa.RecordBatch.from_arrays(columns, schema=schema)]),
+                       row_group_size=max(batch.num_rows, 1))
+writer.close()
 """
 
-READ_ONLY = r"""
+STREAMING_READ = r"""
 import sys
 import pyarrow.parquet as pq
-pq.read_table(sys.argv[1])
+source, batch_rows, columns = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
+parquet = pq.ParquetFile(source)
+columns = [name for name in parquet.schema_arrow.names if name in columns]
+for batch in parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True):
+    pass
 """
 
+GOALS = {
+    "gae recompute": {"large": 1.1, "short": 1.1, "small": 2.0},
+    "gae diff": {"large": 1.3, "short": 1.3, "small": 2.0},
+    "gae diff --baseline all": {"large": 3.0, "short": 3.0, "small": 2.0},
+    "gae validate": {"large": 1.2, "short": 1.2, "small": 2.0},
+}
+"""The issue's goals: the command's median over its limit's, by file."""
 
-def make_file(path: Path, rows: int, seed: int) -> None:
-    """Write ``rows`` agentic rollouts in chunks of 1,024 rows (bounded memory)."""
-    import pyarrow.parquet as pq
+HELP_GOAL_SECONDS = 0.5
 
+DISCOUNT = ("--gamma", "1", "--lambd", "0.95", "--quiet")
+
+FILES = {  # label: (generator, rows at scale 1)
+    "large": ("agentic", 14_000),
+    "short": ("short_rows", 1_000_000),
+    "small": ("agentic", 840),
+}
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def make_agentic(path: Path, rows: int, seed: int) -> None:
+    """Write ``rows`` agentic rollouts in row groups of 1,024 rows (bounded memory)."""
     from rollout_files import workload_table
     from workloads import agentic
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_suffix(".partial")
-    writer = None
-    for chunk, start in enumerate(range(0, rows, 1024)):
-        table = workload_table(agentic(num_samples=min(1024, rows - start), seed=seed * 1000 + chunk), rollout_id=chunk)
-        if writer is None:
-            writer = pq.ParquetWriter(temp, table.schema, compression="zstd")
-        writer.write_table(table, row_group_size=1024)
-    writer.close()
-    temp.rename(path)
+    write_chunks(
+        path,
+        rows,
+        1024,
+        lambda start, count: workload_table(
+            agentic(num_samples=count, seed=seed * 1000 + start // 1024), rollout_id=start // 1024
+        ),
+    )
 
 
 def write_chunks(path: Path, rows: int, chunk_rows: int, make_chunk) -> None:
-    """Write ``make_chunk(start, rows)`` tables of ``chunk_rows`` rows (bounded memory)."""
+    """Write ``make_chunk(start, rows)`` tables of ``chunk_rows`` rows (bounded memory),
+    under a temporary name renamed once whole."""
     import pyarrow.parquet as pq
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,14 +142,12 @@ def write_chunks(path: Path, rows: int, chunk_rows: int, make_chunk) -> None:
     temp.rename(path)
 
 
-def short_rows_table(start: int, rows: int, shortest: int, longest: int, group_rows: int = 0):
+def short_rows_table(start: int, rows: int, shortest: int = 8, longest: int = 120):
     """``rows`` single-turn rows of ``shortest``–``longest`` tokens (vectorised): float32
     values and rewards, an int8 mask trainable but for a masked tail on 10 % of rows (the
-    first token always trainable), float32 terminal rewards; with ``group_rows`` a
-    ``prompt_uid`` string column, one value per ``group_rows`` consecutive rows."""
+    first token always trainable), float32 terminal rewards."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     rng = np.random.default_rng(start + 17)
     lengths = rng.integers(shortest, longest + 1, rows)
@@ -117,154 +161,202 @@ def short_rows_table(start: int, rows: int, shortest: int, longest: int, group_r
     def as_list(flat, arrow_type):
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, arrow_type))
 
-    columns = {
-        "values": as_list(rng.normal(size=tokens).astype(np.float32), pa.float32()),
-        "rewards": as_list(np.zeros(tokens, np.float32), pa.float32()),
-        "loss_mask": as_list(mask, pa.int8()),
-        "terminal_reward": pa.array(rng.normal(size=rows).astype(np.float32), pa.float32()),
-        "response_length": pa.array(lengths, pa.int64()),
-    }
-    if group_rows:
-        uids = pa.array((start + np.arange(rows)) // group_rows, pa.int64()).cast(pa.string())
-        columns["prompt_uid"] = pc.binary_join_element_wise("uid-", uids, "")
-    return pa.table(columns)
+    return pa.table(
+        {
+            "values": as_list(rng.normal(size=tokens).astype(np.float32), pa.float32()),
+            "rewards": as_list(np.zeros(tokens, np.float32), pa.float32()),
+            "loss_mask": as_list(mask, pa.int8()),
+            "terminal_reward": pa.array(rng.normal(size=rows).astype(np.float32), pa.float32()),
+            "response_length": pa.array(lengths, pa.int64()),
+        }
+    )
 
 
-def run(command: list[str]) -> tuple[float, float, int]:
-    """Wall seconds, peak RSS in MB (the process tree's largest), exit code."""
-    started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    elapsed = time.perf_counter() - started
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != 0:
-        sys.stderr.write(process.stderr.read().decode())
-    return elapsed, usage.ru_maxrss / 1024.0, process.returncode
+def data_file(data: Path, label: str, scale: float) -> Path:
+    """The cached file ``label`` at ``scale``, generated on first use."""
+    kind, rows = FILES[label]
+    rows = max(int(rows * scale), 2)
+    path = data / f"{label}_{kind}_{rows}.parquet"
+    if not path.exists():
+        print(f"generating {path} ...", flush=True)
+        if kind == "agentic":
+            make_agentic(path, rows, seed=1 if label == "large" else 2)
+        else:
+            write_chunks(path, rows, 65_536, short_rows_table)
+    return path
 
 
-def best_of(repeat: int, command: list[str]) -> tuple[float, float]:
-    times, peaks = [], []
-    for _ in range(repeat):
-        elapsed, peak, code = run(command)
-        if code != 0:
-            raise SystemExit(f"command failed ({code}): {' '.join(command)}")
-        times.append(elapsed)
-        peaks.append(peak)
-    return min(times), max(peaks)
-
-
-def tokens_of(path: Path) -> int:
+def describe(path: Path) -> str:
     import pyarrow.parquet as pq
 
-    return int(sum(pq.read_table(path, columns=["response_length"]).column("response_length").to_numpy()))
+    lengths = pq.read_table(path, columns=["response_length"]).column("response_length").to_numpy()
+    return f"{path.stem.split('_')[0]}: {lengths.sum() / 1e6:.1f} M tokens, {path.stat().st_size / 1e6:.0f} MB"
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A checkout whose ``gae`` is measured: ``python -m gaecli`` from it, on its path, its
+    numba cache and bytecode under ``cache`` (the checkout itself is not written)."""
+
+    root: Path
+    label: str
+    cache: Path
+
+    def command(self, *arguments: str) -> list[str]:
+        return [sys.executable, "-m", "gaecli", *arguments]
+
+    def environment(self) -> dict:
+        return {
+            **os.environ,
+            "PYTHONPATH": str(self.root),
+            "NUMBA_CACHE_DIR": str(self.cache / "numba"),
+            "PYTHONPYCACHEPREFIX": str(self.cache / "pycache"),
+        }
+
+
+def tree_of(directory: str, data: Path) -> Tree:
+    root = Path(directory).resolve()
+    if not (root / "gaecli" / "__init__.py").exists():
+        raise SystemExit(f"--tree {directory}: no gaecli package there")
+    revision = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    label = revision.stdout.strip() or root.name
+    return Tree(root, label, data / "cache" / f"{root.name}-{label}")
+
+
+def run(command: list[str], *, cwd: Path | None = None, env: dict | None = None) -> tuple[float, float]:
+    """Wall seconds and peak RSS in MB (of the process tree's largest) of one process; a
+    failure stops the benchmark with its stderr."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    elapsed = time.perf_counter() - started
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        sys.stderr.write(process.stderr.read().decode())
+        raise SystemExit(f"command failed ({code}): {' '.join(command)}")
+    process.stderr.close()
+    return elapsed, usage.ru_maxrss / 1024.0
+
+
+@dataclass
+class Row:
+    """One line of the table: a limit and a command (its arguments after ``gae``), timed
+    interleaved; ``seconds`` and ``peaks`` by who ran (``limit`` or a tree's label)."""
+
+    file: str
+    name: str
+    limit_name: str
+    limit: list[str] | None
+    arguments: list[str]
+    goal: float | None
+    seconds: dict = field(default_factory=dict)
+    peaks: dict = field(default_factory=dict)
+
+    def time(self, trees: list[Tree], repeat: int) -> None:
+        for _ in range(repeat):
+            if self.limit is not None:
+                self._record("limit", *run(self.limit))
+            for tree in trees:
+                self._record(tree.label, *run(tree.command(*self.arguments), cwd=tree.root, env=tree.environment()))
+
+    def _record(self, who: str, seconds: float, peak: float) -> None:
+        self.seconds.setdefault(who, []).append(seconds)
+        self.peaks[who] = max(self.peaks.get(who, 0.0), peak)
+
+    def median(self, who: str) -> float:
+        return statistics.median(self.seconds[who])
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def file_rows(path: Path, title: str, label: str, out: Path, batch_rows: int) -> list[Row]:
+    """The rows of one file: each command beside its limit."""
+    read = [sys.executable, "-c", STREAMING_READ, str(path), str(batch_rows), ",".join(READ_COLUMNS)]
+    copy = [sys.executable, "-c", STREAMING_COPY, str(path), str(out / "copy.parquet"), str(batch_rows)]
+    recompute = ["recompute", str(path), "-o", str(out / "gae.parquet"), "--overwrite", *DISCOUNT]
+    diff = ["diff", str(path), *DISCOUNT]
+    commands = [
+        ("gae recompute", "streaming copy", copy, recompute),
+        ("gae diff", "streaming read", read, diff),
+        ("gae diff --baseline all", "streaming read", read, [*diff, "--baseline", "all"]),
+        ("gae validate", "streaming read", read, ["validate", str(path), "--quiet"]),
+    ]
+    return [
+        Row(title if index == 0 else "", name, limit_name, limit, arguments, GOALS[name][label])
+        for index, (name, limit_name, limit, arguments) in enumerate(commands)
+    ]
+
+
+def output_batch_rows(tree: Tree, path: Path, out: Path) -> int:
+    """Warm ``tree`` up on ``path`` (its kernels compiled and cached) and return the rows of
+    the first row group its ``gae recompute`` writes: the copy's and the reads' batch."""
+    import pyarrow.parquet as pq
+
+    target = out / "warm.parquet"
+    warm_up = (
+        ["recompute", str(path), "-o", str(target), "--overwrite", *DISCOUNT],
+        ["diff", str(path), "--baseline", "all", *DISCOUNT],
+        ["validate", str(path), "--quiet"],
+    )
+    for arguments in warm_up:
+        run(tree.command(*arguments), cwd=tree.root, env=tree.environment())
+    metadata = pq.ParquetFile(target).metadata
+    return metadata.row_group(0).num_rows if metadata.num_row_groups else 1
+
+
+def render(rows: list[Row], trees: list[Tree]) -> str:
+    header = f"{'file':<34} {'command':<26} {'limit':<15} {'limit s':>8}"
+    for tree in trees:
+        header += f" {tree.label + ' s':>11} {'ratio':>7} {'RSS MB':>7}"
+    lines = [header + f" {'goal':>7}"]
+    for row in rows:
+        limit = f"{row.median('limit'):>8.2f}" if row.limit is not None else f"{'':>8}"
+        line = f"{row.file:<34} {row.name:<26} {row.limit_name:<15} {limit}"
+        for tree in trees:
+            seconds = row.median(tree.label)
+            ratio = f"{seconds / row.median('limit'):.2f}x" if row.limit is not None else ""
+            line += f" {seconds:>11.2f} {ratio:>7} {row.peaks[tree.label]:>7.0f}"
+        goal = f"<={row.goal:g}x" if row.limit is not None else f"<={HELP_GOAL_SECONDS:g} s"
+        lines.append(line + f" {goal:>7}")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=16_000)
-    parser.add_argument("--small-rows", type=int, default=4_000)
-    parser.add_argument("--short-rows", type=int, default=1_000_000)
-    parser.add_argument("--group-rows", type=int, default=2_000_000)
+    parser.add_argument("--tree", action="append", help="a checkout whose gae to run (repeatable; default: this one)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every file's row count")
-    parser.add_argument("--files", default="small,large,short,groups", help="which files to run, comma-separated")
-    parser.add_argument("--data", default="bench_data")
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5, help="interleaved runs of each process (medians shown)")
+    parser.add_argument("--files", default="large,short,small", help="which files to run, comma-separated")
+    parser.add_argument("--data", default="bench_data", help="where the generated files and caches are kept")
     args = parser.parse_args()
 
-    gae = str(Path(sys.executable).with_name("gae"))
-    data = Path(args.data)
-    scaled = lambda rows: max(int(rows * args.scale), 2)  # noqa: E731
-    counts = {
-        "small": scaled(args.small_rows),
-        "large": scaled(args.rows),
-        "short": scaled(args.short_rows),
-        "groups": scaled(args.group_rows),
-    }
-    names = {"small": "agentic", "large": "agentic", "short": "short_rows", "groups": "million_groups"}
-    wanted = [label for label in args.files.split(",") if label]
-    files = {label: data / f"{names[label]}_{counts[label]}.parquet" for label in wanted}
-    for label, path in files.items():
-        if not path.exists():
-            print(f"generating {path} ...", flush=True)
-            if label in ("small", "large"):
-                make_file(path, counts[label], seed=1 if label == "large" else 2)
-            elif label == "short":
-                write_chunks(path, counts[label], 65_536, lambda start, rows: short_rows_table(start, rows, 8, 120))
-            else:
-                write_chunks(path, counts[label], 65_536, lambda start, rows: short_rows_table(start, rows, 2, 8, 2))
-
-    has = {
-        name: subprocess.run([gae, name, "--help"], capture_output=True).returncode == 0
-        for name in ("validate", "diff")
-    }
-    print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, scale {args.scale}")
-    rows = []
+    data = Path(args.data).resolve()
+    trees = [tree_of(directory, data) for directory in (args.tree or [str(HERE.parent)])]
+    paths = {label: data_file(data, label, args.scale) for label in args.files.split(",") if label}
+    load = os.getloadavg()
+    print(
+        f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, scale {args.scale}, "
+        f"repeat {args.repeat}, load {load[0]:.1f}",
+        flush=True,
+    )
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(dir=data) as scratch:
         out = Path(scratch)
-        for label, path in files.items():
-            tokens = tokens_of(path)
-            size_mb = path.stat().st_size / 1e6
-            title = f"{label}: {tokens / 1e6:.1f} M tokens, {size_mb:.0f} MB"
-            recompute = [
-                gae,
-                "recompute",
-                str(path),
-                "-o",
-                str(out / "gae.parquet"),
-                "--gamma",
-                "1",
-                "--lambd",
-                "0.95",
-                "--overwrite",
-                "--quiet",
-            ]
-            if label == "groups":
-                normalize_time, normalize_rss = best_of(args.repeat, [*recompute, "--normalize"])
-                by_time, by_rss = best_of(args.repeat, [*recompute, "--normalize-by", "prompt_uid"])
-                rows.append((title, "gae recompute --normalize", normalize_time, normalize_rss, None))
-                rows.append(("", "gae recompute --normalize-by prompt_uid", by_time, by_rss, by_time / normalize_time))
-                if has["diff"]:
-                    group_diff = [gae, "diff", str(path), "--gamma", "1", "--lambd", "0.95", "--quiet"]
-                    group_diff += ["--group-by", "prompt_uid", "--json", str(out / "diff.json")]
-                    diff_time, diff_rss = best_of(args.repeat, group_diff)
-                    rows.append(("", "gae diff --group-by prompt_uid --json F", diff_time, diff_rss, None))
-                continue
-            copy_time, copy_rss = best_of(
-                args.repeat, [sys.executable, "-c", COPY_LIMIT, str(path), str(out / "copy.parquet")]
-            )
-            gae_time, gae_rss = best_of(args.repeat, recompute)
-            rows.append((title, "copy limit (read, append 2 cols, write)", copy_time, copy_rss, None))
-            rows.append(("", "gae recompute", gae_time, gae_rss, gae_time / copy_time))
-            if label == "short":
-                normalize_time, normalize_rss = best_of(args.repeat, [*recompute, "--normalize"])
-                rows.append(
-                    ("", "gae recompute --normalize", normalize_time, normalize_rss, normalize_time / copy_time)
-                )
-                continue
-            if has["validate"]:
-                read_time, read_rss = best_of(args.repeat, [sys.executable, "-c", READ_ONLY, str(path)])
-                validate_time, validate_rss = best_of(args.repeat, [gae, "validate", str(path), "--quiet"])
-                rows.append(("", "pyarrow read", read_time, read_rss, None))
-                rows.append(("", "gae validate (vs read)", validate_time, validate_rss, validate_time / read_time))
-            if has["diff"]:
-                diff_time, diff_rss = best_of(
-                    args.repeat, [gae, "diff", str(path), "--gamma", "1", "--lambd", "0.95", "--quiet"]
-                )
-                rows.append(("", "gae diff (vs recompute)", diff_time, diff_rss, diff_time / gae_time))
-        help_time, help_rss = best_of(5, [gae, "--help"])
-        rows.append(("start-up", "gae --help", help_time, help_rss, None))
-        shutil.rmtree(out, ignore_errors=True)
-
-    print(f"{'file':<34} {'process':<40} {'wall s':>8} {'peak RSS MB':>12} {'ratio':>7}")
-    for file_label, process, seconds, rss, ratio in rows:
-        ratio_text = f"{ratio:.2f}x" if ratio is not None else ""
-        print(f"{file_label:<34} {process:<40} {seconds:>8.2f} {rss:>12.0f} {ratio_text:>7}")
-    print(
-        "targets: recompute <= 0.76x copy limit and peak RSS <= 512 MB on the large file; "
-        "short rows: recompute <= 1.0x, --normalize <= 1.3x copy limit; "
-        "million groups: --normalize-by <= 2x --normalize and peak RSS <= 1 GB, diff --group-by peak RSS <= 1 GB; "
-        "validate <= 2x read; diff <= 2x recompute; gae --help <= 0.5 s"
-    )
+        for label, path in paths.items():
+            batch_rows = [output_batch_rows(tree, path, out) for tree in trees][0]
+            for row in file_rows(path, describe(path), label, out, batch_rows):
+                row.time(trees, args.repeat)
+                rows.append(row)
+                print(f"  {row.file or label:<34} {row.name} done", flush=True)
+        help_row = Row("start-up", "gae --help", "", None, ["--help"], None)
+        help_row.time(trees, args.repeat)
+        rows.append(help_row)
+    print(render(rows, trees))
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -14,13 +14,22 @@ from gaecli.advantages.layout import (
     ends_trainable,
     last_trainable_index,
     next_trainable_index,
-    trainable_counts,
 )
 from gaecli.errors import InvalidOptionError
 
 
 def apply_semantics(
-    run, values, rewards, trainable, offsets, terminal_rewards, *, gamma: float, lambd: float, semantics: str
+    run,
+    values,
+    rewards,
+    trainable,
+    offsets,
+    terminal_rewards,
+    *,
+    gamma: float,
+    lambd: float,
+    semantics: str,
+    next_trainable=None,
 ):
     """The one implementation of the semantics around a masked-GAE kernel, for numpy arrays
     and torch tensors alike: only operations both spell the same way (``where``,
@@ -32,6 +41,11 @@ def apply_semantics(
     bool ``trainable``, ``offsets`` ``[B + 1]``, ``terminal_rewards`` ``[B]``. Returns flat
     ``(advantages, returns)``: what ``semantics`` (``masked``, a profile or an alias) computes
     at every position (docs/semantics.md#the-trainer-profiles).
+
+    ``next_trainable``: a function of no arguments that gives
+    :func:`gaecli.advantages.layout.next_trainable_index` of ``trainable`` and ``offsets``
+    (a caller that computes one batch under several profiles computes it once); None: it is
+    computed here when the profile needs it.
     """
     xp = array_module(values)
     if semantics == MASKED:
@@ -55,20 +69,21 @@ def apply_semantics(
         return xp.where(trainable, advantages, 0.0), returns
     if profile in ("verl", "areal"):  # skip recursion; a masked step stores the carry
         advantages, returns = run(values, rewards, trainable, kept_terminal)
-        carry = next_trainable_carry(advantages, trainable, offsets)
+        carry = next_trainable_carry(advantages, trainable, offsets, next_trainable)
         return xp.where(trainable, advantages, carry), xp.where(trainable, returns, carry + values)
     if profile == "nemo-rl":  # z on the last trainable token, skip recursion, then A·m
         advantages, returns = run(values, rewards, trainable, terminal_rewards)
-        carry = next_trainable_carry(advantages, trainable, offsets)
+        carry = next_trainable_carry(advantages, trainable, offsets, next_trainable)
         return advantages, xp.where(trainable, returns, carry + values)
     raise InvalidOptionError(f"unknown semantics {semantics!r}; choose one of: {MASKED}, {', '.join(BASELINES)}")
 
 
-def next_trainable_carry(advantages, trainable, offsets):
+def next_trainable_carry(advantages, trainable, offsets, next_trainable=None):
     """At every flat position, the advantage of the next trainable token after it in the
-    same sample, 0 when there is none: the carry a skip recursion holds there. ``[N]``."""
+    same sample, 0 when there is none: the carry a skip recursion holds there. ``[N]``.
+    ``next_trainable``: as :func:`apply_semantics`'s."""
     xp = array_module(advantages)
-    following = next_trainable_index(trainable, offsets)
+    following = next_trainable_index(trainable, offsets) if next_trainable is None else next_trainable()
     has_next = following >= 0
     return xp.where(has_next, advantages[xp.where(has_next, following, 0)], 0.0)
 
@@ -86,7 +101,7 @@ def lost_terminal_samples(semantics: str, trainable, offsets, terminal_rewards, 
     profile = profile_of(semantics)
     nonempty = offsets[1:] > offsets[:-1]
     last_masked = nonempty & ~ends_trainable(trainable, offsets)
-    nothing_trainable = nonempty & (trainable_counts(trainable, offsets) == 0)
+    nothing_trainable = nonempty & (last_trainable_index(trainable, offsets) < 0)  # reads the masked tails only
     if profile in ("verl", "areal", "roll"):
         lost = last_masked
     elif profile in (MASKED, "openrlhf", "nemo-rl"):

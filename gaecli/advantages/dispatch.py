@@ -49,6 +49,7 @@ def compute(
     kernel: str = "auto",
     device=None,
     row_inputs=None,
+    next_trainable=None,
 ):
     """Advantages and returns of one packed batch under ``spec``, before normalisation
     (whitening needs statistics over the whole input: :mod:`gaecli.advantages.whiten`; the
@@ -74,6 +75,10 @@ def compute(
     ``row_inputs``: the per-row inputs of the GAE variants the spec reads, by name
     (``spec.row_inputs``): numpy arrays or tensors, ``[B]`` for a scalar input, and for a
     list input (turn rewards) a pair ``(flat values [U], offsets [B + 1])``.
+
+    ``next_trainable``: for numpy arrays, a function of no arguments that gives
+    :func:`gaecli.advantages.layout.next_trainable_index` of ``trainable`` and ``offsets``
+    (the caller's, computed once for the profiles that need it); None: computed when needed.
     """
     if spec.critic_free:
         return _critic_free(spec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs)
@@ -82,12 +87,13 @@ def compute(
         device = "cpu" if device is None else device
         entry = KERNELS[resolve_kernel(kernel, device, spec)]
         if entry.flat_function is not None and device_type(device) == "cpu":
-            return _run(spec, entry.flat_function, values, rewards, trainable, offsets, terminal_rewards, variants)
+            arrays = (values, rewards, trainable, offsets, terminal_rewards)
+            return _run(spec, entry.flat_function, arrays, variants, next_trainable)
         offsets = offsets.astype(np.int64, copy=False)  # the torch kernels index with it
         arrays = (values, rewards, trainable, offsets, terminal_rewards)
         return _on_tensors(spec, entry.function, device, variants, *arrays)
     entry = KERNELS[resolve_kernel(kernel, values.device, spec)]
-    return _run(spec, entry.function, values, rewards, trainable, offsets, terminal_rewards, variants)
+    return _run(spec, entry.function, (values, rewards, trainable, offsets, terminal_rewards), variants)
 
 
 def variant_keywords(spec: AdvantageSpec, row_inputs=None) -> dict:
@@ -238,21 +244,16 @@ def compute_screened_samples(spec: AdvantageSpec, buffers, advantages, returns, 
     )
 
 
-def _run(spec: AdvantageSpec, function, values, rewards, trainable, offsets, terminal_rewards, variants):
+def _run(spec: AdvantageSpec, function, arrays: tuple, variants, next_trainable=None):
+    """``function`` under ``spec``'s semantics on ``arrays`` (values, rewards, trainable,
+    offsets, terminal rewards)."""
+    offsets = arrays[3]
+
     def run(v, r, m, z):
         return function(v, r, m, offsets, z, gamma=spec.gamma, lambd=spec.lambd, **variants)
 
-    return apply_semantics(
-        run,
-        values,
-        rewards,
-        trainable,
-        offsets,
-        terminal_rewards,
-        gamma=spec.gamma,
-        lambd=spec.lambd,
-        semantics=spec.semantics,
-    )
+    discount = {"gamma": spec.gamma, "lambd": spec.lambd}
+    return apply_semantics(run, *arrays, **discount, semantics=spec.semantics, next_trainable=next_trainable)
 
 
 def runs_on_tensors(spec: AdvantageSpec, kernel: str, device) -> bool:
@@ -287,7 +288,7 @@ def as_numpy(outputs) -> tuple[np.ndarray, np.ndarray]:
 def _on_tensors(spec: AdvantageSpec, function, device, variants, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Numpy buffers through a torch kernel on ``device``, back as numpy (the variants'
     per-row inputs stay as given: the kernels that take them read numpy or tensors)."""
-    advantages, returns = _run(spec, function, *device_tensors(arrays, device), variants)
+    advantages, returns = _run(spec, function, tuple(device_tensors(arrays, device)), variants)
     return advantages.cpu().numpy(), returns.cpu().numpy()
 
 

@@ -80,14 +80,11 @@ def _last_trainable(trainable, offsets):
 def next_trainable_index(trainable, offsets):
     """For every flat position t, the index of the first trainable position after t in the
     same sample, or -1 when there is none. int64 ``[N]``."""
-    total = trainable.size if isinstance(trainable, np.ndarray) else trainable.numel()
     if isinstance(trainable, np.ndarray):
-        positions = np.flatnonzero(trainable)
-        following = np.append(positions, total)[np.searchsorted(positions, np.arange(total), side="right")]
-        sample_end = np.repeat(offsets[1:], np.diff(offsets))
-        return np.where(following < sample_end, following, -1)
+        return _next_trainable(trainable, np.asarray(offsets, dtype=np.int64))
     import torch
 
+    total = trainable.numel()
     positions = torch.arange(total, device=trainable.device)
     candidates = torch.where(trainable, positions, total)
     # Minimum over candidates[t:]: a reverse cumulative minimum; shifted by one for "after t".
@@ -95,6 +92,20 @@ def next_trainable_index(trainable, offsets):
     following = torch.cat([suffix_min[1:], suffix_min.new_full((1,), total)])
     sample_end = offsets[1:][segment_ids(offsets, total)]
     return torch.where(following < sample_end, following, -1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _next_trainable(trainable, offsets):
+    # Each sample scanned once backwards, carrying the last trainable position seen: one
+    # read of the mask, one write of the result.
+    following = np.empty(trainable.shape[0], dtype=np.int64)
+    for row in range(offsets.shape[0] - 1):
+        carried = -1
+        for t in range(offsets[row + 1] - 1, offsets[row] - 1, -1):
+            following[t] = carried
+            if trainable[t]:
+                carried = t
+    return following
 
 
 def masked_tail_lengths(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -28,7 +28,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from gaecli.advantages.kernels import AUTO, KERNELS
     from gaecli.engines import ENGINES
     from gaecli.kl import KL_ESTIMATORS
-    from gaecli.pipeline import DEVICE_TYPES, ON_INVALID_MODES
+    from gaecli.options import DEVICE_TYPES, ON_INVALID_MODES
 
     return {
         "--kernel": (AUTO, *KERNELS),

@@ -158,7 +158,9 @@ def die_of_sigpipe() -> None:
 def _leave_pending_store_calls(code) -> None:
     """End the process now, with ``code``, when a store call it gave up on (a signal, a
     store that does not answer) is still pending: the interpreter's exit would wait for
-    it (or for the store client it holds)."""
+    it (or for the store client it holds). None is pending where no store was opened."""
+    if "gaecli.io.filesystem" not in sys.modules:
+        return
     from gaecli.io.filesystem import store_calls_pending
 
     if store_calls_pending():

@@ -8,14 +8,7 @@ from typing import Optional
 
 from gaecli.advantages.spec import SpecWords, check_estimator_values, check_variant_values
 from gaecli.errors import InvalidOptionError
-from gaecli.options import check_choice
-
-DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
-"""The torch device types the kernels run on (``cuda:N`` names one GPU)."""
-
-
-ON_INVALID_MODES: tuple[str, ...] = ("stop", "skip")
-"""What an invalid row does: stop the run, or go to the rejects file while the run goes on."""
+from gaecli.options import DEVICE_TYPES, ON_INVALID_MODES, check_choice, check_number  # noqa: F401 (re-exported)
 
 
 def check_device(device: str) -> None:

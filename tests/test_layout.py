@@ -1,0 +1,80 @@
+"""The next trainable position of every token (``layout.next_trainable_index``), numpy and
+torch, against a plain loop; and a batch computed under several skip-recursion profiles
+computes it once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gaecli.advantages import layout
+from gaecli.advantages.dispatch import compute
+from gaecli.advantages.spec import AdvantageSpec
+from gaecli.pipeline import packing
+from gaecli.pipeline.packing import PackedBatch, compute_packed
+
+
+def next_trainable_by_loop(trainable: list[bool], offsets: list[int]) -> list[int]:
+    """For every position, the first trainable position after it in its sample, -1 if none."""
+    following = []
+    for start, end in zip(offsets, offsets[1:]):
+        for t in range(start, end):
+            following.append(next((u for u in range(t + 1, end) if trainable[u]), -1))
+    return following
+
+
+def ragged(seed: int, samples: int, longest: int, trainable_share: float) -> tuple[np.ndarray, np.ndarray]:
+    """A random mask and its offsets: empty, fully masked and fully trainable samples among them."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, longest + 1, samples)
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    trainable = rng.random(int(offsets[-1])) < trainable_share
+    return trainable, offsets
+
+
+CASES = [
+    (0, 12, 9, 0.5),
+    (1, 40, 30, 0.9),
+    (2, 25, 6, 0.1),
+    (3, 8, 20, 0.0),  # nothing trainable
+    (4, 8, 20, 1.0),  # everything trainable
+    (5, 1, 0, 0.5),  # one empty sample
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"seed{case[0]}" for case in CASES])
+def test_next_trainable_index_matches_a_loop_on_numpy_and_torch(case):
+    trainable, offsets = ragged(*case)
+    expected = next_trainable_by_loop(trainable.tolist(), offsets.tolist())
+    got = layout.next_trainable_index(trainable, offsets)
+    assert got.dtype == np.int64 and got.tolist() == expected
+    assert layout.next_trainable_index(torch.from_numpy(trainable), torch.from_numpy(offsets)).tolist() == expected
+    # int32 offsets (an Arrow list's) give the same
+    assert layout.next_trainable_index(trainable, offsets.astype(np.int32)).tolist() == expected
+
+
+def test_next_trainable_index_of_no_tokens_is_empty():
+    got = layout.next_trainable_index(np.zeros(0, dtype=np.bool_), np.zeros(3, dtype=np.int64))
+    assert got.dtype == np.int64 and got.shape == (0,)
+
+
+def test_a_batch_under_several_skip_profiles_finds_the_next_trainable_tokens_once(monkeypatch):
+    trainable, offsets = ragged(7, 30, 25, 0.6)
+    rng = np.random.default_rng(8)
+    values, rewards = rng.normal(size=(2, trainable.size))
+    terminal = rng.normal(size=offsets.size - 1)
+    packed = PackedBatch(values, rewards, trainable, offsets, terminal)
+    calls = []
+
+    def counted(*arguments):
+        calls.append(1)
+        return layout.next_trainable_index(*arguments)
+
+    monkeypatch.setattr(packing, "next_trainable_index", counted)
+    for semantics in ("verl", "areal", "nemo-rl", "masked"):
+        spec = AdvantageSpec(0.99, 0.95, semantics)
+        advantages, returns = compute_packed(packed, spec, "native", "cpu")
+        alone = compute(spec, values, rewards, trainable, offsets, terminal, kernel="native", device="cpu")
+        assert advantages.tobytes() == alone[0].tobytes() and returns.tobytes() == alone[1].tobytes()
+    assert len(calls) == 1
