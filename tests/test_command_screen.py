@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 from gaecli import checks
-from gaecli.comparison.sides import ComparisonSide
+from gaecli.diff import DiffOptions
 from gaecli.errors import InvalidDataError
 from gaecli.io.format import Columns
 from gaecli.io.reader import RolloutFile
 from gaecli.pipeline import batches, packing
-from gaecli.pipeline.batches import Computation, computed_batches
+from gaecli.pipeline.batches import computed_batches
+from gaecli.pipeline.description import Computation
+from gaecli.recompute import RecomputeOptions
 
 from rollout_files import random_rollouts, rollout_table, write_table
 
@@ -39,8 +41,13 @@ def _rollout_file(tmp_path, bad_row=None, column="values", bad_value=float("nan"
     return RolloutFile(write_table(rollout_table(rollouts), tmp_path / "in.parquet"))
 
 
-def _computation(kernel: str = "native", **fields) -> Computation:
-    return Computation(gamma=1.0, lambd=0.95, kernel=kernel, device="cpu", batch_rows=4, columns=Columns(), **fields)
+def _computation(kernel: str = "native", on_invalid: str = "stop", baseline: str | None = None) -> Computation:
+    """What a recompute computes (the unmasked baseline beside the new side), or with
+    ``baseline`` a diff against those profiles, in batches of 4 rows."""
+    settings = {"gamma": 1.0, "lambd": 0.95, "kernel": kernel, "batch_rows": 4, "columns": Columns()}
+    if baseline is None:
+        return RecomputeOptions(on_invalid=on_invalid, **settings).computation
+    return DiffOptions(baseline=baseline, **settings).computation
 
 
 def test_clean_batches_leave_the_finite_and_mask_rules_to_the_kernel(tmp_path, monkeypatch):
@@ -75,12 +82,12 @@ def test_a_fault_the_screen_finds_is_named_by_the_full_checks(tmp_path, monkeypa
 
 
 def test_a_batch_goes_to_the_device_once_whatever_the_number_of_sides(tmp_path, monkeypatch):
-    sides = tuple(ComparisonSide.baseline(profile) for profile in ("unmasked", "verl", "areal", "nemo-rl"))
+    sides = "unmasked,verl,areal,nemo-rl"
     uploads = _counting(monkeypatch, packing, "device_tensors")
     rollout = _rollout_file(tmp_path)
-    on_tensors = list(computed_batches(rollout, _computation(kernel="reference", sides=sides)))
+    on_tensors = list(computed_batches(rollout, _computation(kernel="reference", baseline=sides)))
     assert len(uploads) == len(on_tensors) == 3  # one upload per batch for the five sides
-    native = list(computed_batches(rollout, _computation(sides=sides)))
+    native = list(computed_batches(rollout, _computation(baseline=sides)))
     for got, expected in zip(on_tensors, native):
         np.testing.assert_allclose(got.new, expected.new, rtol=1e-5, atol=1e-6)
         for (old, _), (expected_old, _) in zip(got.olds, expected.olds):
