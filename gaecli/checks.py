@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from gaecli.advantages.faults import (
     all_finite,
-    first_per_row,
+    bad_mask_values,
     non_finite,
     rows_of_positions,
     truncated_without_bootstrap,
@@ -308,13 +308,9 @@ def _mask_numbers(mask_flat: pa.Array) -> np.ndarray:
 
 def _flag_mask_values(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> None:
     """``mask-value`` rule: a mask value other than 0 or 1 (the first per row named)."""
-    if mask.dtype == np.bool_ or not mask.size:
-        return
-    if mask.dtype.kind in "iu" and mask.min() >= 0 and mask.max() <= 1:
-        return
-    bad_positions = np.flatnonzero((mask != 0) & (mask != 1))
-    if bad_positions.size:
-        mask_rows, mask_first = first_per_row(mask_offsets, bad_positions)
+    faults = bad_mask_values(mask, mask_offsets)
+    if faults is not None:
+        mask_rows, mask_first = faults
 
         def bad_mask_message(row: int) -> str:
             position = mask_first[np.searchsorted(mask_rows, row)]

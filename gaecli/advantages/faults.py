@@ -42,6 +42,18 @@ def non_finite(numbers: np.ndarray, offsets: np.ndarray) -> Optional[tuple[np.nd
     return first_per_row(offsets, np.flatnonzero(~np.isfinite(numbers)))
 
 
+def bad_mask_values(mask: np.ndarray, offsets: np.ndarray) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """The rows with a mask value other than 0 or 1 among flat ``mask`` and the first such
+    position in each (:func:`first_per_row`), or None when every value is 0 or 1 (a bool mask,
+    or an integer one within [0, 1], without comparing each token)."""
+    if mask.dtype == np.bool_ or not mask.size:
+        return None
+    if mask.dtype.kind in "iu" and mask.min() >= 0 and mask.max() <= 1:
+        return None
+    bad_positions = np.flatnonzero((mask != 0) & (mask != 1))
+    return first_per_row(offsets, bad_positions) if bad_positions.size else None
+
+
 def turn_counts(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """The number of turns (runs of trainable tokens) of each row ``[B]``: the length a
     turn-rewards list must have."""

@@ -25,13 +25,25 @@ def _first_offending(bad: torch.Tensor) -> int | None:
     return int(bad.nonzero()[0, 0])
 
 
+def _first_fault(tensor: torch.Tensor, find, bad) -> int | None:
+    """The first flat position of ``tensor`` that breaks a rule: on the CPU found by the
+    commands' numpy finder ``find`` (:mod:`gaecli.advantages.faults`) on the tensor's own
+    memory, on a device (or in bfloat16, which numpy lacks) from the torch test ``bad``."""
+    if tensor.device.type != "cpu" or tensor.dtype == torch.bfloat16 or tensor.is_complex():
+        return _first_offending(bad(tensor))
+    faults = find(tensor.detach().resolve_neg().numpy(), np.array([0, tensor.numel()]))
+    return None if faults is None else int(faults[1][0])
+
+
 def as_mask(loss_mask: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """A bool mask from a bool, integer or float 0/1 tensor; other values name their sample."""
+    from gaecli.advantages.faults import bad_mask_values
+
     if loss_mask.dtype == torch.bool:
         return loss_mask
     if loss_mask.is_complex():
         raise GAEInputError("loss_mask must be bool, integer or float 0/1, got a complex tensor")
-    position = _first_offending((loss_mask != 0) & (loss_mask != 1))
+    position = _first_fault(loss_mask, bad_mask_values, lambda mask: (mask != 0) & (mask != 1))
     if position is not None:
         sample = _sample_of(offsets, position)
         within = position - int(offsets[sample])
@@ -41,10 +53,17 @@ def as_mask(loss_mask: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return loss_mask != 0
 
 
+def _first_non_finite(tensor: torch.Tensor) -> int | None:
+    """The first flat position of a NaN or ±Inf in ``tensor`` (:func:`_first_fault`)."""
+    from gaecli.advantages.faults import non_finite
+
+    return _first_fault(tensor, non_finite, lambda numbers: ~torch.isfinite(numbers))
+
+
 def check_finite(name: str, tensor: torch.Tensor, offsets: torch.Tensor | None) -> None:
     """The first non-finite entry of ``tensor`` named by its sample and token (``offsets``
     None: one flat tensor, named by its position alone)."""
-    position = _first_offending(~torch.isfinite(tensor))
+    position = _first_non_finite(tensor)
     if position is not None and offsets is None:
         raise GAEInputError(f"{name} is {tensor[position].item()} at position {position} (must be finite)")
     if position is not None:
@@ -155,7 +174,7 @@ def check_contents(values, rewards, loss_mask, offsets, terminal, validate=True)
 
 def check_terminal(terminal: torch.Tensor) -> None:
     """Terminal rewards ``[B]`` must be finite; the first that is not names its sample."""
-    sample = _first_offending(~torch.isfinite(terminal))
+    sample = _first_non_finite(terminal)
     if sample is not None:
         raise GAEInputError(f"sample {sample}: terminal reward is {terminal[sample].item()} (must be finite)")
 

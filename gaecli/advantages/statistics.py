@@ -58,25 +58,25 @@ class Moments(KeyedSums):
         """The codes of keys without a trainable token."""
         return np.flatnonzero(self.count("counts") == 0)
 
-    def mean_std(self, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
-        """Per key: mean and ``sqrt(var + epsilon)`` with the Bessel-corrected variance (0
-        for one token); a key without a trainable token gets NaN."""
-        return self.derived(("mean_std", epsilon), lambda: self._mean_std(epsilon))
+    def mean_variance(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per key: mean and Bessel-corrected variance (0 for one token); a key without a
+        trainable token gets a NaN mean (whitening's formula is :mod:`gaecli.advantages.whiten`'s)."""
+        return self.derived("mean_variance", self._mean_variance)
 
-    def _mean_std(self, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    def _mean_variance(self) -> tuple[np.ndarray, np.ndarray]:
         totals, squares = self.totals()
         counts = self.count("counts")
         with np.errstate(invalid="ignore", divide="ignore"):
             means = totals / counts
             spread = np.maximum(squares - totals * means, 0.0)
             variances = np.where(counts > 1, spread / np.maximum(counts - 1, 1), 0.0)
-        return means, np.sqrt(variances + epsilon)
+        return means, variances
 
-    def row_stats(self, keys: Optional[pa.Array], rows: int, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
-        """Per-row mean and std of the row's key (``keys`` one per row, None: one key)."""
-        means, stds = self.mean_std(epsilon)
+    def row_stats(self, keys: Optional[pa.Array], rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per-row mean and variance of the row's key (``keys`` one per row, None: one key)."""
+        means, variances = self.mean_variance()
         codes = self.known_codes(keys, rows, "group")
-        return means[codes], stds[codes]
+        return means[codes], variances[codes]
 
 
 class Scores(KeyedSums):

@@ -1,11 +1,13 @@
 """Whitening of advantages, ``(A − mean) / sqrt(var + ε)`` over trainable tokens
-(docs/semantics.md): over a torch input (:func:`whiten`), per group of rows in a torch input
-(:func:`whiten_by_group`), and per row from grouped statistics gathered over many files
-(:func:`whiten_rows`, the commands' ``--normalize``)."""
+(docs/semantics.md), the formula written once (:func:`whitening_scale`, :func:`whitened`):
+on torch tensors, over the input (:func:`whiten`) or per group of rows
+(:func:`whiten_by_group`), the two one path with its statistics taken once; on numpy
+buffers, per row from keyed statistics gathered over many files (:func:`whiten_rows`, the
+commands' ``--normalize`` and the ``reinforce++`` estimators)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numba
 import numpy as np
@@ -17,6 +19,21 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from gaecli.advantages.statistics import Moments
+
+
+def whitening_scale(variance, sqrt):
+    """The divisor of whitening, ``sqrt(var + ε)`` (:data:`WHITEN_EPSILON`), with ``sqrt``
+    the array library's (``np.sqrt``, ``torch.sqrt``)."""
+    return sqrt(variance + WHITEN_EPSILON)
+
+
+def whitened(advantage, mean, scale):
+    """``(A − mean) / scale``: numbers, numpy arrays, torch tensors or, compiled, one token
+    of the numpy kernel (:func:`_whiten_rows`)."""
+    return (advantage - mean) / scale
+
+
+_whitened_token = numba.njit(cache=True, nogil=True)(whitened)
 
 
 def whiten(advantages, loss_mask):
@@ -46,16 +63,10 @@ def whiten(advantages, loss_mask):
     check_finite("advantages", flat_advantages, sample_offsets)
     offsets = torch.tensor([0, flat_mask.numel()], device=flat_advantages.device)
     mask = as_mask(flat_mask.to(flat_advantages.device), offsets)
-    count = int(mask.sum())
-    if count == 0:
-        raise GAEInputError("whiten: no trainable token (loss_mask is all zeros)")
-    as_double = flat_advantages.double()
-    mean = as_double[mask].sum() / count
-    variance = ((as_double[mask] - mean) ** 2).sum() / (count - 1) if count > 1 else as_double.new_zeros(())
-    whitened = torch.where(mask, (as_double - mean) / torch.sqrt(variance + WHITEN_EPSILON), 0.0).to(
-        flat_advantages.dtype
+    result = _whitened_tensor(
+        flat_advantages, mask, None, 1, lambda _: "whiten: no trainable token (loss_mask is all zeros)"
     )
-    return whitened if lengths is None else split(whitened, lengths)
+    return result if lengths is None else split(result, lengths)
 
 
 def whiten_by_group(advantages, trainable, offsets, keys):
@@ -78,22 +89,41 @@ def whiten_by_group(advantages, trainable, offsets, keys):
             raise GAEInputError(f"group keys must hold one key per sample ({batch}), got {len(keys)}")
         uniques, codes = np.unique(np.asarray(keys), return_inverse=True)
         uniques, codes = uniques.tolist(), torch.from_numpy(codes.reshape(-1).astype(np.int64))
-    groups = len(uniques)
     token_group = codes.to(advantages.device)[segment_ids(offsets, advantages.numel())][trainable]
+    return _whitened_tensor(
+        advantages,
+        trainable,
+        token_group,
+        len(uniques),
+        lambda code: f"cannot normalize: group {uniques[code]!r} has no trainable token",
+    )
+
+
+def _whitened_tensor(advantages, trainable, token_group, groups: int, empty_message: Callable[[int], str]):
+    """The one torch whitening: per group (``token_group``, the group code of each trainable
+    token, ``groups`` codes; None: one group, the whole input, reduced by ``sum``) the count,
+    mean and Bessel variance of the trainable advantages in float64, then :func:`whitened`
+    at the trainable positions and 0 elsewhere, in the advantages' dtype. A group without a
+    trainable token raises :class:`gaecli.GAEInputError` with ``empty_message(code)``."""
+    import torch
+
     as_double = advantages.double()
     chosen = as_double[trainable]
-    counts = torch.zeros(groups, dtype=torch.float64, device=advantages.device).index_add_(
-        0, token_group, torch.ones_like(chosen)
-    )
+    if token_group is None:
+        total, per_token = (lambda numbers: numbers.sum().reshape(1)), (lambda per_group: per_group)
+    else:
+        zeros = torch.zeros(groups, dtype=torch.float64, device=advantages.device)
+        total = lambda numbers: zeros.clone().index_add_(0, token_group, numbers)  # noqa: E731
+        per_token = lambda per_group: per_group[token_group]  # noqa: E731
+    counts = total(torch.ones_like(chosen))
     empty = (counts == 0).nonzero().flatten()
     if empty.numel():
-        raise GAEInputError(f"cannot normalize: group {uniques[int(empty[0])]!r} has no trainable token")
-    means = torch.zeros_like(counts).index_add_(0, token_group, chosen) / counts
-    squares = torch.zeros_like(counts).index_add_(0, token_group, (chosen - means[token_group]) ** 2)
-    variances = torch.where(counts > 1, squares / (counts - 1).clamp(min=1), 0.0)
-    whitened = torch.zeros_like(as_double)
-    whitened[trainable] = (chosen - means[token_group]) / torch.sqrt(variances[token_group] + WHITEN_EPSILON)
-    return whitened.to(advantages.dtype)
+        raise GAEInputError(empty_message(int(empty[0])))
+    means = total(chosen) / counts
+    variances = torch.where(counts > 1, total((chosen - per_token(means)) ** 2) / (counts - 1).clamp(min=1), 0.0)
+    result = torch.zeros_like(as_double)
+    result[trainable] = whitened(chosen, per_token(means), whitening_scale(per_token(variances), torch.sqrt))
+    return result.to(advantages.dtype)
 
 
 def whiten_rows(
@@ -105,26 +135,27 @@ def whiten_rows(
     trainable: Optional[np.ndarray] = None,
     dtype=np.float64,
 ) -> np.ndarray:
-    """``(A − mean) / sqrt(var + ε)`` at every position of flat ``advantages`` ``[N]``, with
-    each row's group statistics from ``moments`` (rows grouped by ``keys``, one per row, or
-    one group when None), computed in float64 and rounded once to ``dtype``. With
+    """:func:`whitened` at every position of flat ``advantages`` ``[N]``, with each row's
+    group mean and :func:`whitening_scale` from ``moments`` (rows grouped by ``keys``, one per
+    row, or one group when None), computed in float64 and rounded once to ``dtype``. With
     ``trainable`` (bool ``[N]``), 0 at its masked positions (where the contract says so).
     One pass over the tokens, no temporary array."""
-    means, stds = moments.row_stats(keys, offsets.size - 1, WHITEN_EPSILON)
-    whitened = np.empty(advantages.size, dtype=dtype)
+    means, variances = moments.row_stats(keys, offsets.size - 1)
+    scales = whitening_scale(variances, np.sqrt)
+    result = np.empty(advantages.size, dtype=dtype)
     zero_masked = trainable is not None
     mask = trainable if zero_masked else np.zeros(0, dtype=np.bool_)
-    _whiten_rows(advantages, np.asarray(offsets, dtype=np.int64), means, stds, mask, zero_masked, whitened)
-    return whitened
+    _whiten_rows(advantages, np.asarray(offsets, dtype=np.int64), means, scales, mask, zero_masked, result)
+    return result
 
 
 @numba.njit(cache=True, nogil=True)
-def _whiten_rows(advantages, offsets, means, stds, trainable, zero_masked, whitened):
+def _whiten_rows(advantages, offsets, means, scales, trainable, zero_masked, result):
     for row in range(offsets.shape[0] - 1):
         mean = means[row]
-        std = stds[row]
+        scale = scales[row]
         for t in range(offsets[row], offsets[row + 1]):
             if zero_masked and not trainable[t]:
-                whitened[t] = 0.0
+                result[t] = 0.0
             else:
-                whitened[t] = (np.float64(advantages[t]) - mean) / std
+                result[t] = _whitened_token(np.float64(advantages[t]), mean, scale)
