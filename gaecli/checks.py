@@ -189,15 +189,17 @@ def cannot_overflow(
     on them all: the longest row times the largest |value| (counted VALUE_WEIGHT times) and
     |reward|, plus the largest |terminal reward|, within half of ``largest_output`` (room for
     the rounding of the per-row sums). ``numbers``: column name → its flat numbers (nulls as
-    0, as :func:`overflow_bounds` takes them). A few reductions over the flat buffers, no
-    temporary array; False (then the per-row bounds decide) for NaN or ±Inf, or a bound too
-    large."""
+    0, as :func:`overflow_bounds` takes them). One read of each flat buffer
+    (:func:`gaecli.stats.largest_magnitude`), no temporary array; False (then the per-row
+    bounds decide) for NaN or ±Inf, or a bound too large."""
+    from gaecli.stats import largest_magnitude
+
     longest = float(lengths.max()) if lengths.size else 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         bound = float(np.max(np.abs(terminal.astype(np.float64)), initial=0.0))
         for name, flat in numbers.items():
             if flat.size:
-                magnitude = max(float(flat.max()), -float(flat.min()))
+                magnitude = largest_magnitude(flat)
                 bound += longest * magnitude * (VALUE_WEIGHT if name == columns.values else 1.0)
         return bool(bound <= largest_output / 2)
 

@@ -70,6 +70,25 @@ def all_finite(numbers) -> bool:
     return total == 0
 
 
+def largest_magnitude(numbers: np.ndarray) -> float:
+    """The largest |x| of a flat float array (0.0 when empty; NaN when it holds a NaN), in
+    one read at the array's own width: |x| orders as the integer of x's bits without the
+    sign bit, and a NaN's is above every other's (±Inf's, the largest of the rest), so one
+    integer maximum, which runs in vector lanes, gives both."""
+    bits = np.dtype(f"u{numbers.dtype.itemsize}")
+    largest = _largest_bits(np.ascontiguousarray(numbers).view(bits), bits.type((1 << (8 * bits.itemsize - 1)) - 1))
+    return float(np.array(largest, dtype=bits).view(numbers.dtype))
+
+
+@numba.njit(cache=True, nogil=True)
+def _largest_bits(bits, magnitude):
+    # the largest of bits & magnitude (each number's bits without its sign bit)
+    largest = bits.dtype.type(0)
+    for position in range(bits.shape[0]):
+        largest = max(largest, bits[position] & magnitude)
+    return largest
+
+
 # ----------------------------------------------------------------------------- gae diff
 
 
