@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 from gaecli import checks
+from gaecli.advantages.spec import AdvantageSpec
 from gaecli.comparison.sides import ComparisonSide
 from gaecli.errors import InvalidDataError
 from gaecli.io.format import Columns
 from gaecli.io.reader import RolloutFile
 from gaecli.pipeline import batches, packing
 from gaecli.pipeline.batches import Computation, computed_batches
+from gaecli.pipeline.description import old_side_spec
 
 from rollout_files import random_rollouts, rollout_table, write_table
 
@@ -39,8 +41,10 @@ def _rollout_file(tmp_path, bad_row=None, column="values", bad_value=float("nan"
     return RolloutFile(write_table(rollout_table(rollouts), tmp_path / "in.parquet"))
 
 
-def _computation(kernel: str = "native", **fields) -> Computation:
-    return Computation(gamma=1.0, lambd=0.95, kernel=kernel, device="cpu", batch_rows=4, columns=Columns(), **fields)
+def _computation(kernel: str = "native", sides=None, **fields) -> Computation:
+    sides = sides or (ComparisonSide.baseline("unmasked"),)
+    specs = tuple(old_side_spec(side, 1.0, 0.95) for side in sides)
+    return Computation(AdvantageSpec(1.0, 0.95), sides, specs, Columns(), kernel, device="cpu", batch_rows=4, **fields)
 
 
 def test_clean_batches_leave_the_finite_and_mask_rules_to_the_kernel(tmp_path, monkeypatch):
