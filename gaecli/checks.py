@@ -130,13 +130,15 @@ class BatchCheck:
     ``max_findings`` cap lists fewer); ``invalid`` is bool ``[B]``. ``flat``: the token
     columns as the checks turned them into numpy (column name → flat numbers ``[N]``, the
     mask as stored), and ``offsets`` the mask's zero-based int64 offsets ``[B + 1]``: the
-    one conversion of the batch, which packing reuses when every row is valid."""
+    one conversion of the batch, which packing reuses when every row is valid; ``trainable``
+    the mask's trainable tokens (bool ``[N]``) where the checks made them, else None."""
 
     findings: list[Finding] = field(default_factory=list)
     invalid: Optional[np.ndarray] = None
     counts: dict[str, int] = field(default_factory=dict)
     flat: dict[str, np.ndarray] = field(default_factory=dict)
     offsets: Optional[np.ndarray] = None
+    trainable: Optional[np.ndarray] = None
 
     @property
     def ok(self) -> bool:
@@ -310,12 +312,22 @@ def _mask_numbers(mask_flat: pa.Array) -> np.ndarray:
     return numeric_numpy(mask_flat.fill_null(mask_fill) if mask_flat.null_count else mask_flat)
 
 
+def _mask_trainable(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> np.ndarray:
+    """The trainable tokens (bool ``[N]``) of the mask as stored, made in the read that
+    applies the ``mask-value`` rule (:func:`gaecli.stats.mask_trainable`): a mask value other
+    than 0 or 1, the first per row named."""
+    if mask.dtype == np.bool_:
+        return mask
+    from gaecli.stats import mask_trainable
+
+    trainable, binary = mask_trainable(mask)
+    if not binary:
+        _flag_mask_values(flagged, mask, mask_offsets, mask_name)
+    return trainable
+
+
 def _flag_mask_values(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> None:
-    """``mask-value`` rule: a mask value other than 0 or 1 (the first per row named)."""
-    if mask.dtype == np.bool_ or not mask.size:
-        return
-    if mask.dtype.kind in "iu" and mask.min() >= 0 and mask.max() <= 1:
-        return
+    """``mask-value`` rule on a mask that holds a value other than 0 or 1."""
     bad_positions = np.flatnonzero((mask != 0) & (mask != 1))
     if bad_positions.size:
         mask_rows, mask_first = first_per_row(mask_offsets, bad_positions)
@@ -406,11 +418,10 @@ def _flag_overflow(
 
 
 def _flag_warnings(
-    flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_lengths: np.ndarray, mask_name: str
+    flagged: _Flagged, trainable: np.ndarray, mask_offsets: np.ndarray, mask_lengths: np.ndarray, mask_name: str
 ) -> None:
     """The warnings (on rows without an error): empty-response, fully-masked, masked-tail."""
     invalid = flagged.invalid.copy()
-    trainable = mask if mask.dtype == np.bool_ else mask != 0
     any_trainable = trainable_counts(trainable, mask_offsets) > 0
     tails = np.where(any_trainable & ~invalid, masked_tail_lengths(trainable, mask_offsets), 0)
     flagged.flag((mask_lengths == 0) & ~invalid, mask_name, "empty-response", "the response has no token")
@@ -468,20 +479,24 @@ def check_batch(
     mask_name = columns.loss_mask
     _, mask_offsets, mask_flat = lists["loss_mask"]
     mask = _mask_numbers(mask_flat)
+    trainable = None  # where the kernel screens the mask, packing makes them (the one read)
     if mask_name not in screened:
-        _flag_mask_values(flagged, mask, mask_offsets, mask_name)
+        trainable = _mask_trainable(flagged, mask, mask_offsets, mask_name)
     numbers, magnitudes = _flag_non_finite(flagged, columns, lists, screened)
     flat_numbers = {mask_name: mask, **numbers}
     terminal_numbers = _terminal_numbers(flagged, batch, columns)
     if row_inputs:
-        trainable = mask if mask.dtype == np.bool_ else mask != 0
+        if trainable is None:
+            trainable = mask if mask.dtype == np.bool_ else mask != 0
         for rows_at_fault, column, code, message in check_row_inputs(batch, row_inputs, trainable, mask_offsets):
             flagged.flag(rows_at_fault & ~null_rows, column, code, message)
     _flag_overflow(flagged, batch, columns, lists, magnitudes, terminal_numbers, mask_lengths)
     if warnings:
-        _flag_warnings(flagged, mask, mask_offsets, mask_lengths, mask_name)
+        if trainable is None:
+            trainable = mask if mask.dtype == np.bool_ else mask != 0
+        _flag_warnings(flagged, trainable, mask_offsets, mask_lengths, mask_name)
     findings = flagged.findings(file, first_row, ids, max_findings)
-    return BatchCheck(findings, flagged.invalid, flagged.counts, flat_numbers, mask_offsets)
+    return BatchCheck(findings, flagged.invalid, flagged.counts, flat_numbers, mask_offsets, trainable)
 
 
 ROW_INPUT_TYPES: dict[str, str] = {

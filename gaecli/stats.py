@@ -89,6 +89,25 @@ def _largest_bits(bits, magnitude):
     return largest
 
 
+def mask_trainable(mask: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The trainable tokens (``mask != 0``, bool ``[N]``) of a flat integer or float mask
+    and whether every value is 0 or 1, in one read."""
+    trainable = np.empty(mask.shape[0], dtype=np.bool_)
+    return trainable, _mask_trainable(mask, trainable)
+
+
+@numba.njit(cache=True, nogil=True)
+def _mask_trainable(mask, trainable):
+    # trainable = mask != 0, and whether no value is other than 0 or 1 (a NaN is)
+    other = False
+    for position in range(mask.shape[0]):
+        value = mask[position]
+        nonzero = value != 0
+        trainable[position] = nonzero
+        other |= nonzero & (value != 1)
+    return not other
+
+
 # ----------------------------------------------------------------------------- gae diff
 
 
