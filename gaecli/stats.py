@@ -75,14 +75,18 @@ def largest_magnitude(numbers: np.ndarray) -> float:
     one read at the array's own width: |x| orders as the integer of x's bits without the
     sign bit, and a NaN's is above every other's (±Inf's, the largest of the rest), so one
     integer maximum, which runs in vector lanes, gives both."""
-    bits = np.dtype(f"u{numbers.dtype.itemsize}")
-    largest = _largest_bits(np.ascontiguousarray(numbers).view(bits), bits.type((1 << (8 * bits.itemsize - 1)) - 1))
+    bits = _SIGNED_BITS[numbers.dtype.itemsize]
+    largest = _largest_bits(np.ascontiguousarray(numbers).view(bits), bits.type(np.iinfo(bits).max))
     return float(np.array(largest, dtype=bits).view(numbers.dtype))
+
+
+_SIGNED_BITS = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}  # by a float's width
 
 
 @numba.njit(cache=True, nogil=True)
 def _largest_bits(bits, magnitude):
-    # the largest of bits & magnitude (each number's bits without its sign bit)
+    # the largest of bits & magnitude (each number's bits without its sign bit: a signed
+    # integer of the float's width, never negative)
     largest = bits.dtype.type(0)
     for position in range(bits.shape[0]):
         largest = max(largest, bits[position] & magnitude)
