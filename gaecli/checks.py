@@ -4,6 +4,7 @@ column, a stable rule code and a message."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Collection, Optional, Sequence
 
@@ -129,13 +130,15 @@ class BatchCheck:
     ``max_findings`` cap lists fewer); ``invalid`` is bool ``[B]``. ``flat``: the token
     columns as the checks turned them into numpy (column name → flat numbers ``[N]``, the
     mask as stored), and ``offsets`` the mask's zero-based int64 offsets ``[B + 1]``: the
-    one conversion of the batch, which packing reuses when every row is valid."""
+    one conversion of the batch, which packing reuses when every row is valid; ``trainable``
+    the mask's trainable tokens (bool ``[N]``) where the checks made them, else None."""
 
     findings: list[Finding] = field(default_factory=list)
     invalid: Optional[np.ndarray] = None
     counts: dict[str, int] = field(default_factory=dict)
     flat: dict[str, np.ndarray] = field(default_factory=dict)
     offsets: Optional[np.ndarray] = None
+    trainable: Optional[np.ndarray] = None
 
     @property
     def ok(self) -> bool:
@@ -179,7 +182,7 @@ def overflow_bounds(
 
 
 def cannot_overflow(
-    numbers: dict[str, np.ndarray],
+    numbers: dict[str, np.ndarray | float],
     columns: Columns,
     terminal: np.ndarray,
     lengths: np.ndarray,
@@ -189,15 +192,18 @@ def cannot_overflow(
     on them all: the longest row times the largest |value| (counted VALUE_WEIGHT times) and
     |reward|, plus the largest |terminal reward|, within half of ``largest_output`` (room for
     the rounding of the per-row sums). ``numbers``: column name → its flat numbers (nulls as
-    0, as :func:`overflow_bounds` takes them). A few reductions over the flat buffers, no
-    temporary array; False (then the per-row bounds decide) for NaN or ±Inf, or a bound too
-    large."""
+    0, as :func:`overflow_bounds` takes them), or their largest |x| when known already (a
+    float: :func:`_flag_non_finite`). One read of each flat buffer
+    (:func:`gaecli.stats.largest_magnitude`), no temporary array; False (then the per-row
+    bounds decide) for NaN or ±Inf, or a bound too large."""
+    from gaecli.stats import largest_magnitude
+
     longest = float(lengths.max()) if lengths.size else 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         bound = float(np.max(np.abs(terminal.astype(np.float64)), initial=0.0))
         for name, flat in numbers.items():
-            if flat.size:
-                magnitude = max(float(flat.max()), -float(flat.min()))
+            if isinstance(flat, float) or flat.size:
+                magnitude = flat if isinstance(flat, float) else largest_magnitude(flat)
                 bound += longest * magnitude * (VALUE_WEIGHT if name == columns.values else 1.0)
         return bool(bound <= largest_output / 2)
 
@@ -306,6 +312,20 @@ def _mask_numbers(mask_flat: pa.Array) -> np.ndarray:
     return numeric_numpy(mask_flat.fill_null(mask_fill) if mask_flat.null_count else mask_flat)
 
 
+def _mask_trainable(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> np.ndarray:
+    """The trainable tokens (bool ``[N]``) of the mask as stored, made in the read that
+    applies the ``mask-value`` rule (:func:`gaecli.stats.mask_trainable`): a mask value other
+    than 0 or 1, the first per row named."""
+    if mask.dtype == np.bool_:
+        return mask
+    from gaecli.stats import mask_trainable
+
+    trainable, binary = mask_trainable(mask)
+    if not binary:
+        _flag_mask_values(flagged, mask, mask_offsets, mask_name)
+    return trainable
+
+
 def _flag_mask_values(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> None:
     """``mask-value`` rule: a mask value other than 0 or 1 (the first per row named)."""
     faults = bad_mask_values(mask, mask_offsets)
@@ -320,20 +340,25 @@ def _flag_mask_values(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndar
         flagged.flag(mask_rows, mask_name, "mask-value", bad_mask_message)
 
 
-def _flag_non_finite(flagged: _Flagged, columns: Columns, lists: dict, screened: Collection[str]) -> dict:
+def _flag_non_finite(flagged: _Flagged, columns: Columns, lists: dict, screened: Collection[str]) -> tuple[dict, dict]:
     """``non-finite`` rule on the token columns other than the mask, but those ``screened``
-    (the first NaN or ±Inf per row named). Returns column name → flat numbers (nulls as 0)."""
-    flat_numbers = {}
+    (the first NaN or ±Inf per row named). Returns column name → flat numbers (nulls as 0),
+    and column name → their largest |x| (:func:`gaecli.stats.largest_magnitude`: NaN or
+    ±Inf where the column holds one), the one read of each column that the rule and the
+    overflow bound (:func:`cannot_overflow`) share."""
+    from gaecli.stats import largest_magnitude
+
+    flat_numbers, magnitudes = {}, {}
     for role, name in columns.token_columns():
         if role == "loss_mask":
             continue
         _, offsets, flat = lists[role]
         numbers = numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat)
         flat_numbers[name] = numbers
-        faults = None if name in screened else non_finite(numbers, offsets)
-        if faults is None:
+        magnitudes[name] = largest_magnitude(numbers) if numbers.size else 0.0
+        if name in screened or math.isfinite(magnitudes[name]):
             continue
-        bad_rows, bad_first = faults
+        bad_rows, bad_first = first_per_row(offsets, np.flatnonzero(~np.isfinite(numbers)))
 
         def non_finite_message(
             row: int, name=name, numbers=numbers, offsets=offsets, bad_rows=bad_rows, bad_first=bad_first
@@ -342,7 +367,7 @@ def _flag_non_finite(flagged: _Flagged, columns: Columns, lists: dict, screened:
             return f"{name!r} is {numbers[position].item()} at token {position - offsets[row]}"
 
         flagged.flag(bad_rows, name, "non-finite", non_finite_message)
-    return flat_numbers
+    return flat_numbers, magnitudes
 
 
 def _terminal_numbers(flagged: _Flagged, batch: pa.RecordBatch, columns: Columns) -> np.ndarray:
@@ -364,16 +389,17 @@ def _flag_overflow(
     batch: pa.RecordBatch,
     columns: Columns,
     lists: dict,
-    flat_numbers: dict,
+    magnitudes: dict,
     terminal_numbers: np.ndarray,
     mask_lengths: np.ndarray,
 ) -> None:
-    """``overflow`` rule (:func:`overflow_bounds`), on rows without another error."""
+    """``overflow`` rule (:func:`overflow_bounds`), on rows without another error;
+    ``magnitudes``: each column's largest |x| (:func:`_flag_non_finite`)."""
     float_type = output_float_type(batch.schema, columns)
     summed = {name: lists[role][1:] for role, name in columns.token_columns() if role in ("values", "rewards")}
     largest_output = float(np.finfo(float_type.to_pandas_dtype()).max)
-    summed_numbers = {name: flat_numbers[name] for name in summed}
-    if cannot_overflow(summed_numbers, columns, terminal_numbers, mask_lengths, largest_output):
+    summed_magnitudes = {name: magnitudes[name] for name in summed}
+    if cannot_overflow(summed_magnitudes, columns, terminal_numbers, mask_lengths, largest_output):
         return
     bounds, contributors, largest = overflow_bounds(summed, columns, terminal_numbers)
     too_large = ~(bounds <= largest_output) & ~flagged.invalid
@@ -392,11 +418,10 @@ def _flag_overflow(
 
 
 def _flag_warnings(
-    flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_lengths: np.ndarray, mask_name: str
+    flagged: _Flagged, trainable: np.ndarray, mask_offsets: np.ndarray, mask_lengths: np.ndarray, mask_name: str
 ) -> None:
     """The warnings (on rows without an error): empty-response, fully-masked, masked-tail."""
     invalid = flagged.invalid.copy()
-    trainable = mask if mask.dtype == np.bool_ else mask != 0
     any_trainable = trainable_counts(trainable, mask_offsets) > 0
     tails = np.where(any_trainable & ~invalid, masked_tail_lengths(trainable, mask_offsets), 0)
     flagged.flag((mask_lengths == 0) & ~invalid, mask_name, "empty-response", "the response has no token")
@@ -454,19 +479,24 @@ def check_batch(
     mask_name = columns.loss_mask
     _, mask_offsets, mask_flat = lists["loss_mask"]
     mask = _mask_numbers(mask_flat)
+    trainable = None  # where the kernel screens the mask, packing makes them (the one read)
     if mask_name not in screened:
-        _flag_mask_values(flagged, mask, mask_offsets, mask_name)
-    flat_numbers = {mask_name: mask, **_flag_non_finite(flagged, columns, lists, screened)}
+        trainable = _mask_trainable(flagged, mask, mask_offsets, mask_name)
+    numbers, magnitudes = _flag_non_finite(flagged, columns, lists, screened)
+    flat_numbers = {mask_name: mask, **numbers}
     terminal_numbers = _terminal_numbers(flagged, batch, columns)
     if row_inputs:
-        trainable = mask if mask.dtype == np.bool_ else mask != 0
+        if trainable is None:
+            trainable = mask if mask.dtype == np.bool_ else mask != 0
         for rows_at_fault, column, code, message in check_row_inputs(batch, row_inputs, trainable, mask_offsets):
             flagged.flag(rows_at_fault & ~null_rows, column, code, message)
-    _flag_overflow(flagged, batch, columns, lists, flat_numbers, terminal_numbers, mask_lengths)
+    _flag_overflow(flagged, batch, columns, lists, magnitudes, terminal_numbers, mask_lengths)
     if warnings:
-        _flag_warnings(flagged, mask, mask_offsets, mask_lengths, mask_name)
+        if trainable is None:
+            trainable = mask if mask.dtype == np.bool_ else mask != 0
+        _flag_warnings(flagged, trainable, mask_offsets, mask_lengths, mask_name)
     findings = flagged.findings(file, first_row, ids, max_findings)
-    return BatchCheck(findings, flagged.invalid, flagged.counts, flat_numbers, mask_offsets)
+    return BatchCheck(findings, flagged.invalid, flagged.counts, flat_numbers, mask_offsets, trainable)
 
 
 ROW_INPUT_TYPES: dict[str, str] = {

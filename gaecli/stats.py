@@ -70,6 +70,48 @@ def all_finite(numbers) -> bool:
     return total == 0
 
 
+def largest_magnitude(numbers: np.ndarray) -> float:
+    """The largest |x| of a flat float array (0.0 when empty; NaN when it holds a NaN), in
+    one read at the array's own width: |x| orders as the integer of x's bits without the
+    sign bit, and a NaN's is above every other's (±Inf's, the largest of the rest), so one
+    integer maximum, which runs in vector lanes, gives both."""
+    bits = _SIGNED_BITS[numbers.dtype.itemsize]
+    largest = _largest_bits(np.ascontiguousarray(numbers).view(bits), bits.type(np.iinfo(bits).max))
+    return float(np.array(largest, dtype=bits).view(numbers.dtype))
+
+
+_SIGNED_BITS = {2: np.dtype(np.int16), 4: np.dtype(np.int32), 8: np.dtype(np.int64)}  # by a float's width
+
+
+@numba.njit(cache=True, nogil=True)
+def _largest_bits(bits, magnitude):
+    # the largest of bits & magnitude (each number's bits without its sign bit: a signed
+    # integer of the float's width, never negative)
+    largest = bits.dtype.type(0)
+    for position in range(bits.shape[0]):
+        largest = max(largest, bits[position] & magnitude)
+    return largest
+
+
+def mask_trainable(mask: np.ndarray) -> tuple[np.ndarray, bool]:
+    """The trainable tokens (``mask != 0``, bool ``[N]``) of a flat integer or float mask
+    and whether every value is 0 or 1, in one read."""
+    trainable = np.empty(mask.shape[0], dtype=np.bool_)
+    return trainable, _mask_trainable(mask, trainable)
+
+
+@numba.njit(cache=True, nogil=True)
+def _mask_trainable(mask, trainable):
+    # trainable = mask != 0, and whether no value is other than 0 or 1 (a NaN is)
+    other = False
+    for position in range(mask.shape[0]):
+        value = mask[position]
+        nonzero = value != 0
+        trainable[position] = nonzero
+        other |= nonzero & (value != 1)
+    return not other
+
+
 # ----------------------------------------------------------------------------- gae diff
 
 
@@ -207,40 +249,65 @@ def diff_rows(
             raise ValueError("the Δ advantage and Δ return histograms must have the same bins")
         counts = (first.counts, second.counts)
     counted = histograms is not None
-    floats, integers = _diff_rows(pairs, with_returns, trainable, offsets, tolerance, counted, counts, bins)
+    floats, integers, _ = _diff_rows(pairs, with_returns, trainable, offsets, tolerance, counted, counts, bins, False)
+    return RowDiff(*floats[:3], integers[0], *floats[3:], integers[1], integers[2])
+
+
+def screened_diff_rows(
+    new: np.ndarray, old: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, tolerance: float
+) -> Optional[RowDiff]:
+    """:func:`diff_rows` (no returns, no histograms) in the same read as the all-finite
+    screen of ``new`` and ``old`` (every token, trainable or not: as
+    :func:`all_finite` of each): the figures, or None when a number of either is NaN or ±Inf."""
+    no_counts = (np.zeros(0, dtype=np.int64),) * 2
+    pairs = (new, old, new, new)
+    floats, integers, finite = _diff_rows(
+        pairs, False, trainable, offsets, tolerance, False, no_counts, (0.0, 1.0, 0, 0), True
+    )
+    if not finite:
+        return None
     return RowDiff(*floats[:3], integers[0], *floats[3:], integers[1], integers[2])
 
 
 @numba.njit(cache=True, nogil=True)
-def _diff_rows(pairs, with_returns, trainable, offsets, tolerance, counted, counts, bins):
+def _diff_rows(pairs, with_returns, trainable, offsets, tolerance, counted, counts, bins, screened):
     # the loop of diff_rows: RowDiff's float figures [10, B] and its integer ones [3, B]
-    # (sign flips, trainable tokens, changed tokens), in RowDiff's order
+    # (sign flips, trainable tokens, changed tokens), in RowDiff's order; with screened,
+    # whether every number of new and old is finite (else True)
     rows = offsets.shape[0] - 1
     floats = np.zeros((10, rows), dtype=np.float64)
     integers = np.zeros((3, rows), dtype=np.int64)
+    finite = True
     for row in range(rows):
         figures = _diff_row(
-            pairs, with_returns, trainable, offsets[row], offsets[row + 1], tolerance, counted, counts, bins
+            pairs, with_returns, trainable, offsets[row], offsets[row + 1], tolerance, counted, counts, bins, screened
         )
         for index in range(10):
             floats[index, row] = figures[0][index]
         for index in range(3):
             integers[index, row] = figures[1][index]
-    return floats, integers
+        finite = finite and figures[2]
+    return floats, integers, finite
 
 
 @numba.njit(cache=True, nogil=True)
-def _diff_row(pairs, with_returns, trainable, start, end, tolerance, counted, counts, bins):
+def _diff_row(pairs, with_returns, trainable, start, end, tolerance, counted, counts, bins, screened):
     # one pass over a row's tokens (start to end), serial in token order: its float figures
-    # and its integer ones, as _diff_rows orders them
+    # and its integer ones, as _diff_rows orders them, and with screened whether new and old
+    # are finite on every token: a masked token's tested, a trainable one's by Σ |Δ| (finite
+    # only when every Δ is, and a Δ of a NaN or ±Inf is not; an overflow of finite numbers
+    # only says "not finite", which the caller's exact check then corrects)
     new, old, new_returns, old_returns = pairs
     histogram, return_histogram = counts
     zero, inverse_log_base, first_exponent, bin_count = bins
     max_abs = max_relative = sum_abs = max_abs_return = sum_abs_return = 0.0
     sum_new = sum_old = sum_new_sq = sum_old_sq = sum_cross = 0.0
     flips = count = changed = 0
+    finite = True
     for t in range(start, end):
         if not trainable[t]:
+            if screened and not (np.isfinite(new[t]) and np.isfinite(old[t])):
+                finite = False
             continue
         a = np.float64(new[t])
         b = np.float64(old[t])
@@ -273,7 +340,8 @@ def _diff_row(pairs, with_returns, trainable, start, end, tolerance, counted, co
             if counted:
                 _log_bin(return_delta, return_histogram, zero, inverse_log_base, first_exponent, bin_count)
     sums = (sum_new, sum_old, sum_new_sq, sum_old_sq, sum_cross)
-    return (max_abs, max_relative, sum_abs, max_abs_return, sum_abs_return) + sums, (flips, count, changed)
+    figures = (max_abs, max_relative, sum_abs, max_abs_return, sum_abs_return) + sums
+    return figures, (flips, count, changed), finite and np.isfinite(sum_abs)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -20,7 +20,7 @@ import numpy as np
 from gaecli.advantages.baselines import lost_terminal_samples
 from gaecli.advantages.contract import MASKED
 from gaecli.checks import masked_tail_lengths
-from gaecli.stats import DeltaHistograms, ExactSum, SignedLogHistogram, diff_rows
+from gaecli.stats import DeltaHistograms, ExactSum, RowDiff, SignedLogHistogram, diff_rows
 
 QUANTILE_RELATIVE_ERROR = 0.005
 QUANTILE_ZERO = 1e-12
@@ -263,22 +263,29 @@ class DiffAccumulator:
         new_returns: Optional[np.ndarray] = None,
         old_returns: Optional[np.ndarray] = None,
         terminal_rewards: Optional[np.ndarray] = None,
+        row_diff: Optional[RowDiff] = None,
     ) -> RowFigures:
         """Add one batch: flat ``[N]`` new and old advantages (and returns, optional), bool
         ``trainable``, zero-based int64 ``offsets`` ``[B + 1]``, and the terminal rewards
         ``[B]`` (optional: the lost terminal rewards are counted only with them). Returns
-        the rows' figures."""
+        the rows' figures. ``row_diff``: the :func:`gaecli.stats.diff_rows` of these
+        advantages at this tolerance, made already (:attr:`gaecli.pipeline.ComputedBatch.row_diff`;
+        only without returns and quantiles), not made again."""
         with_returns = new_returns is not None and old_returns is not None
         histograms = DeltaHistograms(self.histogram, self.return_histogram) if self.quantiles else None
-        diff = diff_rows(
-            new,
-            old,
-            trainable,
-            offsets,
-            self.tolerance,
-            returns=(new_returns, old_returns) if with_returns else None,
-            histograms=histograms,
-        )
+        if row_diff is not None and (with_returns or histograms is not None):
+            raise ValueError("figures made before hold no returns nor histograms")
+        diff = row_diff
+        if diff is None:
+            diff = diff_rows(
+                new,
+                old,
+                trainable,
+                offsets,
+                self.tolerance,
+                returns=(new_returns, old_returns) if with_returns else None,
+                histograms=histograms,
+            )
         lengths = np.diff(offsets)
         trainable_per_row = diff.trainable_tokens
         tails = np.where(trainable_per_row > 0, masked_tail_lengths(trainable, offsets), 0)

@@ -92,7 +92,8 @@ class ComputedBatch:
     valid rows, and new and old advantages and returns (not whitened; flat, the values'
     dtype; old returns None when unknown). ``olds``: (advantages, returns) of every old side
     in the order of :attr:`Computation.old_sides`; ``old`` and ``old_returns`` are the
-    first's."""
+    first's. ``row_diff``: the figures of ``new`` against ``old`` made where the outputs
+    were screened (:func:`computed_batches`' ``compare``), None when not made."""
 
     batch: pa.RecordBatch
     valid: pa.RecordBatch
@@ -106,6 +107,7 @@ class ComputedBatch:
     old_returns: Optional[np.ndarray]
     olds: Optional[tuple] = None
     scores: Optional[np.ndarray] = None
+    row_diff: Optional[object] = None
 
     def __post_init__(self) -> None:
         if self.olds is None:
@@ -172,9 +174,12 @@ class _FileBatches:
     compute_sides: bool
     screen: object
     screened: tuple
+    compare: Optional[float] = None
 
 
-def _file_batches(rollout: RolloutFile, computation: Computation, statistics, compute_sides: bool) -> _FileBatches:
+def _file_batches(
+    rollout: RolloutFile, computation: Computation, statistics, compute_sides: bool, compare: Optional[float] = None
+) -> _FileBatches:
     """The per-file settings of :func:`computed_batches`. The new side's kernel screens the
     batch when it has a screened form for the spec (:func:`gaecli.advantages.dispatch.screened_kernel`),
     the outputs and the mask have dtypes it reads, no side is critic-free (their scores read
@@ -193,7 +198,9 @@ def _file_batches(rollout: RolloutFile, computation: Computation, statistics, co
     if screen is not None:
         rewards = columns.rewards if columns.kl_coef is None else None
         screened = tuple(name for name in (columns.loss_mask, columns.values, rewards) if name is not None)
-    return _FileBatches(str(rollout.path), computation, dtype, row_inputs, statistics, compute_sides, screen, screened)
+    return _FileBatches(
+        str(rollout.path), computation, dtype, row_inputs, statistics, compute_sides, screen, screened, compare
+    )
 
 
 def computed_batches(
@@ -202,6 +209,7 @@ def computed_batches(
     read: Optional[list[str]] = None,
     statistics=None,
     compute_sides: bool = True,
+    compare: Optional[float] = None,
 ) -> Iterator[ComputedBatch]:
     """Every batch of ``rollout`` checked, packed, with new and old advantages computed.
     ``read``: the columns to read (None: all). ``statistics``: the score statistics
@@ -212,8 +220,14 @@ def computed_batches(
     Where the new side's kernel screens its input (:func:`_file_batches`), a batch is checked
     without the rules the kernel applies in its own pass (finite values and rewards, mask
     values 0 or 1); when that check finds a fault or the kernel reports one, the batch is
-    checked and computed again with every rule, which names the fault as always."""
-    run = _file_batches(rollout, computation, statistics, compute_sides)
+    checked and computed again with every rule, which names the fault as always.
+
+    ``compare``: the tolerance of the caller's figures of ``new`` against ``old``
+    (:func:`gaecli.stats.diff_rows`, no returns): with it they are made in the read that
+    screens both for NaN and ±Inf (:func:`gaecli.stats.screened_diff_rows`, in
+    :attr:`ComputedBatch.row_diff`) instead of a read of its own; when either is not finite
+    the outputs are screened as without it and the figures left to the caller."""
+    run = _file_batches(rollout, computation, statistics, compute_sides, compare)
     first_row = first_token = 0
     for batch in rollout.iter_batches(computation.batch_rows, read, computation.columns.loss_mask):
         check_stop()  # a signal whose KeyboardInterrupt third-party code swallowed (gaecli.stop)
@@ -341,33 +355,53 @@ def _computed_batch(
     outputs = {columns.advantages: new, columns.returns: new_returns}
     olds = _old_sides(run, rows, first_row, outputs) or [(new, new_returns)]  # nothing to compare with: the new side
     valid_rows = np.flatnonzero(~rows.check.invalid)
-    overflow = overflow_findings(outputs, rows.packed.offsets, valid_rows, run.file, first_row)
+    row_diff, finite = _compared(run, rows.packed, new, olds[0][0])
+    overflow = overflow_findings(outputs, rows.packed.offsets, valid_rows, run.file, first_row, finite)
     if overflow:
         if computation.on_invalid == "stop":
             raise InvalidDataError(overflow[0])
         tokens = rows.drop(run, batch, overflow, first_row)
         new, new_returns = new[tokens], new_returns[tokens]
         olds = [(old[tokens], None if old_returns is None else old_returns[tokens]) for old, old_returns in olds]
+        row_diff = None  # of the rows before: the caller makes the figures of those kept
     (old, old_returns), olds = olds[0], tuple(olds)
     return ComputedBatch(
         batch, rows.valid, rows.check, first_row, first_token, rows.packed, new, new_returns, old, old_returns, olds,
-        rows.scores,
+        rows.scores, row_diff,
     )  # fmt: skip
 
 
+def _compared(run: _FileBatches, packed: PackedBatch, new: np.ndarray, old: np.ndarray) -> tuple:
+    """With :attr:`_FileBatches.compare`, the figures of ``new`` against ``old`` and those
+    two (known finite), in one read (:func:`gaecli.stats.screened_diff_rows`); (None, None)
+    without it, or when either holds a NaN or ±Inf."""
+    if run.compare is None:
+        return None, None
+    from gaecli.stats import screened_diff_rows
+
+    row_diff = screened_diff_rows(new, old, packed.trainable, packed.offsets, run.compare)
+    return (row_diff, (new, old)) if row_diff is not None else (None, None)
+
+
 def overflow_findings(
-    outputs: dict[str, Optional[np.ndarray]], offsets: np.ndarray, batch_rows: np.ndarray, file: str, first_row: int
+    outputs: dict[str, Optional[np.ndarray]],
+    offsets: np.ndarray,
+    batch_rows: np.ndarray,
+    file: str,
+    first_row: int,
+    finite: Optional[tuple] = None,
 ) -> list[Finding]:
     """``overflow`` findings (one per row, the lowest row first) for rows where a computed
     output (column name → flat array over the valid rows, ``offsets`` theirs) holds NaN
     or ±Inf: inputs that passed the checks but overflowed in the computation. ``batch_rows``
     maps a valid row to its row in the batch. Costs one read of each output, at its own
-    width, when all are finite (:func:`gaecli.stats.all_finite`)."""
+    width, when all are finite (:func:`gaecli.stats.all_finite`), but the arrays of
+    ``finite`` (known finite: not read again)."""
     from gaecli.stats import all_finite
 
     found: dict[int, Finding] = {}
     for name, flat in outputs.items():
-        if flat is None or all_finite(flat):
+        if flat is None or any(flat is known for known in finite or ()) or all_finite(flat):
             continue
         positions = np.flatnonzero(~np.isfinite(flat))
         rows, first = np.unique(np.searchsorted(offsets, positions, side="right") - 1, return_index=True)

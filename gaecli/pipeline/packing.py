@@ -91,15 +91,17 @@ def pack_batch(
     rewards column (``None``) is taken as zeros. With ``columns.kl_coef`` the rewards are
     the rewards column (if any) plus ``−kl_coef · KL`` of the log-prob columns, summed in
     float64 and then cast to ``dtype``. ``check``: the batch's :func:`check_batch`, whose
-    flat columns are reused (the batch is not converted twice)."""
+    flat columns and trainable tokens are reused (the batch is not converted twice)."""
     mask_array = batch.column(columns.loss_mask)
+    trainable = None
     if check is not None and check.offsets is not None:
-        offsets, flat = check.offsets, check.flat
+        offsets, flat, trainable = check.offsets, check.flat, check.trainable
         mask = flat[columns.loss_mask]
     else:
         offsets, mask_flat = list_parts(mask_array)
         mask, flat = numeric_numpy(mask_flat), {}
-    trainable = mask if mask.dtype == np.bool_ else mask != 0
+    if trainable is None:
+        trainable = mask if mask.dtype == np.bool_ else mask != 0
     arrow_offsets = mask_array.offsets  # of the rows in the batch (a sliced array's start where it starts)
     if len(arrow_offsets) and arrow_offsets[0].as_py() != 0:
         arrow_offsets = None

@@ -57,11 +57,16 @@ def _credit_baseline(options: RecomputeOptions) -> Optional[str]:
     return None if options.critic_free else options.baseline
 
 
-def output_batches(rollout, options: RecomputeOptions, schema: pa.Schema, list_type: pa.DataType, moments, scores):
+def output_batches(
+    rollout, options: RecomputeOptions, schema: pa.Schema, list_type: pa.DataType, moments, scores, compared=True
+):
     """Each computed batch of an open reader (a file's, or a table's) with its output batch
     and the advantages compared (:func:`gaecli.recompute.output.output_batch`):
-    ``(computed, output, advantages, old advantages)``."""
-    for computed in computed_batches(rollout, options.computation, statistics=scores):
+    ``(computed, output, advantages, old advantages)``. ``compared``: the summary's figures
+    are made; without ``moments`` (the advantages compared are those computed) they are made
+    in the read that screens the outputs (:attr:`gaecli.pipeline.ComputedBatch.row_diff`)."""
+    compare = options.tolerance if compared and moments is None else None
+    for computed in computed_batches(rollout, options.computation, statistics=scores, compare=compare):
         output, advantages, old_advantages = output_batch(computed, options, schema, list_type, moments)
         yield computed, output, advantages, old_advantages
 
@@ -140,7 +145,7 @@ def recompute_job(
             if computed.valid.num_rows != computed.batch.num_rows:
                 rejects.write(computed)
             packed = computed.packed
-            diff.update(advantages, old_advantages, packed.trainable, packed.offsets)
+            diff.update(advantages, old_advantages, packed.trainable, packed.offsets, row_diff=computed.row_diff)
             writer.write(output)
             outcome.rows += computed.valid.num_rows
             outcome.tokens += packed.tokens

@@ -42,5 +42,6 @@ def recompute_table(table: Any, **options: Any) -> Any:
     schema, list_type = output_schema(rollout, job, recompute)
     schema = schema.with_metadata(arrow.schema.metadata)  # the table's own metadata (pandas' index), nothing added
     moments, scores = reader_statistics(rollout, recompute.computation, whole="the table")
-    batches = [output for _, output, _, _ in output_batches(rollout, recompute, schema, list_type, moments, scores)]
+    outputs = output_batches(rollout, recompute, schema, list_type, moments, scores, compared=False)
+    batches = [output for _, output, _, _ in outputs]
     return from_arrow(pa.Table.from_batches(batches, schema=schema), kind)
