@@ -14,6 +14,7 @@ import pyarrow as pa
 from gaecli.advantages.faults import (
     all_finite,
     bad_mask_values,
+    first_per_row,
     non_finite,
     rows_of_positions,
     truncated_without_bootstrap,
