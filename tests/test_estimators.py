@@ -365,7 +365,7 @@ def test_diff_usage_errors_exit_2(tmp_path, options, message):
 def test_an_estimator_is_an_old_side_of_its_own():
     """``--old-estimator``: a comparison side named by the estimator, whose spec takes γ, λ and
     the group and step ids only where that estimator reads them."""
-    from gaecli.comparison.sides import ComparisonSide, old_side_spec
+    from gaecli.pipeline.description import ComparisonSide, old_side_spec
 
     side = ComparisonSide.from_estimator("reinforce++-baseline")
     assert side.recomputed and side.name == "reinforce++-baseline"

@@ -10,9 +10,9 @@ import numpy as np
 
 from gaecli._version import __version__
 from gaecli.comparison.figures import QUANTILE_METHOD
-from gaecli.comparison.sides import ComparisonSide
 from gaecli.comparison.top_samples import TopSample
 from gaecli.diff.options import DiffOptions
+from gaecli.pipeline.description import ComparisonSide
 from gaecli.stats import SignedLogHistogram
 
 

@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 from gaecli.advantages.statistics import Moments
 from gaecli.comparison.figures import DiffAccumulator, RowFigures
 from gaecli.comparison.groups import GroupedFigures, group_key_type, groups_schema
-from gaecli.comparison.sides import ComparisonSide
 from gaecli.comparison.token_sample import TokenSample
 from gaecli.comparison.top_samples import TopSample, TopSamples, finite_or_none
 from gaecli.diff.options import DiffOptions
@@ -26,6 +25,7 @@ from gaecli.io.filesystem import to_path, total_size
 from gaecli.io.paths import check_writes, discover_inputs, report_writes
 from gaecli.io.reader import RolloutFile
 from gaecli.pipeline import check_file, check_scalar_column, computed_batches, whitened_sides
+from gaecli.pipeline.description import ComparisonSide
 from gaecli.progress import NoProgress, Progress
 from gaecli.run import Run, raise_first_failure, read_footers
 
