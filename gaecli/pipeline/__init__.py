@@ -26,8 +26,6 @@ from gaecli.pipeline.batches import (
 )
 from gaecli.pipeline.description import ComparisonSide, Computation, describe_run, old_side_spec
 from gaecli.pipeline.options import (
-    DEVICE_TYPES,
-    ON_INVALID_MODES,
     VariantOptions,
     check_device,
     check_estimators,
@@ -47,8 +45,6 @@ __all__ = [
     "ComparisonSide",
     "Computation",
     "ComputedBatch",
-    "DEVICE_TYPES",
-    "ON_INVALID_MODES",
     "PackedBatch",
     "VariantOptions",
     "check_device",

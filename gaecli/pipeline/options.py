@@ -8,7 +8,7 @@ from typing import Optional
 
 from gaecli.advantages.spec import SpecWords, check_estimator_values, check_variant_values
 from gaecli.errors import InvalidOptionError
-from gaecli.options import DEVICE_TYPES, ON_INVALID_MODES, check_choice, check_number  # noqa: F401 (re-exported)
+from gaecli.options import DEVICE_TYPES, check_choice
 
 
 def check_device(device: str) -> None:

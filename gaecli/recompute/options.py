@@ -11,9 +11,9 @@ from gaecli.errors import (
     InvalidOptionError,
 )
 from gaecli.io.format import Columns
-from gaecli.options import check_choice
+from gaecli.options import ON_INVALID_MODES, check_choice
 from gaecli.pipeline.description import ComparisonSide, RunOptions
-from gaecli.pipeline.options import ON_INVALID_MODES, VariantOptions, check_estimators
+from gaecli.pipeline.options import VariantOptions, check_estimators
 
 REJECTS_SUFFIX = ".rejected"
 REASON_COLUMN = "reason"
