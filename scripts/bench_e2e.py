@@ -209,8 +209,11 @@ class Tree:
         return [sys.executable, "-m", "gaecli", *arguments]
 
     def environment(self) -> dict:
+        # bytecode written under the prefix even where the caller's environment says not to:
+        # a prefix without its bytecode would compile every module from source at each start
+        inherited = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
         return {
-            **os.environ,
+            **inherited,
             "PYTHONPATH": str(self.root),
             "NUMBA_CACHE_DIR": str(self.cache / "numba"),
             "PYTHONPYCACHEPREFIX": str(self.cache / "pycache"),
