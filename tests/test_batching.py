@@ -11,10 +11,11 @@ import pytest
 
 import gaecli.io.reader as reader
 from gaecli.advantages.layout import last_trainable_index, masked_tail_lengths
-from gaecli.checks import VALUE_WEIGHT, cannot_overflow, check_batch
+from gaecli.checks import check_batch
 from gaecli.comparison.figures import terminal_credit
 from gaecli.io.format import Columns
 from gaecli.io.reader import BATCH_TOKENS, MAX_BATCH_ROWS, MIN_BATCH_ROWS, RolloutFile, rows_for_tokens
+from gaecli.overflow import VALUE_WEIGHT, cannot_overflow
 from gaecli.recompute import RecomputeOptions, recompute_files
 
 from rollout_files import random_rollouts, rollout_table, write_table

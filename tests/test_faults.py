@@ -245,7 +245,7 @@ def _bound_loop(values, rewards, terminal) -> list[float]:
 
 
 def test_overflow_bound_matches_a_loop_and_bounds_the_reference():
-    from gaecli.checks import overflow_bounds
+    from gaecli.overflow import overflow_bounds
 
     rollouts = random_rollouts(60, seed=16, max_length=30)
     table = rollout_table(rollouts, float_type=pa.float64())
