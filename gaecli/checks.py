@@ -234,7 +234,7 @@ def _flag_lengths(
             )
     if columns.response_length in batch.schema.names:
         declared = batch.column(columns.response_length)
-        declared_values = np.asarray(declared.fill_null(-1)) if declared.null_count else np.asarray(declared)
+        declared_values = numeric_numpy(declared.fill_null(-1) if declared.null_count else declared)
         differ = (declared_values != mask_lengths) & ~null_rows
         if declared.null_count:
             differ &= np.asarray(declared.is_valid())
@@ -314,7 +314,7 @@ def _flag_non_finite(flagged: _Flagged, columns: Columns, lists: dict, screened:
 def _terminal_numbers(flagged: _Flagged, batch: pa.RecordBatch, columns: Columns) -> np.ndarray:
     """The terminal rewards ``[B]`` (nulls as 0), a NaN or ±Inf flagged ``non-finite``."""
     terminal = batch.column(columns.terminal_reward)
-    terminal_numbers = np.asarray(terminal.fill_null(0)) if terminal.null_count else np.asarray(terminal)
+    terminal_numbers = numeric_numpy(terminal.fill_null(0) if terminal.null_count else terminal)
     if terminal_numbers.dtype.kind == "f" and not all_finite(terminal_numbers):
         flagged.flag(
             ~np.isfinite(terminal_numbers),

@@ -1,6 +1,7 @@
-"""A help loads only what it shows: ``gae --help`` and each command's ``--help`` run without
+"""A command loads only what it uses: ``gae --help`` and each command's ``--help`` run without
 importing numba, torch, numpy or pyarrow (the kernels, the tensors and the data path load
-when a command runs)."""
+when a command runs), and the commands on a rollout file run without torch or pandas (the
+CPU path is numpy and numba; Arrow's own numpy conversions would import pandas)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import gaecli
+from tests.rollout_files import random_rollouts, rollout_table, write_table
 
 HEAVY_MODULES = ("numba", "torch", "numpy", "pyarrow")
 
@@ -32,16 +34,22 @@ HELPS = (
 def heavy_modules_after(arguments: tuple[str, ...]) -> tuple[str, list[str]]:
     """The help ``gae ARGUMENTS --help`` prints in a fresh interpreter, and which of
     :data:`HEAVY_MODULES` it had imported when it returned."""
+    return modules_after((*arguments, "--help"), HEAVY_MODULES)
+
+
+def modules_after(arguments: tuple[str, ...], watched: tuple[str, ...]) -> tuple[str, list[str]]:
+    """What ``gae ARGUMENTS`` prints in a fresh interpreter, and which of ``watched`` it had
+    imported when it returned."""
     root = str(Path(gaecli.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     code = (
         "import json, runpy, sys\n"
-        f"sys.argv = ['gae', *{list(arguments)!r}, '--help']\n"
+        f"sys.argv = ['gae', *{list(arguments)!r}]\n"
         "try:\n"
         "    runpy.run_module('gaecli', run_name='__main__')\n"
         "except SystemExit:\n"
         "    pass\n"
-        f"print(json.dumps([name for name in {list(HEAVY_MODULES)!r} if name in sys.modules]), file=sys.stderr)\n"
+        f"print(json.dumps([name for name in {list(watched)!r} if name in sys.modules]), file=sys.stderr)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=True
@@ -60,3 +68,25 @@ def test_each_command_help_loads_no_kernel_tensor_or_data_modules(arguments):
     shown, loaded = heavy_modules_after(arguments)
     assert "Usage:" in shown
     assert loaded == []
+
+
+RUN_ONLY_MODULES = ("torch", "pandas")
+
+
+@pytest.mark.parametrize(
+    "command",
+    (
+        ("recompute", "{input}", "-o", "{output}", "--gamma", "1", "--lambd", "0.95"),
+        ("diff", "{input}", "--gamma", "1", "--lambd", "0.95"),
+        ("diff", "{input}", "--gamma", "1", "--lambd", "0.95", "--baseline", "all"),
+        ("validate", "{input}"),
+    ),
+    ids=lambda command: " ".join(part for part in command if not part.startswith("{")),
+)
+def test_commands_on_a_rollout_load_neither_torch_nor_pandas(tmp_path, command):
+    source = write_table(rollout_table(random_rollouts(30, seed=5)), tmp_path / "rollouts.parquet")
+    arguments = tuple(part.format(input=source, output=tmp_path / "out.parquet") for part in command)
+    shown, loaded = modules_after((*arguments, "--quiet"), RUN_ONLY_MODULES)
+    assert loaded == []
+    if command[0] == "recompute":
+        assert (tmp_path / "out.parquet").is_file()

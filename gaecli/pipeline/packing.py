@@ -126,7 +126,7 @@ def pack_batch(
             rewards += stored(columns.rewards)
         with np.errstate(over="ignore"):  # a KL term beyond the float type: the computed outputs are checked
             rewards = rewards.astype(dtype, copy=False)
-    terminal = np.asarray(batch.column(columns.terminal_reward)).astype(dtype, copy=False)
+    terminal = numeric_numpy(batch.column(columns.terminal_reward)).astype(dtype, copy=False)
     return PackedBatch(floats(columns.values), rewards, trainable, offsets, terminal, arrow_offsets)
 
 

@@ -20,7 +20,7 @@ from gaecli.errors import (
     GAEUsageError,
 )
 from gaecli.io.filesystem import AnyPath, RemotePath
-from gaecli.io.format import list_type_like, output_float_type
+from gaecli.io.format import list_type_like, numeric_arrow, output_float_type
 from gaecli.io.paths import FileJob, with_suffix
 from gaecli.io.reader import RolloutFile, read_schema
 from gaecli.pipeline import check_file, whitened_sides
@@ -212,7 +212,7 @@ def output_batch(
         new_columns.update(zip(options.baseline_columns, (old_advantages, old_returns)))
     arrays = {name: valid.column(name) for name in valid.schema.names}
     for name, flat in new_columns.items():
-        arrays[name] = list_class.from_arrays(offsets_array, pa.array(flat), type=list_type)
+        arrays[name] = list_class.from_arrays(offsets_array, numeric_arrow(flat), type=list_type)
     return (
         pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema),
         advantages,
