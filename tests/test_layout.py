@@ -1,6 +1,6 @@
 """The next trainable position of every token (``layout.next_trainable_index``), numpy and
-torch, against a plain loop; and a batch computed under several skip-recursion profiles
-computes it once."""
+torch, against a plain loop; and the skip-recursion profiles' carry, made on numpy in one
+backward pass without it, with the bits of the torch path that gathers at it."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from gaecli.advantages import layout
+from gaecli.advantages import baselines, layout
 from gaecli.advantages.dispatch import compute
 from gaecli.advantages.spec import AdvantageSpec
-from gaecli.pipeline import packing
 from gaecli.pipeline.packing import PackedBatch, compute_packed
 
 
@@ -59,11 +58,11 @@ def test_next_trainable_index_of_no_tokens_is_empty():
     assert got.dtype == np.int64 and got.shape == (0,)
 
 
-def test_a_batch_under_several_skip_profiles_finds_the_next_trainable_tokens_once(monkeypatch):
+def test_the_skip_profiles_carry_in_one_backward_pass_on_numpy_with_the_bits_of_torch(monkeypatch):
     trainable, offsets = ragged(7, 30, 25, 0.6)
     rng = np.random.default_rng(8)
-    values, rewards = rng.normal(size=(2, trainable.size))
-    terminal = rng.normal(size=offsets.size - 1)
+    values, rewards = rng.normal(size=(2, trainable.size)).astype(np.float32)
+    terminal = rng.normal(size=offsets.size - 1).astype(np.float32)
     packed = PackedBatch(values, rewards, trainable, offsets, terminal)
     calls = []
 
@@ -71,10 +70,14 @@ def test_a_batch_under_several_skip_profiles_finds_the_next_trainable_tokens_onc
         calls.append(1)
         return layout.next_trainable_index(*arguments)
 
-    monkeypatch.setattr(packing, "next_trainable_index", counted)
+    monkeypatch.setattr(baselines, "next_trainable_index", counted)
     for semantics in ("verl", "areal", "nemo-rl", "masked"):
         spec = AdvantageSpec(0.99, 0.95, semantics)
+        before = len(calls)
         advantages, returns = compute_packed(packed, spec, "native", "cpu")
-        alone = compute(spec, values, rewards, trainable, offsets, terminal, kernel="native", device="cpu")
-        assert advantages.tobytes() == alone[0].tobytes() and returns.tobytes() == alone[1].tobytes()
-    assert len(calls) == 1
+        assert len(calls) == before  # numpy: no index of the next trainable tokens
+        tensors = [torch.from_numpy(array) for array in (values, rewards, trainable, offsets, terminal)]
+        on_torch = compute(spec, *tensors, kernel="native", device="cpu")
+        assert advantages.tobytes() == on_torch[0].numpy().tobytes()
+        assert returns.tobytes() == on_torch[1].numpy().tobytes()
+    assert len(calls) == 3  # torch: the gather of verl, areal and nemo-rl

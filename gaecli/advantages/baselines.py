@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 
 from gaecli.advantages.contract import BASELINES, MASKED, profile_of
@@ -29,29 +30,23 @@ def apply_semantics(
     gamma: float,
     lambd: float,
     semantics: str,
-    next_trainable=None,
 ):
     """The one implementation of the semantics around a masked-GAE kernel, for numpy arrays
     and torch tensors alike: only operations both spell the same way (``where``,
     ``zeros_like``, ``ones_like``, indexing), element-wise and in the same order, so both give
-    the same bits for the same kernel.
+    the same bits for the same kernel (the carry of a skip recursion: :func:`carried_outputs`).
 
     ``run(values, rewards, trainable, terminal_rewards)`` is the masked-GAE kernel on this
     batch. Shapes: flat ``[N]`` values, rewards (one float dtype, which the outputs take) and
     bool ``trainable``, ``offsets`` ``[B + 1]``, ``terminal_rewards`` ``[B]``. Returns flat
     ``(advantages, returns)``: what ``semantics`` (``masked``, a profile or an alias) computes
     at every position (docs/semantics.md#the-trainer-profiles).
-
-    ``next_trainable``: a function of no arguments that gives
-    :func:`gaecli.advantages.layout.next_trainable_index` of ``trainable`` and ``offsets``
-    (a caller that computes one batch under several profiles computes it once); None: it is
-    computed here when the profile needs it.
     """
     xp = array_module(values)
     if semantics == MASKED:
         return run(values, rewards, trainable, terminal_rewards)
     profile = profile_of(semantics)
-    everywhere = xp.ones_like(trainable)
+    everywhere = xp.ones_like(trainable) if profile in ("slime", "openrlhf", "roll") else None
     if profile == "slime":  # every token a transition, z on token R−1
         return run(values, rewards, everywhere, terminal_rewards)
     if profile == "openrlhf":  # V·m, r·m, z on the last trainable token, plain GAE everywhere
@@ -69,23 +64,49 @@ def apply_semantics(
         return xp.where(trainable, advantages, 0.0), returns
     if profile in ("verl", "areal"):  # skip recursion; a masked step stores the carry
         advantages, returns = run(values, rewards, trainable, kept_terminal)
-        carry = next_trainable_carry(advantages, trainable, offsets, next_trainable)
-        return xp.where(trainable, advantages, carry), xp.where(trainable, returns, carry + values)
+        return carried_outputs(advantages, returns, values, trainable, offsets, carry_advantages=True)
     if profile == "nemo-rl":  # z on the last trainable token, skip recursion, then A·m
         advantages, returns = run(values, rewards, trainable, terminal_rewards)
-        carry = next_trainable_carry(advantages, trainable, offsets, next_trainable)
-        return advantages, xp.where(trainable, returns, carry + values)
+        return carried_outputs(advantages, returns, values, trainable, offsets, carry_advantages=False)
     raise InvalidOptionError(f"unknown semantics {semantics!r}; choose one of: {MASKED}, {', '.join(BASELINES)}")
 
 
-def next_trainable_carry(advantages, trainable, offsets, next_trainable=None):
-    """At every flat position, the advantage of the next trainable token after it in the
-    same sample, 0 when there is none: the carry a skip recursion holds there. ``[N]``.
-    ``next_trainable``: as :func:`apply_semantics`'s."""
-    xp = array_module(advantages)
-    following = next_trainable_index(trainable, offsets) if next_trainable is None else next_trainable()
+def carried_outputs(advantages, returns, values, trainable, offsets, *, carry_advantages: bool):
+    """What a skip recursion stores at a masked position: the carry, the advantage of the
+    next trainable token after it in the same sample (0 when there is none), as its
+    advantage when ``carry_advantages`` (else the kernel's is kept), and the carry plus the
+    value as its return; trainable positions keep the kernel's advantages and returns.
+    Flat ``[N]`` (advantages, returns). numpy: one backward pass over each sample; torch:
+    the carry gathered at :func:`gaecli.advantages.layout.next_trainable_index`. Both give
+    the same bits."""
+    if isinstance(advantages, np.ndarray):
+        offsets = np.asarray(offsets, dtype=np.int64)
+        return _carried(advantages, returns, values, trainable, offsets, carry_advantages)
+    import torch
+
+    following = next_trainable_index(trainable, offsets)
     has_next = following >= 0
-    return xp.where(has_next, advantages[xp.where(has_next, following, 0)], 0.0)
+    carry = torch.where(has_next, advantages[torch.where(has_next, following, 0)], 0.0)
+    carried = torch.where(trainable, advantages, carry) if carry_advantages else advantages
+    return carried, torch.where(trainable, returns, carry + values)
+
+
+@numba.njit(cache=True, nogil=True)
+def _carried(advantages, returns, values, trainable, offsets, carry_advantages):
+    # each sample read once backwards, holding the advantage of the last trainable token seen
+    carried_advantages = advantages.copy() if carry_advantages else advantages
+    carried_returns = returns.copy()
+    zero = advantages.dtype.type(0.0)
+    for row in range(offsets.shape[0] - 1):
+        carry = zero
+        for t in range(offsets[row + 1] - 1, offsets[row] - 1, -1):
+            if trainable[t]:
+                carry = advantages[t]
+            else:
+                if carry_advantages:
+                    carried_advantages[t] = carry
+                carried_returns[t] = carry + values[t]
+    return carried_advantages, carried_returns
 
 
 def lost_terminal_samples(semantics: str, trainable, offsets, terminal_rewards, *, gamma: float, lambd: float):

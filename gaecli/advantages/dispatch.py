@@ -49,7 +49,6 @@ def compute(
     kernel: str = "auto",
     device=None,
     row_inputs=None,
-    next_trainable=None,
 ):
     """Advantages and returns of one packed batch under ``spec``, before normalisation
     (whitening needs statistics over the whole input: :mod:`gaecli.advantages.whiten`; the
@@ -75,10 +74,6 @@ def compute(
     ``row_inputs``: the per-row inputs of the GAE variants the spec reads, by name
     (``spec.row_inputs``): numpy arrays or tensors, ``[B]`` for a scalar input, and for a
     list input (turn rewards) a pair ``(flat values [U], offsets [B + 1])``.
-
-    ``next_trainable``: for numpy arrays, a function of no arguments that gives
-    :func:`gaecli.advantages.layout.next_trainable_index` of ``trainable`` and ``offsets``
-    (the caller's, computed once for the profiles that need it); None: computed when needed.
     """
     if spec.critic_free:
         return _critic_free(spec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs)
@@ -88,7 +83,7 @@ def compute(
         entry = KERNELS[resolve_kernel(kernel, device, spec)]
         if entry.flat_function is not None and device_type(device) == "cpu":
             arrays = (values, rewards, trainable, offsets, terminal_rewards)
-            return _run(spec, entry.flat_function, arrays, variants, next_trainable)
+            return _run(spec, entry.flat_function, arrays, variants)
         offsets = offsets.astype(np.int64, copy=False)  # the torch kernels index with it
         arrays = (values, rewards, trainable, offsets, terminal_rewards)
         return _on_tensors(spec, entry.function, device, variants, *arrays)
@@ -244,7 +239,7 @@ def compute_screened_samples(spec: AdvantageSpec, buffers, advantages, returns, 
     )
 
 
-def _run(spec: AdvantageSpec, function, arrays: tuple, variants, next_trainable=None):
+def _run(spec: AdvantageSpec, function, arrays: tuple, variants):
     """``function`` under ``spec``'s semantics on ``arrays`` (values, rewards, trainable,
     offsets, terminal rewards)."""
     offsets = arrays[3]
@@ -253,7 +248,7 @@ def _run(spec: AdvantageSpec, function, arrays: tuple, variants, next_trainable=
         return function(v, r, m, offsets, z, gamma=spec.gamma, lambd=spec.lambd, **variants)
 
     discount = {"gamma": spec.gamma, "lambd": spec.lambd}
-    return apply_semantics(run, *arrays, **discount, semantics=spec.semantics, next_trainable=next_trainable)
+    return apply_semantics(run, *arrays, **discount, semantics=spec.semantics)
 
 
 def runs_on_tensors(spec: AdvantageSpec, kernel: str, device) -> bool:

@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 
 from gaecli.advantages.dispatch import as_numpy, compute, compute_screened_flat, device_tensors, runs_on_tensors
-from gaecli.advantages.layout import next_trainable_index
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.checks import (
     BatchCheck,
@@ -48,9 +47,7 @@ class PackedBatch:
     zero-based offsets ``[B + 1]``, terminal rewards ``[B]``; ``arrow_offsets``: the same
     offsets as the input's Arrow array (the mask column's, reused by the output's list
     columns), None when the rows were filtered; ``row_inputs``: the per-row inputs of the
-    new side's GAE variants (:func:`row_input_arrays`), empty without them. The next
-    trainable position of every token (:meth:`next_trainable`) is computed once, for all the
-    profiles that need it."""
+    new side's GAE variants (:func:`row_input_arrays`), empty without them."""
 
     values: np.ndarray
     rewards: np.ndarray
@@ -60,7 +57,6 @@ class PackedBatch:
     arrow_offsets: Optional[pa.Array] = None
     row_inputs: dict = field(default_factory=dict)
     uploaded: dict = field(default_factory=dict, repr=False)
-    _next_trainable: Optional[np.ndarray] = field(default=None, repr=False, compare=False)
 
     @property
     def tokens(self) -> int:
@@ -75,13 +71,6 @@ class PackedBatch:
             arrays = (self.values, self.rewards, self.trainable, self.offsets.astype(np.int64, copy=False))
             self.uploaded[key] = device_tensors((*arrays, self.terminal_rewards), device)
         return self.uploaded[key]
-
-    def next_trainable(self) -> np.ndarray:
-        """:func:`gaecli.advantages.layout.next_trainable_index` of the batch, computed on the
-        first call."""
-        if self._next_trainable is None:
-            self._next_trainable = next_trainable_index(self.trainable, self.offsets)
-        return self._next_trainable
 
 
 def pack_batch(
@@ -143,9 +132,7 @@ def compute_packed(
     if not spec.critic_free and runs_on_tensors(spec, kernel, device):
         return as_numpy(compute(spec, *packed.tensors(device), kernel=kernel, row_inputs=row_inputs))
     arrays = (packed.values, packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards)
-    return compute(
-        spec, *arrays, kernel=kernel, device=device, row_inputs=row_inputs, next_trainable=packed.next_trainable
-    )
+    return compute(spec, *arrays, kernel=kernel, device=device, row_inputs=row_inputs)
 
 
 def compute_screened_packed(packed: PackedBatch, spec: AdvantageSpec, screened, mask: np.ndarray):
