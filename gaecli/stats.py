@@ -237,19 +237,17 @@ def diff_rows(
     (return figures 0). With ``histograms``, each trainable token's Δ (and Δ return) is
     counted into them, in place.
     """
-    with_returns = returns is not None
-    pairs = (new, old, *(returns if with_returns else (new, new)))
-    if histograms is None:
-        counts = (np.zeros(0, dtype=np.int64),) * 2
-        bins = (0.0, 1.0, 0, 0)  # not read
-    else:
+    new_returns, old_returns = returns if returns is not None else (None, None)
+    counts, bins = None, (0.0, 1.0, 0, 0)  # the bins are not read without counts
+    if histograms is not None:
         first, second = histograms
         bins = (first.zero, first.inverse_log_base, first.first_exponent, first.bins)
         if (second.zero, second.inverse_log_base, second.first_exponent, second.bins) != bins:
             raise ValueError("the Δ advantage and Δ return histograms must have the same bins")
         counts = (first.counts, second.counts)
-    counted = histograms is not None
-    floats, integers, _ = _diff_rows(pairs, with_returns, trainable, offsets, tolerance, counted, counts, bins, False)
+    floats, integers, _ = _diff_rows(
+        new, old, new_returns, old_returns, trainable, offsets, tolerance, counts, bins, False
+    )
     return RowDiff(*floats[:3], integers[0], *floats[3:], integers[1], integers[2])
 
 
@@ -259,10 +257,8 @@ def screened_diff_rows(
     """:func:`diff_rows` (no returns, no histograms) in the same read as the all-finite
     screen of ``new`` and ``old`` (every token, trainable or not: as
     :func:`all_finite` of each): the figures, or None when a number of either is NaN or ±Inf."""
-    no_counts = (np.zeros(0, dtype=np.int64),) * 2
-    pairs = (new, old, new, new)
     floats, integers, finite = _diff_rows(
-        pairs, False, trainable, offsets, tolerance, False, no_counts, (0.0, 1.0, 0, 0), True
+        new, old, None, None, trainable, offsets, tolerance, None, (0.0, 1.0, 0, 0), True
     )
     if not finite:
         return None
@@ -270,17 +266,20 @@ def screened_diff_rows(
 
 
 @numba.njit(cache=True, nogil=True)
-def _diff_rows(pairs, with_returns, trainable, offsets, tolerance, counted, counts, bins, screened):
+def _diff_rows(new, old, new_returns, old_returns, trainable, offsets, tolerance, counts, bins, screened):
     # the loop of diff_rows: RowDiff's float figures [10, B] and its integer ones [3, B]
     # (sign flips, trainable tokens, changed tokens), in RowDiff's order; with screened,
-    # whether every number of new and old is finite (else True)
+    # whether every number of new and old is finite (else True). Returns and counts None:
+    # not compared, not counted (each a type of its own, so the loop is compiled without
+    # them)
     rows = offsets.shape[0] - 1
     floats = np.zeros((10, rows), dtype=np.float64)
     integers = np.zeros((3, rows), dtype=np.int64)
     finite = True
     for row in range(rows):
+        start, end = offsets[row], offsets[row + 1]
         figures = _diff_row(
-            pairs, with_returns, trainable, offsets[row], offsets[row + 1], tolerance, counted, counts, bins, screened
+            new, old, new_returns, old_returns, trainable, start, end, tolerance, counts, bins, screened
         )
         for index in range(10):
             floats[index, row] = figures[0][index]
@@ -291,57 +290,51 @@ def _diff_rows(pairs, with_returns, trainable, offsets, tolerance, counted, coun
 
 
 @numba.njit(cache=True, nogil=True)
-def _diff_row(pairs, with_returns, trainable, start, end, tolerance, counted, counts, bins, screened):
+def _diff_row(new, old, new_returns, old_returns, trainable, start, end, tolerance, counts, bins, screened):
     # one pass over a row's tokens (start to end), serial in token order: its float figures
     # and its integer ones, as _diff_rows orders them, and with screened whether new and old
-    # are finite on every token: a masked token's tested, a trainable one's by Σ |Δ| (finite
-    # only when every Δ is, and a Δ of a NaN or ±Inf is not; an overflow of finite numbers
-    # only says "not finite", which the caller's exact check then corrects)
-    new, old, new_returns, old_returns = pairs
-    histogram, return_histogram = counts
+    # are finite on every token: the masked tokens' by a sum of x · 0 (0 for a finite x, NaN
+    # for NaN and ±Inf), the trainable ones' by Σ |Δ| (finite only when every Δ is, and a Δ
+    # of a NaN or ±Inf is not; an overflow of finite numbers only says "not finite", which
+    # the caller's exact check then corrects); maxima and counts as selects, not branches
     zero, inverse_log_base, first_exponent, bin_count = bins
     max_abs = max_relative = sum_abs = max_abs_return = sum_abs_return = 0.0
     sum_new = sum_old = sum_new_sq = sum_old_sq = sum_cross = 0.0
+    masked_zeros = 0.0  # Σ (new · 0 + old · 0) over masked tokens: 0 unless one is NaN or ±Inf
     flips = count = changed = 0
-    finite = True
     for t in range(start, end):
-        if not trainable[t]:
-            if screened and not (np.isfinite(new[t]) and np.isfinite(old[t])):
-                finite = False
-            continue
         a = np.float64(new[t])
         b = np.float64(old[t])
+        if not trainable[t]:
+            if screened:
+                masked_zeros += a * 0.0 + b * 0.0
+            continue
         delta = a - b
         magnitude = abs(delta)
         sum_abs += magnitude
-        if magnitude > max_abs:
-            max_abs = magnitude
+        max_abs = magnitude if magnitude > max_abs else max_abs
         relative = magnitude / (1.0 + abs(a))
-        if relative > max_relative:
-            max_relative = relative
-        if relative > tolerance:
-            changed += 1
-        if a * b < 0.0:
-            flips += 1
+        max_relative = relative if relative > max_relative else max_relative
+        changed += relative > tolerance
+        flips += a * b < 0.0
         sum_new += a
         sum_old += b
         sum_new_sq += a * a
         sum_old_sq += b * b
         sum_cross += a * b
         count += 1
-        if counted:
-            _log_bin(delta, histogram, zero, inverse_log_base, first_exponent, bin_count)
-        if with_returns:
+        if counts is not None:
+            _log_bin(delta, counts[0], zero, inverse_log_base, first_exponent, bin_count)
+        if new_returns is not None:
             return_delta = np.float64(new_returns[t]) - np.float64(old_returns[t])
             return_magnitude = abs(return_delta)
             sum_abs_return += return_magnitude
-            if return_magnitude > max_abs_return:
-                max_abs_return = return_magnitude
-            if counted:
-                _log_bin(return_delta, return_histogram, zero, inverse_log_base, first_exponent, bin_count)
+            max_abs_return = return_magnitude if return_magnitude > max_abs_return else max_abs_return
+            if counts is not None:
+                _log_bin(return_delta, counts[1], zero, inverse_log_base, first_exponent, bin_count)
     sums = (sum_new, sum_old, sum_new_sq, sum_old_sq, sum_cross)
     figures = (max_abs, max_relative, sum_abs, max_abs_return, sum_abs_return) + sums
-    return figures, (flips, count, changed), finite and np.isfinite(sum_abs)
+    return figures, (flips, count, changed), masked_zeros == 0.0 and np.isfinite(sum_abs)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -3,6 +3,8 @@ plot, independent of the batch size and the partition."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from gaecli.stats import keyed_sample
@@ -29,12 +31,10 @@ class TokenSample:
     def update(
         self, new: np.ndarray, old: np.ndarray, trainable: np.ndarray, file_index: int, first_token: int
     ) -> None:
-        if self.capacity == 0:
-            return
-        first_key = (file_index << 40) + first_token
-        positions, keys = keyed_sample(trainable, np.uint64(first_key), self.threshold())
-        if positions.size == 0:
-            return
+        update_samples((self,), ((new, old),), trainable, file_index, first_token)
+
+    def _add(self, new: np.ndarray, old: np.ndarray, positions: np.ndarray, keys: np.ndarray) -> None:
+        # the candidates at ``positions`` (keys ``keys``), then the ``capacity`` smallest kept
         self.keys = np.concatenate([self.keys, keys])
         self.new = np.concatenate([self.new, new[positions].astype(np.float64)])
         self.old = np.concatenate([self.old, old[positions].astype(np.float64)])
@@ -57,3 +57,22 @@ class TokenSample:
         """(new, old) in key order."""
         order = np.argsort(self.keys, kind="stable")
         return self.new[order], self.old[order]
+
+
+def update_samples(
+    samples: Sequence[TokenSample], pairs: Sequence[tuple], trainable: np.ndarray, file_index: int, first_token: int
+) -> None:
+    """Each of ``samples`` updated with its (new, old) of ``pairs``, on one batch of a file:
+    the trainable tokens' keys, which depend on their positions alone, are made once for
+    all, below the largest of the samples' thresholds (a sample keeps its own smallest
+    keys of those)."""
+    taking = [(sample, pair) for sample, pair in zip(samples, pairs, strict=True) if sample.capacity]
+    if not taking:
+        return
+    threshold = max(sample.threshold() for sample, _ in taking)
+    first_key = (file_index << 40) + first_token
+    positions, keys = keyed_sample(trainable, np.uint64(first_key), threshold)
+    if positions.size == 0:
+        return
+    for sample, (new, old) in taking:
+        sample._add(new, old, positions, keys)

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from gaecli.advantages.statistics import Moments
 from gaecli.comparison.figures import DiffAccumulator, RowFigures
 from gaecli.comparison.groups import GroupedFigures, group_key_type, groups_schema
-from gaecli.comparison.token_sample import TokenSample
+from gaecli.comparison.token_sample import TokenSample, update_samples
 from gaecli.comparison.top_samples import TopSample, TopSamples, finite_or_none
 from gaecli.diff.options import DiffOptions
 from gaecli.diff.per_sample import per_sample_batch, per_sample_schema
@@ -174,8 +174,9 @@ def diff_rollout(
             if comparison.groups is not None:
                 comparison.groups.update(group_keys, rows)
             _offer_top(comparison.top, options, index, file, batch, packed, new, old, rows, first_row, group_keys)
-            comparison.sample.update(new, old, packed.trainable, index, first_token)
             figures.append((comparison.side.name, rows))
+        samples = [comparison.sample for comparison in part.comparisons]
+        update_samples(samples, [(new, old) for old, _ in olds], packed.trainable, index, first_token)
         if per_sample is not None:
             part.per_sample.append(
                 per_sample_batch(per_sample, file, first_row, figures, computed.keys(options.id_col), group_keys)
