@@ -3,7 +3,9 @@
 the same bits for any engine and worker count) and handed out per file, each unit getting
 the statistics of its own keys only: the critic-free estimators' scores
 (:func:`engine_file_scores`), then the whitening moments (:func:`engine_file_moments`);
-both as a run needs them: :func:`engine_pre_passes`."""
+both as a run needs them: :func:`engine_pre_passes`. Each pass is over the files of a
+:class:`gaecli.run.Run` (their footers, the computation, the engine, the progress), on the
+command's engine session if any."""
 
 from __future__ import annotations
 
