@@ -20,17 +20,10 @@ from gaecli.run.driver import Run, total_rows
 def _per_file_pass(phase: str, unit, tasks: list, run: Run, session) -> list:
     """One ``unit`` per file of ``run`` on its engine (the progress shown as ``phase``),
     stopped at the first failure (raised as for one file); the results in input order."""
+    labels = [str(path) for path in run.files]
     run.progress.start(phase, total_rows(run.footers))
     try:
-        parts = map_units(
-            unit,
-            tasks,
-            [str(path) for path in run.files],
-            run.engine,
-            stop_on_failure=True,
-            progress=run.progress,
-            session=session,
-        )
+        parts = map_units(unit, tasks, labels, run.engine, stop_on_failure=True, progress=run.progress, session=session)
     finally:
         run.progress.finish()
     for part in parts:
