@@ -580,6 +580,7 @@ def test_each_file_unit_gets_the_statistics_of_its_own_groups(tmp_path):
     from gaecli.io.format import Columns
     from gaecli.progress import NoProgress
     from gaecli.recompute import RecomputeOptions
+    from gaecli.run import Run, read_footers
     from gaecli.run.passes import engine_file_moments, engine_moments
 
     paths = []
@@ -590,10 +591,10 @@ def test_each_file_unit_gets_the_statistics_of_its_own_groups(tmp_path):
     computation = RecomputeOptions(
         gamma=GAMMA, lambd=LAMBD, kernel="native", batch_rows=5, columns=Columns(), normalize_by="prompt"
     ).computation
-    engine = EngineOptions(workers=1)
-    merged_new, _ = engine_moments(paths, computation, engine, NoProgress(), 36)
+    run = Run("recompute", paths, read_footers(paths), computation, EngineOptions(workers=1), NoProgress())
+    merged_new, _ = engine_moments(run)
     assert merged_new.table.keys().to_pylist() == ["a", "b", "c", "d"]
-    per_file = engine_file_moments(paths, computation, engine, NoProgress(), 36)
+    per_file = engine_file_moments(run)
     all_means, all_variances = merged_new.mean_variance()
     for (new, old), groups in zip(per_file, (("a", "b"), ("b", "c", "d"), ("d",))):
         assert new.table.keys().to_pylist() == list(groups) == old.table.keys().to_pylist()

@@ -155,8 +155,7 @@ def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewa
     if values is None:  # not read: zeros give the checks their shape, dtype and device
         if not isinstance(rewards, torch.Tensor):
             raise GAEInputError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
-        dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
-        values = torch.zeros(rewards.shape, dtype=dtype, device=rewards.device)
+        values = _zeros_like_rewards(rewards)
     values, rewards, mask, offsets, terminal = prepare_packed(
         values, rewards, loss_mask, offsets, terminal_rewards, validate
     )

@@ -61,22 +61,11 @@ class Run:
         """Per file, the moments and the score statistics its unit needs (None where the
         computation needs none): the pre-passes, each one unit per file, merged in input
         order (:func:`gaecli.run.passes.engine_pre_passes`)."""
-        computation, count = self.computation, len(self.files)
-        moments, scores = [None] * count, [None] * count
-        if computation is None:
-            return moments, scores
+        if self.computation is None:
+            return [None] * len(self.files), [None] * len(self.files)
         from gaecli.run.passes import engine_pre_passes
 
-        scores, moments = engine_pre_passes(
-            self.files,
-            computation,
-            computation.whitening,
-            self.engine,
-            self.progress,
-            total_rows(self.footers),
-            session,
-            self.footers,
-        )
+        scores, moments = engine_pre_passes(self, session)
         return moments, scores
 
     def execute(
