@@ -5,8 +5,6 @@ yields fewer or more rows than its footer says (it changed while it was read) in
 
 from __future__ import annotations
 
-import queue
-import threading
 from bisect import bisect_right
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,53 +41,6 @@ def read_errors(path: Path | str):
     except (pa.ArrowException, OSError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise UnreadableFileError(f"{path}: cannot read as Parquet ({reason})") from error
-
-
-def read_ahead(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The batches of ``batches`` in order, the next one read on a thread of its own while
-    the caller works on the one it holds (Arrow releases the GIL while it decodes, and so
-    do the kernels): one batch more in memory, at most. A read fault is raised to the
-    caller where that batch would have come, as without the thread; a caller that stops
-    early (an error, an interrupt, enough rows) stops the thread, which ends after the batch
-    it is reading, before this generator returns."""
-    slot: queue.Queue = queue.Queue(maxsize=1)
-    stopped = threading.Event()
-
-    def read() -> None:
-        try:
-            for batch in batches:
-                if not _offer(slot, (batch, None), stopped):
-                    return
-        except BaseException as error:  # handed to the caller, raised there
-            _offer(slot, (None, error), stopped)
-            return
-        _offer(slot, (None, None), stopped)
-
-    reader = threading.Thread(target=read, name="gaecli-read-ahead", daemon=True)
-    reader.start()
-    try:
-        while True:
-            batch, error = slot.get()
-            if error is not None:
-                raise error
-            if batch is None:
-                return
-            yield batch
-    finally:
-        stopped.set()
-        reader.join()
-
-
-def _offer(slot: queue.Queue, item: tuple, stopped: threading.Event) -> bool:
-    """Put ``item`` in ``slot`` once there is room, unless the reader was stopped first
-    (then False)."""
-    while not stopped.is_set():
-        try:
-            slot.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 CHECKSUM_FAILED = "CRC checksum verification failed"  # what Arrow says of a page that does not match
@@ -175,16 +126,14 @@ class RolloutFile:
         :class:`UnreadableFileError` naming its row group; so does a file that, read to its
         end, gave another number of rows than its footer says (it was shortened or replaced
         while it was read: Arrow reads a column chunk cut off at the end of the file as
-        having no more pages). The next batch is decoded while the caller works on this one
-        (:func:`read_ahead`)."""
+        having no more pages)."""
         if batch_rows is None:
             tokens = self.list_values(token_column) if token_column is not None else 0
             batch_rows = rows_for_tokens(self.num_rows, tokens)
         rows = 0
         with read_errors(self.path):
             try:
-                batches = self.parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True)
-                for batch in read_ahead(batches):
+                for batch in self.parquet.iter_batches(batch_size=batch_rows, columns=columns, use_threads=True):
                     rows += batch.num_rows
                     yield batch
             except (pa.ArrowException, OSError) as error:
