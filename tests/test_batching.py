@@ -200,7 +200,7 @@ def test_the_native_kernel_plans_token_balanced_groups_longest_first():
 
 def test_the_command_keeps_freed_batch_buffers_for_reuse():
     # The CLI sets glibc's thresholds for itself and, through the environment, for its
-    # workers; a value the user set is kept.
+    # workers, and Arrow's buffers come from glibc's heap too; a value the user set is kept.
     import os
     import subprocess
     import sys
@@ -209,16 +209,23 @@ def test_the_command_keeps_freed_batch_buffers_for_reuse():
 
     script = (
         "import os\nfrom gaecli.cli.memory import reuse_freed_memory\nreuse_freed_memory()\n"
-        "print(os.environ['MALLOC_MMAP_THRESHOLD_'], os.environ['MALLOC_TRIM_THRESHOLD_'])"
+        "import pyarrow\n"
+        "print(os.environ['MALLOC_MMAP_THRESHOLD_'], os.environ['MALLOC_TRIM_THRESHOLD_'],"
+        " pyarrow.default_memory_pool().backend_name)"
     )
-    environment = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("MALLOC_") and key != "ARROW_DEFAULT_MEMORY_POOL"
+    }
     printed = subprocess.run(
         [sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True
     )
     if sys.platform.startswith("linux"):
-        assert printed.stdout.split() == [str(MMAP_THRESHOLD), str(TRIM_THRESHOLD)]
+        assert printed.stdout.split() == [str(MMAP_THRESHOLD), str(TRIM_THRESHOLD), "system"]
         environment["MALLOC_TRIM_THRESHOLD_"] = "12345"
+        environment["ARROW_DEFAULT_MEMORY_POOL"] = "jemalloc"
         printed = subprocess.run(
             [sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True
         )
-        assert printed.stdout.split() == [str(MMAP_THRESHOLD), "12345"]
+        assert printed.stdout.split() == [str(MMAP_THRESHOLD), "12345", "jemalloc"]
