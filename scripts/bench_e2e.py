@@ -17,7 +17,13 @@ On each file it times, as separate processes, each command beside its limit:
   streaming pyarrow read of the columns they read (values, rewards, loss_mask,
   terminal_reward, response_length), in the same batches;
 
-then ``gae --help`` (absolute seconds). The runs are interleaved (limit, each tree, limit,
+then ``gae --help`` (absolute seconds). The limits run with the allocator settings the ``gae``
+process makes for itself (``gaecli.cli.memory``: Arrow's buffers from glibc's heap, glibc
+keeping freed batch buffers), so that both sides of a ratio allocate alike: under Arrow's
+own default pool a streaming read of the large file spent 1.6 to 7 s in page faults, which
+made the limit, and every ratio, vary by a factor of five between runs.
+``--limit-allocator arrow`` runs the limits under Arrow's and glibc's defaults instead
+(how the limits ran before). The runs are interleaved (limit, each tree, limit,
 each tree, ...), ``--repeat`` times, and the table shows medians and the ratio of the
 command's median to its limit's, beside the issue's goal.
 
@@ -229,6 +235,17 @@ def tree_of(directory: str, data: Path) -> Tree:
     return Tree(root, label, data / "cache" / f"{root.name}-{label}")
 
 
+def gae_allocator_environment() -> dict:
+    """This environment with the allocator settings the ``gae`` process makes for itself
+    (``gaecli.cli.memory``, of this checkout), where they are not set already."""
+    sys.path.insert(0, str(HERE.parent))
+    from gaecli.cli import memory
+
+    settings = {variable: str(value) for variable, _, value in memory.SETTINGS}
+    settings[memory.ARROW_POOL_VARIABLE] = memory.ARROW_POOL
+    return {**settings, **os.environ}
+
+
 def run(command: list[str], *, cwd: Path | None = None, env: dict | None = None) -> tuple[float, float]:
     """Wall seconds and peak RSS in MB (of the process tree's largest) of one process; a
     failure stops the benchmark with its stderr."""
@@ -258,10 +275,10 @@ class Row:
     seconds: dict = field(default_factory=dict)
     peaks: dict = field(default_factory=dict)
 
-    def time(self, trees: list[Tree], repeat: int) -> None:
+    def time(self, trees: list[Tree], repeat: int, limit_environment: dict | None = None) -> None:
         for _ in range(repeat):
             if self.limit is not None:
-                self._record("limit", *run(self.limit))
+                self._record("limit", *run(self.limit, env=limit_environment))
             for tree in trees:
                 self._record(tree.label, *run(tree.command(*self.arguments), cwd=tree.root, env=tree.environment()))
 
@@ -335,7 +352,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="interleaved runs of each process (medians shown)")
     parser.add_argument("--files", default="large,short,small", help="which files to run, comma-separated")
     parser.add_argument("--data", default="bench_data", help="where the generated files and caches are kept")
+    parser.add_argument(
+        "--limit-allocator",
+        choices=("gae", "arrow"),
+        default="gae",
+        help="the limits' allocator: the settings gae makes for itself, or Arrow's and glibc's defaults",
+    )
     args = parser.parse_args()
+    limit_environment = gae_allocator_environment() if args.limit_allocator == "gae" else None
 
     data = Path(args.data).resolve()
     trees = [tree_of(directory, data) for directory in (args.tree or [str(HERE.parent)])]
@@ -343,7 +367,7 @@ def main() -> None:
     load = os.getloadavg()
     print(
         f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, scale {args.scale}, "
-        f"repeat {args.repeat}, load {load[0]:.1f}",
+        f"repeat {args.repeat}, load {load[0]:.1f}, limits under the {args.limit_allocator} allocator settings",
         flush=True,
     )
     rows: list[Row] = []
@@ -352,7 +376,7 @@ def main() -> None:
         for label, path in paths.items():
             batch_rows = [output_batch_rows(tree, path, out) for tree in trees][0]
             for row in file_rows(path, describe(path), label, out, batch_rows):
-                row.time(trees, args.repeat)
+                row.time(trees, args.repeat, limit_environment)
                 rows.append(row)
                 print(f"  {row.file or label:<34} {row.name} done", flush=True)
         help_row = Row("start-up", "gae --help", "", None, ["--help"], None)
