@@ -229,3 +229,26 @@ def test_the_command_keeps_freed_batch_buffers_for_reuse():
             [sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True
         )
         assert printed.stdout.split() == [str(MMAP_THRESHOLD), "12345", "jemalloc"]
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        pa.array([1.5, -2.0, 3.25, 4.0], pa.float32()).slice(1, 2),
+        pa.array([7, 8, 9], pa.int64()).slice(2),
+        pa.array([0, 1, 1, 0], pa.int8()),
+        pa.array([True, False, True]),
+        pa.array([], pa.float64()),
+        pa.Array.from_buffers(pa.float32(), 0, [None, None]),
+        pa.array([1.0, None, 3.0], pa.float64()),
+    ],
+    ids=["sliced-float32", "sliced-int64", "int8", "bool", "empty", "empty-no-buffer", "with-nulls"],
+)
+def test_numbers_read_from_arrow_buffers_are_what_arrow_converts(array):
+    from gaecli.io.format import numeric_arrow, numeric_numpy
+
+    got = numeric_numpy(array)
+    expected = array.to_numpy(zero_copy_only=False)
+    assert got.dtype == expected.dtype and np.array_equal(got, expected, equal_nan=True)
+    if array.null_count == 0 and not pa.types.is_boolean(array.type):
+        assert numeric_arrow(got).equals(array)  # and back, on the same buffer

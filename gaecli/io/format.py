@@ -87,7 +87,10 @@ def numeric_numpy(flat: pa.Array) -> np.ndarray:
     dtype = _NUMPY_DTYPES.get(flat.type) if isinstance(flat, pa.Array) else None
     if dtype is None or flat.null_count:
         return flat.to_numpy(zero_copy_only=False)
-    return np.frombuffer(flat.buffers()[1], dtype=dtype, count=len(flat), offset=flat.offset * dtype.itemsize)
+    data = flat.buffers()[1]
+    if data is None:  # an empty array may hold no data buffer at all
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(data, dtype=dtype, count=len(flat), offset=flat.offset * dtype.itemsize)
 
 
 def numeric_arrow(numbers: np.ndarray) -> pa.Array:
