@@ -447,6 +447,42 @@ def test_a_signal_stops_a_run_while_a_store_call_is_pending(silent_store, store,
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
 
 
+def test_a_signal_as_a_store_call_starts_still_leaves_the_call_behind(monkeypatch):
+    """The signal's KeyboardInterrupt can come while the call's thread is being started,
+    before the caller waits on it (a busy machine widens that window): the call still
+    counts as pending, so the command ends at once rather than waiting for the store."""
+    import threading
+
+    from gaecli.io import filesystem
+
+    release = threading.Event()
+    started = threading.Thread.start
+
+    def start_then_interrupted(thread):
+        started(thread)
+        raise KeyboardInterrupt  # as a signal handler raises it, the call now running
+
+    monkeypatch.setattr(filesystem, "_PENDING_CALLS", [])
+    with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
+        patched.setattr(threading.Thread, "start", start_then_interrupted)
+        filesystem.store_call(None, release.wait)
+    try:
+        assert filesystem.store_calls_pending()
+    finally:
+        release.set()
+    deadline = time.monotonic() + 60
+    while filesystem.store_calls_pending() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not filesystem.store_calls_pending()  # the call ended: nothing pending any more
+
+
+def test_a_store_call_that_answers_is_not_left_pending():
+    from gaecli.io import filesystem
+
+    assert filesystem.store_call(None, lambda x: x * 2, 21) == 42
+    assert not filesystem.store_calls_pending()
+
+
 def test_a_store_without_request_timeouts_is_bounded(silent_store):
     """GCS has no request timeout in pyarrow (its retry limit does not cut a stalled
     request): gaecli bounds each call itself (6 request timeouts; 2 s here), so a store

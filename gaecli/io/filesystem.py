@@ -86,7 +86,7 @@ def _with_timeouts(filesystem: pafs.FileSystem, timeouts: dict[str, float]) -> p
 # A call to a store that offers no request timeout (GCS: its retries are bounded, not one
 # stalled request; HDFS, …) fails after this many request timeouts (60 s by default).
 STORE_CALL_LIMIT_TIMEOUTS = 6
-_PENDING_CALLS: list[threading.Thread] = []  # store calls given up on, still in their thread
+_PENDING_CALLS: list[threading.Thread] = []  # store calls under way or given up on, in their thread
 
 
 def _call_limit(filesystem: pafs.FileSystem, timeouts: dict[str, float]) -> Optional[float]:
@@ -118,15 +118,15 @@ def store_call(filesystem: pafs.FileSystem, function, *args):
             done.set()
 
     thread = threading.Thread(target=call, name="gaecli-store-call", daemon=True)
-    thread.start()
+    # counted as pending before it starts: a signal that arrives as it starts (before this
+    # thread waits on it) leaves it behind too
+    _PENDING_CALLS.append(thread)
     deadline = None if limit is None else time.monotonic() + limit
-    try:
-        while not done.wait(0.05):
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"the store did not answer within {limit:g} s")
-    except BaseException:
-        _PENDING_CALLS.append(thread)
-        raise
+    thread.start()
+    while not done.wait(0.05):
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"the store did not answer within {limit:g} s")
+    _PENDING_CALLS.remove(thread)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
