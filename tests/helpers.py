@@ -9,6 +9,7 @@ loops, one sample at a time, all on Python floats (float64).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -467,6 +468,9 @@ def oracle_batch(semantics: str, batch: Batch) -> tuple[list[torch.Tensor], list
 
 # ----------------------------------------------------------------------------- critic-free oracle
 
+GROUP_EPSILON = 1e-6  # the group statistics' ε (grpo, maxrl, grpo-passk, gdpo)
+WHITEN_EPSILON = 1e-8  # the whitening's ε (reinforce++, reinforce++-baseline, gdpo)
+
 
 def critic_free_oracle(
     estimator: str,
@@ -476,34 +480,42 @@ def critic_free_oracle(
     groups: Sequence | None = None,
     steps: Sequence | None = None,
     gamma: float | None = None,
+    *,
+    baselines: Sequence[float] | None = None,
+    components: Sequence[Sequence[float]] | None = None,
+    weights: Sequence[float] | None = None,
 ) -> tuple[list[list[float]], list[list[float]]]:
     """The critic-free estimators of docs/estimators.md as plain Python loops on floats, one
     sample at a time, groups in a dict (written apart from gaecli's numpy code; exact sums by
-    ``math.fsum``). Returns (advantages, returns) as lists of lists."""
-    import math
+    ``math.fsum``). Returns (advantages, returns) as lists of lists.
 
+    ``baselines``: remax's baseline reward, one per sample. ``components``: gdpo's reward
+    components, one sequence per component with one value per sample; ``weights`` one per
+    component (None: all 1). gdpo reads neither ``rewards`` nor ``terminals``."""
+    if estimator == "remax":
+        return _remax_oracle(rewards, masks, terminals, baselines)
+    if estimator == "gdpo":
+        return _gdpo_oracle(masks, groups, steps, components, weights)
     samples = len(rewards)
     groups = list(groups) if groups is not None else [None] * samples
     steps = list(steps) if steps is not None else [None] * samples
-    scores, counts = [], []
-    for reward, mask, terminal in zip(rewards, masks, terminals):
-        kept = [float(r) for r, m in zip(reward, mask) if m]
-        scores.append(math.fsum(kept) + float(terminal))
-        counts.append(len(kept))
-    members: dict = {}
-    for index, group in enumerate(groups):
-        members.setdefault(group, []).append(index)
-    mean, std, opo = {}, {}, {}
+    scores, counts = _scores_and_counts(rewards, masks, terminals)
+    members = _members(groups)
+    mean, std, opo, passk = {}, {}, {}, [0.0] * samples
     for group, indices in members.items():
         values = [scores[i] for i in indices]
         n = len(values)
         if n == 1:
             mean[group], std[group], opo[group] = 0.0, 1.0, 0.0
             continue
-        mean[group] = math.fsum(values) / n
-        std[group] = math.sqrt(math.fsum((v - mean[group]) ** 2 for v in values) / (n - 1))
+        mean[group] = _group_mean(values)
+        std[group] = _bessel_std(values, mean[group])
         tokens = sum(counts[i] for i in indices)
         opo[group] = math.fsum(counts[i] * scores[i] for i in indices) / tokens if tokens else 0.0
+        top, second = sorted(values, reverse=True)[:2]
+        if top > second:  # the one best sample; a tied best gives all 0
+            best = next(i for i in indices if scores[i] == top)
+            passk[best] = (top - second) / (std[group] + GROUP_EPSILON)
     alpha = {}
     for step in set(steps):
         rows = [i for i in range(samples) if steps[i] == step]
@@ -513,7 +525,7 @@ def critic_free_oracle(
         s, g = scores[i], groups[i]
         n = len(members[g])
         if estimator == "grpo":
-            return (s - mean[g]) / (std[g] + 1e-6)
+            return (s - mean[g]) / (std[g] + GROUP_EPSILON)
         if estimator in ("dr-grpo", "reinforce++-baseline"):
             return s - mean[g]
         if estimator == "rloo":
@@ -522,6 +534,10 @@ def critic_free_oracle(
             return s - opo[g]
         if estimator == "gpg":
             return alpha[steps[i]] * (s - mean[g])
+        if estimator == "maxrl":
+            return (s - mean[g]) / (mean[g] + GROUP_EPSILON) if n > 1 else s
+        if estimator == "grpo-passk":
+            return passk[i]
         raise ValueError(estimator)
 
     if estimator == "reinforce++":
@@ -540,17 +556,95 @@ def critic_free_oracle(
         advantages = [[row_value(i) if m else 0.0 for m in masks[i]] for i in range(samples)]
         returns = advantages
     if estimator in ("reinforce++", "reinforce++-baseline"):
-        whitened = [[0.0] * len(a) for a in advantages]
-        for step in set(steps):
-            cells = [(i, t) for i in range(samples) if steps[i] == step for t, m in enumerate(masks[i]) if m]
-            if not cells:
-                continue
-            numbers = [advantages[i][t] for i, t in cells]
-            mu = math.fsum(numbers) / len(numbers)
-            var = math.fsum((x - mu) ** 2 for x in numbers) / (len(numbers) - 1) if len(numbers) > 1 else 0.0
-            for (i, t), x in zip(cells, numbers):
-                whitened[i][t] = (x - mu) / math.sqrt(var + 1e-8)
+        whitened = _whiten_trainable(advantages, masks, steps)
         if estimator == "reinforce++-baseline":
             returns = whitened
         advantages = whitened
     return advantages, returns
+
+
+def _scores_and_counts(rewards, masks, terminals) -> tuple[list[float], list[int]]:
+    """Each sample's score (z plus its rewards at trainable tokens) and trainable count."""
+    scores, counts = [], []
+    for reward, mask, terminal in zip(rewards, masks, terminals):
+        kept = [float(r) for r, m in zip(reward, mask) if m]
+        scores.append(math.fsum(kept) + float(terminal))
+        counts.append(len(kept))
+    return scores, counts
+
+
+def _members(groups) -> dict:
+    """Each group's sample indices, in sample order."""
+    members: dict = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    return members
+
+
+def _group_mean(values: Sequence[float]) -> float:
+    """The mean; exactly the value when all values are the same."""
+    if all(v == values[0] for v in values):
+        return values[0]
+    return math.fsum(values) / len(values)
+
+
+def _bessel_std(values: Sequence[float], mean: float) -> float:
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _whiten_trainable(per_token, masks, steps) -> list[list[float]]:
+    """``(x − mean) / sqrt(var + 1e-8)`` over the trainable tokens of each step (Bessel
+    variance, 0 for one token); masked positions 0."""
+    samples = len(per_token)
+    whitened = [[0.0] * len(a) for a in per_token]
+    for step in set(steps):
+        cells = [(i, t) for i in range(samples) if steps[i] == step for t, m in enumerate(masks[i]) if m]
+        if not cells:
+            continue
+        numbers = [per_token[i][t] for i, t in cells]
+        mu = math.fsum(numbers) / len(numbers)
+        var = math.fsum((x - mu) ** 2 for x in numbers) / (len(numbers) - 1) if len(numbers) > 1 else 0.0
+        for (i, t), x in zip(cells, numbers):
+            whitened[i][t] = (x - mu) / math.sqrt(var + WHITEN_EPSILON)
+    return whitened
+
+
+def _remax_oracle(rewards, masks, terminals, baselines) -> tuple[list[list[float]], list[list[float]]]:
+    """ReMax: G_k = z + Σ_{j ≥ k} r[idx_j] over the trainable positions (γ = 1), each a sum
+    of its own; returns G, advantages G − b; 0 at masked positions."""
+    advantages, returns = [], []
+    for reward, mask, terminal, baseline in zip(rewards, masks, terminals, baselines):
+        positions = [t for t, m in enumerate(mask) if m]
+        row_returns, row_advantages = [0.0] * len(reward), [0.0] * len(reward)
+        for k, t in enumerate(positions):
+            following = math.fsum([float(reward[j]) for j in positions[k:]] + [float(terminal)])
+            row_returns[t], row_advantages[t] = following, following - float(baseline)
+        advantages.append(row_advantages)
+        returns.append(row_returns)
+    return advantages, returns
+
+
+def _gdpo_oracle(masks, groups, steps, components, weights) -> tuple[list[list[float]], list[list[float]]]:
+    """GDPO: each component normalised in its group (a group of one: μ 0, σ 1), the weighted
+    sum per sample, whitened over the trainable tokens of the input or of each step (a sample
+    counts once per trainable token); returns = advantages."""
+    samples = len(masks)
+    steps = list(steps) if steps is not None else [None] * samples
+    weights = [1.0] * len(components) if weights is None else [float(w) for w in weights]
+    members = _members(groups)
+    normalised = []
+    for column in components:
+        values = [float(v) for v in column]
+        row_values = [0.0] * samples
+        for indices in members.values():
+            mu, sigma = 0.0, 1.0
+            if len(indices) > 1:
+                mu = _group_mean([values[i] for i in indices])
+                sigma = _bessel_std([values[i] for i in indices], mu)
+            for i in indices:
+                row_values[i] = (values[i] - mu) / (sigma + GROUP_EPSILON)
+        normalised.append(row_values)
+    totals = [math.fsum(w * column[i] for w, column in zip(weights, normalised)) for i in range(samples)]
+    per_token = [[totals[i] if m else 0.0 for m in masks[i]] for i in range(samples)]
+    advantages = _whiten_trainable(per_token, masks, steps)
+    return advantages, advantages

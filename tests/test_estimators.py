@@ -238,34 +238,34 @@ def read_outputs(directory) -> list[pa.Table]:
     return [pq.read_table(path) for path in sorted(directory.glob("*.parquet")) if ".rejected" not in path.name]
 
 
-@pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_recompute_over_files_and_batches_is_bitwise_the_same_everywhere(tmp_path, estimator, local_ray):
-    batch = random_batch(7, samples=30, groups=6)
-    inputs = write_files(tmp_path / "in", batch, [7, 19])
+def bitwise_the_same_everywhere(tmp_path, inputs, options, local_ray) -> list[pa.Table]:
+    """The outputs of ``gae recompute`` with ``options`` on ``inputs`` for several batch
+    sizes, worker counts and engines (Ray where the session has it), asserted bitwise the
+    same; returns the first run's tables."""
     runs = {}
     configurations = [("local", 1000, 1), ("local", 1, 1), ("local", 4, 2)]
     if local_ray is not None:  # Ray of the test session (conftest.py)
         configurations.append(("ray", 5, 2))
     for engine, batch_rows, workers in configurations:
         out = tmp_path / f"out-{engine}-{batch_rows}-{workers}"
-        result = recompute_cli(
-            inputs,
-            out,
-            *estimator_options(estimator),
-            "--batch-rows",
-            batch_rows,
-            "--workers",
-            workers,
-            "--engine",
-            engine,
-        )
+        every = ("--batch-rows", batch_rows, "--workers", workers, "--engine", engine)
+        result = recompute_cli(inputs, out, *options, *every)
         assert result.exit_code == 0, result.output
         runs[engine, batch_rows, workers] = read_outputs(out)
     first = next(iter(runs.values()))
     for tables in runs.values():
+        assert len(tables) == len(first) == len(inputs)
         for table, expected in zip(tables, first):
             assert table.column("advantages").equals(expected.column("advantages"))
             assert table.column("returns").equals(expected.column("returns"))
+    return first
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_recompute_over_files_and_batches_is_bitwise_the_same_everywhere(tmp_path, estimator, local_ray):
+    batch = random_batch(7, samples=30, groups=6)
+    inputs = write_files(tmp_path / "in", batch, [7, 19])
+    first = bitwise_the_same_everywhere(tmp_path, inputs, estimator_options(estimator), local_ray)
     table = pa.concat_tables(first)
     assert table.schema.metadata[b"gaecli.estimator"] == estimator.encode()
     rewards = pa.array(batch["rewards"], pa.list_(pa.float32())).to_pylist()

@@ -151,6 +151,7 @@ def _zeros_like_rewards(sample) -> torch.Tensor:
 
 def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate):
     from gaecli.advantages.estimators import critic_free_batch, keys_array
+    from gaecli.advantages.inputs import estimator_input_numbers
 
     if values is None:  # not read: zeros give the checks their shape, dtype and device
         if not isinstance(rewards, torch.Tensor):
@@ -164,9 +165,10 @@ def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewa
         name: None if name is None else keys_array(row_inputs[name], rows, what)
         for name, what in ((spec.group_by, "group id"), (spec.step_by, "step id"))
     }
+    inputs = estimator_input_numbers(spec, row_inputs, rows)
     arrays = [tensor.detach().cpu().numpy() for tensor in (rewards, mask, offsets, terminal)]
     advantages, returns = critic_free_batch(
-        spec, *arrays, ids.get(spec.group_by), ids.get(spec.step_by), kernel=kernel, device=values.device
+        spec, *arrays, ids.get(spec.group_by), ids.get(spec.step_by), kernel=kernel, device=values.device, inputs=inputs
     )
     same = returns is advantages
     advantages = torch.from_numpy(advantages).to(values.device)

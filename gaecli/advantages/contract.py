@@ -23,17 +23,55 @@ BASELINES: tuple[str, ...] = (*PROFILES, *ALIASES)
 
 SEMANTICS: tuple[str, ...] = (MASKED, *BASELINES)
 
-ESTIMATORS: tuple[str, ...] = ("gae", "grpo", "dr-grpo", "rloo", "opo", "gpg", "reinforce++", "reinforce++-baseline")
+ESTIMATORS: tuple[str, ...] = (
+    "gae",
+    "grpo",
+    "dr-grpo",
+    "rloo",
+    "opo",
+    "gpg",
+    "reinforce++",
+    "reinforce++-baseline",
+    "maxrl",
+    "grpo-passk",
+    "remax",
+    "gdpo",
+)
 """Advantage estimators implemented: masked GAE, then the critic-free ones (docs/estimators.md)."""
 
 CRITIC_FREE: tuple[str, ...] = ESTIMATORS[1:]
 """The estimators that read no values."""
 
-GROUPED_ESTIMATORS: tuple[str, ...] = ("grpo", "dr-grpo", "rloo", "opo", "gpg", "reinforce++-baseline")
+GROUPED_ESTIMATORS: tuple[str, ...] = (
+    "grpo",
+    "dr-grpo",
+    "rloo",
+    "opo",
+    "gpg",
+    "reinforce++-baseline",
+    "maxrl",
+    "grpo-passk",
+    "gdpo",
+)
 """The estimators that compare a sample's score with its prompt group's (they need a group id per row)."""
 
-WHITENED_ESTIMATORS: tuple[str, ...] = ("reinforce++", "reinforce++-baseline")
+WHITENED_ESTIMATORS: tuple[str, ...] = ("reinforce++", "reinforce++-baseline", "gdpo")
 """The estimators whose advantages are whitened over the input, or per step."""
+
+ESTIMATOR_INPUTS: dict[str, tuple[str, ...]] = {
+    "remax": ("baseline_rewards",),
+    "gdpo": ("reward_components", "reward_weights"),
+}
+"""The spec fields naming an estimator's own per-row inputs (required, but for ``reward_weights``,
+by that estimator and refused by the others): remax's baseline reward column, gdpo's reward
+component columns and their weights."""
+
+WHITENED_RETURNS: tuple[str, ...] = ("reinforce++-baseline", "gdpo")
+"""The whitened estimators whose returns are their whitened advantages (``reinforce++``'s are
+its discounted returns)."""
+
+REQUIRED_INPUTS: tuple[str, ...] = ("baseline_rewards", "reward_components")
+"""The fields of :data:`ESTIMATOR_INPUTS` an estimator cannot do without."""
 
 STEP_ESTIMATORS: tuple[str, ...] = ("gpg", *WHITENED_ESTIMATORS)
 """The estimators with a statistic over the whole input that a step id splits (gpg's α, whitening)."""
@@ -42,7 +80,8 @@ ESTIMATOR_PARAMETERS: dict[str, tuple[str, ...]] = {"gae": ("gamma", "lambd"), "
 """The discount parameters each estimator reads (none for the others)."""
 
 GROUP_EPSILON = 1e-6
-"""ε of grpo: ``(s − μ) / (σ + ε)``."""
+"""ε of grpo: ``(s − μ) / (σ + ε)`` (and of grpo-passk, and of gdpo's components); of maxrl:
+``(s − μ) / (μ + ε)``."""
 
 TIMESTEPS: tuple[str, ...] = ("token", "turn")
 """Timestep units: ``token`` (every trainable token a timestep) and ``turn`` (every maximal

@@ -114,25 +114,43 @@ def variant_keywords(spec: AdvantageSpec, row_inputs=None) -> dict:
 
 
 def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs):
-    if spec.estimator == "reinforce++":
-        returns_spec = AdvantageSpec(spec.gamma, 1.0)
+    if spec.estimator in ("reinforce++", "remax"):
+        returns_spec = AdvantageSpec(spec.gamma if spec.estimator == "reinforce++" else 1.0, 1.0)
         zeros = np.zeros_like(rewards) if isinstance(rewards, np.ndarray) else rewards.new_zeros(rewards.shape)
         returns, _ = compute(
             returns_spec, zeros, rewards, trainable, offsets, terminal_rewards, kernel=kernel, device=device
         )
-        return returns, returns
-    row_values = (row_inputs or {}).get(ROW_ADVANTAGE)
-    if row_values is None:
-        raise ValueError(f"estimator {spec.estimator!r}: row_inputs[{ROW_ADVANTAGE!r}] (each row's advantage) needed")
-    if isinstance(rewards, np.ndarray):
-        advantages = spread_rows(row_values, trainable, offsets, rewards.dtype)
-        return advantages, advantages
+        if spec.estimator == "reinforce++":
+            return returns, returns
+        baselines = _row_input(spec, row_inputs, spec.baseline_rewards, "the baseline rewards")
+        return _spread(returns, baselines, trainable, offsets, subtract=True), returns
+    row_values = _row_input(spec, row_inputs, ROW_ADVANTAGE, "each row's advantage")
+    advantages = _spread(rewards, row_values, trainable, offsets)
+    return advantages, advantages
+
+
+def _row_input(spec: AdvantageSpec, row_inputs, name: str, what: str):
+    values = (row_inputs or {}).get(name)
+    if values is None:
+        raise ValueError(f"estimator {spec.estimator!r}: row_inputs[{name!r}] ({what}) needed")
+    return values
+
+
+def _spread(like, row_values, trainable, offsets, subtract: bool = False):
+    """Each row's value at its trainable tokens (``subtract``: ``like`` minus it there), 0 at
+    masked positions, in ``like``'s dtype (numpy arrays or tensors, as ``like``)."""
+    if isinstance(like, np.ndarray):
+        if not subtract:
+            return spread_rows(row_values, trainable, offsets, like.dtype)
+        per_token = np.repeat(np.asarray(row_values, dtype=np.float64), np.diff(offsets))
+        return np.where(trainable, like.astype(np.float64) - per_token, 0.0).astype(like.dtype, copy=False)
     import torch
 
     lengths = offsets[1:] - offsets[:-1]
-    per_token = torch.repeat_interleave(torch.as_tensor(row_values, device=rewards.device), lengths)
-    advantages = torch.where(trainable, per_token, 0.0).to(rewards.dtype)
-    return advantages, advantages
+    per_token = torch.repeat_interleave(torch.as_tensor(row_values, device=like.device, dtype=torch.float64), lengths)
+    if subtract:
+        per_token = like.double() - per_token
+    return torch.where(trainable, per_token, 0.0).to(like.dtype)
 
 
 def spread_rows(row_values: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, dtype) -> np.ndarray:

@@ -1,21 +1,28 @@
-"""The critic-free estimators (grpo, dr-grpo, rloo, opo, gpg, reinforce++-baseline; definitions in
-docs/estimators.md): each row's score, the keyed statistics each estimator needs
-(:data:`ESTIMATOR_STATISTICS`, a declaration the statistics pass reads: the commands gather
-them over every file, :mod:`gaecli.advantages.statistics`), and each row's advantage from them
-(:func:`statistics_row_advantages`), which the dispatch writes to the row's trainable tokens.
-``reinforce++``'s returns are masked GAE (the kernels); its whitening is
-:mod:`gaecli.advantages.whiten`'s."""
+"""The critic-free estimators (grpo, dr-grpo, rloo, opo, gpg, reinforce++-baseline, maxrl,
+grpo-passk, gdpo; definitions in docs/estimators.md): each row's score, the keyed statistics
+each estimator needs (:data:`ESTIMATOR_STATISTICS`, a declaration the statistics pass reads:
+the commands gather them over every file, :mod:`gaecli.advantages.statistics`), and each
+row's advantage from them (:func:`statistics_row_advantages`), which the dispatch writes to
+the row's trainable tokens. The returns of ``reinforce++`` and remax are masked GAE (the
+kernels); the whitening is :mod:`gaecli.advantages.whiten`'s."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.contract import GROUP_EPSILON
-from gaecli.advantages.statistics import SCORES, TRAINABLE_MOMENTS, KeyedStatistics, Statistic
+from gaecli.advantages.contract import GROUP_EPSILON, WHITENED_RETURNS
+from gaecli.advantages.statistics import (
+    COMPONENT,
+    SCORES,
+    TOP_SCORES,
+    TRAINABLE_MOMENTS,
+    KeyedStatistics,
+    Statistic,
+)
 from gaecli.errors import GAEInputError
 
 
@@ -36,21 +43,30 @@ def row_scores(rewards: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, 
 class Need:
     """A statistic an estimator needs, declared: the per-row ``quantity`` (a key of
     :data:`gaecli.advantages.statistics.ROW_QUANTITIES`) of ``of`` (``scores``: each row's
-    score, read from the inputs; ``advantages``: the side's computed advantages, before
-    whitening), keyed by the id column a spec field names (``by``: ``group_by``, ``step_by``;
-    None, or a field the spec leaves None: the whole input)."""
+    score, read from the inputs; ``components``: each of the spec's reward components, one
+    statistic apiece; ``advantages``: the side's computed advantages, before whitening),
+    keyed by the id column a spec field names (``by``: ``group_by``, ``step_by``; None, or a
+    field the spec leaves None: the whole input)."""
 
     quantity: str
     of: str
     by: Optional[str] = None
 
-    def statistic(self, spec, operand: str) -> Statistic:
-        """The statistic of this need for ``spec`` computed as the side ``operand``."""
+    def statistics(self, spec, operand: str) -> tuple[Statistic, ...]:
+        """The statistics of this need for ``spec`` computed as the side ``operand``."""
         key = None if self.by is None else getattr(spec, self.by)
-        return Statistic(self.quantity, operand if self.of == "advantages" else SCORES, key)
+        if self.of == "components":
+            return tuple(Statistic(self.quantity, COMPONENT + name, key) for name in spec.reward_components)
+        return (Statistic(self.quantity, operand if self.of == "advantages" else SCORES, key),)
+
+    def statistic(self, spec, operand: str = "new") -> Statistic:
+        """The one statistic of this need (not ``components``) for ``spec``."""
+        return self.statistics(spec, operand)[0]
 
 
 GROUP_SCORES = Need(SCORES, "scores", "group_by")
+GROUP_TOP_SCORES = Need(TOP_SCORES, "scores", "group_by")
+GROUP_COMPONENTS = Need(SCORES, "components", "group_by")
 STEP_SCORES = Need(SCORES, "scores", "step_by")
 STEP_MOMENTS = Need(TRAINABLE_MOMENTS, "advantages", "step_by")
 
@@ -62,17 +78,22 @@ ESTIMATOR_STATISTICS: dict[str, tuple[Need, ...]] = {
     "gpg": (GROUP_SCORES, STEP_SCORES),
     "reinforce++": (STEP_MOMENTS,),
     "reinforce++-baseline": (GROUP_SCORES, STEP_MOMENTS),
+    "maxrl": (GROUP_SCORES,),
+    "grpo-passk": (GROUP_SCORES, GROUP_TOP_SCORES),
+    "gdpo": (GROUP_COMPONENTS, STEP_MOMENTS),
 }
 """The keyed statistics each estimator needs over the whole input before its advantages can
-be computed (an estimator not named needs none): the group statistics of the scores, gpg's
-step α, the ``reinforce++`` whitening moments per step. A new estimator declares its needs
+be computed (an estimator not named needs none): the group statistics of the scores (and
+grpo-passk's two best), gpg's step α, gdpo's group statistics of each reward component, the
+whitening moments per step of the ``reinforce++`` estimators and gdpo. A new estimator declares its needs
 here; the statistics pass (:mod:`gaecli.pipeline.passes`) gathers them."""
 
 
 def declared_statistics(spec, operand: str = "new") -> tuple[Statistic, ...]:
     """The statistics ``spec`` needs when computed as the side ``operand`` (``new``,
     ``old``, ``old:K``)."""
-    return tuple(need.statistic(spec, operand) for need in ESTIMATOR_STATISTICS.get(spec.estimator, ()))
+    needs = ESTIMATOR_STATISTICS.get(spec.estimator, ())
+    return tuple(statistic for need in needs for statistic in need.statistics(spec, operand))
 
 
 def statistics_row_advantages(
@@ -81,16 +102,24 @@ def statistics_row_advantages(
     scores: np.ndarray,
     group_keys: Optional[pa.Array],
     step_keys: Optional[pa.Array],
+    inputs: Optional[Mapping[str, np.ndarray]] = None,
 ) -> np.ndarray:
     """Each row's advantage (float64 ``[B]``) under ``spec``'s estimator from the declared
-    score ``statistics`` (:data:`ESTIMATOR_STATISTICS`); the rows' keys must have been added."""
+    ``statistics`` (:data:`ESTIMATOR_STATISTICS`; the rows' keys must have been added):
+    gdpo's from each reward component's group statistics (``inputs``: each component's
+    values ``[B]`` by column), the others' from the group statistics of the ``scores``."""
     rows = scores.size
-    groups = statistics[GROUP_SCORES.statistic(spec, "new")]
+    if spec.estimator == "gdpo":
+        return component_row_values(statistics, spec, inputs, group_keys, rows)
+    groups = statistics[GROUP_SCORES.statistic(spec)]
     codes = groups.known_codes(group_keys, rows, "group")
     n, means, stds, baselines = (values[codes] for values in groups.group_statistics())
+    if spec.estimator == "grpo-passk":
+        best, second = (values[codes] for values in statistics[GROUP_TOP_SCORES.statistic(spec)].best_two())
+        return passk_advantages(scores, n, stds, best, second)
     alphas = None
     if STEP_SCORES in ESTIMATOR_STATISTICS.get(spec.estimator, ()):
-        steps = statistics[STEP_SCORES.statistic(spec, "new")]
+        steps = statistics[STEP_SCORES.statistic(spec)]
         alphas = steps.alphas()[steps.known_codes(step_keys, rows, "step")]
     return row_advantages(spec.estimator, scores, n, means, stds, baselines, alphas)
 
@@ -107,20 +136,57 @@ def row_advantages(
     """Each row's advantage (float64 ``[B]``) from its score and its group's statistics (each
     ``[B]``, as :meth:`gaecli.advantages.statistics.Scores.group_statistics` gives them) and, for gpg, its step's α:
     grpo ``(s − μ)/(σ + 1e-6)``, dr-grpo and reinforce++-baseline ``s − μ``, rloo
-    ``n/(n − 1)·(s − μ)`` (``s`` for a group of one), opo ``s − baseline``, gpg ``α·(s − μ)``."""
+    ``n/(n − 1)·(s − μ)`` (``s`` for a group of one), opo ``s − baseline``, gpg ``α·(s − μ)``,
+    maxrl ``(s − μ)/(μ + 1e-6)`` (``s`` for a group of one)."""
     centred = scores - means
     if estimator == "grpo":
         return centred / (stds + GROUP_EPSILON)
     if estimator in ("dr-grpo", "reinforce++-baseline"):
         return centred
-    if estimator == "rloo":
-        with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if estimator == "rloo":
             return np.where(n > 1, n / np.maximum(n - 1, 1) * centred, scores)
+        if estimator == "maxrl":  # μ + ε = 0 gives ±inf, as the trainer's does (docs/estimators.md)
+            return np.where(n > 1, centred / (means + GROUP_EPSILON), scores)
     if estimator == "opo":
         return scores - baselines
     if estimator == "gpg":
         return alphas * centred
     raise ValueError(f"estimator {estimator!r} has no per-row advantage")
+
+
+def passk_advantages(
+    scores: np.ndarray, n: np.ndarray, stds: np.ndarray, best: np.ndarray, second: np.ndarray
+) -> np.ndarray:
+    """grpo-passk (float64 ``[B]``): the one row of a group of two or more whose score is the
+    group's highest, ahead of the second highest, gets ``(best − second)/(σ + 1e-6)``; every
+    other row 0 (a tied best gives the whole group 0; a group of one is 0)."""
+    ahead = (n > 1) & (scores == best) & (best > second)
+    with np.errstate(invalid="ignore"):
+        return np.where(ahead, (best - second) / (stds + GROUP_EPSILON), 0.0)
+
+
+def component_row_values(
+    statistics: KeyedStatistics,
+    spec,
+    inputs: Optional[Mapping[str, np.ndarray]],
+    group_keys: Optional[pa.Array],
+    rows: int,
+) -> np.ndarray:
+    """gdpo's value of each row before its whitening (float64 ``[B]``): the weighted sum, in
+    the order of ``spec.reward_components``, of each component normalised in its group,
+    ``(c − μ)/(σ + 1e-6)`` (a group of one: ``c/(1 + 1e-6)``; a group that scored the same:
+    exactly 0). ``inputs``: each component's values ``[B]`` by column."""
+    if inputs is None:
+        raise ValueError("estimator 'gdpo': the reward components' values are needed")
+    weights = spec.reward_weights or (1.0,) * len(spec.reward_components)
+    total = np.zeros(rows, dtype=np.float64)
+    for need, name, weight in zip(GROUP_COMPONENTS.statistics(spec, "new"), spec.reward_components, weights):
+        groups = statistics[need]
+        codes = groups.known_codes(group_keys, rows, "group")
+        _, means, stds, _ = (values[codes] for values in groups.group_statistics())
+        total += float(weight) * ((inputs[name] - means) / (stds + GROUP_EPSILON))
+    return total
 
 
 def keys_array(keys, rows: int, what: str) -> pa.Array:
@@ -163,11 +229,14 @@ def critic_free_batch(
     *,
     kernel: str = "auto",
     device=None,
+    inputs: Optional[Mapping[str, np.ndarray]] = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A critic-free ``spec`` on one batch that is the whole input (the Python API): its
     statistics from these rows alone, the per-token pass by the dispatch, then the whitening
-    of the ``reinforce++`` estimators. Flat numpy arrays as :func:`row_scores` takes them, the
-    rows' group and step ids as Arrow arrays (None where the spec has none); returns flat
+    of the ``reinforce++`` estimators and gdpo. Flat numpy arrays as :func:`row_scores` takes
+    them, the rows' group and step ids as Arrow arrays (None where the spec has none), the
+    estimator's own per-row inputs (``inputs``: remax's baseline rewards, gdpo's components,
+    float64 ``[B]`` by name, checked); returns flat
     ``(advantages, returns)`` in the rewards' dtype. The commands run the same steps with
     statistics gathered over every file (:mod:`gaecli.pipeline`)."""
     from gaecli.advantages.contract import GROUPED_ESTIMATORS
@@ -175,12 +244,14 @@ def critic_free_batch(
 
     needs = declared_statistics(spec)
     keys = {name: ids for name, ids in ((spec.group_by, group_keys), (spec.step_by, step_keys)) if name is not None}
-    row_inputs = {}
+    inputs = dict(inputs or {})
+    row_inputs = dict(inputs)
     if spec.estimator in GROUPED_ESTIMATORS:
         scores, _ = row_scores(rewards, trainable, offsets, terminal_rewards)
         statistics = KeyedStatistics(tuple(need for need in needs if not need.reads_sides))
-        statistics.add({SCORES: scores}, trainable, offsets, keys)
-        row_inputs[ROW_ADVANTAGE] = statistics_row_advantages(statistics, spec, scores, group_keys, step_keys)
+        operands = {SCORES: scores, **{COMPONENT + name: values for name, values in inputs.items()}}
+        statistics.add(operands, trainable, offsets, keys)
+        row_inputs[ROW_ADVANTAGE] = statistics_row_advantages(statistics, spec, scores, group_keys, step_keys, inputs)
     advantages, returns = compute(
         spec, None, rewards, trainable, offsets, terminal_rewards, kernel=kernel, device=device, row_inputs=row_inputs
     )
@@ -189,6 +260,6 @@ def critic_free_batch(
         moments = KeyedStatistics(whitening)
         moments.add({"new": advantages}, trainable, offsets, keys)
         advantages = whiten_trainable(advantages, trainable, offsets, moments[whitening[0]], step_keys)
-        if spec.estimator == "reinforce++-baseline":
+        if spec.estimator in WHITENED_RETURNS:
             returns = advantages
     return advantages, returns

@@ -480,6 +480,25 @@ def check_variant_inputs(spec, row_inputs: dict, trainable: torch.Tensor, offset
     return converted
 
 
+def estimator_input_numbers(spec, row_inputs, rows: int) -> dict[str, np.ndarray]:
+    """The estimator's own per-row inputs ``spec`` reads (remax's baseline rewards, gdpo's
+    reward components) taken from ``row_inputs`` by name: float64 ``[B]`` each. Raises
+    :class:`GAEInputError` naming the input and the sample: a length other than B, a value
+    that is not a finite number."""
+    numbers = {}
+    for needed in spec.row_inputs:
+        if needed.role not in ("baseline-reward", "reward-component"):
+            continue
+        array = _numbers(needed.name, row_inputs[needed.name])
+        if array.size != rows:
+            raise GAEInputError(f"{needed.name} must hold one value per sample ({rows}), got {array.size}")
+        bad = np.flatnonzero(~np.isfinite(array))
+        if bad.size:
+            raise GAEInputError(f"sample {int(bad[0])}: {needed.name} is {array[bad[0]]} (must be finite)")
+        numbers[needed.name] = array
+    return numbers
+
+
 def _truncated_flags(name: str, array: np.ndarray) -> np.ndarray:
     """Truncated flags ``[B]`` as bool; a value other than 0/1 names its sample."""
     bad = ~((array == 0) | (array == 1))

@@ -278,13 +278,29 @@ def _add_rows(codes, counts, count_rows, sums, errors, sum_rows, lows, low_rows,
                 highs[q, key] = x
 
 
-_KINDS = ("counts", "sums", "errors", "lows", "highs")
+@numba.njit(cache=True, nogil=True)
+def _add_top_two(codes, tops, seconds, top_rows):
+    # The two highest values of every quantity per key, a value seen twice counted twice (a
+    # tied maximum is also the second highest); rows in the order given.
+    for i in range(codes.shape[0]):
+        key = codes[i]
+        for q in range(top_rows.shape[0]):
+            x = top_rows[q, i]
+            if x > tops[q, key]:
+                seconds[q, key] = tops[q, key]
+                tops[q, key] = x
+            elif x > seconds[q, key]:
+                seconds[q, key] = x
+
+
+_KINDS = ("counts", "sums", "errors", "lows", "highs", "tops", "seconds")
 
 
 class KeyedSums:
     """Per key (coded by a :class:`KeyTable`; or one key for the whole input): exact integer
     sums of the quantities :attr:`COUNTS`, compensated (Neumaier) sums of :attr:`SUMS`, the
-    lowest of :attr:`LOWS` and the highest of :attr:`HIGHS`. A subclass names its quantities
+    lowest of :attr:`LOWS`, the highest of :attr:`HIGHS` and the two highest of
+    :attr:`TOP_TWOS` (with multiplicity). A subclass names its quantities
     and the statistics derived from them (:class:`gaecli.advantages.statistics.Moments`,
     :class:`~gaecli.advantages.statistics.Scores`).
 
@@ -299,6 +315,7 @@ class KeyedSums:
     SUMS: tuple[str, ...] = ()
     LOWS: tuple[str, ...] = ()
     HIGHS: tuple[str, ...] = ()
+    TOP_TWOS: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.table: Optional[KeyTable] = None  # None: one key (the whole input)
@@ -308,6 +325,8 @@ class KeyedSums:
         self.errors = np.zeros((len(self.SUMS), 0), dtype=np.float64)
         self.lows = np.zeros((len(self.LOWS), 0), dtype=np.float64)
         self.highs = np.zeros((len(self.HIGHS), 0), dtype=np.float64)
+        self.tops = np.zeros((len(self.TOP_TWOS), 0), dtype=np.float64)
+        self.seconds = np.zeros((len(self.TOP_TWOS), 0), dtype=np.float64)
         self._derived: dict = {}
 
     def __getstate__(self) -> dict:
@@ -358,7 +377,8 @@ class KeyedSums:
                 grown[:, :old] = array[:, :old]
                 setattr(self, kind, grown)
             self.lows[:, old:] = np.inf
-            self.highs[:, old:] = -np.inf
+            for kind in ("highs", "tops", "seconds"):
+                getattr(self, kind)[:, old:] = -np.inf
         self.size = size
 
     @property
@@ -370,6 +390,8 @@ class KeyedSums:
         """Add rows in row order: their keys (an Arrow array, or None for one key) and every
         quantity of the class, by name (``rows[name]``, one value per row)."""
         codes = self.codes(keys, len(keys) if keys is not None else _rows_of(rows))
+        if self.TOP_TWOS:
+            _add_top_two(codes, self.tops, self.seconds, _stacked(rows, self.TOP_TWOS, np.float64))
         self._add(codes, *(_stacked(rows, names, dtype) for names, dtype in self._layout()))
 
     def _layout(self):
@@ -392,6 +414,9 @@ class KeyedSums:
         size = other.size
         codes = self.codes(None if other.table is None else other.table.keys(), size)
         part = [np.ascontiguousarray(getattr(other, kind)[:, :size]) for kind in ("counts", "sums", "lows", "highs")]
+        if self.TOP_TWOS:  # its two highest of each key added as two rows
+            for kind in ("tops", "seconds"):
+                _add_top_two(codes, self.tops, self.seconds, np.ascontiguousarray(getattr(other, kind)[:, :size]))
         self._add(codes, *part)
         self.errors[:, codes] += other.errors[:, :size]  # the codes of one part's keys are distinct
         return codes
@@ -427,6 +452,12 @@ class KeyedSums:
     def high(self, name: str) -> np.ndarray:
         """Each key's highest ``name`` (float64 ``[keys]``; −inf for a key without rows)."""
         return self.highs[self.HIGHS.index(name), : self.size]
+
+    def top_two(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Each key's highest and second-highest ``name`` (float64 ``[keys]``; a value that
+        came twice is both; −inf where a key has fewer rows)."""
+        index = self.TOP_TWOS.index(name)
+        return self.tops[index, : self.size], self.seconds[index, : self.size]
 
     def key(self, code: int):
         """The key of ``code`` (None for the whole input)."""

@@ -13,11 +13,13 @@ from typing import Optional
 from gaecli.advantages.contract import (
     BASELINES,
     CRITIC_FREE,
+    ESTIMATOR_INPUTS,
     ESTIMATOR_PARAMETERS,
     ESTIMATORS,
     GROUPED_ESTIMATORS,
     MASKED,
     NORMALIZATIONS,
+    REQUIRED_INPUTS,
     SEMANTICS,
     STEP_ESTIMATORS,
     TIMESTEPS,
@@ -29,6 +31,18 @@ VARIANT_INPUTS: dict[str, str] = {"turn_rewards": "list", "truncated": "scalar",
 """The per-row inputs of the GAE variants: field (and role) → kind."""
 
 VARIANT_FIELDS: tuple[str, ...] = ("lambd_critic", "lambd_alpha", *VARIANT_INPUTS)
+
+ESTIMATOR_FIELDS: tuple[str, ...] = (
+    "gamma",
+    "lambd",
+    "group_by",
+    "step_by",
+    "baseline_rewards",
+    "reward_components",
+    "reward_weights",
+)
+"""The spec fields an estimator reads or refuses (:func:`check_estimator_values`): the discount
+parameters, the group and step ids and the estimators' own inputs."""
 """The GAE variant fields that are off when None; each set one is a feature of its own
 (``timestep`` is ``timestep:<unit>``)."""
 
@@ -67,7 +81,13 @@ class AdvantageSpec:
       masked semantics and no ``normalize``. ``group_by`` names the per-row prompt-group id
       (required by the estimators of :data:`~gaecli.advantages.contract.GROUPED_ESTIMATORS`,
       refused by the others); ``step_by`` the per-row step id that splits gpg's α and the
-      whitening of the ``reinforce++`` estimators (None: the whole input; refused where unused).
+      whitening of the ``reinforce++`` estimators and gdpo (None: the whole input; refused
+      where unused). An estimator's own per-row inputs
+      (:data:`gaecli.advantages.contract.ESTIMATOR_INPUTS`), refused by the others:
+      ``baseline_rewards`` names remax's per-row baseline reward (the greedy rollout's);
+      ``reward_components`` names gdpo's reward components (one or more per-row scalar
+      inputs, a tuple), and ``reward_weights`` their weights (a tuple of as many finite
+      numbers; None: all 1).
     - The GAE variants (docs/variants.md), each off by default; they apply to the masked
       contract only (``semantics="masked"``, ``estimator="gae"``):
 
@@ -98,8 +118,14 @@ class AdvantageSpec:
     bootstrap_values: Optional[str] = None
     group_by: Optional[str] = None
     step_by: Optional[str] = None
+    baseline_rewards: Optional[str] = None
+    reward_components: Optional[tuple[str, ...]] = None
+    reward_weights: Optional[tuple[float, ...]] = None
 
     def __post_init__(self) -> None:
+        for field in ("reward_components", "reward_weights"):  # a list given is kept as a tuple (hashable)
+            if isinstance(getattr(self, field), list):
+                object.__setattr__(self, field, tuple(getattr(self, field)))
         self._check_estimator()
         if self.semantics not in SEMANTICS:
             refuse(f"unknown semantics {self.semantics!r}; choose one of: {MASKED}, {', '.join(BASELINES)}")
@@ -130,7 +156,7 @@ class AdvantageSpec:
     def _check_estimator(self) -> None:
         """The estimator, the discount parameters it reads, its per-row inputs and scaling
         (:func:`check_estimator_values`), and the contract a critic-free estimator runs under."""
-        values = {"gamma": self.gamma, "lambd": self.lambd, "group_by": self.group_by, "step_by": self.step_by}
+        values = {name: getattr(self, name) for name in ESTIMATOR_FIELDS}
         check_estimator_values((self.estimator,), values, self.normalize != "none")
         if self.estimator in CRITIC_FREE and self.semantics != MASKED:
             refuse(f"estimator {self.estimator!r} runs under the masked contract only (semantics {self.semantics!r})")
@@ -155,10 +181,17 @@ class AdvantageSpec:
     @property
     def row_inputs(self) -> tuple[RowInput, ...]:
         """The extra per-row inputs this spec reads: the ``normalize_by`` key, the group and
-        step ids of the critic-free estimators, then the variants' inputs, each with its
+        step ids of the critic-free estimators, remax's baseline reward and gdpo's reward
+        components (each a number per row), then the variants' inputs, each with its
         field's name as its role (``turn_rewards``: a list per row; ``truncated``,
         ``bootstrap_values``: a scalar per row)."""
-        named = (("normalize-key", self.normalize_by), ("group-id", self.group_by), ("step-id", self.step_by))
+        named = (
+            ("normalize-key", self.normalize_by),
+            ("group-id", self.group_by),
+            ("step-id", self.step_by),
+            ("baseline-reward", self.baseline_rewards),
+            *(("reward-component", name) for name in self.reward_components or ()),
+        )
         inputs = [RowInput(name, role, "scalar") for role, name in named if name is not None]
         for role, kind in VARIANT_INPUTS.items():
             name = getattr(self, role)
@@ -176,6 +209,13 @@ class AdvantageSpec:
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
+INPUT_MEANINGS = {
+    "baseline_rewards": "a baseline reward per row, the greedy rollout's",
+    "reward_components": "the reward components, a number per row each",
+}
+"""What each required estimator input is, for the messages."""
+
+
 class SpecWords:
     """How :func:`check_estimator_values` words a refusal for the API: by the spec's fields."""
 
@@ -188,7 +228,12 @@ class SpecWords:
     def needs(self, field: str, estimator: str) -> str:
         if field == "group_by":
             return f"estimator {estimator!r} needs group_by (the per-row prompt-group id)"
+        if field in INPUT_MEANINGS:
+            return f"estimator {estimator!r} needs {field} ({INPUT_MEANINGS[field]})"
         return f"estimator {estimator!r} needs {field}"
+
+    def weights(self, components: int, weights: int) -> str:
+        return f"reward_weights holds {weights} weights for {components} reward_components; give one per component"
 
     def unused(self, field: str, estimators: tuple[str, ...]) -> str:
         estimator = estimators[0]
@@ -237,6 +282,34 @@ def check_estimator_values(
         refuse(words.unused("group_by", estimators))
     if values["step_by"] is not None and not any(estimator in STEP_ESTIMATORS for estimator in estimators):
         refuse(words.unused("step_by", estimators))
+    _check_estimator_inputs(estimators, values, words)
+
+
+def _check_estimator_inputs(estimators: tuple[str, ...], values: dict, words: SpecWords) -> None:
+    """The estimators' own inputs (:data:`ESTIMATOR_INPUTS`): required by their estimator (the
+    weights excepted), refused where no estimator reads them; gdpo's components distinct
+    non-empty names and their weights as many finite numbers."""
+    for field in (name for inputs in ESTIMATOR_INPUTS.values() for name in inputs):
+        used = [estimator for estimator in estimators if field in ESTIMATOR_INPUTS.get(estimator, ())]
+        if used and field in REQUIRED_INPUTS and values[field] is None:
+            refuse(words.needs(field, used[0]))
+        if not used and values[field] is not None:
+            refuse(words.unused(field, estimators))
+    baseline = values["baseline_rewards"]
+    if baseline is not None and (not isinstance(baseline, str) or not baseline):
+        refuse(f"{words.name('baseline_rewards')} names a per-row input: a non-empty string, got {baseline!r}")
+    components, weights = values["reward_components"], values["reward_weights"]
+    if components is not None:
+        if not components or any(not isinstance(name, str) or not name for name in components):
+            refuse(f"{words.name('reward_components')} names one or more per-row inputs, got {components!r}")
+        if len(set(components)) != len(components):
+            refuse(f"{words.name('reward_components')} names a component twice: {', '.join(components)}")
+    if weights is not None:
+        if components is not None and len(weights) != len(components):
+            refuse(words.weights(len(components), len(weights)))
+        for weight in weights:
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                refuse(f"{words.name('reward_weights')} must be finite numbers, got {weight!r}")
 
 
 def check_variant_values(values: dict, flags: Optional[dict] = None) -> None:
@@ -280,15 +353,19 @@ def estimator_spec(
     step_by: Optional[str] = None,
     **fields_: object,
 ) -> AdvantageSpec:
-    """The spec of ``estimator`` under the masked contract with γ, λ and the per-row ids it
-    reads and no others (one set of options serves every side of a comparison), plus
-    ``fields_`` (normalisation, GAE variants)."""
+    """The spec of ``estimator`` under the masked contract with γ, λ, the per-row ids and the
+    estimator inputs (``baseline_rewards``, ``reward_components``, ``reward_weights`` among
+    ``fields_``) it reads and no others (one set of options serves every side of a
+    comparison), plus the other ``fields_`` (normalisation, GAE variants)."""
     used = ESTIMATOR_PARAMETERS.get(estimator, ())
+    inputs = ESTIMATOR_INPUTS.get(estimator, ())
+    own = {name: fields_.pop(name) for name in [name for name in fields_ if name in ESTIMATOR_FIELDS]}
     return AdvantageSpec(
         gamma if "gamma" in used else None,
         lambd if "lambd" in used else None,
         estimator=estimator,
         group_by=group_by if estimator in GROUPED_ESTIMATORS else None,
         step_by=step_by if estimator in STEP_ESTIMATORS else None,
+        **{name: value for name, value in own.items() if name in inputs},
         **fields_,
     )

@@ -119,6 +119,18 @@ class Scores(KeyedSums):
         return self.count("rows") / np.maximum(self.count("nonzero"), 1).astype(np.float64)
 
 
+class TopScores(KeyedSums):
+    """Per key: the highest and second-highest score, a score that came twice counted twice
+    (grpo-passk's best sample and its margin), from :func:`top_score_rows`."""
+
+    TOP_TWOS = ("scores",)
+
+    def best_two(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per key: the highest score and the second highest (equal to it when tied; −inf in
+        a key of one row)."""
+        return self.top_two("scores")
+
+
 def moment_rows(advantages: np.ndarray, trainable: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray]:
     """What a row adds to :class:`Moments`: its trainable tokens' count, sum and sum of
     squares (flat ``advantages`` and bool ``trainable`` ``[N]``, ``offsets`` ``[B + 1]``)."""
@@ -142,6 +154,11 @@ def score_rows(scores: np.ndarray, trainable: np.ndarray, offsets: np.ndarray) -
     }
 
 
+def top_score_rows(scores: np.ndarray, trainable: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray]:
+    """What a row adds to :class:`TopScores`: its score."""
+    return {"scores": scores}
+
+
 class RowQuantity(NamedTuple):
     """What a row adds for one quantity: the per-row function (the operand's values —
     per-token ``[N]`` or per-row ``[B]`` —, trainable ``[N]``, offsets ``[B + 1]`` → the
@@ -153,21 +170,34 @@ class RowQuantity(NamedTuple):
 
 TRAINABLE_MOMENTS = "trainable-moments"
 SCORES = "scores"
+TOP_SCORES = "top-scores"
 
 ROW_QUANTITIES: dict[str, RowQuantity] = {
     TRAINABLE_MOMENTS: RowQuantity(moment_rows, Moments),
     SCORES: RowQuantity(score_rows, Scores),
+    TOP_SCORES: RowQuantity(top_score_rows, TopScores),
 }
 """What a statistic can gather per row. ``trainable-moments``: count, sum and sum of squares
 over the row's trainable tokens of a per-token operand (a side's advantages); ``scores``: a
-row's score (the per-row operand ``scores``) and its trainable count."""
+per-row operand's values (a row's score, or a reward component) and the row's trainable
+count; ``top-scores``: the two highest of a per-row operand."""
+
+COMPONENT = "component:"
+"""The prefix of a per-row operand that is a reward component column (``component:NAME``,
+gdpo's), read from the rows as float64."""
+
+
+def is_row_operand(operand: str) -> bool:
+    """Whether ``operand`` is read from the rows (the scores, a reward component), not a side."""
+    return operand == SCORES or operand.startswith(COMPONENT)
 
 
 @dataclass(frozen=True)
 class Statistic:
     """One keyed statistic: the per-row ``quantity`` (a key of :data:`ROW_QUANTITIES`) of the
     ``operand`` (an array of a computed batch by name: ``new``, ``old``, ``old:K``, each a
-    side's advantages, or ``scores``, each row's score), added per value of the ``key``
+    side's advantages; ``scores``, each row's score; ``component:NAME``, a reward
+    component's value per row), added per value of the ``key``
     column (None: one key for the whole input). Hashable and picklable: the engines ship it
     to workers, and the statistics of a pass are looked up by it."""
 
@@ -182,7 +212,7 @@ class Statistic:
     @property
     def reads_sides(self) -> bool:
         """Whether its operand is a computed side (not an input of the rows)."""
-        return self.operand != "scores"
+        return not is_row_operand(self.operand)
 
 
 def side_operands(sides: int) -> tuple[str, ...]:

@@ -5,12 +5,13 @@ modules are imported inside the functions so that ``gae --help`` starts fast."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from gaecli.errors import EXIT_INTERRUPTED, EXIT_USAGE, exit_code
+from gaecli.errors import EXIT_INTERRUPTED, EXIT_USAGE, InvalidOptionError, exit_code
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success · 1 the input data is invalid (rows that break the format) · "
@@ -314,7 +315,7 @@ EstimatorOption = Annotated[
         metavar="NAME",
         rich_help_panel="Estimator",
         help="gae (masked GAE), or a critic-free estimator: grpo, dr-grpo, rloo, opo, gpg, reinforce++, "
-        "reinforce++-baseline (docs/estimators.md; they read no values).",
+        "reinforce++-baseline, maxrl, grpo-passk, remax, gdpo (docs/estimators.md; they read no values).",
     ),
 ]
 GroupColOption = Annotated[
@@ -339,6 +340,64 @@ StepColOption = Annotated[
         "whole input).",
     ),
 ]
+
+
+BaselineRewardColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--baseline-reward-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel="Estimator",
+        help="remax's baseline: a number per row, the reward of the greedy rollout of the same prompt.",
+    ),
+]
+RewardColsOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--reward-cols",
+        metavar="A,B,...",
+        show_default=False,
+        rich_help_panel="Estimator",
+        help="gdpo's reward components: columns of a number per row, each normalised in its group before they "
+        "are summed.",
+    ),
+]
+RewardWeightsOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--reward-weights",
+        metavar="W1,W2,...",
+        show_default=False,
+        rich_help_panel="Estimator",
+        help="gdpo: the weight of each --reward-cols column, in order (default: 1 each).",
+    ),
+]
+
+
+def comma_list(flag: str, text: Optional[str]) -> Optional[tuple[str, ...]]:
+    """The names of a comma list option (None when not given); an empty name is refused."""
+    if text is None:
+        return None
+    names = tuple(item.strip() for item in text.split(","))
+    if not all(names):
+        raise InvalidOptionError(f"{flag}: empty name in {text!r}; give names separated by commas")
+    return names
+
+
+def comma_numbers(flag: str, text: Optional[str]) -> Optional[tuple[float, ...]]:
+    """The numbers of a comma list option (None when not given); a word that is not a finite
+    number is refused."""
+    numbers = []
+    for item in comma_list(flag, text) or ():
+        try:
+            number = float(item)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number):
+            raise InvalidOptionError(f"{flag}: {item!r} is not a finite number")
+        numbers.append(number)
+    return None if text is None else tuple(numbers)
 
 
 def make_engine(engine: str, workers: Optional[int], ray_address: Optional[str]):

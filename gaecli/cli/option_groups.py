@@ -38,9 +38,12 @@ ESTIMATOR_OPTIONS = OptionGroup(
         ("estimator", common.EstimatorOption, "gae"),
         ("group_col", common.GroupColOption, None),
         ("step_col", common.StepColOption, None),
+        ("baseline_reward_col", common.BaselineRewardColOption, None),
+        ("reward_cols", common.RewardColsOption, None),
+        ("reward_weights", common.RewardWeightsOption, None),
     )
 )
-"""γ, λ, the estimator and its group and step id columns (recompute, diff)."""
+"""γ, λ, the estimator, its group and step id columns and its own columns (recompute, diff)."""
 
 KERNEL_OPTIONS = OptionGroup((("kernel", KernelOption, "auto"), ("device", DeviceOption, "cpu")))
 """The kernel and the device it runs on (recompute, diff)."""
@@ -121,10 +124,18 @@ def with_groups(command):
 def estimator_fields(values: dict, group_field: str = "group_by") -> dict:
     """The options' fields of :data:`ESTIMATOR_OPTIONS`' values (``--group-col`` is the
     field ``group_field``: ``group_by`` in recompute's options, ``group_by_id`` in diff's)."""
+    from gaecli.pipeline.options import EstimatorInputs
+
+    inputs = EstimatorInputs(
+        values["baseline_reward_col"],
+        common.comma_list("--reward-cols", values["reward_cols"]),
+        common.comma_numbers("--reward-weights", values["reward_weights"]),
+    )
     return {
         "gamma": values["gamma"],
         "lambd": values["lambd"],
         "estimator": values["estimator"],
         group_field: values["group_col"],
         "step_by": values["step_col"],
+        "estimator_inputs": inputs,
     }

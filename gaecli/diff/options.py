@@ -12,7 +12,7 @@ from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
 from gaecli.options import check_count
 from gaecli.pipeline.description import ComparisonSide, RunOptions
-from gaecli.pipeline.options import VariantOptions, check_estimators
+from gaecli.pipeline.options import EstimatorInputs, VariantOptions, check_estimators
 
 DEFAULT_TOP = 10
 DEFAULT_BASELINE = "unmasked"
@@ -68,6 +68,7 @@ class DiffOptions(RunOptions):
     old_estimator: Optional[str] = None
     group_by_id: Optional[str] = None
     step_by: Optional[str] = None
+    estimator_inputs: EstimatorInputs = field(default_factory=EstimatorInputs)
 
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
@@ -85,7 +86,15 @@ class DiffOptions(RunOptions):
                 f"--estimator {self.estimator}: give --old-estimator NAME or --against COLUMN as the old side "
                 "(the trainer baselines are GAE only)"
             )
-        check_estimators(self.side_estimators, self.gamma, self.lambd, self.group_by_id, self.step_by, self.whitening)
+        check_estimators(
+            self.side_estimators,
+            self.gamma,
+            self.lambd,
+            self.group_by_id,
+            self.step_by,
+            self.whitening,
+            self.estimator_inputs,
+        )
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
         self.sides  # noqa: B018 - the baseline list checked (unknown names, duplicates)

@@ -42,7 +42,7 @@ def _read_columns(schema: pa.Schema, options: DiffOptions) -> list[str]:
     stored = [name for side in options.sides for name in (side.advantages_column, side.returns_column)]
     named = (*stored, options.normalize_by, options.group_by, options.id_col, options.group_by_id, options.step_by)
     wanted |= {name for name in named if name is not None}
-    wanted |= set(options.variants.columns())
+    wanted |= set(options.variants.columns()) | {name for _, name in options.computation.estimator_input_columns()}
     return [name for name in schema.names if name in wanted]
 
 

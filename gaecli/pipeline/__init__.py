@@ -26,6 +26,7 @@ from gaecli.pipeline.batches import (
 )
 from gaecli.pipeline.description import ComparisonSide, Computation, describe_run, old_side_spec
 from gaecli.pipeline.options import (
+    EstimatorInputs,
     VariantOptions,
     check_device,
     check_estimators,
@@ -45,6 +46,7 @@ __all__ = [
     "ComparisonSide",
     "Computation",
     "ComputedBatch",
+    "EstimatorInputs",
     "PackedBatch",
     "VariantOptions",
     "check_device",

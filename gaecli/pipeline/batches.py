@@ -15,6 +15,7 @@ from gaecli.advantages.contract import (
 )
 from gaecli.advantages.dispatch import ROW_ADVANTAGE, SCREENED_MASK_DTYPES, SCREENED_VALUE_DTYPES, screened_kernel
 from gaecli.advantages.spec import AdvantageSpec
+from gaecli.advantages.statistics import COMPONENT
 from gaecli.checks import (
     ROW_INPUT_TYPES,
     BatchCheck,
@@ -29,6 +30,8 @@ from gaecli.io.format import (
     Columns,
     is_list_type,
     is_real_type,
+    is_scalar_number_type,
+    numeric_numpy,
     output_float_type,
 )
 from gaecli.io.reader import RolloutFile
@@ -119,10 +122,43 @@ class ComputedBatch:
 
     def operand(self, name: str) -> np.ndarray:
         """An array by the name a statistic gives it: ``new``, ``old`` (the first old
-        side) or ``old:K`` (the old side K, counted from 0), per token; ``scores``, per row."""
+        side) or ``old:K`` (the old side K, counted from 0), per token; ``scores``, per row;
+        ``component:NAME``, the valid rows' values of column NAME (float64)."""
         if name.startswith("old:"):
             return self.olds[int(name[4:])][0]
+        if name.startswith(COMPONENT):
+            return row_numbers(self.valid, name[len(COMPONENT) :])
         return getattr(self, name)
+
+
+def row_numbers(batch: pa.RecordBatch, name: str) -> np.ndarray:
+    """Column ``name`` of ``batch``, a number per row, as float64 ``[B]`` (a null as NaN)."""
+    column = batch.column(name).cast(pa.float64())
+    return numeric_numpy(column.fill_null(np.nan) if column.null_count else column)
+
+
+def estimator_inputs(valid: pa.RecordBatch, spec: AdvantageSpec) -> dict[str, np.ndarray]:
+    """The estimator's own per-row numbers ``spec`` reads (remax's baseline reward, gdpo's
+    components) from a checked batch, by column: float64 ``[B]``."""
+    names = [spec.baseline_rewards, *(spec.reward_components or ())]
+    return {name: row_numbers(valid, name) for name in names if name is not None}
+
+
+def estimator_input_findings(
+    batch: pa.RecordBatch, computation: Computation, file: str, first_row: int
+) -> list[Finding]:
+    """``null`` and ``non-finite`` findings (one per row, the lowest row first) for rows whose
+    baseline reward or reward component is null, NaN or ±Inf."""
+    found: dict[int, Finding] = {}
+    for flag, name in computation.estimator_input_columns():
+        numbers = row_numbers(batch, name)
+        what = "baseline reward" if flag == "--baseline-reward-col" else "reward component"
+        for row in np.flatnonzero(~np.isfinite(numbers)).tolist():
+            null = not batch.column(name)[row].is_valid
+            code, value = ("null", "null") if null else ("non-finite", numbers[row].item())
+            message = f"the {what} ({flag}) is {value}"
+            found.setdefault(first_row + row, Finding(file, first_row + row, name, code, message))
+    return [found[row] for row in sorted(found)]
 
 
 def id_findings(batch: pa.RecordBatch, computation: Computation, file: str, first_row: int) -> list[Finding]:
@@ -148,14 +184,15 @@ def _side(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The advantages and returns of one side under ``spec``: a grouped estimator's from each
     row's advantage out of the score ``statistics``, any other by the dispatch alone."""
+    inputs = estimator_inputs(valid, spec)
     if spec.estimator not in GROUPED_ESTIMATORS:
-        return compute_packed(packed, spec, computation.kernel, computation.device)
+        return compute_packed(packed, spec, computation.kernel, computation.device, inputs or None)
     if statistics is None:
         raise ValueError(f"estimator {spec.estimator!r}: the score statistics of the input are needed")
     from gaecli.advantages.estimators import statistics_row_advantages
 
     step_keys = valid.column(spec.step_by) if spec.step_by is not None else None
-    advantages = statistics_row_advantages(statistics, spec, scores, valid.column(spec.group_by), step_keys)
+    advantages = statistics_row_advantages(statistics, spec, scores, valid.column(spec.group_by), step_keys, inputs)
     row_inputs = {ROW_ADVANTAGE: advantages}
     return compute_packed(packed, spec, computation.kernel, computation.device, row_inputs)
 
@@ -269,9 +306,11 @@ def _checked_rows(run: _FileBatches, batch: pa.RecordBatch, first_row: int, scre
     columns, file = computation.columns, run.file
     left_to_kernel = run.screened if screened else ()
     check = check_batch(batch, columns, file, first_row, row_inputs=run.row_inputs, screened=left_to_kernel)
-    null_ids = id_findings(batch, computation, file, first_row)
+    null_ids = id_findings(batch, computation, file, first_row) + estimator_input_findings(
+        batch, computation, file, first_row
+    )
     if null_ids:
-        check, _ = with_findings(check, null_ids, first_row)
+        check, _ = with_findings(check, sorted(null_ids, key=lambda finding: finding.row), first_row)
     valid = batch
     if not check.ok:
         if screened:
@@ -441,6 +480,11 @@ def check_file(schema: pa.Schema, file: str, computation: "Computation") -> None
     check_variant_columns(schema, file, computation.variants)
     for flag, name in computation.id_columns():
         check_scalar_column(schema, file, flag, name)
+    for flag, name in computation.estimator_input_columns():
+        check_scalar_column(schema, file, flag, name)
+        if not is_scalar_number_type(schema.field(name).type):
+            arrow_type = schema.field(name).type
+            raise GAEUsageError(f"{file}: {flag} column {name!r} is {arrow_type}, expected a number per row")
     stored = [
         pair
         for side in computation.old_sides

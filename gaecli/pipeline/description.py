@@ -83,13 +83,15 @@ class ComparisonSide:
         return record
 
 
-def old_side_spec(side: ComparisonSide, gamma: float | None, lambd: float | None, *ids) -> AdvantageSpec | None:
+def old_side_spec(
+    side: ComparisonSide, gamma: float | None, lambd: float | None, *ids, **inputs
+) -> AdvantageSpec | None:
     """What recomputes ``side`` (None for a stored side): GAE with γ, λ under its semantics,
-    or its estimator with the parameters and per-row ids (``ids``: the group and step id
-    columns, each optional) that estimator reads (:func:`gaecli.advantages.spec.estimator_spec`:
-    one set of options serves every side)."""
+    or its estimator with the parameters, per-row ids (``ids``: the group and step id
+    columns, each optional) and estimator inputs (``inputs``: spec fields) that estimator
+    reads (:func:`gaecli.advantages.spec.estimator_spec`: one set of options serves every side)."""
     if side.kind == ESTIMATOR:
-        return estimator_spec(side.estimator, gamma, lambd, *ids)
+        return estimator_spec(side.estimator, gamma, lambd, *ids, **inputs)
     return AdvantageSpec(gamma, lambd, side.semantics) if side.recomputed else None
 
 
@@ -190,6 +192,16 @@ class Computation:
         every input."""
         return self.whitening or self.needs_scores or any(self.estimator_whitened)
 
+    def estimator_input_columns(self) -> tuple[tuple[str, str], ...]:
+        """(option, column) of the estimators' own per-row numbers a side reads (remax's
+        baseline reward, gdpo's reward components): a null or non-finite value is invalid data."""
+        named = []
+        for spec in self.specs:
+            if spec.baseline_rewards is not None:
+                named.append(("--baseline-reward-col", spec.baseline_rewards))
+            named += [("--reward-cols", name) for name in spec.reward_components or ()]
+        return tuple(dict.fromkeys(named))
+
     def id_columns(self) -> tuple[tuple[str, str], ...]:
         """(option, column) of the per-row ids a side reads (group, step): a null id is
         invalid data."""
@@ -208,17 +220,19 @@ def describe_run(options) -> Computation:
 
     normalize = "by" if options.normalize_by is not None else "all" if options.normalize else "none"
     ids = (options.group_col, options.step_by)
+    inputs = options.estimator_inputs.spec_fields()
     new_spec = estimator_spec(
         options.estimator,
         options.gamma,
         options.lambd,
         *ids,
+        **inputs,
         normalize=normalize,
         normalize_by=options.normalize_by,
         **options.variants.spec_fields(),
     )
     old_sides = tuple(options.old_sides)
-    old_specs = tuple(old_side_spec(side, options.gamma, options.lambd, *ids) for side in old_sides)
+    old_specs = tuple(old_side_spec(side, options.gamma, options.lambd, *ids, **inputs) for side in old_sides)
     reads_values = any(spec is not None and not spec.critic_free for spec in (new_spec, *old_specs))
     return Computation(
         new_spec=new_spec,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from gaecli.advantages.spec import SpecWords, check_estimator_values, check_variant_values
+from gaecli.advantages.spec import INPUT_MEANINGS, SpecWords, check_estimator_values, check_variant_values
 from gaecli.errors import InvalidOptionError
 from gaecli.options import DEVICE_TYPES, check_choice
 
@@ -78,11 +78,46 @@ VARIANT_FLAGS: dict[str, str] = {
 """The option of each GAE variant field, as ``gae recompute`` and ``gae diff`` name it."""
 
 
+@dataclass(frozen=True)
+class EstimatorInputs:
+    """The estimators' own per-row columns (docs/estimators.md), as ``gae recompute`` and
+    ``gae diff`` take them: remax's baseline reward (``--baseline-reward-col``), gdpo's reward
+    components (``--reward-cols``) and their weights (``--reward-weights``); checked with the
+    estimators (:func:`check_estimators`)."""
+
+    baseline_reward_col: Optional[str] = None
+    reward_cols: Optional[tuple[str, ...]] = None
+    reward_weights: Optional[tuple[float, ...]] = None
+
+    def spec_fields(self) -> dict:
+        """The :class:`AdvantageSpec` fields of these inputs (given to every side's spec,
+        which keeps those its estimator reads)."""
+        return {
+            "baseline_rewards": self.baseline_reward_col,
+            "reward_components": self.reward_cols,
+            "reward_weights": self.reward_weights,
+        }
+
+    def read_columns(self) -> list[tuple[str, str]]:
+        """(option, column) of each column these inputs name."""
+        named = [("--baseline-reward-col", self.baseline_reward_col)]
+        named += [("--reward-cols", name) for name in self.reward_cols or ()]
+        return [(flag, name) for flag, name in named if name is not None]
+
+
 class OptionWords(SpecWords):
     """How the commands word a refusal of :func:`gaecli.advantages.spec.check_estimator_values`:
     by the options typed (``--gamma``, ``--group-col``...)."""
 
-    FLAGS = {"gamma": "--gamma", "lambd": "--lambd", "group_by": "--group-col", "step_by": "--step-col"}
+    FLAGS = {
+        "gamma": "--gamma",
+        "lambd": "--lambd",
+        "group_by": "--group-col",
+        "step_by": "--step-col",
+        "baseline_rewards": "--baseline-reward-col",
+        "reward_components": "--reward-cols",
+        "reward_weights": "--reward-weights",
+    }
 
     def name(self, field: str) -> str:
         return self.FLAGS[field]
@@ -95,12 +130,20 @@ class OptionWords(SpecWords):
     def needs(self, field: str, estimator: str) -> str:
         if field == "group_by":
             return f"--estimator {estimator} needs --group-col (the prompt-group id column)"
+        if field in INPUT_MEANINGS:
+            return f"--estimator {estimator} needs {self.name(field)} ({INPUT_MEANINGS[field]})"
         return f"{self.name(field)} is required by --estimator {estimator}"
+
+    def weights(self, components: int, weights: int) -> str:
+        return f"--reward-weights gives {weights} weights for {components} --reward-cols; give one per column"
 
     def unused(self, field: str, estimators: tuple[str, ...]) -> str:
         names = " and ".join(dict.fromkeys(estimators))
         if field == "step_by":
-            return f"--step-col is not used by --estimator {names} (it splits gpg's α and the reinforce++ whitening)"
+            return (
+                f"--step-col is not used by --estimator {names} "
+                "(it splits gpg's α and the whitening of reinforce++ and gdpo)"
+            )
         return f"{self.name(field)} is not used by --estimator {names}; leave it out"
 
     def scaling(self, estimator: str) -> str:
@@ -114,6 +157,7 @@ def check_estimators(
     group_by: Optional[str],
     step_by: Optional[str],
     normalize: bool,
+    inputs: EstimatorInputs = EstimatorInputs(),
 ) -> None:
     """The options of the estimators computed by a command (``estimators``: those of its
     sides, ``gae`` standing for a GAE baseline too), refused with
@@ -122,6 +166,7 @@ def check_estimators(
     ``--lambd`` missing where an estimator reads them or given where none does,
     ``--group-col`` missing where an estimator groups or given where none does, ``--step-col``
     given where none has a statistic per step, ``--normalize`` / ``--normalize-by`` with a
-    critic-free estimator (docs/estimators.md)."""
-    values = {"gamma": gamma, "lambd": lambd, "group_by": group_by, "step_by": step_by}
+    critic-free estimator, an estimator's own columns (``inputs``) missing where it needs them
+    or given where none reads them (docs/estimators.md)."""
+    values = {"gamma": gamma, "lambd": lambd, "group_by": group_by, "step_by": step_by, **inputs.spec_fields()}
     check_estimator_values(estimators, values, normalize, OptionWords())

@@ -11,6 +11,7 @@ from typing import Iterable, Optional
 import numpy as np
 import pyarrow as pa
 
+from gaecli.advantages.contract import WHITENED_RETURNS
 from gaecli.advantages.estimators import declared_statistics
 from gaecli.advantages.statistics import KeyedStatistics, Moments, Statistic, side_operands, whitening_statistics
 from gaecli.advantages.whiten import whiten_rows
@@ -26,7 +27,7 @@ def statistics_columns(schema: pa.Schema, computation: Computation, keys: Iterab
     needed = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
     named = (computation.normalize_by, *computation.stored_columns, *keys)
     needed |= {name for name in named if name is not None} | set(computation.variants.columns())
-    needed |= {name for _, name in computation.id_columns()}
+    needed |= {name for _, name in (*computation.id_columns(), *computation.estimator_input_columns())}
     return [name for name in schema.names if name in needed]
 
 
@@ -139,7 +140,7 @@ def whitened_sides(
     for index, (spec, whitens) in enumerate(zip(specs, computation.estimator_whitened)):
         if whitens:
             advantages = whiten_trainable(sides[index][0], packed.trainable, packed.offsets, moments[index], keys)
-            sides[index] = (advantages, advantages if spec.estimator == "reinforce++-baseline" else sides[index][1])
+            sides[index] = (advantages, advantages if spec.estimator in WHITENED_RETURNS else sides[index][1])
     if not computation.old_sides:  # the new side stands in for the old one
         sides[1:] = [sides[0]]
     return sides[0][0], sides[0][1], sides[1:]

@@ -13,7 +13,7 @@ from gaecli.errors import (
 from gaecli.io.format import Columns
 from gaecli.options import ON_INVALID_MODES, check_choice
 from gaecli.pipeline.description import ComparisonSide, RunOptions
-from gaecli.pipeline.options import VariantOptions, check_estimators
+from gaecli.pipeline.options import EstimatorInputs, VariantOptions, check_estimators
 
 REJECTS_SUFFIX = ".rejected"
 REASON_COLUMN = "reason"
@@ -59,11 +59,20 @@ class RecomputeOptions(RunOptions):
     estimator: str = "gae"
     group_by: Optional[str] = None
     step_by: Optional[str] = None
+    estimator_inputs: EstimatorInputs = field(default_factory=EstimatorInputs)
 
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
         choices, a kernel or device not usable here, and contradicting options."""
-        check_estimators((self.estimator,), self.gamma, self.lambd, self.group_by, self.step_by, self.whitening)
+        check_estimators(
+            (self.estimator,),
+            self.gamma,
+            self.lambd,
+            self.group_by,
+            self.step_by,
+            self.whitening,
+            self.estimator_inputs,
+        )
         if self.critic_free and self.keep_baseline:
             raise InvalidOptionError(f"--keep-baseline: --estimator {self.estimator} has no GAE baseline to keep")
         if len(expand_baselines(self.baseline, "baseline")) != 1:
@@ -86,7 +95,6 @@ class RecomputeOptions(RunOptions):
         """The old side the summary compares with: the ``baseline`` recomputed (none for a
         critic-free estimator, which has no GAE baseline)."""
         return () if self.critic_free else (ComparisonSide.baseline(self.baseline),)
-
 
     @property
     def critic_free(self) -> bool:
@@ -118,6 +126,7 @@ class RecomputeOptions(RunOptions):
             ("--turn-rewards-col", variants.turn_rewards_col),
             ("--truncated-col", variants.truncated_col),
             ("--bootstrap-col", variants.bootstrap_col),
+            *self.estimator_inputs.read_columns(),
         ]
         if columns.kl_coef is not None:
             named += [("--logprobs-col", columns.log_probs), ("--ref-logprobs-col", columns.ref_log_probs)]
