@@ -26,7 +26,8 @@ __getattr__, _LAZY = lazy_exports(
         "gaecli.diff": ("diff_file", "diff_files", "DiffOptions"),
         "gaecli.recompute.table": ("recompute_table",),
         "gaecli.diff.table": ("diff_table",),
-        "gaecli.kl": ("kl_rewards",),
+        "gaecli.advantages.kl": ("kl_rewards",),
+        "gaecli.advantages.distillation": ("add_distillation", "distillation_advantages"),
         "gaecli.advantages.kernels": ("available_kernels", "resolve_kernel"),
     },
 )

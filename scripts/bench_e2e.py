@@ -7,6 +7,10 @@ Generates (once, cached under ``--data``) three zstd rollout files: ``large``, ~
 agentic rollouts (14,000 rows, ~60 M tokens); ``short``, 1,000,000 single-turn rows of
 8–120 tokens (~64 M tokens); ``small``, ~30 MB of agentic rollouts (840 rows). ``--scale``
 multiplies every row count (a quicker run; the files of each scale are cached apart).
+``--files estimators`` adds a fourth file, 262,144 critic-free rows in prompt groups of 8
+with three reward components and a teacher's log-probs, on which gdpo, opd and grpo with the
+distillation term are each timed beside ``gae recompute --estimator grpo`` of the first
+``--tree`` (goal: 1.5x).
 
 On each file it times, as separate processes, each command beside its limit:
 
@@ -110,7 +114,12 @@ FILES = {  # label: (generator, rows at scale 1)
     "large": ("agentic", 14_000),
     "short": ("short_rows", 1_000_000),
     "small": ("agentic", 840),
+    "estimators": ("grouped", 262_144),
 }
+
+ESTIMATOR_GOAL = 1.5
+"""The goal of gdpo (three reward columns), opd, and grpo with the distillation term, each
+beside ``gae recompute --estimator grpo`` on the same file (of the same checkout)."""
 
 
 # ----------------------------------------------------------------------------- data
@@ -148,6 +157,17 @@ def write_chunks(path: Path, rows: int, chunk_rows: int, make_chunk) -> None:
     temp.rename(path)
 
 
+def ragged_rows(rng, rows: int, shortest: int, longest: int):
+    """Random row lengths in [shortest, longest], their offsets ``[B + 1]`` and each token's
+    position in its row."""
+    import numpy as np
+
+    lengths = rng.integers(shortest, longest + 1, rows)
+    offsets = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return lengths, offsets, np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+
+
 def short_rows_table(start: int, rows: int, shortest: int = 8, longest: int = 120):
     """``rows`` single-turn rows of ``shortest``–``longest`` tokens (vectorised): float32
     values and rewards, an int8 mask trainable but for a masked tail on 10 % of rows (the
@@ -156,11 +176,8 @@ def short_rows_table(start: int, rows: int, shortest: int = 8, longest: int = 12
     import pyarrow as pa
 
     rng = np.random.default_rng(start + 17)
-    lengths = rng.integers(shortest, longest + 1, rows)
-    offsets = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    lengths, offsets, position = ragged_rows(rng, rows, shortest, longest)
     tokens = int(offsets[-1])
-    position = np.arange(tokens) - np.repeat(offsets[:-1], lengths)
     tail = np.where(rng.random(rows) < 0.1, rng.integers(1, shortest, rows), 0)
     mask = (position < np.repeat(lengths - tail, lengths)).astype(np.int8)
 
@@ -178,6 +195,41 @@ def short_rows_table(start: int, rows: int, shortest: int = 8, longest: int = 12
     )
 
 
+def grouped_table(start: int, rows: int, shortest: int = 32, longest: int = 256):
+    """``rows`` critic-free rows in prompt groups of 8 (``prompt_id``), of ``shortest``–``longest``
+    tokens: float32 rewards (0) and terminal rewards, an int8 mask with masked spans, three
+    float32 reward components (``acc``, ``fmt``, ``len``), float32 ``log_probs`` and
+    ``teacher_log_probs``; no values (vectorised)."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(start + 29)
+    lengths, offsets, position = ragged_rows(rng, rows, shortest, longest)
+    tokens = int(offsets[-1])
+    mask = ((position // 16) % 4 != 3).astype(np.int8)  # every fourth span of 16 tokens an observation
+
+    def as_list(flat):
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat))
+
+    def per_row(values):
+        return pa.array(values.astype(np.float32))
+
+    return pa.table(
+        {
+            "prompt_id": pa.array((start + np.arange(rows)) // 8, pa.int64()),
+            "rewards": as_list(np.zeros(tokens, np.float32)),
+            "loss_mask": as_list(mask),
+            "terminal_reward": per_row(rng.integers(0, 2, rows)),
+            "response_length": pa.array(lengths, pa.int64()),
+            "acc": per_row(rng.integers(0, 2, rows)),
+            "fmt": per_row(rng.choice([0.0, 0.5, 1.0], rows)),
+            "len": per_row(rng.normal(size=rows)),
+            "log_probs": as_list(-rng.random(tokens, dtype=np.float32) * 3),
+            "teacher_log_probs": as_list(-rng.random(tokens, dtype=np.float32) * 3),
+        }
+    )
+
+
 def data_file(data: Path, label: str, scale: float) -> Path:
     """The cached file ``label`` at ``scale``, generated on first use."""
     kind, rows = FILES[label]
@@ -187,6 +239,8 @@ def data_file(data: Path, label: str, scale: float) -> Path:
         print(f"generating {path} ...", flush=True)
         if kind == "agentic":
             make_agentic(path, rows, seed=1 if label == "large" else 2)
+        elif kind == "grouped":
+            write_chunks(path, rows, 65_536, grouped_table)
         else:
             write_chunks(path, rows, 65_536, short_rows_table)
     return path
@@ -274,10 +328,14 @@ class Row:
     goal: float | None
     seconds: dict = field(default_factory=dict)
     peaks: dict = field(default_factory=dict)
+    limit_tree: Tree | None = None  # the limit is this checkout's gae (its cwd and environment)
 
     def time(self, trees: list[Tree], repeat: int, limit_environment: dict | None = None) -> None:
         for _ in range(repeat):
-            if self.limit is not None:
+            if self.limit_tree is not None:
+                tree = self.limit_tree
+                self._record("limit", *run(self.limit, cwd=tree.root, env=tree.environment()))
+            elif self.limit is not None:
                 self._record("limit", *run(self.limit, env=limit_environment))
             for tree in trees:
                 self._record(tree.label, *run(tree.command(*self.arguments), cwd=tree.root, env=tree.environment()))
@@ -311,6 +369,23 @@ def file_rows(path: Path, title: str, label: str, out: Path, batch_rows: int) ->
     ]
 
 
+def estimator_rows(path: Path, title: str, out: Path, tree: Tree) -> list[Row]:
+    """gdpo with three reward columns, the pure opd, and grpo with the distillation term, each
+    beside ``--estimator grpo`` of the same checkout on the same file."""
+    recompute = ["recompute", str(path), "-o", str(out / "estimator.parquet"), "--overwrite", "--quiet"]
+    groups = ["--group-col", "prompt_id", "--values-col", "none"]
+    grpo = tree.command(*recompute, "--estimator", "grpo", *groups)
+    commands = [
+        ("gdpo, 3 reward columns", [*groups, "--estimator", "gdpo", "--reward-cols", "acc,fmt,len"]),
+        ("opd", ["--estimator", "opd", "--values-col", "none"]),
+        ("grpo --opd-coef 0.5", [*groups, "--estimator", "grpo", "--opd-coef", "0.5"]),
+    ]
+    return [
+        Row(title if index == 0 else "", name, "grpo", grpo, [*recompute, *options], ESTIMATOR_GOAL, limit_tree=tree)
+        for index, (name, options) in enumerate(commands)
+    ]
+
+
 def output_batch_rows(tree: Tree, path: Path, out: Path) -> int:
     """Warm ``tree`` up on ``path`` (its kernels compiled and cached) and return the rows of
     the first row group its ``gae recompute`` writes: the copy's and the reads' batch."""
@@ -337,6 +412,9 @@ def render(rows: list[Row], trees: list[Tree]) -> str:
         limit = f"{row.median('limit'):>8.2f}" if row.limit is not None else f"{'':>8}"
         line = f"{row.file:<34} {row.name:<26} {row.limit_name:<15} {limit}"
         for tree in trees:
+            if tree.label not in row.seconds:  # a row of the first checkout alone
+                line += f" {'—':>11} {'':>7} {'':>7}"
+                continue
             seconds = row.median(tree.label)
             ratio = f"{seconds / row.median('limit'):.2f}x" if row.limit is not None else ""
             line += f" {seconds:>11.2f} {ratio:>7} {row.peaks[tree.label]:>7.0f}"
@@ -350,7 +428,12 @@ def main() -> None:
     parser.add_argument("--tree", action="append", help="a checkout whose gae to run (repeatable; default: this one)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every file's row count")
     parser.add_argument("--repeat", type=int, default=5, help="interleaved runs of each process (medians shown)")
-    parser.add_argument("--files", default="large,short,small", help="which files to run, comma-separated")
+    parser.add_argument(
+        "--files",
+        default="large,short,small",
+        help="which files to run, comma-separated: large, short, small, estimators (the estimators beside grpo, "
+        "on the first --tree)",
+    )
     parser.add_argument("--data", default="bench_data", help="where the generated files and caches are kept")
     parser.add_argument(
         "--limit-allocator",
@@ -374,6 +457,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=data) as scratch:
         out = Path(scratch)
         for label, path in paths.items():
+            if label == "estimators":
+                first = trees[0]
+                for row in estimator_rows(path, describe(path), out, first):
+                    run(row.limit, cwd=first.root, env=first.environment())  # warm: compiled and cached
+                    run(first.command(*row.arguments), cwd=first.root, env=first.environment())
+                    row.time([first], args.repeat)
+                    rows.append(row)
+                    print(f"  {row.file or label:<34} {row.name} done", flush=True)
+                continue
             batch_rows = [output_batch_rows(tree, path, out) for tree in trees][0]
             for row in file_rows(path, describe(path), label, out, batch_rows):
                 row.time(trees, args.repeat, limit_environment)

@@ -106,7 +106,7 @@ def test_help_lists_the_choices_of_closed_sets(argv, info):
 def test_choices_come_from_the_library():
     from gaecli.advantages.contract import BASELINES, TIMESTEPS
     from gaecli.advantages.kernels import KERNELS
-    from gaecli.kl import KL_ESTIMATORS
+    from gaecli.advantages.kl import KL_ESTIMATORS
 
     choices = option_choices()
     assert choices["--baseline"] == ("masked", *BASELINES) and "unmasked" in BASELINES

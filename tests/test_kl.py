@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from gaecli.advantages.kl import KL_ESTIMATORS, k1, k2, k3, kl_estimate, kl_rewards, low_var_kl
 from gaecli.errors import GAEInputError
 from gaecli.io.format import Columns
-from gaecli.kl import KL_ESTIMATORS, k1, k2, k3, kl_estimate, kl_rewards, low_var_kl
 
 from rollout_files import (
     Rollouts,

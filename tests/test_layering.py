@@ -24,7 +24,7 @@ LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     4: ("the run driver", ("gaecli.run",)),
     5: ("comparison", ("gaecli.comparison",)),
     6: ("engines", ("gaecli.engines",)),
-    7: ("data path", ("gaecli.pipeline", "gaecli.checks", "gaecli.io", "gaecli.kl", "gaecli.stats", "gaecli.overflow")),
+    7: ("data path", ("gaecli.pipeline", "gaecli.checks", "gaecli.io", "gaecli.stats", "gaecli.overflow")),
     8: ("the numbers", ("gaecli.advantages", "gaecli.flat")),
     9: (
         "foundation",

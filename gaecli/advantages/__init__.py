@@ -4,9 +4,10 @@ One package, in the shape of FLA's ``fla/ops``: the contract's constants (:mod:`
 what is computed (:mod:`.spec`, :class:`AdvantageSpec`), the ragged layout helpers written
 once for numpy and torch (:mod:`.layout`), the baselines around any kernel
 (:mod:`.baselines`), the kernels and their table (:mod:`.kernels`), whitening
-(:mod:`.whiten`), keyed statistics over many files (:mod:`.keyed`, :mod:`.statistics`), the
-critic-free estimators (:mod:`.estimators`), the one dispatch (:mod:`.dispatch`) and the
-torch API over it (:mod:`.api`). The map: docs/architecture.md.
+(:mod:`.whiten`), the KL estimators (:mod:`.kl`) and on-policy distillation
+(:mod:`.distillation`), keyed statistics over many
+files (:mod:`.keyed`, :mod:`.statistics`), the critic-free estimators (:mod:`.estimators`),
+the one dispatch (:mod:`.dispatch`) and the torch API over it (:mod:`.api`). The map: docs/architecture.md.
 
 Importing this package loads neither torch nor numba; the torch API loads on first use.
 """
@@ -34,6 +35,7 @@ __getattr__, _LAZY = lazy_exports(
         "gaecli.advantages.dispatch": ("compute", "gae_flat"),
         "gaecli.advantages.api": TORCH_API,
         "gaecli.advantages.whiten": ("whiten",),
+        "gaecli.advantages.distillation": ("add_distillation", "distillation_advantages"),
     },
 )
 

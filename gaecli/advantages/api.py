@@ -153,6 +153,12 @@ def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewa
     from gaecli.advantages.estimators import critic_free_batch, keys_array
     from gaecli.advantages.inputs import estimator_input_numbers
 
+    if spec.estimator == "opd":
+        raise GAEInputError(
+            "estimator 'opd' reads the student's and the teacher's log-probs, not rewards: "
+            "use gaecli.distillation_advantages(log_probs, teacher_log_probs, loss_mask)"
+        )
+
     if values is None:  # not read: zeros give the checks their shape, dtype and device
         if not isinstance(rewards, torch.Tensor):
             raise GAEInputError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")

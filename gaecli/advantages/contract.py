@@ -36,6 +36,7 @@ ESTIMATORS: tuple[str, ...] = (
     "grpo-passk",
     "remax",
     "gdpo",
+    "opd",
 )
 """Advantage estimators implemented: masked GAE, then the critic-free ones (docs/estimators.md)."""
 

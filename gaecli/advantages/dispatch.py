@@ -33,6 +33,10 @@ SCREENED_VALUE_DTYPES = ("float32", "float64")
 SCREENED_MASK_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", *SCREENED_VALUE_DTYPES)
 
 
+TEACHER_KL = "teacher-kl"
+"""The per-token input of the pure on-policy distillation estimator ``opd``: the KL of the
+student's log-probs from the teacher's (float64 ``[N]``; its advantage is minus it)."""
+
 ROW_ADVANTAGE = "row-advantage"
 """The per-row input of an outcome estimator's per-token pass: each row's advantage (float64
 ``[B]``, :func:`gaecli.advantages.estimators.statistics_row_advantages`)."""
@@ -124,6 +128,10 @@ def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewa
             return returns, returns
         baselines = _row_input(spec, row_inputs, spec.baseline_rewards, "the baseline rewards")
         return _spread(returns, baselines, trainable, offsets, subtract=True), returns
+    if spec.estimator == "opd":
+        teacher_kl = _row_input(spec, row_inputs, TEACHER_KL, "the KL from the teacher per token")
+        advantages = _masked_negation(rewards, teacher_kl, trainable)
+        return advantages, advantages
     row_values = _row_input(spec, row_inputs, ROW_ADVANTAGE, "each row's advantage")
     advantages = _spread(rewards, row_values, trainable, offsets)
     return advantages, advantages
@@ -134,6 +142,17 @@ def _row_input(spec: AdvantageSpec, row_inputs, name: str, what: str):
     if values is None:
         raise ValueError(f"estimator {spec.estimator!r}: row_inputs[{name!r}] ({what}) needed")
     return values
+
+
+def _masked_negation(like, per_token, trainable):
+    """``0 − per_token`` at trainable tokens (a KL of 0 gives +0), 0 at masked ones, in
+    ``like``'s dtype and kind."""
+    if isinstance(like, np.ndarray):
+        return np.where(trainable, 0.0 - np.asarray(per_token, dtype=np.float64), 0.0).astype(like.dtype, copy=False)
+    import torch
+
+    per_token = torch.as_tensor(per_token, device=like.device, dtype=torch.float64)
+    return torch.where(trainable, 0.0 - per_token, 0.0).to(like.dtype)
 
 
 def _spread(like, row_values, trainable, offsets, subtract: bool = False):

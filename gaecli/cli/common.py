@@ -27,8 +27,8 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     of a closed set joins here; its help then lists them."""
     from gaecli.advantages.contract import BASELINES, MASKED, TIMESTEPS
     from gaecli.advantages.kernels import AUTO, KERNELS
+    from gaecli.advantages.kl import KL_ESTIMATORS
     from gaecli.engines import ENGINES
-    from gaecli.kl import KL_ESTIMATORS
     from gaecli.options import DEVICE_TYPES, ON_INVALID_MODES
 
     return {
@@ -315,7 +315,7 @@ EstimatorOption = Annotated[
         metavar="NAME",
         rich_help_panel="Estimator",
         help="gae (masked GAE), or a critic-free estimator: grpo, dr-grpo, rloo, opo, gpg, reinforce++, "
-        "reinforce++-baseline, maxrl, grpo-passk, remax, gdpo (docs/estimators.md; they read no values).",
+        "reinforce++-baseline, maxrl, grpo-passk, remax, gdpo, opd (docs/estimators.md; they read no values).",
     ),
 ]
 GroupColOption = Annotated[
@@ -431,7 +431,7 @@ LogprobsColOption = Annotated[
     str,
     typer.Option(
         "--logprobs-col",
-        help="Column of the policy's per-token log-probs (read with --kl-coef).",
+        help="Column of the policy's per-token log-probs (read with --kl-coef, --opd-coef and --estimator opd).",
         rich_help_panel="KL rewards",
     ),
 ]
@@ -441,6 +441,35 @@ RefLogprobsColOption = Annotated[
         "--ref-logprobs-col",
         help="Column of the reference model's per-token log-probs (read with --kl-coef).",
         rich_help_panel="KL rewards",
+    ),
+]
+
+OPDCoefOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--opd-coef",
+        metavar="C",
+        show_default=False,
+        rich_help_panel="On-policy distillation",
+        help="The new side's advantages less C · KL(log_probs ‖ teacher log-probs) at trainable tokens "
+        "(the KL by --kl-estimator).",
+    ),
+]
+TeacherLogprobsColOption = Annotated[
+    str,
+    typer.Option(
+        "--teacher-logprobs-col",
+        help="Column of the teacher's per-token log-probs (read with --opd-coef and --estimator opd).",
+        rich_help_panel="On-policy distillation",
+    ),
+]
+OPDStageOption = Annotated[
+    str,
+    typer.Option(
+        "--opd-stage",
+        metavar="STAGE",
+        help="before-whiten (as slime, miles and ROLL: the term is whitened with the advantages) or after-whiten.",
+        rich_help_panel="On-policy distillation",
     ),
 ]
 
@@ -535,6 +564,9 @@ def make_columns(
     kl_estimator: str = "k1",
     logprobs_col: str = "log_probs",
     ref_logprobs_col: str = "ref_log_probs",
+    opd_coef: Optional[float] = None,
+    teacher_logprobs_col: str = "teacher_log_probs",
+    opd_stage: str = "before-whiten",
     **outputs,
 ):
     """The Columns of the shared column and KL options. ``rewards_col`` None: ``rewards``,
@@ -552,6 +584,9 @@ def make_columns(
         ref_log_probs=ref_logprobs_col,
         kl_coef=kl_coef,
         kl_estimator=kl_estimator,
+        teacher_log_probs=teacher_logprobs_col,
+        opd_coef=opd_coef,
+        opd_stage=opd_stage,
         **outputs,
     )
 
@@ -609,4 +644,3 @@ class errors_to_exit:
         if code is not None:
             fail(str(exc), code)
         return False
-

@@ -58,6 +58,9 @@ COLUMN_OPTIONS = OptionGroup(
         ("kl_estimator", common.KLEstimatorOption, "k1"),
         ("logprobs_col", common.LogprobsColOption, "log_probs"),
         ("ref_logprobs_col", common.RefLogprobsColOption, "ref_log_probs"),
+        ("opd_coef", common.OPDCoefOption, None),
+        ("teacher_logprobs_col", common.TeacherLogprobsColOption, "teacher_log_probs"),
+        ("opd_stage", common.OPDStageOption, "before-whiten"),
     )
 )
 """The input columns and the KL rewards (:func:`gaecli.cli.common.make_columns`; every command that reads rollouts)."""

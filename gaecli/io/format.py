@@ -17,7 +17,13 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from gaecli.kl import check_kl_options
+from gaecli.advantages.kl import check_kl_options
+from gaecli.options import check_choice, check_number
+
+OPD_STAGES: tuple[str, ...] = ("before-whiten", "after-whiten")
+"""Where the on-policy distillation term joins the new side's advantages: before its
+whitening (``--normalize``, the whitening of ``reinforce++`` and gdpo), as slime, miles and
+ROLL add it, or after it."""
 
 
 @dataclass(frozen=True)
@@ -26,8 +32,15 @@ class Columns:
     means "take them as zero" (``--values-col none``).
 
     ``kl_coef`` set: per-token rewards are ``rewards − kl_coef · KL`` with KL estimated by
-    ``kl_estimator`` (see :mod:`gaecli.kl`) from the ``log_probs`` and ``ref_log_probs``
-    list columns, which are then read and checked like the other token columns."""
+    ``kl_estimator`` (see :mod:`gaecli.advantages.kl`) from the ``log_probs`` and ``ref_log_probs``
+    list columns, which are then read and checked like the other token columns.
+
+    On-policy distillation (docs/estimators.md#on-policy-distillation): ``opd_coef`` set, the
+    new side's advantages less ``opd_coef · KL(student ‖ teacher)`` at trainable tokens,
+    the KL by ``kl_estimator`` from ``log_probs`` and the ``teacher_log_probs`` list column,
+    added before the whitening or after it (``opd_stage``); ``opd_kl`` True (a side is the
+    pure ``opd`` estimator): the teacher's KL is read without a term. Either reads and checks
+    both columns like the other token columns."""
 
     values: Optional[str] = "values"
     rewards: Optional[str] = "rewards"
@@ -40,15 +53,30 @@ class Columns:
     ref_log_probs: str = "ref_log_probs"
     kl_coef: Optional[float] = None
     kl_estimator: str = "k1"
+    teacher_log_probs: str = "teacher_log_probs"
+    opd_coef: Optional[float] = None
+    opd_stage: str = OPD_STAGES[0]
+    opd_kl: bool = False
 
     def __post_init__(self) -> None:
         check_kl_options(self.kl_coef, self.kl_estimator)
+        check_number("--opd-coef", self.opd_coef)
+        check_choice("--opd-stage", self.opd_stage, OPD_STAGES, "stage")
+
+    @property
+    def reads_teacher(self) -> bool:
+        """Whether the teacher's log-probs are read (an OPD term, or the pure estimator)."""
+        return self.opd_coef is not None or self.opd_kl
 
     def token_columns(self) -> list[tuple[str, str]]:
         """(role, column name) of the per-token list columns that are read."""
         roles = [("values", self.values), ("rewards", self.rewards), ("loss_mask", self.loss_mask)]
+        if self.kl_coef is not None or self.reads_teacher:
+            roles.append(("log_probs", self.log_probs))
         if self.kl_coef is not None:
-            roles += [("log_probs", self.log_probs), ("ref_log_probs", self.ref_log_probs)]
+            roles.append(("ref_log_probs", self.ref_log_probs))
+        if self.reads_teacher:
+            roles.append(("teacher_log_probs", self.teacher_log_probs))
         return [(role, name) for role, name in roles if name is not None]
 
     def to_json(self) -> str:
@@ -117,7 +145,8 @@ _NUMPY_DTYPES = {arrow_type: dtype for dtype, arrow_type in _ARROW_TYPES.items()
 def output_float_type(schema: pa.Schema, columns: Columns) -> pa.DataType:
     """The float type of the advantages and returns: the values' type, else the rewards',
     else the log-probs' (with a KL coefficient), else float32."""
-    for name in (columns.values, columns.rewards, columns.log_probs if columns.kl_coef is not None else None):
+    log_probs = columns.log_probs if columns.kl_coef is not None or columns.reads_teacher else None
+    for name in (columns.values, columns.rewards, log_probs):
         if name is not None and name in schema.names and is_list_type(schema.field(name).type):
             value_type = schema.field(name).type.value_type
             if is_real_type(value_type):

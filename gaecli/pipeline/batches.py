@@ -13,7 +13,14 @@ import pyarrow as pa
 from gaecli.advantages.contract import (
     GROUPED_ESTIMATORS,
 )
-from gaecli.advantages.dispatch import ROW_ADVANTAGE, SCREENED_MASK_DTYPES, SCREENED_VALUE_DTYPES, screened_kernel
+from gaecli.advantages.dispatch import (
+    ROW_ADVANTAGE,
+    SCREENED_MASK_DTYPES,
+    SCREENED_VALUE_DTYPES,
+    TEACHER_KL,
+    screened_kernel,
+)
+from gaecli.advantages.distillation import with_distillation
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.advantages.statistics import COMPONENT
 from gaecli.checks import (
@@ -185,6 +192,8 @@ def _side(
     """The advantages and returns of one side under ``spec``: a grouped estimator's from each
     row's advantage out of the score ``statistics``, any other by the dispatch alone."""
     inputs = estimator_inputs(valid, spec)
+    if spec.estimator == "opd":
+        inputs[TEACHER_KL] = packed.teacher_kl
     if spec.estimator not in GROUPED_ESTIMATORS:
         return compute_packed(packed, spec, computation.kernel, computation.device, inputs or None)
     if statistics is None:
@@ -391,6 +400,8 @@ def _computed_batch(
         new, new_returns = _side(
             rows.packed, computation.new_spec, computation, rows.valid, rows.scores, run.statistics
         )
+    if computation.distillation_stage == "before-whiten":
+        new = with_distillation(new, rows.packed.teacher_kl, rows.packed.trainable, columns.opd_coef)
     outputs = {columns.advantages: new, columns.returns: new_returns}
     olds = _old_sides(run, rows, first_row, outputs) or [(new, new_returns)]  # nothing to compare with: the new side
     valid_rows = np.flatnonzero(~rows.check.invalid)

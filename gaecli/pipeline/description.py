@@ -12,6 +12,7 @@ from typing import Optional
 
 from gaecli.advantages.contract import GROUPED_ESTIMATORS, WHITENED_ESTIMATORS
 from gaecli.advantages.spec import AdvantageSpec, estimator_spec
+from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
 from gaecli.options import check_count, check_number
 from gaecli.pipeline.options import VariantOptions, check_device
@@ -192,6 +193,17 @@ class Computation:
         every input."""
         return self.whitening or self.needs_scores or any(self.estimator_whitened)
 
+    @property
+    def distillation_stage(self) -> Optional[str]:
+        """Where the on-policy distillation term (``--opd-coef``) joins the new side's
+        advantages: ``before-whiten`` (when computed: also when nothing whitens them),
+        ``after-whiten`` (after ``--normalize`` or the estimator's whitening), None without it."""
+        columns = self.columns
+        if columns.opd_coef is None:
+            return None
+        whitened = self.whitening or self.estimator_whitened[0]
+        return columns.opd_stage if whitened else "before-whiten"
+
     def estimator_input_columns(self) -> tuple[tuple[str, str], ...]:
         """(option, column) of the estimators' own per-row numbers a side reads (remax's
         baseline reward, gdpo's reward components): a null or non-finite value is invalid data."""
@@ -234,11 +246,19 @@ def describe_run(options) -> Computation:
     old_sides = tuple(options.old_sides)
     old_specs = tuple(old_side_spec(side, options.gamma, options.lambd, *ids, **inputs) for side in old_sides)
     reads_values = any(spec is not None and not spec.critic_free for spec in (new_spec, *old_specs))
+    columns = options.columns if reads_values else replace(options.columns, values=None)
+    if any(spec is not None and spec.estimator == "opd" for spec in (new_spec, *old_specs)):
+        if columns.opd_coef is not None and new_spec.estimator == "opd":
+            raise InvalidOptionError(
+                "--opd-coef adds the distillation term to another estimator; --estimator opd is the pure form "
+                "(its advantage is minus the KL from the teacher): leave --opd-coef out"
+            )
+        columns = replace(columns, opd_kl=True)
     return Computation(
         new_spec=new_spec,
         old_sides=old_sides,
         old_specs=old_specs,
-        columns=options.columns if reads_values else replace(options.columns, values=None),
+        columns=columns,
         kernel=resolve_kernel(options.kernel, options.device, new_spec),
         device=options.device,
         batch_rows=options.batch_rows,

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from gaecli.advantages.dispatch import as_numpy, compute, compute_screened_flat, device_tensors, runs_on_tensors
+from gaecli.advantages.kl import kl_estimate, kl_rewards
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.checks import (
     BatchCheck,
@@ -21,7 +22,6 @@ from gaecli.io.format import (
     list_parts,
     numeric_numpy,
 )
-from gaecli.kl import kl_rewards
 
 
 def row_input_arrays(batch: pa.RecordBatch, spec: AdvantageSpec) -> dict:
@@ -47,7 +47,9 @@ class PackedBatch:
     zero-based offsets ``[B + 1]``, terminal rewards ``[B]``; ``arrow_offsets``: the same
     offsets as the input's Arrow array (the mask column's, reused by the output's list
     columns), None when the rows were filtered; ``row_inputs``: the per-row inputs of the
-    new side's GAE variants (:func:`row_input_arrays`), empty without them."""
+    new side's GAE variants (:func:`row_input_arrays`), empty without them; ``teacher_kl``:
+    the per-token KL of the student's log-probs from the teacher's (float64 ``[N]``, the
+    on-policy distillation term before its coefficient), None unless the teacher is read."""
 
     values: np.ndarray
     rewards: np.ndarray
@@ -57,6 +59,7 @@ class PackedBatch:
     arrow_offsets: Optional[pa.Array] = None
     row_inputs: dict = field(default_factory=dict)
     uploaded: dict = field(default_factory=dict, repr=False)
+    teacher_kl: Optional[np.ndarray] = None
 
     @property
     def tokens(self) -> int:
@@ -116,7 +119,12 @@ def pack_batch(
         with np.errstate(over="ignore"):  # a KL term beyond the float type: the computed outputs are checked
             rewards = rewards.astype(dtype, copy=False)
     terminal = numeric_numpy(batch.column(columns.terminal_reward)).astype(dtype, copy=False)
-    return PackedBatch(floats(columns.values), rewards, trainable, offsets, terminal, arrow_offsets)
+    packed = PackedBatch(floats(columns.values), rewards, trainable, offsets, terminal, arrow_offsets)
+    if columns.reads_teacher:
+        packed.teacher_kl = kl_estimate(
+            stored(columns.log_probs), stored(columns.teacher_log_probs), columns.kl_estimator
+        )
+    return packed
 
 
 def compute_packed(
@@ -183,6 +191,8 @@ def drop_rows(packed: PackedBatch, keep: np.ndarray, tokens: np.ndarray) -> Pack
     lengths = np.diff(packed.offsets)[keep]
     offsets = np.zeros(lengths.size + 1, dtype=packed.offsets.dtype)
     np.cumsum(lengths, out=offsets[1:])
-    return PackedBatch(
+    kept = PackedBatch(
         packed.values[tokens], packed.rewards[tokens], packed.trainable[tokens], offsets, packed.terminal_rewards[keep]
     )
+    kept.teacher_kl = None if packed.teacher_kl is None else packed.teacher_kl[tokens]
+    return kept

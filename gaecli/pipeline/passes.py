@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from gaecli.advantages.contract import WHITENED_RETURNS
+from gaecli.advantages.distillation import with_distillation
 from gaecli.advantages.estimators import declared_statistics
 from gaecli.advantages.statistics import KeyedStatistics, Moments, Statistic, side_operands, whitening_statistics
 from gaecli.advantages.whiten import whiten_rows
@@ -117,9 +118,19 @@ def whitened_sides(
     merged ``moments`` (the new side's, then each old side's: :attr:`Computation.n_sides`):
     under ``--normalize`` every side's advantages (the new ones 0 at masked positions; in
     their computed dtype unless ``cast`` is False), otherwise the side of each ``reinforce++``
-    estimator (0 at masked positions; ``reinforce++-baseline``'s returns are its advantages).
+    estimator (0 at masked positions; ``reinforce++-baseline``'s returns are its advantages);
+    then the distillation term where it joins after the whitening
+    (:attr:`Computation.distillation_stage`).
     Returns ``(new, new_returns, olds)``, ``olds`` one ``(advantages, returns)`` per old side
     (:attr:`ComputedBatch.olds`)."""
+    new, new_returns, olds = _whitened(computed, computation, moments, cast)
+    if computation.distillation_stage == "after-whiten":
+        packed = computed.packed
+        new = with_distillation(new, packed.teacher_kl, packed.trainable, computation.columns.opd_coef)
+    return new, new_returns, olds
+
+
+def _whitened(computed: ComputedBatch, computation: Computation, moments, cast: bool):
     new, new_returns, olds = computed.new, computed.new_returns, list(computed.olds)
     if moments is None:
         return new, new_returns, olds

@@ -128,8 +128,12 @@ class RecomputeOptions(RunOptions):
             ("--bootstrap-col", variants.bootstrap_col),
             *self.estimator_inputs.read_columns(),
         ]
+        if columns.kl_coef is not None or columns.reads_teacher:
+            named.append(("--logprobs-col", columns.log_probs))
         if columns.kl_coef is not None:
-            named += [("--logprobs-col", columns.log_probs), ("--ref-logprobs-col", columns.ref_log_probs)]
+            named.append(("--ref-logprobs-col", columns.ref_log_probs))
+        if columns.reads_teacher:
+            named.append(("--teacher-logprobs-col", columns.teacher_log_probs))
         return tuple((flag, name) for flag, name in named if name is not None)
 
     @property
