@@ -130,6 +130,8 @@ class RecomputeOptions(RunOptions):
         ]
         if columns.kl_coef is not None:
             named += [("--logprobs-col", columns.log_probs), ("--ref-logprobs-col", columns.ref_log_probs)]
+        elif self.estimator == "optimal-token-baseline":
+            named.append(("--logprobs-col", columns.log_probs))
         return tuple((flag, name) for flag, name in named if name is not None)
 
     @property
