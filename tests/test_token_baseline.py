@@ -270,3 +270,17 @@ def test_diff_compares_with_grpo(tmp_path):
     old, _ = critic_free_oracle("grpo", rewards, batch["masks"], terminals, batch["groups"])
     deltas = [abs(a - b) for rn, ro, m in zip(new, old, batch["masks"]) for a, b, k in zip(rn, ro, m) if k]
     assert document["summary"]["max_abs_delta_advantage"] == pytest.approx(max(deltas), rel=1e-5)
+
+
+def test_the_table_api_agrees_bitwise_with_the_command(tmp_path):
+    from gaecli.pipeline import EstimatorInputs
+
+    batch = token_batch(5, samples=16, groups=4)
+    (source,) = write_token_files(tmp_path / "in", batch, [])
+    inputs = EstimatorInputs(sum_pi_squared_col="spsq")
+    got = gaecli.recompute_table(pq.read_table(source), estimator=OTB, group_by="prompt_id", estimator_inputs=inputs)
+    result = recompute_cli([source], tmp_path / "out.parquet", *OPTIONS)
+    assert result.exit_code == 0, result.output
+    want = pq.read_table(tmp_path / "out.parquet")
+    assert got.column("advantages").equals(want.column("advantages"))
+    assert got.column("returns").equals(want.column("returns"))
