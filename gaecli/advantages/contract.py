@@ -67,7 +67,7 @@ ESTIMATOR_INPUTS: dict[str, tuple[str, ...]] = {
 }
 """The spec fields naming an estimator's own per-row inputs (required, but for ``reward_weights``,
 by that estimator and refused by the others): remax's baseline reward column, gdpo's reward
-component columns and their weights."""
+component columns and their weights, optimal-token-baseline's per-token log-probs and Σπ²."""
 
 WHITENED_RETURNS: tuple[str, ...] = ("reinforce++-baseline", "gdpo")
 """The whitened estimators whose returns are their whitened advantages (``reinforce++``'s are
