@@ -648,3 +648,53 @@ def _gdpo_oracle(masks, groups, steps, components, weights) -> tuple[list[list[f
     per_token = [[totals[i] if m else 0.0 for m in masks[i]] for i in range(samples)]
     advantages = _whiten_trainable(per_token, masks, steps)
     return advantages, advantages
+
+
+TOKEN_BASELINE_EPSILON = 1e-8  # optimal-token-baseline's ε: b_k = Σ G·W / (Σ W + ε)
+
+
+def token_baseline_oracle(
+    rewards: Sequence[Sequence[float]],
+    masks: Sequence[Sequence[float]],
+    terminals: Sequence[float],
+    groups: Sequence,
+    log_probs: Sequence[Sequence[float]],
+    sum_pi_squared: Sequence[Sequence[float]],
+) -> tuple[list[list[float]], list[list[float]]]:
+    """optimal-token-baseline of docs/estimators.md as plain Python loops on floats, one
+    sample at a time (written apart from gaecli's numpy code; the group sums by ``math.fsum``):
+    over each sample's trainable tokens only, ``w = 1 − 2·exp(logp) + Σπ²``, ``W_k`` its
+    running sum, ``G_k`` the rewards from k on plus the terminal reward; per group and
+    position k, ``b_k = Σ G·W / (Σ W + ε)`` over the samples that reach k (0 where fewer than
+    two do). Returns (advantages, returns), 0 at masked positions."""
+    paths = []  # per sample: [(token index, G, W)] over its trainable tokens
+    for reward, mask, terminal, logp, spsq in zip(rewards, masks, terminals, log_probs, sum_pi_squared):
+        kept = [t for t in range(len(mask)) if mask[t] != 0]
+        weights, total = [], 0.0
+        for t in kept:
+            total += 1.0 - 2.0 * math.exp(logp[t]) + spsq[t]
+            weights.append(total)
+        returns, running = [0.0] * len(kept), float(terminal)
+        for k in range(len(kept) - 1, -1, -1):
+            running = reward[kept[k]] + running
+            returns[k] = running
+        paths.append([(t, returns[k], weights[k]) for k, t in enumerate(kept)])
+    members: dict = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    advantages = [[0.0] * len(mask) for mask in masks]
+    returns_out = [[0.0] * len(mask) for mask in masks]
+    for indices in members.values():
+        longest = max((len(paths[i]) for i in indices), default=0)
+        for k in range(longest):
+            reach = [paths[i][k] for i in indices if len(paths[i]) > k]
+            baseline = 0.0
+            if len(reach) >= 2:
+                numerator = math.fsum(g * w for _, g, w in reach)
+                baseline = numerator / (math.fsum(w for _, _, w in reach) + TOKEN_BASELINE_EPSILON)
+            for i in indices:
+                if len(paths[i]) > k:
+                    t, g, _ = paths[i][k]
+                    advantages[i][t] = g - baseline
+                    returns_out[i][t] = g
+    return advantages, returns_out

@@ -151,7 +151,7 @@ def _zeros_like_rewards(sample) -> torch.Tensor:
 
 def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate):
     from gaecli.advantages.estimators import critic_free_batch, keys_array
-    from gaecli.advantages.inputs import estimator_input_numbers
+    from gaecli.advantages.inputs import estimator_input_numbers, estimator_token_numbers
 
     if spec.estimator == "opd":
         raise GAEInputError(
@@ -173,6 +173,7 @@ def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewa
     }
     inputs = estimator_input_numbers(spec, row_inputs, rows)
     arrays = [tensor.detach().cpu().numpy() for tensor in (rewards, mask, offsets, terminal)]
+    inputs.update(estimator_token_numbers(spec, row_inputs, arrays[1], arrays[2]))
     advantages, returns = critic_free_batch(
         spec, *arrays, ids.get(spec.group_by), ids.get(spec.step_by), kernel=kernel, device=values.device, inputs=inputs
     )

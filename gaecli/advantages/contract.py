@@ -36,6 +36,7 @@ ESTIMATORS: tuple[str, ...] = (
     "grpo-passk",
     "remax",
     "gdpo",
+    "optimal-token-baseline",
     "opd",
 )
 """Advantage estimators implemented: masked GAE, then the critic-free ones (docs/estimators.md)."""
@@ -53,6 +54,7 @@ GROUPED_ESTIMATORS: tuple[str, ...] = (
     "maxrl",
     "grpo-passk",
     "gdpo",
+    "optimal-token-baseline",
 )
 """The estimators that compare a sample's score with its prompt group's (they need a group id per row)."""
 
@@ -62,16 +64,17 @@ WHITENED_ESTIMATORS: tuple[str, ...] = ("reinforce++", "reinforce++-baseline", "
 ESTIMATOR_INPUTS: dict[str, tuple[str, ...]] = {
     "remax": ("baseline_rewards",),
     "gdpo": ("reward_components", "reward_weights"),
+    "optimal-token-baseline": ("log_probs", "sum_pi_squared"),
 }
 """The spec fields naming an estimator's own per-row inputs (required, but for ``reward_weights``,
 by that estimator and refused by the others): remax's baseline reward column, gdpo's reward
-component columns and their weights."""
+component columns and their weights, optimal-token-baseline's per-token log-probs and Σπ²."""
 
 WHITENED_RETURNS: tuple[str, ...] = ("reinforce++-baseline", "gdpo")
 """The whitened estimators whose returns are their whitened advantages (``reinforce++``'s are
 its discounted returns)."""
 
-REQUIRED_INPUTS: tuple[str, ...] = ("baseline_rewards", "reward_components")
+REQUIRED_INPUTS: tuple[str, ...] = ("baseline_rewards", "reward_components", "log_probs", "sum_pi_squared")
 """The fields of :data:`ESTIMATOR_INPUTS` an estimator cannot do without."""
 
 STEP_ESTIMATORS: tuple[str, ...] = ("gpg", *WHITENED_ESTIMATORS)
@@ -83,6 +86,13 @@ ESTIMATOR_PARAMETERS: dict[str, tuple[str, ...]] = {"gae": ("gamma", "lambd"), "
 GROUP_EPSILON = 1e-6
 """ε of grpo: ``(s − μ) / (σ + ε)`` (and of grpo-passk, and of gdpo's components); of maxrl:
 ``(s − μ) / (μ + ε)``."""
+
+TOKEN_BASELINE_EPSILON = 1e-8
+"""ε of optimal-token-baseline: ``b_k = Σ G·W / (Σ W + ε)``."""
+
+TOKEN_INPUTS: tuple[str, ...] = ("log_probs", "sum_pi_squared")
+"""The fields of :data:`ESTIMATOR_INPUTS` naming a per-token input (a number per token, read at
+trainable tokens): optimal-token-baseline's log-probs and Σπ²."""
 
 TIMESTEPS: tuple[str, ...] = ("token", "turn")
 """Timestep units: ``token`` (every trainable token a timestep) and ``turn`` (every maximal

@@ -42,6 +42,12 @@ ROW_ADVANTAGE = "row-advantage"
 ``[B]``, :func:`gaecli.advantages.estimators.statistics_row_advantages`)."""
 
 
+TOKEN_ADVANTAGE = "token-advantage"
+TOKEN_RETURN = "token-return"
+"""The per-token inputs of optimal-token-baseline's pass: each token's advantage and return
+(float64 ``[N]``, :func:`gaecli.advantages.estimators.token_baseline_inputs`)."""
+
+
 def compute(
     spec: AdvantageSpec,
     values,
@@ -132,6 +138,10 @@ def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewa
         teacher_kl = _row_input(spec, row_inputs, TEACHER_KL, "the KL from the teacher per token")
         advantages = _masked_negation(rewards, teacher_kl, trainable)
         return advantages, advantages
+    if spec.estimator == "optimal-token-baseline":
+        advantages = _row_input(spec, row_inputs, TOKEN_ADVANTAGE, "each token's advantage")
+        returns = _row_input(spec, row_inputs, TOKEN_RETURN, "each token's return")
+        return _like_rewards(rewards, advantages, trainable), _like_rewards(rewards, returns, trainable)
     row_values = _row_input(spec, row_inputs, ROW_ADVANTAGE, "each row's advantage")
     advantages = _spread(rewards, row_values, trainable, offsets)
     return advantages, advantages
@@ -170,6 +180,17 @@ def _spread(like, row_values, trainable, offsets, subtract: bool = False):
     if subtract:
         per_token = like.double() - per_token
     return torch.where(trainable, per_token, 0.0).to(like.dtype)
+
+
+def _like_rewards(rewards, per_token: np.ndarray, trainable):
+    """Per-token float64 values ``[N]`` at trainable tokens, 0 at masked ones, in the rewards'
+    dtype and kind (numpy array or tensor)."""
+    if isinstance(rewards, np.ndarray):
+        return np.where(trainable, per_token, 0.0).astype(rewards.dtype, copy=False)
+    import torch
+
+    values = torch.as_tensor(per_token, device=rewards.device, dtype=torch.float64)
+    return torch.where(trainable, values, 0.0).to(rewards.dtype)
 
 
 def spread_rows(row_values: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, dtype) -> np.ndarray:

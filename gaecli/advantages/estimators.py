@@ -17,6 +17,8 @@ import pyarrow as pa
 from gaecli.advantages.contract import GROUP_EPSILON, WHITENED_RETURNS
 from gaecli.advantages.statistics import (
     COMPONENT,
+    PATH_BASELINES,
+    PATHS,
     SCORES,
     TOP_SCORES,
     TRAINABLE_MOMENTS,
@@ -57,6 +59,8 @@ class Need:
         key = None if self.by is None else getattr(spec, self.by)
         if self.of == "components":
             return tuple(Statistic(self.quantity, COMPONENT + name, key) for name in spec.reward_components)
+        if self.of == "paths":
+            return (Statistic(self.quantity, PATHS, key),)
         return (Statistic(self.quantity, operand if self.of == "advantages" else SCORES, key),)
 
     def statistic(self, spec, operand: str = "new") -> Statistic:
@@ -69,6 +73,7 @@ GROUP_TOP_SCORES = Need(TOP_SCORES, "scores", "group_by")
 GROUP_COMPONENTS = Need(SCORES, "components", "group_by")
 STEP_SCORES = Need(SCORES, "scores", "step_by")
 STEP_MOMENTS = Need(TRAINABLE_MOMENTS, "advantages", "step_by")
+GROUP_PATHS = Need(PATH_BASELINES, "paths", "group_by")
 
 ESTIMATOR_STATISTICS: dict[str, tuple[Need, ...]] = {
     "grpo": (GROUP_SCORES,),
@@ -81,6 +86,7 @@ ESTIMATOR_STATISTICS: dict[str, tuple[Need, ...]] = {
     "maxrl": (GROUP_SCORES,),
     "grpo-passk": (GROUP_SCORES, GROUP_TOP_SCORES),
     "gdpo": (GROUP_COMPONENTS, STEP_MOMENTS),
+    "optimal-token-baseline": (GROUP_PATHS,),
 }
 """The keyed statistics each estimator needs over the whole input before its advantages can
 be computed (an estimator not named needs none): the group statistics of the scores (and
@@ -122,6 +128,20 @@ def statistics_row_advantages(
         steps = statistics[STEP_SCORES.statistic(spec)]
         alphas = steps.alphas()[steps.known_codes(step_keys, rows, "step")]
     return row_advantages(spec.estimator, scores, n, means, stds, baselines, alphas)
+
+
+def token_baseline_inputs(
+    statistics: KeyedStatistics, spec, paths: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, group_keys
+) -> dict[str, np.ndarray]:
+    """optimal-token-baseline's per-token inputs of the dispatch (each token's advantage and
+    return, float64 ``[N]``) from the rows' ``paths`` (:func:`gaecli.advantages.token_baseline.path_operand`)
+    and the declared (group, position) statistics of the input."""
+    from gaecli.advantages.dispatch import TOKEN_ADVANTAGE, TOKEN_RETURN
+    from gaecli.advantages.token_baseline import token_baseline_advantages
+
+    sums = statistics[GROUP_PATHS.statistic(spec)]
+    advantages, returns = token_baseline_advantages(sums, paths, trainable, offsets, group_keys)
+    return {TOKEN_ADVANTAGE: advantages, TOKEN_RETURN: returns}
 
 
 def row_advantages(
@@ -246,7 +266,15 @@ def critic_free_batch(
     keys = {name: ids for name, ids in ((spec.group_by, group_keys), (spec.step_by, step_keys)) if name is not None}
     inputs = dict(inputs or {})
     row_inputs = dict(inputs)
-    if spec.estimator in GROUPED_ESTIMATORS:
+    if GROUP_PATHS.statistic(spec) in needs:
+        from gaecli.advantages.token_baseline import path_operand
+
+        token_inputs = (inputs[spec.log_probs], inputs[spec.sum_pi_squared])
+        paths = path_operand(rewards, trainable, offsets, terminal_rewards, *token_inputs)
+        statistics = KeyedStatistics(needs)
+        statistics.add({PATHS: paths}, trainable, offsets, keys)
+        row_inputs = token_baseline_inputs(statistics, spec, paths, trainable, offsets, group_keys)
+    elif spec.estimator in GROUPED_ESTIMATORS:
         scores, _ = row_scores(rewards, trainable, offsets, terminal_rewards)
         statistics = KeyedStatistics(tuple(need for need in needs if not need.reads_sides))
         operands = {SCORES: scores, **{COMPONENT + name: values for name, values in inputs.items()}}

@@ -499,6 +499,52 @@ def estimator_input_numbers(spec, row_inputs, rows: int) -> dict[str, np.ndarray
     return numbers
 
 
+def estimator_token_numbers(spec, row_inputs, trainable: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray]:
+    """The estimator's own per-token inputs ``spec`` reads (optimal-token-baseline's log-probs
+    and Σπ²) taken from ``row_inputs`` by name: float64 ``[N]`` each, from a flat 1-D tensor,
+    array or sequence of ``N`` numbers, or from one sequence per sample (bool ``trainable``
+    ``[N]``, ``offsets`` ``[B + 1]``). Raises :class:`GAEInputError` naming the input, the
+    sample and the token: a length other than the sample's, a value that is not a finite number
+    at a trainable token (masked tokens are not read)."""
+    numbers = {}
+    for needed in spec.row_inputs:
+        if needed.role not in ("log-probs", "sum-pi-squared"):
+            continue
+        flat = _token_numbers(needed.name, row_inputs[needed.name], offsets)
+        bad = np.flatnonzero(~np.isfinite(flat) & trainable)
+        if bad.size:
+            sample = int(np.searchsorted(offsets, bad[0], side="right") - 1)
+            token = int(bad[0] - offsets[sample])
+            raise GAEInputError(
+                f"sample {sample}: {needed.name} is {flat[bad[0]]} at token {token} "
+                "(must be finite at trainable tokens)"
+            )
+        numbers[needed.name] = flat
+    return numbers
+
+
+def _token_numbers(name: str, value, offsets: np.ndarray) -> np.ndarray:
+    """A per-token input as flat float64 ``[N]``: a flat sequence, or one sequence per sample
+    whose lengths must be the samples'."""
+    per_sample = isinstance(value, (list, tuple)) and len(value) > 0 and np.ndim(value[0]) != 0
+    if not per_sample:
+        flat = _numbers(name, value)
+        if flat.size != offsets[-1]:
+            raise GAEInputError(f"{name} must hold one value per token ({int(offsets[-1])}), got {flat.size}")
+        return flat
+    if len(value) != offsets.size - 1:
+        raise GAEInputError(f"{name} has {len(value)} sequences, there are {offsets.size - 1} samples")
+    flat, given = _flatten_lists(name, value)
+    wrong = np.flatnonzero(np.diff(given) != np.diff(offsets))
+    if wrong.size:
+        sample = int(wrong[0])
+        raise GAEInputError(
+            f"sample {sample}: {name} has {int(given[sample + 1] - given[sample])} values, "
+            f"the sample has {int(offsets[sample + 1] - offsets[sample])} tokens"
+        )
+    return flat
+
+
 def _truncated_flags(name: str, array: np.ndarray) -> np.ndarray:
     """Truncated flags ``[B]`` as bool; a value other than 0/1 names its sample."""
     bad = ~((array == 0) | (array == 1))

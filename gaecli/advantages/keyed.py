@@ -481,3 +481,43 @@ def _stacked(rows: Mapping[str, np.ndarray], names: tuple[str, ...], dtype) -> n
     for index, name in enumerate(names):
         stacked[index] = rows[name]
     return stacked
+
+
+_KEY_KINDS = {"integer": 0, "float": 1, "bytes": 2}
+
+
+@numba.njit(cache=True, nogil=True)
+def _position_key_bytes(kind, data, offsets, token_rows, positions, out_offsets, out):
+    # Each entry's key: the kind byte, its row's key bytes, then its position (8 bytes,
+    # little-endian): a fixed-width tail, so two keys are equal exactly when both parts are.
+    for t in range(token_rows.shape[0]):
+        row = token_rows[t]
+        start, end = offsets[row], offsets[row + 1]
+        first = out_offsets[t]
+        out[first] = kind
+        for k in range(end - start):
+            out[first + 1 + k] = data[start + k]
+        position = np.uint64(positions[t])
+        tail = first + 1 + (end - start)
+        for b in range(8):
+            out[tail + b] = np.uint8((position >> np.uint64(8 * b)) & np.uint64(0xFF))
+
+
+def position_keys(keys: pa.Array, token_rows: np.ndarray, positions: np.ndarray) -> pa.Array:
+    """Composite keys (row key, position): one binary key per entry, the key of its row
+    (``keys[token_rows[i]]``, coded as :class:`KeyTable` codes it: integers by value, floats by
+    their float64 bits, strings by their bytes) followed by ``positions[i]``; a
+    :class:`KeyedSums` keyed by them keeps one set of sums per (group, position).
+    The rows' keys must not be null."""
+    kind, _, data, offsets, valid = _key_bytes(keys)
+    if not valid.all():
+        raise ValueError("position keys: a row key is null")
+    token_rows = np.ascontiguousarray(token_rows, dtype=np.int64)
+    lengths = (offsets[1:] - offsets[:-1])[token_rows] + 9
+    out_offsets = np.zeros(token_rows.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out_offsets[1:])
+    out = np.empty(int(out_offsets[-1]), dtype=np.uint8)
+    positions = np.ascontiguousarray(positions, dtype=np.int64)
+    _position_key_bytes(_KEY_KINDS[kind], data, offsets, token_rows, positions, out_offsets, out)
+    buffers = [None, pa.py_buffer(out_offsets), pa.py_buffer(out)]
+    return pa.Array.from_buffers(pa.large_binary(), token_rows.size, buffers)

@@ -23,6 +23,7 @@ from gaecli.advantages.contract import (
     SEMANTICS,
     STEP_ESTIMATORS,
     TIMESTEPS,
+    TOKEN_INPUTS,
 )
 from gaecli.errors import InvalidOptionError
 from gaecli.options import check_choice, check_number
@@ -40,6 +41,8 @@ ESTIMATOR_FIELDS: tuple[str, ...] = (
     "baseline_rewards",
     "reward_components",
     "reward_weights",
+    "log_probs",
+    "sum_pi_squared",
 )
 """The spec fields an estimator reads or refuses (:func:`check_estimator_values`): the discount
 parameters, the group and step ids and the estimators' own inputs."""
@@ -87,7 +90,9 @@ class AdvantageSpec:
       ``baseline_rewards`` names remax's per-row baseline reward (the greedy rollout's);
       ``reward_components`` names gdpo's reward components (one or more per-row scalar
       inputs, a tuple), and ``reward_weights`` their weights (a tuple of as many finite
-      numbers; None: all 1).
+      numbers; None: all 1). ``log_probs`` and ``sum_pi_squared`` name optimal-token-baseline's
+      per-token inputs (a number per token each: the policy's log-prob of the token and
+      ``Σπ²`` over the vocabulary).
     - The GAE variants (docs/variants.md), each off by default; they apply to the masked
       contract only (``semantics="masked"``, ``estimator="gae"``):
 
@@ -121,6 +126,8 @@ class AdvantageSpec:
     baseline_rewards: Optional[str] = None
     reward_components: Optional[tuple[str, ...]] = None
     reward_weights: Optional[tuple[float, ...]] = None
+    log_probs: Optional[str] = None
+    sum_pi_squared: Optional[str] = None
 
     def __post_init__(self) -> None:
         for field in ("reward_components", "reward_weights"):  # a list given is kept as a tuple (hashable)
@@ -193,6 +200,8 @@ class AdvantageSpec:
             *(("reward-component", name) for name in self.reward_components or ()),
         )
         inputs = [RowInput(name, role, "scalar") for role, name in named if name is not None]
+        tokens = (("log-probs", self.log_probs), ("sum-pi-squared", self.sum_pi_squared))
+        inputs += [RowInput(name, role, "tokens") for role, name in tokens if name is not None]
         for role, kind in VARIANT_INPUTS.items():
             name = getattr(self, role)
             if name is not None:
@@ -212,6 +221,8 @@ class AdvantageSpec:
 INPUT_MEANINGS = {
     "baseline_rewards": "a baseline reward per row, the greedy rollout's",
     "reward_components": "the reward components, a number per row each",
+    "log_probs": "the policy's log-prob of each token",
+    "sum_pi_squared": "Σπ² over the vocabulary at each token",
 }
 """What each required estimator input is, for the messages."""
 
@@ -310,6 +321,15 @@ def _check_estimator_inputs(estimators: tuple[str, ...], values: dict, words: Sp
         for weight in weights:
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 refuse(f"{words.name('reward_weights')} must be finite numbers, got {weight!r}")
+    _check_token_inputs(values, words)
+
+
+def _check_token_inputs(values: dict, words: SpecWords) -> None:
+    """optimal-token-baseline's per-token inputs: each a non-empty name."""
+    for field in TOKEN_INPUTS:
+        name = values[field]
+        if name is not None and (not isinstance(name, str) or not name):
+            refuse(f"{words.name(field)} names a per-token input: a non-empty string, got {name!r}")
 
 
 def check_variant_values(values: dict, flags: Optional[dict] = None) -> None:

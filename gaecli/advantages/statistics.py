@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from gaecli.advantages.keyed import KeyedSums
+from gaecli.advantages.token_baseline import PathSums, path_rows
 
 
 @numba.njit(cache=True, nogil=True)
@@ -171,16 +172,22 @@ class RowQuantity(NamedTuple):
 TRAINABLE_MOMENTS = "trainable-moments"
 SCORES = "scores"
 TOP_SCORES = "top-scores"
+PATH_BASELINES = "path-baselines"
+PATHS = "paths"
+"""The per-token operand of optimal-token-baseline's statistic: each token's return and
+cumulative path weight (:func:`gaecli.advantages.token_baseline.path_operand`), read from the rows."""
 
 ROW_QUANTITIES: dict[str, RowQuantity] = {
     TRAINABLE_MOMENTS: RowQuantity(moment_rows, Moments),
     SCORES: RowQuantity(score_rows, Scores),
     TOP_SCORES: RowQuantity(top_score_rows, TopScores),
+    PATH_BASELINES: RowQuantity(path_rows, PathSums),
 }
 """What a statistic can gather per row. ``trainable-moments``: count, sum and sum of squares
 over the row's trainable tokens of a per-token operand (a side's advantages); ``scores``: a
 per-row operand's values (a row's score, or a reward component) and the row's trainable
-count; ``top-scores``: the two highest of a per-row operand."""
+count; ``top-scores``: the two highest of a per-row operand; ``path-baselines``: per trainable
+token of the ``paths`` operand, its ``G·W`` and ``W`` at its (group, position)."""
 
 COMPONENT = "component:"
 """The prefix of a per-row operand that is a reward component column (``component:NAME``,
@@ -189,7 +196,7 @@ gdpo's), read from the rows as float64."""
 
 def is_row_operand(operand: str) -> bool:
     """Whether ``operand`` is read from the rows (the scores, a reward component), not a side."""
-    return operand == SCORES or operand.startswith(COMPONENT)
+    return operand in (SCORES, PATHS) or operand.startswith(COMPONENT)
 
 
 @dataclass(frozen=True)

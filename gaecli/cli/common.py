@@ -315,7 +315,8 @@ EstimatorOption = Annotated[
         metavar="NAME",
         rich_help_panel="Estimator",
         help="gae (masked GAE), or a critic-free estimator: grpo, dr-grpo, rloo, opo, gpg, reinforce++, "
-        "reinforce++-baseline, maxrl, grpo-passk, remax, gdpo, opd (docs/estimators.md; they read no values).",
+        "reinforce++-baseline, maxrl, grpo-passk, remax, gdpo, optimal-token-baseline, opd (docs/estimators.md; "
+        "they read no values).",
     ),
 ]
 GroupColOption = Annotated[
@@ -371,6 +372,17 @@ RewardWeightsOption = Annotated[
         show_default=False,
         rich_help_panel="Estimator",
         help="gdpo: the weight of each --reward-cols column, in order (default: 1 each).",
+    ),
+]
+SumPiSquaredColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--sum-pi-squared-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel="Estimator",
+        help="optimal-token-baseline: a list column of Σπ² over the vocabulary at each token "
+        "(default: sum_pi_squared); the log-probs are --logprobs-col's.",
     ),
 ]
 

@@ -41,6 +41,7 @@ ESTIMATOR_OPTIONS = OptionGroup(
         ("baseline_reward_col", common.BaselineRewardColOption, None),
         ("reward_cols", common.RewardColsOption, None),
         ("reward_weights", common.RewardWeightsOption, None),
+        ("sum_pi_squared_col", common.SumPiSquaredColOption, None),
     )
 )
 """γ, λ, the estimator, its group and step id columns and its own columns (recompute, diff)."""
@@ -133,6 +134,7 @@ def estimator_fields(values: dict, group_field: str = "group_by") -> dict:
         values["baseline_reward_col"],
         common.comma_list("--reward-cols", values["reward_cols"]),
         common.comma_numbers("--reward-weights", values["reward_weights"]),
+        values["sum_pi_squared_col"],
     )
     return {
         "gamma": values["gamma"],

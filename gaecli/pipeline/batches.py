@@ -53,6 +53,7 @@ from gaecli.pipeline.packing import (
     row_input_arrays,
     stored_column,
 )
+from gaecli.pipeline.token_inputs import batch_paths, check_token_columns, token_input_findings
 from gaecli.stop import check_stop
 
 
@@ -118,6 +119,7 @@ class ComputedBatch:
     olds: Optional[tuple] = None
     scores: Optional[np.ndarray] = None
     row_diff: Optional[object] = None
+    paths: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         if self.olds is None:
@@ -188,12 +190,20 @@ def _side(
     valid: pa.RecordBatch,
     scores: Optional[np.ndarray],
     statistics,
+    paths: Optional[np.ndarray] = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The advantages and returns of one side under ``spec``: a grouped estimator's from each
-    row's advantage out of the score ``statistics``, any other by the dispatch alone."""
+    row's advantage out of the score ``statistics``, optimal-token-baseline's from each token's
+    ``paths`` and the (group, position) ``statistics``, any other by the dispatch alone."""
     inputs = estimator_inputs(valid, spec)
     if spec.estimator == "opd":
         inputs[TEACHER_KL] = packed.teacher_kl
+    if paths is not None and spec.log_probs is not None:
+        from gaecli.advantages.estimators import token_baseline_inputs
+
+        group_keys = valid.column(spec.group_by)
+        row_inputs = token_baseline_inputs(statistics, spec, paths, packed.trainable, packed.offsets, group_keys)
+        return compute_packed(packed, spec, computation.kernel, computation.device, row_inputs)
     if spec.estimator not in GROUPED_ESTIMATORS:
         return compute_packed(packed, spec, computation.kernel, computation.device, inputs or None)
     if statistics is None:
@@ -293,6 +303,7 @@ class _ValidRows:
     valid: pa.RecordBatch
     packed: PackedBatch
     scores: Optional[np.ndarray] = None
+    paths: Optional[np.ndarray] = None
 
     def drop(self, run: _FileBatches, batch: pa.RecordBatch, findings: list[Finding], first_row: int) -> np.ndarray:
         """Drop the rows of error ``findings`` (rows in the file); returns which tokens of the
@@ -304,6 +315,7 @@ class _ValidRows:
         if run.row_inputs:
             self.packed.row_inputs = row_input_arrays(self.valid, run.computation.new_spec)
         self.scores = None if self.scores is None else self.scores[keep]
+        self.paths = None if self.paths is None else self.paths[:, tokens]
         return tokens
 
 
@@ -318,6 +330,7 @@ def _checked_rows(run: _FileBatches, batch: pa.RecordBatch, first_row: int, scre
     null_ids = id_findings(batch, computation, file, first_row) + estimator_input_findings(
         batch, computation, file, first_row
     )
+    null_ids += token_input_findings(batch, computation.estimator_token_columns(), columns.loss_mask, file, first_row)
     if null_ids:
         check, _ = with_findings(check, sorted(null_ids, key=lambda finding: finding.row), first_row)
     valid = batch
@@ -354,6 +367,23 @@ def _score_rows(run: _FileBatches, batch: pa.RecordBatch, rows: _ValidRows, firs
     rows.drop(run, batch, overflow, first_row)
 
 
+def _path_rows(run: _FileBatches, batch: pa.RecordBatch, rows: _ValidRows, first_row: int) -> None:
+    """Each valid token's return and path weight (an optimal-token-baseline side); a row where
+    one did not stay finite (finite inputs whose sum or exp overflowed) is rejected in every pass."""
+    rows.paths, broken = batch_paths(rows.valid, rows.packed, run.computation.token_inputs)
+    if not broken.any():
+        return
+    valid_rows = np.flatnonzero(~rows.check.invalid)
+    name = run.computation.token_inputs[0]
+    overflow = [
+        Finding(run.file, first_row + int(valid_rows[row]), name, "overflow", "the return or path weight overflowed")
+        for row in np.flatnonzero(broken).tolist()
+    ]
+    if run.computation.on_invalid == "stop":
+        raise InvalidDataError(overflow[0])
+    rows.drop(run, batch, overflow, first_row)
+
+
 def _old_sides(run: _FileBatches, rows: _ValidRows, first_row: int, outputs: dict) -> list:
     """(advantages, returns) of every old side, recomputed or read from its stored columns
     (each output added to ``outputs`` under its column's name)."""
@@ -361,7 +391,7 @@ def _old_sides(run: _FileBatches, rows: _ValidRows, first_row: int, outputs: dic
     olds = []
     for side, spec in zip(computation.old_sides, computation.old_specs):
         if spec is not None:
-            old, old_returns = _side(packed, spec, computation, valid, rows.scores, run.statistics)
+            old, old_returns = _side(packed, spec, computation, valid, rows.scores, run.statistics, rows.paths)
             outputs.update(zip(side.output_columns, (old, old_returns)))
         else:
             old = stored_column(valid, side.advantages_column, packed.offsets, columns.loss_mask, run.file, first_row)
@@ -385,11 +415,13 @@ def _computed_batch(
         return None
     if computation.critic_free:
         _score_rows(run, batch, rows, first_row)
+    if computation.token_inputs is not None:
+        _path_rows(run, batch, rows, first_row)
     if not run.compute_sides:
         empty = np.zeros(0, dtype=run.dtype)
         return ComputedBatch(
             batch, rows.valid, rows.check, first_row, first_token, rows.packed, empty, empty, empty, None,
-            scores=rows.scores,
+            scores=rows.scores, paths=rows.paths,
         )  # fmt: skip
     if screened:
         mask = rows.check.flat[columns.loss_mask]
@@ -398,7 +430,7 @@ def _computed_batch(
             return None
     else:
         new, new_returns = _side(
-            rows.packed, computation.new_spec, computation, rows.valid, rows.scores, run.statistics
+            rows.packed, computation.new_spec, computation, rows.valid, rows.scores, run.statistics, rows.paths
         )
     if computation.distillation_stage == "before-whiten":
         new = with_distillation(new, rows.packed.teacher_kl, rows.packed.trainable, columns.opd_coef)
@@ -417,7 +449,7 @@ def _computed_batch(
     (old, old_returns), olds = olds[0], tuple(olds)
     return ComputedBatch(
         batch, rows.valid, rows.check, first_row, first_token, rows.packed, new, new_returns, old, old_returns, olds,
-        rows.scores, row_diff,
+        rows.scores, row_diff, rows.paths,
     )  # fmt: skip
 
 
@@ -496,6 +528,7 @@ def check_file(schema: pa.Schema, file: str, computation: "Computation") -> None
         if not is_scalar_number_type(schema.field(name).type):
             arrow_type = schema.field(name).type
             raise GAEUsageError(f"{file}: {flag} column {name!r} is {arrow_type}, expected a number per row")
+    check_token_columns(schema, file, computation.estimator_token_columns())
     stored = [
         pair
         for side in computation.old_sides

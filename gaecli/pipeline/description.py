@@ -214,6 +214,21 @@ class Computation:
             named += [("--reward-cols", name) for name in spec.reward_components or ()]
         return tuple(dict.fromkeys(named))
 
+    def estimator_token_columns(self) -> tuple[tuple[str, str], ...]:
+        """(option, column) of the estimators' own per-token numbers a side reads
+        (optimal-token-baseline's log-probs and Σπ²): a null list, a length other than the
+        mask's, or a null or non-finite value at a trainable token is invalid data."""
+        named = []
+        for spec in self.specs:
+            named += [("--logprobs-col", spec.log_probs), ("--sum-pi-squared-col", spec.sum_pi_squared)]
+        return tuple(dict.fromkeys((flag, name) for flag, name in named if name is not None))
+
+    @property
+    def token_inputs(self) -> Optional[tuple[str, str]]:
+        """The (log-probs, Σπ²) columns of the optimal-token-baseline sides (one set of options
+        serves every side; None: no such side)."""
+        return next(((spec.log_probs, spec.sum_pi_squared) for spec in self.specs if spec.log_probs), None)
+
     def id_columns(self) -> tuple[tuple[str, str], ...]:
         """(option, column) of the per-row ids a side reads (group, step): a null id is
         invalid data."""
@@ -232,7 +247,7 @@ def describe_run(options) -> Computation:
 
     normalize = "by" if options.normalize_by is not None else "all" if options.normalize else "none"
     ids = (options.group_col, options.step_by)
-    inputs = options.estimator_inputs.spec_fields()
+    inputs = options.estimator_inputs.spec_fields(options.columns)
     new_spec = estimator_spec(
         options.estimator,
         options.gamma,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from gaecli.advantages.contract import ESTIMATOR_INPUTS, TOKEN_INPUTS
 from gaecli.advantages.spec import INPUT_MEANINGS, SpecWords, check_estimator_values, check_variant_values
 from gaecli.errors import InvalidOptionError
 from gaecli.options import DEVICE_TYPES, check_choice
@@ -78,6 +79,11 @@ VARIANT_FLAGS: dict[str, str] = {
 """The option of each GAE variant field, as ``gae recompute`` and ``gae diff`` name it."""
 
 
+DEFAULT_SUM_PI_SQUARED = "sum_pi_squared"
+DEFAULT_LOG_PROBS = "log_probs"
+"""The column ``--sum-pi-squared-col`` names when not given (optimal-token-baseline's Σπ²)."""
+
+
 @dataclass(frozen=True)
 class EstimatorInputs:
     """The estimators' own per-row columns (docs/estimators.md), as ``gae recompute`` and
@@ -88,20 +94,30 @@ class EstimatorInputs:
     baseline_reward_col: Optional[str] = None
     reward_cols: Optional[tuple[str, ...]] = None
     reward_weights: Optional[tuple[float, ...]] = None
+    sum_pi_squared_col: Optional[str] = None
 
-    def spec_fields(self) -> dict:
+    def spec_fields(self, columns=None) -> dict:
         """The :class:`AdvantageSpec` fields of these inputs (given to every side's spec,
-        which keeps those its estimator reads)."""
+        which keeps those its estimator reads). ``columns`` (the run's
+        :class:`gaecli.io.format.Columns`): optimal-token-baseline's per-token inputs are
+        resolved, the log-probs from ``--logprobs-col`` and Σπ² from ``--sum-pi-squared-col``
+        or its default; without it they are as typed (what the option check sees)."""
+        sum_pi_squared = self.sum_pi_squared_col
+        if columns is not None and sum_pi_squared is None:
+            sum_pi_squared = DEFAULT_SUM_PI_SQUARED
         return {
             "baseline_rewards": self.baseline_reward_col,
             "reward_components": self.reward_cols,
             "reward_weights": self.reward_weights,
+            "log_probs": None if columns is None else columns.log_probs,
+            "sum_pi_squared": sum_pi_squared,
         }
 
     def read_columns(self) -> list[tuple[str, str]]:
         """(option, column) of each column these inputs name."""
         named = [("--baseline-reward-col", self.baseline_reward_col)]
         named += [("--reward-cols", name) for name in self.reward_cols or ()]
+        named.append(("--sum-pi-squared-col", self.sum_pi_squared_col))
         return [(flag, name) for flag, name in named if name is not None]
 
 
@@ -117,6 +133,8 @@ class OptionWords(SpecWords):
         "baseline_rewards": "--baseline-reward-col",
         "reward_components": "--reward-cols",
         "reward_weights": "--reward-weights",
+        "log_probs": "--logprobs-col",
+        "sum_pi_squared": "--sum-pi-squared-col",
     }
 
     def name(self, field: str) -> str:
@@ -169,4 +187,8 @@ def check_estimators(
     critic-free estimator, an estimator's own columns (``inputs``) missing where it needs them
     or given where none reads them (docs/estimators.md)."""
     values = {"gamma": gamma, "lambd": lambd, "group_by": group_by, "step_by": step_by, **inputs.spec_fields()}
+    if any(field in ESTIMATOR_INPUTS.get(estimator, ()) for estimator in estimators for field in TOKEN_INPUTS):
+        # optimal-token-baseline's columns have defaults (--logprobs-col, --sum-pi-squared-col)
+        values["log_probs"] = DEFAULT_LOG_PROBS
+        values["sum_pi_squared"] = values["sum_pi_squared"] or DEFAULT_SUM_PI_SQUARED
     check_estimator_values(estimators, values, normalize, OptionWords())

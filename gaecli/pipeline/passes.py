@@ -29,6 +29,7 @@ def statistics_columns(schema: pa.Schema, computation: Computation, keys: Iterab
     named = (computation.normalize_by, *computation.stored_columns, *keys)
     needed |= {name for name in named if name is not None} | set(computation.variants.columns())
     needed |= {name for _, name in (*computation.id_columns(), *computation.estimator_input_columns())}
+    needed |= {name for _, name in computation.estimator_token_columns()}
     return [name for name in schema.names if name in needed]
 
 

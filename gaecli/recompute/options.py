@@ -128,7 +128,7 @@ class RecomputeOptions(RunOptions):
             ("--bootstrap-col", variants.bootstrap_col),
             *self.estimator_inputs.read_columns(),
         ]
-        if columns.kl_coef is not None or columns.reads_teacher:
+        if columns.kl_coef is not None or columns.reads_teacher or self.estimator == "optimal-token-baseline":
             named.append(("--logprobs-col", columns.log_probs))
         if columns.kl_coef is not None:
             named.append(("--ref-logprobs-col", columns.ref_log_probs))
