@@ -15,6 +15,7 @@ __getattr__, _LAZY = lazy_exports(
     {
         "gaecli.advantages.api": TORCH_API,
         "gaecli.advantages.spec": ("AdvantageSpec",),
+        "gaecli.advantages.normalization": ("WhiteningRule",),
         "gaecli.advantages.whiten": ("whiten",),  # the function, not the module of that name
         "gaecli.advantages.contract": ("BASELINES",),
         "gaecli.recompute": ("recompute_file", "recompute_files", "RecomputeOptions"),

@@ -137,9 +137,9 @@ def compute_advantages_packed(
             check_terminal(terminal)
         mask = loss_mask if loss_mask.dtype == torch.bool or spec.normalize == "none" else loss_mask != 0
     if spec.normalize == "all":
-        advantages = whiten(advantages, mask)
+        advantages = whiten(advantages, mask, spec.whitening_rule)
     elif spec.normalize == "by":
-        advantages = whiten_by_group(advantages, mask, offsets, row_inputs[spec.normalize_by])
+        advantages = whiten_by_group(advantages, mask, offsets, row_inputs[spec.normalize_by], spec.whitening_rule)
     return narrowed((advantages, returns), narrow)
 
 

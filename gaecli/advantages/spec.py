@@ -6,7 +6,7 @@ extend it: docs/architecture.md."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import Optional
 
@@ -25,6 +25,7 @@ from gaecli.advantages.contract import (
     TIMESTEPS,
     TOKEN_INPUTS,
 )
+from gaecli.advantages.normalization import WhiteningRule
 from gaecli.errors import InvalidOptionError
 from gaecli.options import check_choice, check_number
 
@@ -78,7 +79,8 @@ class AdvantageSpec:
       alias of one (``unmasked``, ``skip-masked``, ``zero-masked``), kept as given.
     - ``normalize``: ``"none"``, ``"all"`` (whiten over every trainable token of the input) or
       ``"by"`` (per group of rows with equal ``normalize_by`` key; ``normalize_by`` names that
-      per-row input).
+      per-row input); ``whitening_rule`` (a
+      :class:`~gaecli.advantages.normalization.WhiteningRule`, or None for today's rule) how.
     - ``estimator``: ``"gae"`` or a critic-free estimator of
       :data:`gaecli.advantages.contract.CRITIC_FREE` (docs/estimators.md), which needs the
       masked semantics and no ``normalize``. ``group_by`` names the per-row prompt-group id
@@ -126,6 +128,7 @@ class AdvantageSpec:
     baseline_rewards: Optional[str] = None
     reward_components: Optional[tuple[str, ...]] = None
     reward_weights: Optional[tuple[float, ...]] = None
+    whitening_rule: Optional[WhiteningRule] = None
     log_probs: Optional[str] = None
     sum_pi_squared: Optional[str] = None
 
@@ -140,6 +143,7 @@ class AdvantageSpec:
             refuse(f"unknown normalize {self.normalize!r}; choose one of: {', '.join(NORMALIZATIONS)}")
         if (self.normalize == "by") != (self.normalize_by is not None):
             refuse("normalize='by' needs normalize_by (the per-row group key), and normalize_by needs normalize='by'")
+        check_whitening_rule(self.whitening_rule, self.normalize)
         check_variant_values({name: getattr(self, name) for name in ("timestep", *VARIANT_FIELDS)})
         self._check_variants()
 
@@ -214,8 +218,12 @@ class AdvantageSpec:
         return f"by:{self.normalize_by}" if self.normalize == "by" else self.normalize
 
     def to_dict(self) -> dict:
-        """Every field by name (for metadata and JSON reports)."""
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+        """Every field by name (for metadata and JSON reports; the whitening rule as its
+        fields, or None)."""
+        record = {field.name: getattr(self, field.name) for field in fields(self)}
+        if self.whitening_rule is not None:
+            record["whitening_rule"] = asdict(self.whitening_rule)
+        return record
 
 
 INPUT_MEANINGS = {
@@ -330,6 +338,26 @@ def _check_token_inputs(values: dict, words: SpecWords) -> None:
         name = values[field]
         if name is not None and (not isinstance(name, str) or not name):
             refuse(f"{words.name(field)} names a per-token input: a non-empty string, got {name!r}")
+
+
+def check_whitening_rule(rule, normalize: str, words: Optional[dict] = None) -> None:
+    """Refuse (:class:`InvalidOptionError`) a whitening rule that is not a
+    :class:`~gaecli.advantages.normalization.WhiteningRule`, one without whitening to say how
+    to do (``normalize`` ``none``), and, per group (``by``), a statistic over the whole input
+    beside the groups' (not supported yet). ``words``: how the caller names the whitening
+    and the rule (the commands: their options)."""
+    if rule is None:
+        return
+    named = {"normalize": "normalize", "rule": "whitening_rule", "by": "normalize='by'", **(words or {})}
+    if not isinstance(rule, WhiteningRule):
+        refuse(f"{named['rule']} must be a gaecli WhiteningRule or None, got {type(rule).__name__}")
+    if normalize == "none":
+        refuse(f"{named['rule']} says how {named['normalize']} whitens; turn {named['normalize']} on, or leave it out")
+    if normalize == "by" and "batch" in rule.levels_used():
+        refuse(
+            f"{named['rule']}: a whitening statistic over the whole input beside {named['by']}'s groups is not "
+            "supported yet; use the groups' (group) or none"
+        )
 
 
 def check_variant_values(values: dict, flags: Optional[dict] = None) -> None:

@@ -13,6 +13,7 @@ import numba
 import numpy as np
 
 from gaecli.advantages.contract import WHITEN_EPSILON
+from gaecli.advantages.normalization import rule_center_scale
 from gaecli.errors import GAEInputError
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def whitened(advantage, mean, scale):
 _whitened_token = numba.njit(cache=True, nogil=True)(whitened)
 
 
-def whiten(advantages, loss_mask):
+def whiten(advantages, loss_mask, rule=None):
     """Whiten advantages over all trainable tokens: ``(A − mean) / sqrt(var + 1e-8)`` with
     the mask-weighted mean and Bessel-corrected variance (statistics in float64).
 
@@ -44,7 +45,8 @@ def whiten(advantages, loss_mask):
     the result has the same form and the advantages' dtype. Masked positions stay 0. One
     trainable token whitens to 0 (its variance is taken as 0); no trainable token at all, a
     non-finite advantage (named by its sample and token, or its position in a flat tensor), a
-    complex or ``meta`` tensor raise :class:`gaecli.GAEInputError`.
+    complex or ``meta`` tensor raise :class:`gaecli.GAEInputError`. ``rule``: a
+    :class:`gaecli.advantages.normalization.WhiteningRule` (None: today's).
     """
     import torch
 
@@ -64,16 +66,17 @@ def whiten(advantages, loss_mask):
     offsets = torch.tensor([0, flat_mask.numel()], device=flat_advantages.device)
     mask = as_mask(flat_mask.to(flat_advantages.device), offsets)
     result = _whitened_tensor(
-        flat_advantages, mask, None, 1, lambda _: "whiten: no trainable token (loss_mask is all zeros)"
+        flat_advantages, mask, None, 1, lambda _: "whiten: no trainable token (loss_mask is all zeros)", rule
     )
     return result if lengths is None else split(result, lengths)
 
 
-def whiten_by_group(advantages, trainable, offsets, keys):
+def whiten_by_group(advantages, trainable, offsets, keys, rule=None):
     """Whiten flat advantages ``[N]`` per group of rows: rows with equal ``keys`` (``[B]``: a
     tensor or a sequence of scalars) share a mean and a Bessel variance over their trainable
     tokens (``trainable`` bool ``[N]``, ``offsets`` ``[B + 1]``), in float64; masked positions
-    stay 0. A group without a trainable token raises :class:`gaecli.GAEInputError`."""
+    stay 0. A group without a trainable token raises :class:`gaecli.GAEInputError`.
+    ``rule``: a :class:`gaecli.advantages.normalization.WhiteningRule` (None: today's)."""
     import torch
 
     from gaecli.advantages.layout import segment_ids
@@ -96,10 +99,13 @@ def whiten_by_group(advantages, trainable, offsets, keys):
         token_group,
         len(uniques),
         lambda code: f"cannot normalize: group {uniques[code]!r} has no trainable token",
+        rule,
     )
 
 
-def _whitened_tensor(advantages, trainable, token_group, groups: int, empty_message: Callable[[int], str]):
+def _whitened_tensor(
+    advantages, trainable, token_group, groups: int, empty_message: Callable[[int], str], rule=None
+):
     """The one torch whitening: per group (``token_group``, the group code of each trainable
     token, ``groups`` codes; None: one group, the whole input, reduced by ``sum``) the count,
     mean and Bessel variance of the trainable advantages in float64, then :func:`whitened`
@@ -121,8 +127,12 @@ def _whitened_tensor(advantages, trainable, token_group, groups: int, empty_mess
         raise GAEInputError(empty_message(int(empty[0])))
     means = total(chosen) / counts
     variances = torch.where(counts > 1, total((chosen - per_token(means)) ** 2) / (counts - 1).clamp(min=1), 0.0)
+    if rule is None or rule.is_default:
+        centers, scales = means, whitening_scale(variances, torch.sqrt)
+    else:
+        centers, scales = rule_center_scale(rule, counts, means, variances, torch)
     result = torch.zeros_like(as_double)
-    result[trainable] = whitened(chosen, per_token(means), whitening_scale(per_token(variances), torch.sqrt))
+    result[trainable] = whitened(chosen, per_token(centers), per_token(scales))
     return result.to(advantages.dtype)
 
 
@@ -134,14 +144,20 @@ def whiten_rows(
     *,
     trainable: Optional[np.ndarray] = None,
     dtype=np.float64,
+    rule=None,
 ) -> np.ndarray:
     """:func:`whitened` at every position of flat ``advantages`` ``[N]``, with each row's
     group mean and :func:`whitening_scale` from ``moments`` (rows grouped by ``keys``, one per
     row, or one group when None), computed in float64 and rounded once to ``dtype``. With
     ``trainable`` (bool ``[N]``), 0 at its masked positions (where the contract says so).
-    One pass over the tokens, no temporary array."""
+    One pass over the tokens, no temporary array. ``rule``: a
+    :class:`gaecli.advantages.normalization.WhiteningRule` (None: today's)."""
     means, variances = moments.row_stats(keys, offsets.size - 1)
-    scales = whitening_scale(variances, np.sqrt)
+    if rule is None or rule.is_default:
+        scales = whitening_scale(variances, np.sqrt)
+    else:
+        counts = moments.count("counts")[moments.known_codes(keys, offsets.size - 1, "group")].astype(np.float64)
+        means, scales = rule_center_scale(rule, counts, means, variances, np)
     result = np.empty(advantages.size, dtype=dtype)
     zero_masked = trainable is not None
     mask = trainable if zero_masked else np.zeros(0, dtype=np.bool_)

@@ -485,6 +485,59 @@ OPDStageOption = Annotated[
     ),
 ]
 
+_WHITENING = "Whitening rule (--normalize)"
+NormLikeOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--norm-like",
+        metavar="TRAINER",
+        show_default=False,
+        rich_help_panel=_WHITENING,
+        help="Whiten as a trainer does: verl, roll, areal, nemo-rl, openrlhf or slime (docs/semantics.md); the "
+        "--norm-* options below override it.",
+    ),
+]
+NormMeanOption = Annotated[
+    Optional[str],
+    typer.Option("--norm-mean", metavar="LEVEL", show_default=False, rich_help_panel=_WHITENING,
+                 help="The centre: group (the whitening's groups; default), batch (the whole input) or none."),
+]  # fmt: skip
+NormStdOption = Annotated[
+    Optional[str],
+    typer.Option("--norm-std", metavar="LEVEL", show_default=False, rich_help_panel=_WHITENING,
+                 help="The divisor: group (default), batch or none."),
+]  # fmt: skip
+NormUnbiasedOption = Annotated[
+    Optional[bool],
+    typer.Option("--norm-std-unbiased/--norm-std-biased", show_default=False, rich_help_panel=_WHITENING,
+                 help="The Bessel (default) or the biased variance."),
+]  # fmt: skip
+NormEpsOption = Annotated[
+    Optional[float],
+    typer.Option("--norm-eps", metavar="E", show_default=False, rich_help_panel=_WHITENING, help="ε (default 1e-8)."),
+]  # fmt: skip
+NormEpsInOption = Annotated[
+    Optional[str],
+    typer.Option("--norm-eps-in", metavar="PLACE", show_default=False, rich_help_panel=_WHITENING,
+                 help="Where ε goes: sqrt (sqrt(var + ε), default), std (std + ε) or floor (sqrt(max(var, ε)))."),
+]  # fmt: skip
+NormOneTokenOption = Annotated[
+    Optional[str],
+    typer.Option("--norm-one-token", metavar="CHOICE", show_default=False, rich_help_panel=_WHITENING,
+                 help="A group of at most one trainable token: zero (whitened, default) or keep (left as it is)."),
+]  # fmt: skip
+
+
+def make_whitening_rule(norm_like=None, norm_mean=None, norm_std=None, norm_unbiased=None, norm_eps=None,
+                        norm_eps_in=None, norm_one_token=None):  # fmt: skip
+    """The WhiteningRule of the shared whitening options (None when none is given)."""
+    from gaecli.advantages.normalization import whitening_rule
+
+    return whitening_rule(
+        norm_like, mean=norm_mean, std=norm_std, unbiased=norm_unbiased, eps=norm_eps, eps_in=norm_eps_in,
+        one_token=norm_one_token,
+    )  # fmt: skip
+
 
 _VARIANTS = "GAE variants (new side)"
 TimestepOption = Annotated[

@@ -58,6 +58,7 @@ def diff(
     normalize_by: Annotated[
         Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")
     ] = None,
+    whitening_options: dict = option_groups.WHITENING_OPTIONS,
     group_by: Annotated[
         Optional[str],
         typer.Option(
@@ -130,6 +131,7 @@ def diff(
             against_returns=against_returns,
             normalize=normalize,
             normalize_by=normalize_by,
+            whitening_rule=common.make_whitening_rule(**whitening_options),
             group_by=group_by,
             id_col=id_col,
             top=top,

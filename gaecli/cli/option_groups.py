@@ -87,6 +87,19 @@ VARIANT_OPTIONS = (
 )
 """The GAE variants of the new side (recompute, diff; :func:`gaecli.cli.common.make_variants`)."""
 
+WHITENING_OPTIONS = OptionGroup(
+    (
+        ("norm_like", common.NormLikeOption, None),
+        ("norm_mean", common.NormMeanOption, None),
+        ("norm_std", common.NormStdOption, None),
+        ("norm_unbiased", common.NormUnbiasedOption, None),
+        ("norm_eps", common.NormEpsOption, None),
+        ("norm_eps_in", common.NormEpsInOption, None),
+        ("norm_one_token", common.NormOneTokenOption, None),
+    )
+)
+"""How --normalize whitens (recompute, diff; :func:`gaecli.cli.common.make_whitening_rule`)."""
+
 ENGINE_OPTIONS = OptionGroup(
     (
         ("engine", common.EngineOption, "local"),

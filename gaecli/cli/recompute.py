@@ -27,6 +27,7 @@ def recompute(
     normalize_by: Annotated[
         Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")
     ] = None,
+    whitening_options: dict = option_groups.WHITENING_OPTIONS,
     column_options: dict = option_groups.COLUMN_OPTIONS,
     variant_options: dict = option_groups.VARIANT_OPTIONS,
     advantages_col: Annotated[
@@ -81,6 +82,7 @@ def recompute(
             columns=common.make_columns(**column_options, advantages=advantages_col, returns=returns_col),
             normalize=normalize,
             normalize_by=normalize_by,
+            whitening_rule=common.make_whitening_rule(**whitening_options),
             replace=replace,
             keep_baseline=keep_baseline,
             baseline=baseline,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from gaecli.advantages.contract import CRITIC_FREE, expand_baselines
+from gaecli.advantages.normalization import WhiteningRule
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.comparison.token_sample import SCATTER_SAMPLE
 from gaecli.errors import InvalidOptionError
@@ -69,6 +70,7 @@ class DiffOptions(RunOptions):
     group_by_id: Optional[str] = None
     step_by: Optional[str] = None
     estimator_inputs: EstimatorInputs = field(default_factory=EstimatorInputs)
+    whitening_rule: Optional[WhiteningRule] = None
 
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its

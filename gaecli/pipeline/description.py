@@ -11,11 +11,14 @@ from functools import cached_property
 from typing import Optional
 
 from gaecli.advantages.contract import GROUPED_ESTIMATORS, WHITENED_ESTIMATORS
-from gaecli.advantages.spec import AdvantageSpec, estimator_spec
+from gaecli.advantages.spec import AdvantageSpec, check_whitening_rule, estimator_spec
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
 from gaecli.options import check_count, check_number
 from gaecli.pipeline.options import VariantOptions, check_device
+
+WHITENING_FLAGS = {"normalize": "--normalize", "rule": "--norm-like/--norm-*", "by": "--normalize-by"}
+"""How the commands name the whitening and its rule in a refusal."""
 
 BASELINE = "baseline"
 """A side recomputed from the same values, rewards and mask under a trainer profile."""
@@ -256,6 +259,7 @@ def describe_run(options) -> Computation:
         **inputs,
         normalize=normalize,
         normalize_by=options.normalize_by,
+        whitening_rule=options.whitening_rule,
         **options.variants.spec_fields(),
     )
     old_sides = tuple(options.old_sides)
@@ -302,6 +306,8 @@ class RunOptions:
         check_count("--batch-rows", self.batch_rows, 1)
         check_number("--tol", self.tolerance, 0.0)
         check_device(self.device)
+        mode = "by" if self.normalize_by is not None else "all" if self.normalize else "none"
+        check_whitening_rule(self.whitening_rule, mode, WHITENING_FLAGS)
         self.computation  # noqa: B018 - the specs built, the kernel resolved for them
 
     @property

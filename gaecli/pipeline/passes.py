@@ -138,11 +138,12 @@ def _whitened(computed: ComputedBatch, computation: Computation, moments, cast: 
     packed = computed.packed
     keys = computed.keys(computation.whiten_key)
     if not computation.critic_free:
-        new = whiten_rows(
-            new, packed.offsets, moments[0], keys, trainable=packed.trainable, dtype=new.dtype if cast else np.float64
-        )
+        rule = computation.new_spec.whitening_rule
+        new_dtype = new.dtype if cast else np.float64
+        new = whiten_rows(new, packed.offsets, moments[0], keys, trainable=packed.trainable, dtype=new_dtype, rule=rule)
         for index, ((old, old_returns), side_moments) in enumerate(zip(olds, moments[1:])):
-            whitened = whiten_rows(old, packed.offsets, side_moments, keys, dtype=old.dtype if cast else np.float64)
+            old_dtype = old.dtype if cast else np.float64
+            whitened = whiten_rows(old, packed.offsets, side_moments, keys, dtype=old_dtype, rule=rule)
             olds[index] = (whitened, old_returns)
         return new, new_returns, olds
     from gaecli.advantages.estimators import whiten_trainable

@@ -7,6 +7,7 @@ from typing import Optional
 
 from gaecli._version import __version__
 from gaecli.advantages.contract import CRITIC_FREE, expand_baselines
+from gaecli.advantages.normalization import WhiteningRule
 from gaecli.errors import (
     InvalidOptionError,
 )
@@ -60,6 +61,7 @@ class RecomputeOptions(RunOptions):
     group_by: Optional[str] = None
     step_by: Optional[str] = None
     estimator_inputs: EstimatorInputs = field(default_factory=EstimatorInputs)
+    whitening_rule: Optional[WhiteningRule] = None
 
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its

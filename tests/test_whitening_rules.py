@@ -1,0 +1,217 @@
+"""The whitening rules (docs/semantics.md#whitening-rules): every choice against a float64
+loop written here, on the Python API (over the input and per group) and on the commands (over
+files and batches, bitwise the same everywhere); today's rule kept bit for bit when no option
+or ``--norm-like verl`` is given; the trainers' presets; the refusals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from test_estimators import bitwise_the_same_everywhere, read_outputs, recompute_cli
+
+import gaecli
+from gaecli import AdvantageSpec, WhiteningRule
+from gaecli.advantages.normalization import NORM_LIKE
+from gaecli.errors import GAEInputError
+
+from rollout_files import gae
+
+
+def whitened_loop(rows, masks, groups, rule: WhiteningRule):
+    """The rule as plain Python per group of rows (``groups``: one key per row): mean and
+    variance over the group's trainable tokens by ``math.fsum``."""
+    out = [[0.0] * len(row) for row in rows]
+    for group in dict.fromkeys(groups):
+        members = [i for i, g in enumerate(groups) if g == group]
+        cells = [(i, t) for i in members for t, m in enumerate(masks[i]) if m]
+        values = [float(rows[i][t]) for i, t in cells]
+        n = len(values)
+        mean = math.fsum(values) / n
+        center = mean if rule.mean != "none" else 0.0
+        squares = math.fsum((v - center) ** 2 for v in values)
+        if n > 1:
+            var = squares / (n - 1) if rule.unbiased else squares / n
+        else:
+            var = 0.0
+        if rule.std == "none":
+            scale = 1.0
+        elif rule.eps_in == "sqrt":
+            scale = math.sqrt(var + rule.eps)
+        elif rule.eps_in == "std":
+            scale = math.sqrt(var) + rule.eps
+        else:
+            scale = math.sqrt(max(var, rule.eps))
+        if n <= 1 and rule.one_token == "keep":
+            center, scale = 0.0, 1.0
+        for i, t in cells:
+            out[i][t] = (float(rows[i][t]) - center) / scale
+    return out
+
+
+def random_rows(seed: int, samples: int = 24, groups: int = 4):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 10, samples)
+    return {
+        "values": [rng.normal(0, 1, n).round(3).tolist() for n in lengths],
+        "rewards": [rng.normal(0, 1, n).round(3).tolist() for n in lengths],
+        "masks": [(rng.random(n) < 0.7).astype(int).tolist() for n in lengths],
+        "terminals": rng.normal(0, 1, samples).round(3).tolist(),
+        "groups": [f"g{k}" for k in rng.integers(0, groups, samples)],
+    }
+
+
+RULES = [
+    WhiteningRule(),
+    WhiteningRule(mean="none"),
+    WhiteningRule(std="none"),
+    WhiteningRule(unbiased=False),
+    WhiteningRule(eps=1e-3, eps_in="std"),
+    WhiteningRule(eps=0.5, eps_in="floor"),
+    WhiteningRule(one_token="keep"),
+    *NORM_LIKE.values(),
+]
+
+
+def raw_advantages(batch, gamma=0.9, lambd=0.95):
+    tensors = [[torch.tensor(row, dtype=torch.float64) for row in batch[name]] for name in ("values", "rewards")]
+    masks = [torch.tensor(row) for row in batch["masks"]]
+    advantages, _ = gaecli.compute_advantages(*tensors, masks, batch["terminals"], spec=AdvantageSpec(gamma, lambd))
+    return [row.tolist() for row in advantages], tensors, masks
+
+
+@pytest.mark.parametrize("rule", RULES, ids=repr)
+@pytest.mark.parametrize("by_group", [False, True])
+def test_the_python_api_against_the_loop(rule, by_group):
+    batch = random_rows(3)
+    batch["masks"][5] = [0] * len(batch["masks"][5])
+    raw, tensors, masks = raw_advantages(batch)
+    keys = batch["groups"] if by_group else ["all"] * len(raw)
+    spec = AdvantageSpec(0.9, 0.95, normalize="by" if by_group else "all", normalize_by="g" if by_group else None,
+                         whitening_rule=rule)  # fmt: skip
+    rows = {"g": batch["groups"]} if by_group else None
+    got, _ = gaecli.compute_advantages(*tensors, masks, batch["terminals"], spec=spec, row_inputs=rows)
+    want = whitened_loop(raw, batch["masks"], keys, rule)
+    for got_row, want_row in zip(got, want):
+        assert got_row.tolist() == pytest.approx(want_row, rel=1e-12, abs=1e-12)
+
+
+def test_a_group_of_one_token_is_kept_or_zeroed():
+    one = [torch.tensor([2.0, 5.0])], [torch.tensor([1, 0])]
+    assert gaecli.whiten(*one, WhiteningRule(one_token="keep"))[0].tolist() == [2.0, 0.0]
+    assert gaecli.whiten(*one)[0].tolist() == [0.0, 0.0]
+    # per group: g0 holds one trainable token (kept as it is), g1 three (whitened)
+    rows = [[2.0, 5.0], [1.0, 3.0], [4.0]]
+    masks = [[1, 0], [1, 1], [1]]
+    groups = ["g0", "g1", "g1"]
+    spec = AdvantageSpec(1.0, 1.0, normalize="by", normalize_by="g", whitening_rule=WhiteningRule(one_token="keep"))
+    values = [torch.zeros(len(row), dtype=torch.float64) for row in rows]
+    rewards = [torch.tensor([0.0] * (len(row) - 1) + [row[-1]], dtype=torch.float64) for row in rows]
+    raw, _ = gaecli.compute_advantages(
+        values, rewards, [torch.tensor(m) for m in masks], [0.0] * 3, spec=AdvantageSpec(1.0, 1.0)
+    )
+    got, _ = gaecli.compute_advantages(
+        values, rewards, [torch.tensor(m) for m in masks], [0.0] * 3, spec=spec, row_inputs={"g": groups}
+    )
+    want = whitened_loop([row.tolist() for row in raw], masks, groups, WhiteningRule(one_token="keep"))
+    assert got[0].tolist() == [raw[0][0].item(), 0.0]
+    for got_row, want_row in zip(got, want):
+        assert got_row.tolist() == pytest.approx(want_row, rel=1e-12)
+
+
+def write(directory, batch, parts, float_type=None):
+    directory.mkdir()
+    float_type = float_type or pa.float64()
+    cuts = [0, *parts, len(batch["values"])]
+    paths = []
+    for index, (start, end) in enumerate(zip(cuts, cuts[1:])):
+        lists = pa.list_(float_type)
+        table = pa.table(
+            {
+                "prompt_id": pa.array(batch["groups"][start:end]),
+                "values": pa.array(batch["values"][start:end], lists),
+                "rewards": pa.array(batch["rewards"][start:end], lists),
+                "loss_mask": pa.array(batch["masks"][start:end], pa.list_(pa.int8())),
+                "terminal_reward": pa.array(batch["terminals"][start:end], float_type),
+            }
+        )
+        paths.append(directory / f"part-{index}.parquet")
+        pq.write_table(table, paths[-1])
+    return paths
+
+
+GAE = ("--gamma", "0.9", "--lambd", "0.95")
+
+
+@pytest.mark.parametrize(
+    "options, rule",
+    [
+        (("--norm-mean", "none"), WhiteningRule(mean="none")),
+        (("--norm-std-biased", "--norm-eps", "0.001", "--norm-eps-in", "std"),
+         WhiteningRule(unbiased=False, eps=1e-3, eps_in="std")),
+        (("--norm-like", "openrlhf"), NORM_LIKE["openrlhf"]),
+        (("--norm-like", "areal", "--norm-eps", "0.25"), WhiteningRule(eps=0.25, eps_in="std")),
+    ],
+)  # fmt: skip
+def test_the_commands_against_the_loop(tmp_path, options, rule):
+    batch = random_rows(8, samples=20)
+    inputs = write(tmp_path / "in", batch, [9])
+    result = recompute_cli(inputs, tmp_path / "out", *GAE, "--normalize-by", "prompt_id", *options)
+    assert result.exit_code == 0, result.output
+    got = pa.concat_tables(read_outputs(tmp_path / "out")).column("advantages").to_pylist()
+    raw, _, _ = raw_advantages(batch)
+    want = whitened_loop(raw, batch["masks"], batch["groups"], rule)
+    for got_row, want_row in zip(got, want):
+        assert got_row == pytest.approx(want_row, rel=1e-9, abs=1e-9)
+
+
+def test_today_rule_is_kept_bit_for_bit(tmp_path):
+    batch = random_rows(2, samples=16)
+    inputs = write(tmp_path / "in", batch, [7], float_type=pa.float32())
+    outputs = {}
+    for name, options in {"plain": (), "verl": ("--norm-like", "verl"), "explicit": ("--norm-eps", "1e-8")}.items():
+        assert recompute_cli(inputs, tmp_path / name, *GAE, "--normalize", *options).exit_code == 0
+        outputs[name] = [table.column("advantages") for table in read_outputs(tmp_path / name)]
+    assert outputs["plain"] == outputs["verl"] == outputs["explicit"]
+    assert recompute_cli(inputs, tmp_path / "biased", *GAE, "--normalize", "--norm-std-biased").exit_code == 0
+    assert [table.column("advantages") for table in read_outputs(tmp_path / "biased")] != outputs["plain"]
+
+
+def test_files_and_batches_give_the_same_bits_everywhere(tmp_path, local_ray):
+    batch = random_rows(5, samples=30)
+    inputs = write(tmp_path / "in", batch, [8, 19], float_type=pa.float32())
+    options = (*GAE, "--normalize-by", "prompt_id", "--norm-like", "areal", "--norm-mean", "none")
+    first = bitwise_the_same_everywhere(tmp_path, inputs, options, local_ray)
+    assert len(first) == 3
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (("--norm-like", "verl"), "turn --normalize on"),
+        (("--normalize", "--norm-like", "trl"), "unknown trainer 'trl'"),
+        (("--normalize", "--norm-mean", "row"), "--norm-mean"),
+        (("--normalize", "--norm-eps", "-1"), "--norm-eps"),
+        (("--normalize-by", "prompt_id", "--norm-std", "batch"), "not supported yet"),
+    ],
+)
+def test_refusals_exit_2(tmp_path, options, message):
+    inputs = write(tmp_path / "in", random_rows(1, samples=4), [])
+    result = recompute_cli(inputs, tmp_path / "out.parquet", *GAE, *options)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    refused = gae("diff", *map(str, inputs), *GAE, *options)
+    assert refused.exit_code == 2 and message in " ".join(refused.output.split())
+
+
+def test_the_spec_refuses_a_rule_without_whitening():
+    with pytest.raises(GAEInputError, match="says how normalize whitens"):
+        AdvantageSpec(0.9, 0.9, whitening_rule=WhiteningRule())
+    with pytest.raises(GAEInputError, match="must be a gaecli WhiteningRule"):
+        AdvantageSpec(0.9, 0.9, normalize="all", whitening_rule={"eps": 1})
+    spec = AdvantageSpec(0.9, 0.9, normalize="all", whitening_rule=WhiteningRule(eps=0.5))
+    assert spec.to_dict()["whitening_rule"]["eps"] == 0.5
