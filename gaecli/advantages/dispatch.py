@@ -99,6 +99,7 @@ def variant_keywords(spec: AdvantageSpec, row_inputs=None) -> dict:
     if not spec.variants:
         return {}
     keywords = {"timestep": spec.timestep, "lambd_critic": spec.lambd_critic, "lambd_alpha": spec.lambd_alpha}
+    keywords.update(lambd_schedule=spec.lambd_schedule, lambd_q=spec.lambd_q)
     row_inputs = row_inputs or {}
     for needed in spec.row_inputs:
         if needed.role not in VARIANT_INPUTS:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
-from gaecli.advantages.variants import VariantArguments, adaptive_lambd, as_numpy
+from gaecli.advantages.variants import VariantArguments, as_numpy, per_sample_lambd, sample_lambd
 
 
 @flat_kernel
@@ -84,7 +84,7 @@ def reference_variant_gae(
     arguments as :func:`reference_gae` plus the variants' keywords (per-row inputs as
     tensors, numpy arrays or sequences, checked by the caller: ``turn_rewards`` flat with
     its ``turn_offsets`` ``[B + 1]``, ``truncated`` and ``bootstrap_values`` ``[B]``)."""
-    timestep, lambd_critic, lambd_alpha, turn_rewards, turn_offsets, truncated, boot = VariantArguments(**variants)
+    timestep, lambd_critic, _, turn_rewards, turn_offsets, truncated, boot, *_ = VariantArguments(**variants)
     all_values, all_rewards, all_mask, bounds, terminals = _as_lists(batch)
     flat_turn_rewards = None if turn_rewards is None else as_numpy(turn_rewards).astype(np.float64).tolist()
     turn_bounds = None if turn_offsets is None else as_numpy(turn_offsets).tolist()
@@ -92,13 +92,13 @@ def reference_variant_gae(
     boots = None if boot is None else as_numpy(boot).astype(np.float64).tolist()
     advantages = [0.0] * len(all_values)
     returns = [0.0] * len(all_values)
-    split = lambd_critic is not None or lambd_alpha is not None
+    split = lambd_critic is not None or per_sample_lambd(**variants)
     return_lambd = lambd if lambd_critic is None else lambd_critic
     for sample, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
         turns = _turns(all_mask, start, end)
         steps = len(turns) if timestep == "turn" else sum(last - first for first, last in turns)
-        sample_lambd = lambd if lambd_alpha is None else float(adaptive_lambd(lambd_alpha, np.array([steps]))[0])
-        decay, return_decay = gamma * sample_lambd, gamma * return_lambd
+        own_lambd = float(sample_lambd(lambd, np.array([steps]), **variants)[0])
+        decay, return_decay = gamma * own_lambd, gamma * return_lambd
         # Each timestep: (positions it covers, its value, its reward before z).
         if timestep == "turn":
             per_turn = [0.0] * len(turns) if flat_turn_rewards is None else None
