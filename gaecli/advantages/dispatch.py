@@ -94,7 +94,7 @@ def compute(
 def variant_keywords(spec: AdvantageSpec, row_inputs=None) -> dict:
     """The keywords of the GAE variants a kernel is called with for ``spec`` (none for plain
     GAE): the spec's variant fields and its per-row inputs taken from ``row_inputs`` by name
-    (a list input as ``turn_rewards`` plus ``turn_offsets``). Raises
+    (a list input as ``turn_rewards`` plus ``turn_offsets``; the turn ids flat ``[N]``). Raises
     :class:`gaecli.errors.GAEInputError` for an input the spec reads that is not given."""
     if not spec.variants:
         return {}

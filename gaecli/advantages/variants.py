@@ -10,7 +10,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from gaecli.advantages.layout import trainable_counts, turn_table
+from gaecli.advantages.layout import id_turn_table, trainable_counts, turn_table
 
 
 def adaptive_lambd(alpha: float, lengths: np.ndarray) -> np.ndarray:
@@ -91,7 +91,9 @@ class VariantArguments(NamedTuple):
     the kernels that run the variants read them through this). ``turn_rewards`` are flat
     ``[U]`` in the turn order of the batch (``turn_offsets``, when given, must be the batch's
     own, which the callers check); ``truncated`` bool ``[B]`` and ``bootstrap_values`` ``[B]``
-    (read only where truncated); ``lambd_schedule`` with ``lambd_q``: the relative-position λ.
+    (read only where truncated); ``lambd_schedule`` with ``lambd_q``: the relative-position λ;
+    ``turn_ids``: int ``[N]``, the turn of each token under ``timestep="turn"`` (checked by
+    the callers; :func:`gaecli.advantages.layout.id_turn_table`).
     Per-row inputs as numpy arrays, tensors or sequences."""
 
     timestep: str = "token"
@@ -103,15 +105,19 @@ class VariantArguments(NamedTuple):
     bootstrap_values: Any = None
     lambd_schedule: Optional[str] = None
     lambd_q: Optional[float] = None
+    turn_ids: Any = None
 
 
 def plan_variants(trainable: np.ndarray, offsets: np.ndarray, *, lambd: float, **variants) -> VariantPlan:
     """The :class:`VariantPlan` of one batch (bool ``trainable`` ``[N]``, int64 ``offsets``
     ``[B + 1]``), vectorised; ``variants``: the keywords of :class:`VariantArguments`."""
-    timestep, lambd_critic, _, turn_rewards, _, truncated, bootstrap_values, *_ = VariantArguments(**variants)
+    arguments = VariantArguments(**variants)
+    timestep, lambd_critic, _, turn_rewards, _, truncated, bootstrap_values, *_ = arguments
     batch = offsets.size - 1
     turn_mode = timestep == "turn"
-    if turn_mode or turn_rewards is not None:
+    if turn_mode and arguments.turn_ids is not None:
+        starts, ends, table_offsets = id_turn_table(trainable, offsets, as_numpy(arguments.turn_ids))
+    elif turn_mode or turn_rewards is not None:
         starts, ends, table_offsets = turn_table(trainable, offsets)
     else:  # no turn is read: an empty table (the kernel's token pass needs none)
         starts = ends = np.zeros(0, dtype=np.int64)

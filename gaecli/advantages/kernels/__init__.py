@@ -39,6 +39,7 @@ GAE_VARIANT_FEATURES = GAE_FEATURES | frozenset(
         "turn_rewards",
         "truncated",
         "bootstrap_values",
+        "turn_ids",
     }
 )
 """Plain GAE and every GAE variant (docs/variants.md): a kernel that supports them takes the
