@@ -721,3 +721,22 @@ def test_invalid_turn_ids_stop_the_run_naming_file_row_and_column(tmp_path, ids,
     skipped = recompute([path], out_dir / "out.parquet", *ID_FLAGS, "--on-invalid", "skip")
     assert skipped.exit_code == 0, skipped.output
     assert pq.read_table(out_dir / "out.parquet").num_rows == 2
+
+
+@pytest.mark.skipif(not {"reference", "native"} <= set(VARIANT_KERNELS), reason="needs numba")
+@pytest.mark.parametrize("combination", TURN_ID_COMBINATIONS + [{"relative": True}], ids=lambda c: "+".join(c) or "ids")
+def test_native_is_bitwise_the_reference_with_the_added_variants(combination):
+    """float64 inside both, rounded once: the same bits, with turn ids or the relative-position λ (token mode)."""
+    batch = make_batch(29, [0, 1, 2, 5, 40, 64, 9, 17], dtype=torch.float32)
+    if combination.get("relative"):
+        fields, data = dict(RELATIVE), random_bootstrap(len(batch), 4)
+    else:
+        fields = {key: value for key, value in combination.items() if key not in ("turn", "bootstrap")}
+        fields["timestep"] = "turn"
+        data = turn_id_data(batch, 9, combination.get("turn", False), combination.get("bootstrap", False))
+    spec = AdvantageSpec(batch.gamma, batch.lambd, **fields)
+    native = compute_advantages(*batch.args(), spec=spec, kernel="native", **data)
+    reference = compute_advantages(*batch.args(), spec=spec, kernel="reference", **data)
+    for want, have in zip(reference, native):
+        for a, b in zip(want, have):
+            assert torch.equal(a, b)
