@@ -1,7 +1,7 @@
 """The GAE variants' per-sample quantities, written once for the kernels that compute them
-(definitions: docs/variants.md): the length-adaptive λ, the λ of advantages and returns of
-every sample, the relative-position λ, the value after each sample's last timestep, and the turn table. numpy only;
-no torch, no numba."""
+(definitions: docs/variants.md): the length-adaptive and relative-position λ, the λ of
+advantages and returns of every sample, the value after each sample's last timestep, and
+the turn table (of the mask's runs or of explicit turn ids). numpy only; no torch, no numba."""
 
 from __future__ import annotations
 

@@ -84,10 +84,11 @@ def reference_variant_gae(
     """The GAE variants (docs/variants.md) by a serial float64 loop per sample, turn by turn:
     arguments as :func:`reference_gae` plus the variants' keywords (per-row inputs as
     tensors, numpy arrays or sequences, checked by the caller: ``turn_rewards`` flat with
-    its ``turn_offsets`` ``[B + 1]``, ``truncated`` and ``bootstrap_values`` ``[B]``)."""
-    timestep, lambd_critic, _, turn_rewards, turn_offsets, truncated, boot, *_ = VariantArguments(**variants)
-    given_ids = VariantArguments(**variants).turn_ids
-    ids = None if given_ids is None or timestep != "turn" else as_numpy(given_ids).tolist()
+    its ``turn_offsets`` ``[B + 1]``, ``truncated`` and ``bootstrap_values`` ``[B]``,
+    ``turn_ids`` ``[N]``)."""
+    arguments = VariantArguments(**variants)
+    timestep, lambd_critic, _, turn_rewards, turn_offsets, truncated, boot, *_ = arguments
+    ids = None if arguments.turn_ids is None or timestep != "turn" else as_numpy(arguments.turn_ids).tolist()
     all_values, all_rewards, all_mask, bounds, terminals = _as_lists(batch)
     flat_turn_rewards = None if turn_rewards is None else as_numpy(turn_rewards).astype(np.float64).tolist()
     turn_bounds = None if turn_offsets is None else as_numpy(turn_offsets).tolist()
