@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from gaecli.advantages.faults import (
+    aligned_turn_ids,
     all_finite,
     bad_mask_values,
     first_per_row,
@@ -19,6 +20,7 @@ from gaecli.advantages.faults import (
     rows_of_positions,
     truncated_without_bootstrap,
     turn_counts,
+    turn_id_faults,
 )
 from gaecli.advantages.layout import masked_tail_lengths, trainable_counts
 from gaecli.advantages.spec import RowInput
@@ -444,6 +446,7 @@ ROW_INPUT_TYPES: dict[str, str] = {
     "turn_rewards": "a list of float or int",
     "truncated": "bool or an integer",
     "bootstrap_values": "a float or int",
+    "turn_ids": "a list of integers",
 }
 """The type each per-row input of the GAE variants must have, by role, in words."""
 
@@ -452,6 +455,8 @@ def row_input_type_ok(role: str, arrow_type: pa.DataType) -> bool:
     """Whether a column of ``arrow_type`` can hold the per-row input ``role`` (:data:`ROW_INPUT_TYPES`)."""
     if role == "turn_rewards":
         return is_list_type(arrow_type) and is_scalar_number_type(arrow_type.value_type)
+    if role == "turn_ids":
+        return is_list_type(arrow_type) and pa.types.is_integer(arrow_type.value_type)
     if role == "truncated":
         return pa.types.is_boolean(arrow_type) or pa.types.is_integer(arrow_type)
     return is_scalar_number_type(arrow_type)
@@ -481,10 +486,14 @@ def check_row_inputs(
     broken. A turn-rewards list must be non-null, hold no null and no NaN or ±Inf, and hold
     one reward per turn of the row (``trainable``, ``mask_offsets``: the row's mask); a
     truncated flag must be non-null; a truncated row's bootstrap value must be non-null and
-    finite. The columns' types are checked before (:func:`gaecli.pipeline.check_file`)."""
+    finite; turn ids (:func:`_turn_id_rules`), when given, are the turns the turn rewards
+    count. The columns' types are checked before (:func:`gaecli.pipeline.check_file`)."""
     found: list[tuple[np.ndarray, str, str, object]] = []
     rows = batch.num_rows
     by_role = {needed.role: needed.name for needed in row_inputs}
+    ids = None
+    if "turn_ids" in by_role:
+        ids = _turn_id_rules(batch, by_role["turn_ids"], trainable, mask_offsets, found)
     name = by_role.get("turn_rewards")
     if name is not None:
         array = batch.column(name)
@@ -496,7 +505,7 @@ def check_row_inputs(
             at_fault = np.zeros(rows, dtype=bool)
             at_fault[null_rows] = True
             found.append((at_fault, name, "turn-rewards-null", "the turn-rewards list holds a null"))
-        turns = turn_counts(trainable, mask_offsets)
+        turns = turn_counts(trainable, mask_offsets, ids)
         given = np.diff(offsets)
         found.append(
             (
@@ -552,3 +561,36 @@ def row_reasons(check: BatchCheck) -> dict[int, str]:
         if finding.severity == ERROR and finding.row is not None:
             reasons.setdefault(finding.row, []).append(f"{finding.column}: {finding.message} [{finding.code}]")
     return {row: "; ".join(messages) for row, messages in reasons.items()}
+
+
+def _turn_id_rules(batch: pa.RecordBatch, name: str, trainable: np.ndarray, mask_offsets: np.ndarray, found: list):
+    """The rules of a turn-ids column (docs/variants.md), added to ``found`` as
+    :func:`check_row_inputs` words them: non-null lists without nulls (``turn-ids-null``), one
+    id per token (``turn-ids-length``), ≥ 0 and non-decreasing at trainable tokens
+    (``turn-ids-order``). Returns the ids laid over the tokens, int64 ``[N]``."""
+    array = batch.column(name)
+    offsets, flat = list_parts(array)
+    null_list = np.asarray(array.is_null()) if array.null_count else np.zeros(batch.num_rows, dtype=bool)
+    found.append((null_list, name, "turn-ids-null", "the turn-ids list is null"))
+    if flat.null_count:
+        at_fault = np.zeros(batch.num_rows, dtype=bool)
+        at_fault[rows_of_positions(offsets, np.flatnonzero(np.asarray(flat.is_null())))] = True
+        found.append((at_fault, name, "turn-ids-null", "the turn-ids list holds a null"))
+    ids, same = aligned_turn_ids(offsets, numeric_numpy(flat.fill_null(0) if flat.null_count else flat), mask_offsets)
+    given, lengths = np.diff(offsets), np.diff(mask_offsets)
+    message = lambda row: f"{name!r} has {given[row]} ids, the row has {lengths[row]} tokens"  # noqa: E731
+    found.append((~same & ~null_list, name, "turn-ids-length", message))
+    faults = turn_id_faults(ids, trainable & np.repeat(same, lengths), mask_offsets)
+    if faults is not None:
+        at_fault = np.zeros(batch.num_rows, dtype=bool)
+        at_fault[faults[0]] = True
+
+        def out_of_order(row: int) -> str:
+            position = faults[1][np.searchsorted(faults[0], row)]
+            return (
+                f"{name!r} is {ids[position]} at trainable token {position - mask_offsets[row]} "
+                f"(turn ids must be >= 0 and non-decreasing at trainable tokens)"
+            )
+
+        found.append((at_fault, name, "turn-ids-order", out_of_order))
+    return ids

@@ -100,6 +100,24 @@ RULES: dict[str, Rule] = {
             "find the step that produced it (the turn's judge or environment) and drop the row",
         ),
         Rule(
+            "turn-ids-length",
+            ERROR,
+            "a turn-ids list whose length is not the row's number of tokens",
+            "give one turn id per token of the row (-1 at masked tokens)",
+        ),
+        Rule(
+            "turn-ids-null",
+            ERROR,
+            "a null turn-ids list or a null inside one",
+            "write -1 at masked tokens and the turn's id at trainable ones, or drop the row",
+        ),
+        Rule(
+            "turn-ids-order",
+            ERROR,
+            "a turn id below 0, or below the previous trainable token's, at a trainable token",
+            "number the turns 0, 1, ... in order; only masked tokens may hold -1",
+        ),
+        Rule(
             "truncated-null",
             ERROR,
             "a null truncated flag",

@@ -43,11 +43,20 @@ def spec_document(gamma: float, lambd: float, **fields) -> dict:
         "timestep": "token",
         "lambd_critic": None,
         "lambd_alpha": None,
+        "lambd_schedule": None,
+        "lambd_q": None,
         "turn_rewards": None,
         "truncated": None,
         "bootstrap_values": None,
+        "turn_ids": None,
         "group_by": None,
         "step_by": None,
+        "baseline_rewards": None,
+        "reward_components": None,
+        "reward_weights": None,
+        "log_probs": None,
+        "sum_pi_squared": None,
+        "whitening_rule": None,
     }
     assert set(fields) <= set(document), f"no spec field {sorted(set(fields) - set(document))}"
     return {**document, **fields}
@@ -268,16 +277,27 @@ def variant_oracle(
     turn_rewards: Sequence[float] | None = None,
     truncated: bool = False,
     bootstrap: float = 0.0,
+    lambd_schedule: str | None = None,
+    lambd_q: float | None = None,
+    turn_ids: Sequence[int] | None = None,
 ) -> tuple[list[float], list[float]]:
     """The GAE variants (docs/variants.md) for one sample, written from their definitions as
     explicit discounted sums (A_k = Σ_{j ≥ k} (γλ)^{j−k} δ_j), not as the kernels' backward
     recursion. Timesteps: the trainable tokens, or the turns (maximal runs of trainable
     tokens) with the value of a turn's first token; the reward of turn u's last token (token
     mode) or of turn u (turn mode) gains ``turn_rewards[u]``; z goes on the last timestep;
-    the value after the last timestep is ``bootstrap`` when ``truncated``."""
+    the value after the last timestep is ``bootstrap`` when ``truncated``. With ``turn_ids``
+    (turn mode) turn u is the trainable tokens of the u-th distinct id, in id order.
+    ``lambd_schedule="relative-position"``: λ = q^(1/(L−1)) for L ≥ 2 timesteps, 1 for L = 1."""
     values, rewards, mask = _floats(values), _floats(rewards), [float(m) != 0.0 for m in _floats(mask)]
     turns: list[list[int]] = []
-    for t, keep in enumerate(mask):
+    if turn_ids is not None:
+        by_id: dict[int, list[int]] = {}
+        for t, keep in enumerate(mask):
+            if keep:
+                by_id.setdefault(int(turn_ids[t]), []).append(t)
+        turns = [by_id[key] for key in sorted(by_id)]
+    for t, keep in enumerate(mask if turn_ids is None else []):
         if keep:
             if t > 0 and mask[t - 1]:
                 turns[-1].append(t)
@@ -305,6 +325,8 @@ def variant_oracle(
     advantage_lambd = lambd  # the length-adaptive λ shapes the advantages only
     if lambd_alpha is not None:
         advantage_lambd = min(max(1.0 - 1.0 / max(lambd_alpha * count, 1.0), 0.0), 1.0)
+    if lambd_schedule == "relative-position":
+        advantage_lambd = lambd_q ** (1.0 / (count - 1)) if count >= 2 else float(count == 1)
     advantages_k = discounted(advantage_lambd)
     returns_k = discounted(lambd if lambd_critic is None else lambd_critic)
     advantages, returns = [0.0] * len(values), [0.0] * len(values)

@@ -72,6 +72,7 @@ def compute_advantages_packed(
     turn_offsets=None,
     truncated=None,
     bootstrap_values=None,
+    turn_ids=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns of ``spec`` on packed input: flat ``[N]`` ``values``,
     ``rewards``, ``loss_mask`` (bool, integer or float 0/1), ``offsets`` ``[B + 1]``,
@@ -90,7 +91,8 @@ def compute_advantages_packed(
     ``spec.lambd_alpha`` are fields of the spec; their per-row data come as keywords:
     ``turn_rewards`` (flat ``[U]``, one reward per turn, sample after sample) with
     ``turn_offsets`` ``[B + 1]``, ``truncated`` (bool ``[B]``) with ``bootstrap_values``
-    ``[B]``. A keyword given for an input the spec does not name makes the spec read it
+    ``[B]``, and with ``timestep="turn"`` ``turn_ids`` (flat ``[N]``, one integer per token,
+    or one list per sample). A keyword given for an input the spec does not name makes the spec read it
     under the keyword's name. ``kernel``: ``auto`` (a capable kernel) or a name that
     supports the spec (else :class:`gaecli.KernelUnavailableError`). Raises
     :class:`gaecli.GAEInputError` naming the sample for bad data (a turn list whose length
@@ -108,7 +110,7 @@ def compute_advantages_packed(
     if turn_rewards is not None and turn_offsets is None:
         raise GAEInputError("turn_rewards of the packed form are flat: pass turn_offsets [B + 1] too")
     packed_turns = None if turn_rewards is None else FlatLists(turn_rewards, turn_offsets)
-    spec, row_inputs = _with_variant_keywords(spec, row_inputs, packed_turns, truncated, bootstrap_values)
+    spec, row_inputs = _with_variant_keywords(spec, row_inputs, packed_turns, truncated, bootstrap_values, turn_ids)
     missing = [needed.name for needed in spec.row_inputs if needed.name not in row_inputs]
     if missing:
         raise GAEInputError(f"spec reads per-row input {missing[0]!r}: pass row_inputs={{{missing[0]!r}: ...}}")
@@ -194,13 +196,15 @@ def compute_advantages(
     turn_rewards=None,
     truncated=None,
     bootstrap_values=None,
+    turn_ids=None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """List form of :func:`compute_advantages_packed`: one 1-D tensor of length R_i per
     sample for values, rewards and loss_mask, one terminal reward per sample (and one value
     per sample in each ``row_inputs`` entry); ``turn_rewards``: one list per sample (one
-    reward per turn, empty for a sample without a trainable token). Returns lists of
+    reward per turn, empty for a sample without a trainable token); ``turn_ids``: one list
+    per sample (one id per token). Returns lists of
     ``[R_i]`` tensors. ``values`` may be None for a critic-free estimator."""
-    spec, row_inputs = _with_variant_keywords(spec, row_inputs, turn_rewards, truncated, bootstrap_values)
+    spec, row_inputs = _with_variant_keywords(spec, row_inputs, turn_rewards, truncated, bootstrap_values, turn_ids)
     if (
         isinstance(spec, AdvantageSpec)
         and spec.estimator == "gae"
@@ -241,12 +245,13 @@ def _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel):
     return pieces
 
 
-def _with_variant_keywords(spec, row_inputs, turn_rewards, truncated, bootstrap_values):
+def _with_variant_keywords(spec, row_inputs, turn_rewards, truncated, bootstrap_values, turn_ids=None):
     """The spec and the row inputs with the variants' keyword data added: each given
     keyword's data under the name the spec reads it by, the spec made to read it under the
     keyword's name when it names none."""
     row_inputs = dict(row_inputs or {})
     given = {"turn_rewards": turn_rewards, "truncated": truncated, "bootstrap_values": bootstrap_values}
+    given["turn_ids"] = turn_ids
     names = {}
     for role, data in given.items():
         if data is None:

@@ -104,11 +104,12 @@ def compute(
 def variant_keywords(spec: AdvantageSpec, row_inputs=None) -> dict:
     """The keywords of the GAE variants a kernel is called with for ``spec`` (none for plain
     GAE): the spec's variant fields and its per-row inputs taken from ``row_inputs`` by name
-    (a list input as ``turn_rewards`` plus ``turn_offsets``). Raises
+    (a list input as ``turn_rewards`` plus ``turn_offsets``; the turn ids flat ``[N]``). Raises
     :class:`gaecli.errors.GAEInputError` for an input the spec reads that is not given."""
     if not spec.variants:
         return {}
     keywords = {"timestep": spec.timestep, "lambd_critic": spec.lambd_critic, "lambd_alpha": spec.lambd_alpha}
+    keywords.update(lambd_schedule=spec.lambd_schedule, lambd_q=spec.lambd_q)
     row_inputs = row_inputs or {}
     for needed in spec.row_inputs:
         if needed.role not in VARIANT_INPUTS:

@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from gaecli.advantages.layout import turn_table
+from gaecli.advantages.layout import id_turn_table, turn_table
 
 
 def rows_of_positions(offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -54,10 +54,42 @@ def bad_mask_values(mask: np.ndarray, offsets: np.ndarray) -> Optional[tuple[np.
     return first_per_row(offsets, bad_positions) if bad_positions.size else None
 
 
-def turn_counts(trainable: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """The number of turns (runs of trainable tokens) of each row ``[B]``: the length a
-    turn-rewards list must have."""
+def turn_counts(trainable: np.ndarray, offsets: np.ndarray, turn_ids: Optional[np.ndarray] = None) -> np.ndarray:
+    """The number of turns (runs of trainable tokens, or the distinct ids of ``turn_ids``
+    ``[N]`` at trainable tokens) of each row ``[B]``: the length a turn-rewards list must have."""
+    if turn_ids is not None:
+        return np.diff(id_turn_table(trainable, offsets, turn_ids)[2])
     return np.diff(turn_table(trainable, offsets)[2])
+
+
+def aligned_turn_ids(id_offsets: np.ndarray, ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Turn-id lists (flat int ``ids`` with their ``id_offsets`` ``[B + 1]``) laid over the
+    tokens (``offsets`` ``[B + 1]``): int64 ``[N]`` (0 in the rows whose list is not of the
+    row's length) and those rows' bool ``[B]`` (True: the lengths agree)."""
+    lengths = np.diff(offsets)
+    same = np.diff(id_offsets) == lengths
+    if same.all():
+        return np.asarray(ids, dtype=np.int64)[: int(offsets[-1])], same
+    rows = np.repeat(np.arange(lengths.size), lengths)
+    index = id_offsets[rows] + (np.arange(int(offsets[-1])) - offsets[rows])
+    kept = same[rows] & (index < ids.size)
+    aligned = np.zeros(int(offsets[-1]), dtype=np.int64)
+    aligned[kept] = np.asarray(ids, dtype=np.int64)[index[kept]]
+    return aligned, same
+
+
+def turn_id_faults(
+    turn_ids: np.ndarray, trainable: np.ndarray, offsets: np.ndarray
+) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """The rows whose turn ids (int ``[N]``) break the order rule at a trainable token (an id
+    below 0, or below the previous trainable token's of the row) and the first such position
+    in each (:func:`first_per_row`), or None."""
+    positions = np.flatnonzero(trainable)
+    ids = turn_ids[positions]
+    rows = rows_of_positions(offsets, positions)
+    bad = ids < 0
+    bad[1:] |= (ids[1:] < ids[:-1]) & (rows[1:] == rows[:-1])
+    return first_per_row(offsets, positions[bad]) if bad.any() else None
 
 
 def truncated_without_bootstrap(truncated: np.ndarray, bootstrap: np.ndarray) -> np.ndarray:

@@ -7,7 +7,7 @@ import functools
 import operator
 import warnings
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -446,20 +446,24 @@ def check_variant_inputs(spec, row_inputs: dict, trainable: torch.Tensor, offset
     """The per-row inputs of the GAE variants that ``spec`` reads, checked against the batch
     (bool ``trainable`` ``[N]``, ``offsets`` ``[B + 1]``) and converted for the dispatch
     (:func:`gaecli.advantages.dispatch.compute`): name → numpy ``[B]``, or for the turn
-    rewards ``(flat [U], turn offsets [B + 1])``. A turn-rewards input is a sequence of one
-    list per sample or a :class:`FlatLists`. Raises :class:`GAEInputError` naming
-    the sample: a turn list whose length is not the sample's number of turns, a non-finite
-    turn reward, a truncated flag other than 0/1, a non-finite bootstrap value on a truncated
-    sample, a length other than B."""
+    rewards ``(flat [U], turn offsets [B + 1])``, for the turn ids int64 ``[N]``. A
+    turn-rewards input is a sequence of one list per sample or a :class:`FlatLists`; turn
+    ids one list per sample or flat ``[N]`` (a tensor or numpy array). Raises
+    :class:`GAEInputError` naming the sample: a turn list whose length is not the sample's
+    number of turns, a non-finite turn reward, a truncated flag other than 0/1, a non-finite
+    bootstrap value on a truncated sample, a length other than B, turn ids not one integer
+    per token or, at a trainable token, negative or decreasing."""
     mask = trainable.detach().cpu().numpy()
     bounds = offsets.detach().cpu().numpy()
     batch = bounds.size - 1
     converted = dict(row_inputs)
-    flags = None
+    flags = ids = None
+    if spec.turn_ids is not None:
+        ids = converted[spec.turn_ids] = _turn_ids_input(spec.turn_ids, row_inputs[spec.turn_ids], mask, bounds)
     for needed in spec.row_inputs:
         value = row_inputs[needed.name]
         if needed.role == "turn_rewards":
-            converted[needed.name] = _turn_rewards_input(needed.name, value, mask, bounds)
+            converted[needed.name] = _turn_rewards_input(needed.name, value, mask, bounds, ids)
         elif needed.role in ("truncated", "bootstrap_values"):
             array = _numbers(needed.name, value)
             if array.size != batch:
@@ -561,9 +565,48 @@ def _turn_offsets(name: str, value) -> tuple[np.ndarray, np.ndarray]:
     return _numbers(name, value[0]), _numbers("turn_offsets", value[1], np.int64)
 
 
-def _turn_rewards_input(name: str, value, mask: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _turn_ids_input(name: str, value, mask: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Turn ids checked against the batch (bool ``mask`` ``[N]``, ``bounds`` ``[B + 1]``):
+    int64 ``[N]``, from one list per sample or flat ``[N]``."""
+    from gaecli.advantages.faults import rows_of_positions, turn_id_faults
+
+    lengths = np.diff(bounds)
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        flat = _numbers(name, value)
+        if flat.size != bounds[-1]:
+            raise GAEInputError(f"{name} must hold one id per token ({bounds[-1]}), got {flat.size}")
+    else:
+        if len(value) != lengths.size:
+            raise GAEInputError(f"{name} has {len(value)} lists, there are {lengths.size} samples")
+        flat, id_offsets = _flatten_lists(name, value)
+        wrong = np.flatnonzero(np.diff(id_offsets) != lengths)
+        if wrong.size:
+            sample = int(wrong[0])
+            given = int(id_offsets[sample + 1] - id_offsets[sample])
+            raise GAEInputError(f"sample {sample}: {name} has {given} ids, the sample has {lengths[sample]} tokens")
+    bad = np.flatnonzero(~np.isfinite(flat) | (flat != np.round(flat)))
+    if bad.size:
+        sample = int(rows_of_positions(bounds, bad[:1])[0])
+        raise GAEInputError(
+            f"sample {sample}: {name} is {flat[bad[0]]} at token {bad[0] - bounds[sample]} (must be an integer)"
+        )
+    ids = flat.astype(np.int64)
+    faults = turn_id_faults(ids, mask, bounds)
+    if faults is not None:
+        sample, position = int(faults[0][0]), int(faults[1][0])
+        raise GAEInputError(
+            f"sample {sample}: {name} is {ids[position]} at trainable token {position - bounds[sample]} "
+            f"(turn ids must be >= 0 and non-decreasing at trainable tokens)"
+        )
+    return ids
+
+
+def _turn_rewards_input(
+    name: str, value, mask: np.ndarray, bounds: np.ndarray, ids: Optional[np.ndarray] = None
+) -> tuple[np.ndarray, np.ndarray]:
     """A turn-rewards input checked against the batch's turns (bool ``mask`` ``[N]``,
-    ``bounds`` ``[B + 1]``): ``(flat [U], turn offsets [B + 1])``."""
+    ``bounds`` ``[B + 1]``; the turns of ``ids`` ``[N]`` when given): ``(flat [U], turn
+    offsets [B + 1])``."""
     from gaecli.advantages.faults import non_finite, turn_counts
 
     batch = bounds.size - 1
@@ -578,7 +621,7 @@ def _turn_rewards_input(name: str, value, mask: np.ndarray, bounds: np.ndarray) 
             )
         if (np.diff(turn_offsets) < 0).any():
             raise GAEInputError(f"sample {int(np.flatnonzero(np.diff(turn_offsets) < 0)[0])}: turn_offsets decrease")
-    turns = turn_counts(mask, bounds)
+    turns = turn_counts(mask, bounds, ids)
     given = np.diff(turn_offsets)
     if (given != turns).any():
         sample = int(np.flatnonzero(given != turns)[0])

@@ -228,6 +228,25 @@ def turn_table(trainable, offsets):
     return starts, ends, xp.searchsorted(starts, offsets)
 
 
+def id_turn_table(trainable: np.ndarray, offsets: np.ndarray, turn_ids: np.ndarray):
+    """The turns of every sample given by explicit turn ids (docs/variants.md; int ``[N]``,
+    one per token, read at trainable tokens only, non-decreasing there: checked by the
+    callers): a turn is the trainable tokens of one sample with one id, so two turns may
+    touch and one turn may span masked tokens (which are not its). Returns what
+    :func:`turn_table` returns: each turn's first trainable position, one past its last
+    trainable position, and ``turn_offsets`` ``[B + 1]``. numpy, vectorised."""
+    positions = np.flatnonzero(trainable)
+    rows = np.searchsorted(offsets, positions, side="right") - 1
+    ids = np.asarray(turn_ids)[positions]
+    begins = np.ones(positions.size, dtype=bool)
+    begins[1:] = (rows[1:] != rows[:-1]) | (ids[1:] != ids[:-1])
+    first = np.flatnonzero(begins)
+    last = np.append(first[1:] - 1, positions.size - 1) if first.size else first
+    starts = positions[first].astype(np.int64, copy=False)
+    ends = (positions[last] + 1).astype(np.int64, copy=False)
+    return starts, ends, np.searchsorted(starts, np.asarray(offsets, dtype=np.int64)).astype(np.int64)
+
+
 def _turn_table_numpy(trainable: np.ndarray, offsets: np.ndarray):
     """:func:`turn_table` of a numpy mask in one pass over the tokens: the positions where
     the mask changes (a turn begins or ends there), then the sample boundaries that cut a

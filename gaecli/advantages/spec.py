@@ -29,10 +29,19 @@ from gaecli.advantages.normalization import WhiteningRule
 from gaecli.errors import InvalidOptionError
 from gaecli.options import check_choice, check_number
 
-VARIANT_INPUTS: dict[str, str] = {"turn_rewards": "list", "truncated": "scalar", "bootstrap_values": "scalar"}
+VARIANT_INPUTS: dict[str, str] = {
+    "turn_rewards": "list",
+    "truncated": "scalar",
+    "bootstrap_values": "scalar",
+    "turn_ids": "list",
+}
 """The per-row inputs of the GAE variants: field (and role) → kind."""
 
-VARIANT_FIELDS: tuple[str, ...] = ("lambd_critic", "lambd_alpha", *VARIANT_INPUTS)
+VARIANT_FIELDS: tuple[str, ...] = ("lambd_critic", "lambd_alpha", "lambd_schedule", "lambd_q", *VARIANT_INPUTS)
+
+LAMBD_SCHEDULES: tuple[str, ...] = ("relative-position",)
+"""The per-sample λ schedules of ``lambd_schedule`` (docs/variants.md), each with its
+parameter: ``relative-position`` (AReaL's) with ``lambd_q``."""
 
 ESTIMATOR_FIELDS: tuple[str, ...] = (
     "gamma",
@@ -102,12 +111,18 @@ class AdvantageSpec:
         maximal run of trainable tokens one timestep, AReaL's turn-level GAE);
       - ``lambd_critic``: λ of the returns (decoupled GAE), in [0, 1];
       - ``lambd_alpha``: α of the length-adaptive λ of the advantages, finite and > 0;
+      - ``lambd_schedule`` with ``lambd_q``: the relative-position λ of the advantages
+        (``"relative-position"``, λ = q^(1/(L−1)); q finite in (0, 1]; set both or
+        neither; not with ``lambd_alpha``);
       - ``turn_rewards``: the name of a per-row list input, one reward per turn;
       - ``truncated`` and ``bootstrap_values``: the names of two per-row scalar inputs (set
         both or neither): a truncated row's value after its last trainable token (or turn)
-        is its bootstrap value instead of 0.
+        is its bootstrap value instead of 0;
+      - ``turn_ids``: the name of a per-row list input, one turn id per token (−1 at masked
+        tokens): with ``timestep="turn"`` (only), the turns are its ids instead of the
+        mask's runs.
 
-      The three names are the columns in the commands and the keys of ``row_inputs`` in
+      The four names are the columns in the commands and the keys of ``row_inputs`` in
       Python (:attr:`row_inputs`).
     """
 
@@ -120,9 +135,12 @@ class AdvantageSpec:
     timestep: str = "token"
     lambd_critic: Optional[float] = None
     lambd_alpha: Optional[float] = None
+    lambd_schedule: Optional[str] = None
+    lambd_q: Optional[float] = None
     turn_rewards: Optional[str] = None
     truncated: Optional[str] = None
     bootstrap_values: Optional[str] = None
+    turn_ids: Optional[str] = None
     group_by: Optional[str] = None
     step_by: Optional[str] = None
     baseline_rewards: Optional[str] = None
@@ -384,6 +402,7 @@ def check_variant_values(values: dict, flags: Optional[dict] = None) -> None:
         check_number(name(field), value, *bounds)
         if field == "lambd_alpha" and not value > 0:
             refuse(f"{name(field)} must be > 0, got {value:g}")
+    _check_lambd_schedule(values, name, bool(flags))
     for field in VARIANT_INPUTS:
         value = values.get(field)
         if value is not None and (not isinstance(value, str) or not value):
@@ -391,6 +410,30 @@ def check_variant_values(values: dict, flags: Optional[dict] = None) -> None:
     if (values.get("truncated") is None) != (values.get("bootstrap_values") is None):
         how = "give both or neither" if flags else "set both (the flag and the value) or neither"
         refuse(f"{name('truncated')} and {name('bootstrap_values')} go together: {how}")
+    if values.get("turn_ids") is not None and timestep != "turn":
+        value = "turn" if flags else "'turn'"
+        refuse(f"{name('turn_ids')} gives the turns of {name('timestep')} {value}: set {name('timestep')} {value} too")
+
+
+def _check_lambd_schedule(values: dict, name, options: bool) -> None:
+    """The per-sample λ schedule (``lambd_schedule``) and its parameter ``lambd_q``: a known
+    schedule, q a finite number in (0, 1], both or neither, and not with ``lambd_alpha`` (two
+    λ of the advantages). ``name``: how the caller names a field; ``options``: the commands'."""
+    schedule, q = values.get("lambd_schedule"), values.get("lambd_q")
+    if schedule is not None and schedule not in LAMBD_SCHEDULES:
+        if options:
+            check_choice(name("lambd_schedule"), schedule, LAMBD_SCHEDULES, "λ schedule")
+        refuse(f"unknown lambd_schedule {schedule!r}; implemented: {', '.join(LAMBD_SCHEDULES)}")
+    if q is not None:
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not math.isfinite(q) or not 0 < q <= 1:
+            refuse(f"{name('lambd_q')} must be a finite number in (0, 1], got {q!r}")
+    if (schedule is None) != (q is None):
+        how = "give both or neither" if options else "set both or neither"
+        refuse(f"{name('lambd_schedule')} relative-position and {name('lambd_q')} go together: {how}")
+    if schedule is not None and values.get("lambd_alpha") is not None:
+        refuse(
+            f"{name('lambd_schedule')} and {name('lambd_alpha')} each set the λ of the advantages: give one of them"
+        )
 
 
 def estimator_spec(

@@ -571,6 +571,38 @@ LambdAlphaOption = Annotated[
         "trainable tokens (turns with --timestep turn); A > 0.",
     ),
 ]
+LambdScheduleOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--lambd-schedule",
+        metavar="relative-position",
+        show_default=False,
+        rich_help_panel=_VARIANTS,
+        help="Per-sample λ of the advantages: relative-position (AReaL): λ_i = Q^(1/(L_i − 1)) with --lambd-q Q, "
+        "1 for L_i = 1; L_i the sample's trainable tokens (turns with --timestep turn). Not with --lambd-alpha.",
+    ),
+]
+LambdQOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--lambd-q",
+        metavar="Q",
+        show_default=False,
+        rich_help_panel=_VARIANTS,
+        help="With --lambd-schedule relative-position: the fraction in (0, 1] the first timestep keeps.",
+    ),
+]
+TurnIdsColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--turn-ids-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel=_VARIANTS,
+        help="With --timestep turn: list column of one turn id per token (-1 at masked tokens; non-decreasing at "
+        "trainable ones); the turns are these ids instead of the maximal runs of trainable tokens.",
+    ),
+]
 TurnRewardsColOption = Annotated[
     Optional[str],
     typer.Option(
@@ -612,11 +644,24 @@ def make_variants(
     turn_rewards_col: Optional[str] = None,
     truncated_col: Optional[str] = None,
     bootstrap_col: Optional[str] = None,
+    lambd_schedule: Optional[str] = None,
+    lambd_q: Optional[float] = None,
+    turn_ids_col: Optional[str] = None,
 ):
     """The VariantOptions of the shared GAE-variant options."""
     from gaecli.pipeline import VariantOptions
 
-    return VariantOptions(timestep, lambd_critic, lambd_alpha, turn_rewards_col, truncated_col, bootstrap_col)
+    return VariantOptions(
+        timestep,
+        lambd_critic,
+        lambd_alpha,
+        turn_rewards_col,
+        truncated_col,
+        bootstrap_col,
+        lambd_schedule=lambd_schedule,
+        lambd_q=lambd_q,
+        turn_ids_col=turn_ids_col,
+    )
 
 
 def make_columns(

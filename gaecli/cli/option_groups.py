@@ -81,9 +81,12 @@ VARIANT_OPTIONS = (
             ("timestep", common.TimestepOption, "token"),
             ("lambd_critic", common.LambdCriticOption, None),
             ("lambd_alpha", common.LambdAlphaOption, None),
+            ("lambd_schedule", common.LambdScheduleOption, None),
+            ("lambd_q", common.LambdQOption, None),
         )
     )
     + ROW_INPUT_OPTIONS
+    + OptionGroup((("turn_ids_col", common.TurnIdsColOption, None),))
 )
 """The GAE variants of the new side (recompute, diff; :func:`gaecli.cli.common.make_variants`)."""
 

@@ -85,6 +85,7 @@ def check_variant_columns(schema: pa.Schema, file: str, variants: "VariantOption
         ("--turn-rewards-col", "turn_rewards", variants.turn_rewards_col),
         ("--truncated-col", "truncated", variants.truncated_col),
         ("--bootstrap-col", "bootstrap_values", variants.bootstrap_col),
+        ("--turn-ids-col", "turn_ids", variants.turn_ids_col),
     )
     for flag, role, name in wanted:
         if name is None:

@@ -135,7 +135,15 @@ class Computation:
         """The GAE variants of the new side, as the commands name their columns."""
         spec = self.new_spec
         return VariantOptions(
-            spec.timestep, spec.lambd_critic, spec.lambd_alpha, spec.turn_rewards, spec.truncated, spec.bootstrap_values
+            spec.timestep,
+            spec.lambd_critic,
+            spec.lambd_alpha,
+            spec.turn_rewards,
+            spec.truncated,
+            spec.bootstrap_values,
+            lambd_schedule=spec.lambd_schedule,
+            lambd_q=spec.lambd_q,
+            turn_ids_col=spec.turn_ids,
         )
 
     @property

@@ -33,7 +33,8 @@ def check_device(device: str) -> None:
 class VariantOptions:
     """The GAE variants of the new side (docs/variants.md), as ``gae recompute`` and
     ``gae diff`` take them (``--timestep``, ``--lambd-critic``, ``--lambd-alpha``,
-    ``--turn-rewards-col``, ``--truncated-col`` with ``--bootstrap-col``), checked when
+    ``--turn-rewards-col``, ``--truncated-col`` with ``--bootstrap-col``, ``--lambd-schedule``
+    with ``--lambd-q``, ``--turn-ids-col``), checked when
     made (:class:`InvalidOptionError` naming the option)."""
 
     timestep: str = "token"
@@ -42,12 +43,17 @@ class VariantOptions:
     turn_rewards_col: Optional[str] = None
     truncated_col: Optional[str] = None
     bootstrap_col: Optional[str] = None
+    lambd_schedule: Optional[str] = None
+    lambd_q: Optional[float] = None
+    turn_ids_col: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_variant_values(self.spec_fields(), VARIANT_FLAGS)  # the spec's check, naming the options
         named = self.columns()
         if len(set(named)) != len(named):
-            raise InvalidOptionError("--turn-rewards-col, --truncated-col and --bootstrap-col name one column twice")
+            raise InvalidOptionError(
+                "--turn-rewards-col, --truncated-col, --bootstrap-col and --turn-ids-col name one column twice"
+            )
 
     def spec_fields(self) -> dict:
         """The :class:`AdvantageSpec` fields of these variants."""
@@ -55,7 +61,8 @@ class VariantOptions:
 
     def columns(self) -> list[str]:
         """The per-row columns these variants read."""
-        return [name for name in (self.turn_rewards_col, self.truncated_col, self.bootstrap_col) if name is not None]
+        named = (self.turn_rewards_col, self.truncated_col, self.bootstrap_col, self.turn_ids_col)
+        return [name for name in named if name is not None]
 
 
 _SPEC_FIELDS: tuple[tuple[str, str], ...] = (
@@ -65,6 +72,9 @@ _SPEC_FIELDS: tuple[tuple[str, str], ...] = (
     ("turn_rewards", "turn_rewards_col"),
     ("truncated", "truncated_col"),
     ("bootstrap_values", "bootstrap_col"),
+    ("lambd_schedule", "lambd_schedule"),
+    ("lambd_q", "lambd_q"),
+    ("turn_ids", "turn_ids_col"),
 )
 """Each :class:`AdvantageSpec` variant field and the :class:`VariantOptions` attribute of it."""
 
@@ -75,6 +85,9 @@ VARIANT_FLAGS: dict[str, str] = {
     "turn_rewards": "--turn-rewards-col",
     "truncated": "--truncated-col",
     "bootstrap_values": "--bootstrap-col",
+    "lambd_schedule": "--lambd-schedule",
+    "lambd_q": "--lambd-q",
+    "turn_ids": "--turn-ids-col",
 }
 """The option of each GAE variant field, as ``gae recompute`` and ``gae diff`` name it."""
 

@@ -28,12 +28,14 @@ def row_input_arrays(batch: pa.RecordBatch, spec: AdvantageSpec) -> dict:
     """The per-row inputs of the GAE variants ``spec`` reads, from the columns of a checked
     batch (:func:`gaecli.checks.check_row_inputs`), as the dispatch takes them: name →
     bool or float64 ``[B]``, and for the turn rewards (flat float64 ``[U]``, zero-based
-    int64 offsets ``[B + 1]``)."""
+    int64 offsets ``[B + 1]``), for the turn ids int64 ``[N]``."""
     arrays: dict = {}
     for needed in spec.row_inputs:
         if needed.role == "turn_rewards":
             offsets, flat = list_parts(batch.column(needed.name))
             arrays[needed.name] = (numeric_numpy(flat).astype(np.float64, copy=False), offsets.astype(np.int64))
+        elif needed.role == "turn_ids":  # one per token: flat [N] int64
+            arrays[needed.name] = numeric_numpy(list_parts(batch.column(needed.name))[1]).astype(np.int64)
         elif needed.role == "truncated":
             arrays[needed.name] = np.asarray(batch.column(needed.name).cast(pa.bool_()).fill_null(False))
         elif needed.role == "bootstrap_values":

@@ -128,6 +128,7 @@ class RecomputeOptions(RunOptions):
             ("--turn-rewards-col", variants.turn_rewards_col),
             ("--truncated-col", variants.truncated_col),
             ("--bootstrap-col", variants.bootstrap_col),
+            ("--turn-ids-col", variants.turn_ids_col),
             *self.estimator_inputs.read_columns(),
         ]
         if columns.kl_coef is not None or columns.reads_teacher or self.estimator == "optimal-token-baseline":

@@ -30,7 +30,17 @@ GAE_FEATURES = frozenset({"estimator:gae", "timestep:token"})
 """The features of :attr:`gaecli.advantages.spec.AdvantageSpec.features` every GAE kernel supports."""
 
 GAE_VARIANT_FEATURES = GAE_FEATURES | frozenset(
-    {"timestep:turn", "lambd_critic", "lambd_alpha", "turn_rewards", "truncated", "bootstrap_values"}
+    {
+        "timestep:turn",
+        "lambd_critic",
+        "lambd_alpha",
+        "lambd_schedule",
+        "lambd_q",
+        "turn_rewards",
+        "truncated",
+        "bootstrap_values",
+        "turn_ids",
+    }
 )
 """Plain GAE and every GAE variant (docs/variants.md): a kernel that supports them takes the
 keywords of :class:`gaecli.advantages.variants.VariantArguments`."""

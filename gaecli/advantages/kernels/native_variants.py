@@ -48,9 +48,10 @@ def _variant_token_sample(buffers, plan_arrays, sample, step):
 def _variant_turn_sample(buffers, plan_arrays, sample, step):
     """One sample of the variants with ``timestep="turn"`` (docs/variants.md): one timestep
     per turn (its value the value at its first token, its reward its turn reward, plus z for
-    the last turn); every token of turn u gets ``A_u + r[t]`` and ``A_u(λ of the returns)
-    + V_u``; masked positions 0. Arguments: see :func:`_variant_batch`."""
-    values, rewards, _, advantages, returns = buffers
+    the last turn); every trainable token of turn u gets ``A_u + r[t]`` and ``A_u(λ of the
+    returns) + V_u`` (a turn of explicit turn ids may span masked tokens); masked positions 0.
+    Arguments: see :func:`_variant_batch`."""
+    values, rewards, loss_mask, advantages, returns = buffers
     bootstrap, turn_offsets, turn_rewards, has_turn_rewards, turn_starts, turn_ends = plan_arrays
     start, end, terminal, gamma, decay, return_decay, split = step
     for t in range(start, end):
@@ -71,8 +72,9 @@ def _variant_turn_sample(buffers, plan_arrays, sample, step):
         else:
             returned = carry + value
         for t in range(first, turn_ends[turn]):
-            advantages[t] = carry + np.float64(rewards[t])
-            returns[t] = returned
+            if loss_mask[t] != 0:
+                advantages[t] = carry + np.float64(rewards[t])
+                returns[t] = returned
         next_value = value
         terminal = 0.0
 

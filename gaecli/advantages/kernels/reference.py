@@ -5,11 +5,13 @@ Obviously correct and slow; every other kernel is held against it.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
 from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
-from gaecli.advantages.variants import VariantArguments, adaptive_lambd, as_numpy
+from gaecli.advantages.variants import VariantArguments, as_numpy, per_sample_lambd, sample_lambd
 
 
 @flat_kernel
@@ -60,19 +62,18 @@ def _as_outputs(batch: FlatBatch, advantages: list, returns: list) -> tuple[torc
     return as_tensor(advantages), as_tensor(returns)
 
 
-def _turns(mask: list, start: int, end: int) -> list[tuple[int, int]]:
-    """The turns of one sample: (first, one past last) position of each maximal run of
-    trainable tokens, in order."""
-    turns: list[tuple[int, int]] = []
-    t = start
-    while t < end:
-        if mask[t]:
-            first = t
-            while t < end and mask[t]:
-                t += 1
-            turns.append((first, t))
+def _turns(mask: list, start: int, end: int, ids: Optional[list] = None) -> list[list[int]]:
+    """The turns of one sample: the positions of each maximal run of trainable tokens, in
+    order; with turn ids (``ids``, flat), the trainable positions of each id instead."""
+    turns: list[list[int]] = []
+    for t in range(start, end):
+        if not mask[t]:
+            continue
+        same_turn = turns and (turns[-1][-1] == t - 1 if ids is None else ids[turns[-1][-1]] == ids[t])
+        if same_turn:
+            turns[-1].append(t)
         else:
-            t += 1
+            turns.append([t])
     return turns
 
 
@@ -83,8 +84,11 @@ def reference_variant_gae(
     """The GAE variants (docs/variants.md) by a serial float64 loop per sample, turn by turn:
     arguments as :func:`reference_gae` plus the variants' keywords (per-row inputs as
     tensors, numpy arrays or sequences, checked by the caller: ``turn_rewards`` flat with
-    its ``turn_offsets`` ``[B + 1]``, ``truncated`` and ``bootstrap_values`` ``[B]``)."""
-    timestep, lambd_critic, lambd_alpha, turn_rewards, turn_offsets, truncated, boot = VariantArguments(**variants)
+    its ``turn_offsets`` ``[B + 1]``, ``truncated`` and ``bootstrap_values`` ``[B]``,
+    ``turn_ids`` ``[N]``)."""
+    arguments = VariantArguments(**variants)
+    timestep, lambd_critic, _, turn_rewards, turn_offsets, truncated, boot, *_ = arguments
+    ids = None if arguments.turn_ids is None or timestep != "turn" else as_numpy(arguments.turn_ids).tolist()
     all_values, all_rewards, all_mask, bounds, terminals = _as_lists(batch)
     flat_turn_rewards = None if turn_rewards is None else as_numpy(turn_rewards).astype(np.float64).tolist()
     turn_bounds = None if turn_offsets is None else as_numpy(turn_offsets).tolist()
@@ -92,24 +96,24 @@ def reference_variant_gae(
     boots = None if boot is None else as_numpy(boot).astype(np.float64).tolist()
     advantages = [0.0] * len(all_values)
     returns = [0.0] * len(all_values)
-    split = lambd_critic is not None or lambd_alpha is not None
+    split = lambd_critic is not None or per_sample_lambd(**variants)
     return_lambd = lambd if lambd_critic is None else lambd_critic
     for sample, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
-        turns = _turns(all_mask, start, end)
-        steps = len(turns) if timestep == "turn" else sum(last - first for first, last in turns)
-        sample_lambd = lambd if lambd_alpha is None else float(adaptive_lambd(lambd_alpha, np.array([steps]))[0])
-        decay, return_decay = gamma * sample_lambd, gamma * return_lambd
+        turns = _turns(all_mask, start, end, ids)
+        steps = len(turns) if timestep == "turn" else sum(len(turn) for turn in turns)
+        own_lambd = float(sample_lambd(lambd, np.array([steps]), **variants)[0])
+        decay, return_decay = gamma * own_lambd, gamma * return_lambd
         # Each timestep: (positions it covers, its value, its reward before z).
         if timestep == "turn":
             per_turn = [0.0] * len(turns) if flat_turn_rewards is None else None
             if per_turn is None:
                 per_turn = flat_turn_rewards[turn_bounds[sample] : turn_bounds[sample + 1]]
-            timesteps = [(range(a, b), all_values[a], per_turn[u]) for u, (a, b) in enumerate(turns)]
+            timesteps = [(turn, all_values[turn[0]], per_turn[u]) for u, turn in enumerate(turns)]
         else:
-            last_of_turn = {b - 1: u for u, (_, b) in enumerate(turns)}
+            last_of_turn = {turn[-1]: u for u, turn in enumerate(turns)}
             timesteps = []
-            for a, b in turns:
-                for t in range(a, b):
+            for turn in turns:
+                for t in turn:
                     reward = all_rewards[t]
                     if flat_turn_rewards is not None and t in last_of_turn:
                         reward = reward + flat_turn_rewards[turn_bounds[sample] + last_of_turn[t]]
