@@ -206,7 +206,9 @@ def _side(
         row_inputs = token_baseline_inputs(statistics, spec, paths, packed.trainable, packed.offsets, group_keys)
         return compute_packed(packed, spec, computation.kernel, computation.device, row_inputs)
     if spec.estimator not in GROUPED_ESTIMATORS:
-        return compute_packed(packed, spec, computation.kernel, computation.device, inputs or None)
+        if not inputs:  # a side that reads no input of its own
+            return compute_packed(packed, spec, computation.kernel, computation.device)
+        return compute_packed(packed, spec, computation.kernel, computation.device, inputs)
     if statistics is None:
         raise ValueError(f"estimator {spec.estimator!r}: the score statistics of the input are needed")
     from gaecli.advantages.estimators import statistics_row_advantages
