@@ -31,12 +31,10 @@ from gaecli.advantages.dispatch import (
     samples_kernel,
 )
 from gaecli.advantages.inputs import (
-    FlatLists,
     as_sample_tensor,
     check_contents,
     check_packed,
     check_terminal,
-    check_variant_inputs,
     flat_outputs,
     half_precision,
     narrowed,
@@ -46,6 +44,7 @@ from gaecli.advantages.inputs import (
     split,
     widened,
 )
+from gaecli.advantages.row_inputs import FlatLists, check_variant_inputs
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.advantages.whiten import whiten, whiten_by_group
 from gaecli.errors import GAEInputError
@@ -153,7 +152,7 @@ def _zeros_like_rewards(sample) -> torch.Tensor:
 
 def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate):
     from gaecli.advantages.estimators import critic_free_batch, keys_array
-    from gaecli.advantages.inputs import estimator_input_numbers, estimator_token_numbers
+    from gaecli.advantages.row_inputs import estimator_input_numbers, estimator_token_numbers
 
     if spec.estimator == "opd":
         raise GAEInputError(

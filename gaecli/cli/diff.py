@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gaecli.cli import common, option_groups
+from gaecli.cli import common, computation_options, option_groups
 from gaecli.cli.common import BatchRowsOption, DebugOption, JsonOption, QuietOption, app, write_path_option
 from gaecli.cli.progress import make_progress, print_closing
 
@@ -131,7 +131,7 @@ def diff(
             against_returns=against_returns,
             normalize=normalize,
             normalize_by=normalize_by,
-            whitening_rule=common.make_whitening_rule(**whitening_options),
+            whitening_rule=computation_options.make_whitening_rule(**whitening_options),
             group_by=group_by,
             id_col=id_col,
             top=top,
@@ -140,7 +140,7 @@ def diff(
             batch_rows=batch_rows,
             columns=common.make_columns(**column_options),
             per_sample=per_sample,
-            variants=common.make_variants(**variant_options),
+            variants=computation_options.make_variants(**variant_options),
             groups_out=groups_out,
             overwrite=overwrite,
             report_paths=common.reports(JSON=json_path, Markdown=markdown, HTML=html),

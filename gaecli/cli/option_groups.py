@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gaecli.cli import common
+from gaecli.cli import common, computation_options
 
 KernelOption = Annotated[str, typer.Option(help="GAE kernel (see `gae kernels`).")]
 DeviceOption = Annotated[str, typer.Option(help="torch device: cpu or cuda.")]
@@ -33,15 +33,15 @@ class OptionGroup:
 
 ESTIMATOR_OPTIONS = OptionGroup(
     (
-        ("gamma", common.GammaOption, None),
-        ("lambd", common.LambdOption, None),
-        ("estimator", common.EstimatorOption, "gae"),
-        ("group_col", common.GroupColOption, None),
-        ("step_col", common.StepColOption, None),
-        ("baseline_reward_col", common.BaselineRewardColOption, None),
-        ("reward_cols", common.RewardColsOption, None),
-        ("reward_weights", common.RewardWeightsOption, None),
-        ("sum_pi_squared_col", common.SumPiSquaredColOption, None),
+        ("gamma", computation_options.GammaOption, None),
+        ("lambd", computation_options.LambdOption, None),
+        ("estimator", computation_options.EstimatorOption, "gae"),
+        ("group_col", computation_options.GroupColOption, None),
+        ("step_col", computation_options.StepColOption, None),
+        ("baseline_reward_col", computation_options.BaselineRewardColOption, None),
+        ("reward_cols", computation_options.RewardColsOption, None),
+        ("reward_weights", computation_options.RewardWeightsOption, None),
+        ("sum_pi_squared_col", computation_options.SumPiSquaredColOption, None),
     )
 )
 """γ, λ, the estimator, its group and step id columns and its own columns (recompute, diff)."""
@@ -55,53 +55,54 @@ COLUMN_OPTIONS = OptionGroup(
         ("rewards_col", common.RewardsColOption, None),
         ("mask_col", common.MaskColOption, "loss_mask"),
         ("terminal_col", common.TerminalColOption, "terminal_reward"),
-        ("kl_coef", common.KLCoefOption, None),
-        ("kl_estimator", common.KLEstimatorOption, "k1"),
-        ("logprobs_col", common.LogprobsColOption, "log_probs"),
-        ("ref_logprobs_col", common.RefLogprobsColOption, "ref_log_probs"),
-        ("opd_coef", common.OPDCoefOption, None),
-        ("teacher_logprobs_col", common.TeacherLogprobsColOption, "teacher_log_probs"),
-        ("opd_stage", common.OPDStageOption, "before-whiten"),
+        ("kl_coef", computation_options.KLCoefOption, None),
+        ("kl_estimator", computation_options.KLEstimatorOption, "k1"),
+        ("logprobs_col", computation_options.LogprobsColOption, "log_probs"),
+        ("ref_logprobs_col", computation_options.RefLogprobsColOption, "ref_log_probs"),
+        ("opd_coef", computation_options.OPDCoefOption, None),
+        ("teacher_logprobs_col", computation_options.TeacherLogprobsColOption, "teacher_log_probs"),
+        ("opd_stage", computation_options.OPDStageOption, "before-whiten"),
     )
 )
 """The input columns and the KL rewards (:func:`gaecli.cli.common.make_columns`; every command that reads rollouts)."""
 
 ROW_INPUT_OPTIONS = OptionGroup(
     (
-        ("turn_rewards_col", common.TurnRewardsColOption, None),
-        ("truncated_col", common.TruncatedColOption, None),
-        ("bootstrap_col", common.BootstrapColOption, None),
+        ("turn_rewards_col", computation_options.TurnRewardsColOption, None),
+        ("truncated_col", computation_options.TruncatedColOption, None),
+        ("bootstrap_col", computation_options.BootstrapColOption, None),
     )
 )
-"""The per-row columns of the GAE variants (validate checks them; :func:`gaecli.cli.common.make_variants`)."""
+"""The per-row columns of the GAE variants (validate checks them;
+:func:`gaecli.cli.computation_options.make_variants`)."""
 
 VARIANT_OPTIONS = (
     OptionGroup(
         (
-            ("timestep", common.TimestepOption, "token"),
-            ("lambd_critic", common.LambdCriticOption, None),
-            ("lambd_alpha", common.LambdAlphaOption, None),
-            ("lambd_schedule", common.LambdScheduleOption, None),
-            ("lambd_q", common.LambdQOption, None),
+            ("timestep", computation_options.TimestepOption, "token"),
+            ("lambd_critic", computation_options.LambdCriticOption, None),
+            ("lambd_alpha", computation_options.LambdAlphaOption, None),
+            ("lambd_schedule", computation_options.LambdScheduleOption, None),
+            ("lambd_q", computation_options.LambdQOption, None),
         )
     )
     + ROW_INPUT_OPTIONS
-    + OptionGroup((("turn_ids_col", common.TurnIdsColOption, None),))
+    + OptionGroup((("turn_ids_col", computation_options.TurnIdsColOption, None),))
 )
-"""The GAE variants of the new side (recompute, diff; :func:`gaecli.cli.common.make_variants`)."""
+"""The GAE variants of the new side (recompute, diff; :func:`gaecli.cli.computation_options.make_variants`)."""
 
 WHITENING_OPTIONS = OptionGroup(
     (
-        ("norm_like", common.NormLikeOption, None),
-        ("norm_mean", common.NormMeanOption, None),
-        ("norm_std", common.NormStdOption, None),
-        ("norm_unbiased", common.NormUnbiasedOption, None),
-        ("norm_eps", common.NormEpsOption, None),
-        ("norm_eps_in", common.NormEpsInOption, None),
-        ("norm_one_token", common.NormOneTokenOption, None),
+        ("norm_like", computation_options.NormLikeOption, None),
+        ("norm_mean", computation_options.NormMeanOption, None),
+        ("norm_std", computation_options.NormStdOption, None),
+        ("norm_unbiased", computation_options.NormUnbiasedOption, None),
+        ("norm_eps", computation_options.NormEpsOption, None),
+        ("norm_eps_in", computation_options.NormEpsInOption, None),
+        ("norm_one_token", computation_options.NormOneTokenOption, None),
     )
 )
-"""How --normalize whitens (recompute, diff; :func:`gaecli.cli.common.make_whitening_rule`)."""
+"""How --normalize whitens (recompute, diff; :func:`gaecli.cli.computation_options.make_whitening_rule`)."""
 
 ENGINE_OPTIONS = OptionGroup(
     (
@@ -148,8 +149,8 @@ def estimator_fields(values: dict, group_field: str = "group_by") -> dict:
 
     inputs = EstimatorInputs(
         values["baseline_reward_col"],
-        common.comma_list("--reward-cols", values["reward_cols"]),
-        common.comma_numbers("--reward-weights", values["reward_weights"]),
+        computation_options.comma_list("--reward-cols", values["reward_cols"]),
+        computation_options.comma_numbers("--reward-weights", values["reward_weights"]),
         values["sum_pi_squared_col"],
     )
     return {

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gaecli.cli import common, option_groups
+from gaecli.cli import common, computation_options, option_groups
 from gaecli.cli.common import BatchRowsOption, DebugOption, JsonOption, QuietOption, app, write_path_option
 from gaecli.cli.progress import make_progress, print_closing
 
@@ -82,7 +82,7 @@ def recompute(
             columns=common.make_columns(**column_options, advantages=advantages_col, returns=returns_col),
             normalize=normalize,
             normalize_by=normalize_by,
-            whitening_rule=common.make_whitening_rule(**whitening_options),
+            whitening_rule=computation_options.make_whitening_rule(**whitening_options),
             replace=replace,
             keep_baseline=keep_baseline,
             baseline=baseline,
@@ -90,7 +90,7 @@ def recompute(
             overwrite=overwrite,
             tolerance=tol,
             skip_existing=skip_existing,
-            variants=common.make_variants(**variant_options),
+            variants=computation_options.make_variants(**variant_options),
             report_paths=common.reports(JSON=json_path),
         )
         engine = common.make_engine(**engine_options)

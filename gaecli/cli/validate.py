@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gaecli.cli import common, option_groups
+from gaecli.cli import common, computation_options, option_groups
 from gaecli.cli.common import EXIT_USAGE, BatchRowsOption, DebugOption, JsonOption, QuietOption, app, fail
 from gaecli.cli.progress import make_progress, print_closing
 
@@ -80,7 +80,7 @@ def validate(
             progress=progress,
             engine=common.make_engine(**engine_options),
             report_paths=common.reports(JSON=json_path),
-            variants=common.make_variants(**row_input_options),
+            variants=computation_options.make_variants(**row_input_options),
         )
     document = report.to_dict()
     common.write_json(document, json_path)
