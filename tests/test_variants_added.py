@@ -695,10 +695,9 @@ INVALID_TURN_IDS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "ids, rule, message", INVALID_TURN_IDS, ids=[case[1] + str(case[0]) for case in INVALID_TURN_IDS]
-)
-def test_invalid_turn_ids_stop_the_run_naming_file_row_and_column(tmp_path, ids, rule, message):
+def invalid_turn_ids_file(tmp_path, ids):
+    """Three rows whose turn ids are valid but row 1's (mask [1, 1, 0, 1], two turn rewards),
+    which are ``ids``: column ``ids``, turn rewards ``turns``."""
     rollouts = random_rollouts(3, 1)
     rollouts.masks[1] = [1, 1, 0, 1]
     for column in (rollouts.values, rollouts.rewards):
@@ -708,7 +707,14 @@ def test_invalid_turn_ids_stop_the_run_naming_file_row_and_column(tmp_path, ids,
     all_ids[1] = ids
     turns[1] = [0.5, 1.5]
     extra = {"ids": pa.array(all_ids, pa.list_(pa.int64())), "turns": pa.array(turns, pa.list_(pa.float64()))}
-    path = write_table(rollout_table(rollouts, extra=extra), tmp_path / "in.parquet")
+    return write_table(rollout_table(rollouts, extra=extra), tmp_path / "in.parquet")
+
+
+@pytest.mark.parametrize(
+    "ids, rule, message", INVALID_TURN_IDS, ids=[case[1] + str(case[0]) for case in INVALID_TURN_IDS]
+)
+def test_invalid_turn_ids_stop_the_run_naming_file_row_and_column(tmp_path, ids, rule, message):
+    path = invalid_turn_ids_file(tmp_path, ids)
     before = path.read_bytes()
     out_dir = tmp_path / "out"
     stopped = recompute([path], out_dir / "out.parquet", *ID_FLAGS)
@@ -740,3 +746,30 @@ def test_native_is_bitwise_the_reference_with_the_added_variants(combination):
     for want, have in zip(reference, native):
         for a, b in zip(want, have):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "ids, rule, message", INVALID_TURN_IDS, ids=[case[1] + str(case[0]) for case in INVALID_TURN_IDS]
+)
+def test_validate_checks_turn_ids_by_the_rules_recompute_stops_on(tmp_path, ids, rule, message):
+    """gae validate --turn-ids-col finds, in row 1 and its column, what recompute stops on (and
+    may find more there: it does not stop at the first); no --timestep needed; the valid rows
+    give nothing."""
+    path = invalid_turn_ids_file(tmp_path, ids)
+    before = path.read_bytes()
+    result = gae("validate", path, "--turn-ids-col", "ids", "--turn-rewards-col", "turns", "--json", "-", "--quiet")
+    assert result.exit_code == 1, result.output
+    findings = [f for f in json.loads(result.stdout)["findings"] if f["severity"] == "error"]
+    column = "turns" if rule == "[turn-rewards-length]" else "ids"
+    found = [f for f in findings if f["code"] == rule[1:-1]]
+    assert [(f["row"], f["column"]) for f in found] == [(1, column)] and message in found[0]["message"]
+    assert {f["row"] for f in findings} == {1} and path.read_bytes() == before
+
+
+def test_validate_passes_valid_turn_ids_and_refuses_a_missing_column(tmp_path):
+    path = invalid_turn_ids_file(tmp_path, [0, 0, -1, 1])
+    passed = gae("validate", path, "--turn-ids-col", "ids", "--turn-rewards-col", "turns", "--quiet")
+    assert passed.exit_code == 0, passed.output
+    missing = gae("validate", path, "--turn-ids-col", "nope", "--json", "-", "--quiet")
+    assert missing.exit_code == 1, missing.output
+    assert [(f["column"], f["code"]) for f in json.loads(missing.stdout)["findings"]] == [("nope", "missing-column")]

@@ -372,3 +372,10 @@ def make_variants(
         lambd_q=lambd_q,
         turn_ids_col=turn_ids_col,
     )
+
+
+def validated_row_inputs(**row_input_options):
+    """The VariantOptions whose per-row columns ``gae validate`` checks: turn ids are checked
+    as the turns of ``--timestep turn``, the one timestep that reads them."""
+    timestep = "turn" if row_input_options.get("turn_ids_col") is not None else "token"
+    return make_variants(timestep, **row_input_options)

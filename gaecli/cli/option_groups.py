@@ -71,6 +71,7 @@ ROW_INPUT_OPTIONS = OptionGroup(
         ("turn_rewards_col", computation_options.TurnRewardsColOption, None),
         ("truncated_col", computation_options.TruncatedColOption, None),
         ("bootstrap_col", computation_options.BootstrapColOption, None),
+        ("turn_ids_col", computation_options.TurnIdsColOption, None),
     )
 )
 """The per-row columns of the GAE variants (validate checks them;
@@ -87,7 +88,6 @@ VARIANT_OPTIONS = (
         )
     )
     + ROW_INPUT_OPTIONS
-    + OptionGroup((("turn_ids_col", computation_options.TurnIdsColOption, None),))
 )
 """The GAE variants of the new side (recompute, diff; :func:`gaecli.cli.computation_options.make_variants`)."""
 

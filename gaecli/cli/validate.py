@@ -80,7 +80,7 @@ def validate(
             progress=progress,
             engine=common.make_engine(**engine_options),
             report_paths=common.reports(JSON=json_path),
-            variants=computation_options.make_variants(**row_input_options),
+            variants=computation_options.validated_row_inputs(**row_input_options),
         )
     document = report.to_dict()
     common.write_json(document, json_path)
