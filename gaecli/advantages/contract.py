@@ -80,6 +80,12 @@ REQUIRED_INPUTS: tuple[str, ...] = ("baseline_rewards", "reward_components", "lo
 STEP_ESTIMATORS: tuple[str, ...] = ("gpg", *WHITENED_ESTIMATORS)
 """The estimators with a statistic over the whole input that a step id splits (gpg's α, whitening)."""
 
+SCORE_NORMALISED: tuple[str, ...] = ("grpo", "dr-grpo")
+"""The estimators whose advantage is the row's score normalised within its group: a
+whitening rule given to them (the spec's ``whitening_rule``, the ``--norm-*`` options) replaces
+their own, ``(s − μ)/(σ + 1e-6)`` and ``s − μ`` (docs/semantics.md#whitening-rules); a rule
+with a batch-level statistic reads the step id as the batch."""
+
 ESTIMATOR_PARAMETERS: dict[str, tuple[str, ...]] = {"gae": ("gamma", "lambd"), "reinforce++": ("gamma",)}
 """The discount parameters each estimator reads (none for the others)."""
 

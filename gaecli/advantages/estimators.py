@@ -14,7 +14,7 @@ from typing import Mapping, Optional
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.contract import GROUP_EPSILON, WHITENED_RETURNS
+from gaecli.advantages.contract import GROUP_EPSILON, SCORE_NORMALISED, WHITENED_RETURNS
 from gaecli.advantages.statistics import (
     COMPONENT,
     PATH_BASELINES,
@@ -95,11 +95,21 @@ whitening moments per step of the ``reinforce++`` estimators and gdpo. A new est
 here; the statistics pass (:mod:`gaecli.pipeline.passes`) gathers them."""
 
 
+def estimator_needs(spec) -> tuple[Need, ...]:
+    """The needs of ``spec``'s estimator (:data:`ESTIMATOR_STATISTICS`), with the batch's
+    scores (per step) where its whitening rule normalises the scores by a batch statistic."""
+    from gaecli.advantages.spec import reads_steps
+
+    needs = ESTIMATOR_STATISTICS.get(spec.estimator, ())
+    if spec.estimator in SCORE_NORMALISED and reads_steps(spec.estimator, spec.whitening_rule):
+        needs = (*needs, STEP_SCORES)
+    return needs
+
+
 def declared_statistics(spec, operand: str = "new") -> tuple[Statistic, ...]:
     """The statistics ``spec`` needs when computed as the side ``operand`` (``new``,
     ``old``, ``old:K``)."""
-    needs = ESTIMATOR_STATISTICS.get(spec.estimator, ())
-    return tuple(statistic for need in needs for statistic in need.statistics(spec, operand))
+    return tuple(statistic for need in estimator_needs(spec) for statistic in need.statistics(spec, operand))
 
 
 def statistics_row_advantages(
@@ -119,15 +129,35 @@ def statistics_row_advantages(
         return component_row_values(statistics, spec, inputs, group_keys, rows)
     groups = statistics[GROUP_SCORES.statistic(spec)]
     codes = groups.known_codes(group_keys, rows, "group")
+    if spec.estimator in SCORE_NORMALISED and spec.whitening_rule is not None:
+        return rule_normalized_scores(statistics, spec, scores, codes, step_keys)
     n, means, stds, baselines = (values[codes] for values in groups.group_statistics())
     if spec.estimator == "grpo-passk":
         best, second = (values[codes] for values in statistics[GROUP_TOP_SCORES.statistic(spec)].best_two())
         return passk_advantages(scores, n, stds, best, second)
     alphas = None
-    if STEP_SCORES in ESTIMATOR_STATISTICS.get(spec.estimator, ()):
+    if STEP_SCORES in estimator_needs(spec):
         steps = statistics[STEP_SCORES.statistic(spec)]
         alphas = steps.alphas()[steps.known_codes(step_keys, rows, "step")]
     return row_advantages(spec.estimator, scores, n, means, stds, baselines, alphas)
+
+
+def rule_normalized_scores(statistics: KeyedStatistics, spec, scores: np.ndarray, codes: np.ndarray, step_keys):
+    """The scores normalised by ``spec.whitening_rule`` (float64 ``[B]``,
+    :func:`gaecli.advantages.normalization.rule_center_scale`): the group's moments by the
+    rows' group ``codes``, the batch's by their step (the whole input without a step id). A
+    std at or below the rule's floor gives 0."""
+    from gaecli.advantages.normalization import rule_center_scale
+
+    rows = scores.size
+    group = tuple(values[codes] for values in statistics[GROUP_SCORES.statistic(spec)].moments())
+    batch = None
+    if STEP_SCORES in estimator_needs(spec):
+        steps = statistics[STEP_SCORES.statistic(spec)]
+        batch = tuple(values[steps.known_codes(step_keys, rows, "step")] for values in steps.moments())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        centers, scales = rule_center_scale(spec.whitening_rule, *group, np, batch=batch, values=scores)
+        return (scores - centers) / scales
 
 
 def token_baseline_inputs(

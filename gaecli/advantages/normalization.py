@@ -1,40 +1,56 @@
-"""How whitening normalises (docs/semantics.md#whitening-rules): the choices the trainers use,
-as one small object (:class:`WhiteningRule`, the spec's ``norm_*`` fields), the trainers' own
-(:data:`NORM_LIKE`, ``--norm-like``), and its formula written once for numpy and torch
-(:func:`rule_center_scale`: each group's centre and divisor from its count, mean and Bessel
-variance). Unset, every field keeps today's rule: ``(A − mean) / sqrt(var + 1e-8)``, the
-Bessel variance, a group of one token whitened to 0."""
+"""How whitening and the group estimators' score normalisation normalise
+(docs/semantics.md#whitening-rules): the choices the trainers use, as one small object
+(:class:`WhiteningRule`, the spec's ``whitening_rule``), the trainers' own for each use
+(:data:`NORM_LIKE`: whitening; :data:`SCORE_NORM_LIKE`: grpo's scores; ``--norm-like``), and
+its formula written once for numpy and torch (:func:`rule_center_scale`: each unit's centre
+and divisor from the count, mean and Bessel variance of its group and of its batch). Unset,
+every field keeps today's rule: ``(A − mean) / sqrt(var + 1e-8)``, the Bessel variance, a
+group of one token whitened to 0; grpo keeps ``(s − μ)/(σ + 1e-6)``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from typing import Optional
 
-from gaecli.advantages.contract import WHITEN_EPSILON
+from gaecli.advantages.contract import GROUP_EPSILON, WHITEN_EPSILON
 from gaecli.errors import InvalidOptionError
 from gaecli.options import check_choice, check_number
 
 LEVELS: tuple[str, ...] = ("group", "batch", "none")
-"""Where a whitening statistic is taken: over the whitening's groups (``--normalize-by``'s,
-or the whole input under ``--normalize``), over the whole input, or not at all (no centring;
-no scaling)."""
+"""Where a statistic is taken: over the groups (whitening: ``--normalize-by``'s, or the whole
+input under ``--normalize``; scores: ``--group-col``'s), over the batch (the whole input, or
+each ``--step-col`` value for scores), or not at all (no centring; no scaling)."""
+
+USES: tuple[str, ...] = ("whitening", "scores")
+"""What a rule normalises: the advantages' trainable tokens (``--normalize``), or the per-row
+scores of the estimators in :data:`gaecli.advantages.contract.SCORE_NORMALISED` (their own
+rule replaced)."""
 
 EPSILON_PLACES: tuple[str, ...] = ("sqrt", "std", "floor")
 """Where ε goes: ``sqrt(var + ε)`` (gaecli's, verl's ``masked_whiten``, slime's), ``std + ε``
 (AReaL's ``Normalization``), ``sqrt(max(var, ε))`` (OpenRLHF's)."""
 
-ONE_TOKEN: tuple[str, ...] = ("zero", "keep")
-"""A group with at most one trainable token: whitened as any other (its variance 0: the token
-whitens to 0 when centred), or left as it is (ROLL's ``masked_whiten`` turns whitening off)."""
+BELOW_FLOOR: tuple[str, ...] = ("zero", "undivided")
+"""What a std at or below the rule's floor gives: 0 (ROLL's ``agentic_reward_norm``), or the
+centred value left undivided (NeMo-RL divides only where the std is above 0)."""
+
+ONE_TOKEN: tuple[str, ...] = ("zero", "keep", "unit")
+"""A group of at most one unit (a trainable token when whitening, a row when normalising
+scores): normalised as any other (its variance 0: centred, it gives 0), left as it is (ROLL's
+``masked_whiten`` turns whitening off), or given mean 0 and std 1, ε applied as ever (verl's
+group of one)."""
 
 
 @dataclass(frozen=True)
 class WhiteningRule:
-    """The whitening choices (hashable): the centre's and the divisor's level
+    """The normalisation choices (hashable): the centre's and the divisor's level
     (:data:`LEVELS`), the Bessel (``unbiased``) or biased variance, ε and its place
-    (:data:`EPSILON_PLACES`), and a group of at most one token (:data:`ONE_TOKEN`). The
-    default is today's rule. Checked on construction (:class:`InvalidOptionError`, naming the
-    option)."""
+    (:data:`EPSILON_PLACES`), a group of at most one unit (:data:`ONE_TOKEN`), leave-one-out
+    centring (each unit centred on its group's others, the std taken about those centres;
+    ``std_of_others``: the std of the others instead, per row, for scores only), and a std
+    floor (``std_floor``: a std at or below it gives what ``below_floor`` says,
+    :data:`BELOW_FLOOR`; None: none). The default is today's whitening rule. Checked on
+    construction (:class:`InvalidOptionError`, naming the option)."""
 
     mean: str = "group"
     std: str = "group"
@@ -42,15 +58,32 @@ class WhiteningRule:
     eps: float = WHITEN_EPSILON
     eps_in: str = "sqrt"
     one_token: str = "zero"
+    leave_one_out: bool = False
+    std_of_others: bool = False
+    std_floor: Optional[float] = None
+    below_floor: str = "zero"
 
     def __post_init__(self) -> None:
         check_choice("--norm-mean", self.mean, LEVELS, "level")
         check_choice("--norm-std", self.std, LEVELS, "level")
         check_choice("--norm-eps-in", self.eps_in, EPSILON_PLACES, "place")
         check_choice("--norm-one-token", self.one_token, ONE_TOKEN, "choice")
-        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)):
-            raise InvalidOptionError(f"--norm-eps must be a number, got {self.eps!r}")
-        check_number("--norm-eps", self.eps, 0.0)
+        check_choice("--norm-below-floor", self.below_floor, BELOW_FLOOR, "choice")
+        for flag, value, optional in (("--norm-eps", self.eps, False), ("--norm-std-floor", self.std_floor, True)):
+            if optional and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidOptionError(f"{flag} must be a number, got {value!r}")
+            check_number(flag, value, 0.0)
+        if self.std_of_others and not (self.leave_one_out and self.std == self.mean):
+            raise InvalidOptionError(
+                "--norm-std-of-others takes the std of each row's leave-one-out others: it needs "
+                "--norm-leave-one-out and the std at the centre's level"
+            )
+        if self.leave_one_out and self.mean == "none":
+            raise InvalidOptionError(
+                "--norm-leave-one-out centres on the others' mean: it needs --norm-mean group or batch"
+            )
 
     @property
     def is_default(self) -> bool:
@@ -78,44 +111,127 @@ token as it is; AReaL's ``Normalization`` (``NormConfig`` defaults) divides by `
 OpenRLHF's experience maker by ``rsqrt(max(var, 1e-8))`` of the biased variance."""
 
 
-def whitening_rule(like: Optional[str] = None, **explicit) -> Optional[WhiteningRule]:
-    """The rule of ``--norm-like`` (a key of :data:`NORM_LIKE`) with the explicit choices
-    (``explicit``: the :class:`WhiteningRule` fields given, None for those not) over it; None
-    when nothing is given (today's rule)."""
+SCORE_RULE = WhiteningRule(eps=GROUP_EPSILON, eps_in="std", one_token="unit")
+"""The rule of grpo's own score normalisation, ``(s − μ)/(σ + 1e-6)`` with the Bessel σ and
+verl's group of one (μ = 0, σ = 1): the base the explicit ``--norm-*`` options change for
+scores. dr-grpo's own is this with ``std="none"``."""
+
+SCORE_NORM_LIKE: dict[str, WhiteningRule] = {
+    "verl": SCORE_RULE,
+    "slime": replace(SCORE_RULE, one_token="zero"),
+    "nemo-rl": replace(SCORE_RULE, one_token="zero", leave_one_out=True, std_of_others=True, std_floor=0.0,
+                       below_floor="undivided"),  # fmt: skip
+    "roll": replace(SCORE_RULE, one_token="zero", std_floor=GROUP_EPSILON),
+    "areal": WhiteningRule(mean="batch", std="batch", eps=1e-5, eps_in="std"),
+    "openrlhf": replace(SCORE_RULE, eps=1e-9, one_token="zero"),
+}
+"""Each trainer's normalisation of grpo's scores (``--norm-like`` with a score-normalised
+estimator; docs/semantics.md#score-normalisation): verl ``compute_grpo_outcome_advantage``
+(``(s − μ)/(σ + 1e-6)``, a group of one μ = 0, σ = 1); slime ``_post_process_rewards`` (the
+same, a group of one 0); NeMo-RL ``calculate_baseline_and_std_per_prompt`` with
+``GRPOAdvantageEstimator`` (the others' mean and the others' Bessel std, dividing only where
+it is above 0); ROLL ``agentic_reward_norm`` (a std at or below 1e-6 gives 0); AReaL
+``Normalization`` with ``NormConfig``'s defaults (batch mean and std, ``std + 1e-5``); OpenRLHF's
+``group_norm`` (``σ + 1e-9``)."""
+
+
+def rule_use(estimator: str) -> str:
+    """What a rule given with ``estimator`` normalises (:data:`USES`): its scores when it is
+    score-normalised, the whitening otherwise."""
+    from gaecli.advantages.contract import SCORE_NORMALISED
+
+    return "scores" if estimator in SCORE_NORMALISED else "whitening"
+
+
+def whitening_rule(like: Optional[str] = None, use: str = "whitening", **explicit) -> Optional[WhiteningRule]:
+    """The rule of ``--norm-like`` (a trainer) for ``use`` (:data:`USES`: its whitening,
+    :data:`NORM_LIKE`, or its scores' normalisation, :data:`SCORE_NORM_LIKE`) with the
+    explicit choices (``explicit``: the :class:`WhiteningRule` fields given, None for those
+    not) over it, or over the use's own rule (today's whitening, :data:`SCORE_RULE`); None
+    when nothing is given (the estimator's or whitening's own rule)."""
     given = {name: value for name, value in explicit.items() if value is not None}
     if like is None and not given:
         return None
+    check_choice("use", use, USES, "use")
+    presets = NORM_LIKE if use == "whitening" else SCORE_NORM_LIKE
     if like is not None:
-        check_choice("--norm-like", like, NORM_LIKE, "trainer")
-    base = NORM_LIKE[like] if like is not None else WhiteningRule()
+        check_choice("--norm-like", like, presets, "trainer")
+    base = presets[like] if like is not None else WhiteningRule() if use == "whitening" else SCORE_RULE
     unknown = set(given) - {field.name for field in fields(WhiteningRule)}
     if unknown:
         raise InvalidOptionError(f"unknown whitening choice {sorted(unknown)[0]!r}")
     return replace(base, **given)
 
 
-def rule_center_scale(rule: WhiteningRule, counts, means, variances, xp):
-    """Each group's centre and divisor under ``rule`` from its trainable count ``n``, mean and
-    Bessel variance (0 for one token), all of one shape, in the array library ``xp`` (numpy
-    or torch, float64): the centre is the mean (0 at level ``none``); the variance is taken
-    about the centre (about 0: ``var + n·mean²/(n − 1)``), biased when asked (×(n − 1)/n);
-    the divisor is ``sqrt(var + ε)``, ``sqrt(var) + ε`` or ``sqrt(max(var, ε))`` (1 at level
-    ``none``); a group of at most one token under ``keep`` gets centre 0 and divisor 1."""
-    several = counts > 1
-    spare = xp.where(several, counts - 1, 1) * 1.0
-    centers = means if rule.mean != "none" else means * 0.0
-    spread = variances if rule.mean != "none" else variances + xp.where(several, counts * means * means / spare, 0.0)
-    if not rule.unbiased:
-        spread = xp.where(several, spread * spare / counts, 0.0)
+def rule_center_scale(rule: WhiteningRule, counts, means, variances, xp, batch=None, values=None):
+    """Each unit's centre and divisor under ``rule`` (``(x − centre) / divisor`` normalises
+    it), from the count ``n``, mean and Bessel variance (0 for one unit) of its group
+    (``counts``, ``means``, ``variances``) and of its batch (``batch``, the same three; None:
+    the group's), all of one shape, in the array library ``xp`` (numpy or torch, float64);
+    ``values``, the units themselves, only for ``std_of_others``.
+
+    The centre is the mean at ``rule.mean``'s level (0 at ``none``). The variance is taken at
+    ``rule.std``'s level about that level's mean, or about 0 when the centre is 0
+    (``var + n·mean²/(n − 1)``), biased when asked (×(n − 1)/n). The divisor is ``sqrt(var +
+    ε)``, ``std + ε`` or ``sqrt(max(var, ε))`` (1 at ``none``). Leave-one-out centres each
+    unit on the mean of its group's others, ``x − (Σ − x)/(n − 1) = k·(x − μ)`` with
+    ``k = n/(n − 1)``, and takes the std about those centres, ``k·std``, or with
+    ``std_of_others`` the std of the others (their squared deviations
+    ``(n − 1)·var − k·(x − μ)²`` over ``n − 2``, or ``n − 1`` biased; 0 for ``n ≤ 2``): the
+    divisor returned is over ``k``. A group of at most one unit (at the centre's level) under
+    ``keep`` gets centre 0 and divisor 1, under ``unit`` centre 0 and std 1; a std at or below
+    ``std_floor`` gives an infinite divisor (the unit normalises to 0) or, ``undivided``, 1."""
+    batch = (counts, means, variances) if batch is None else batch
+    levels = {"group": (counts, means, variances), "batch": batch}
+    center_counts, center_means, _ = levels["group" if rule.mean == "none" else rule.mean]
+    several = center_counts > 1
+    centers = center_means if rule.mean != "none" else center_means * 0.0
+    factor = None
+    if rule.leave_one_out:
+        factor = xp.where(several, center_counts / xp.where(several, center_counts - 1, 1), 1.0)
     if rule.std == "none":
-        scales = spread * 0.0 + 1.0
-    elif rule.eps_in == "sqrt":
-        scales = xp.sqrt(spread + rule.eps)
-    elif rule.eps_in == "std":
-        scales = xp.sqrt(spread) + rule.eps
+        scales = centers * 0.0 + 1.0
     else:
-        scales = xp.sqrt(xp.maximum(spread, spread * 0.0 + rule.eps))
-    if rule.one_token == "keep":
+        std_counts, std_means, std_variances = levels[rule.std]
+        spread = _rule_variance(rule, std_counts, std_means, std_variances, factor, values, xp)
+        if rule.one_token == "unit":
+            spread = xp.where(several, spread, 1.0)
+        scales = _divisor(rule, spread, xp)
+        if rule.std_floor is not None:
+            below = 1.0 if rule.below_floor == "undivided" else float("inf")
+            scales = xp.where(xp.sqrt(spread) <= rule.std_floor, spread * 0.0 + below, scales)
+    if factor is not None:
+        scales = scales / factor
+    if rule.one_token != "zero":
         centers = xp.where(several, centers, 0.0)
+    if rule.one_token == "keep":
         scales = xp.where(several, scales, 1.0)
     return centers, scales
+
+
+def _rule_variance(rule: WhiteningRule, counts, means, variances, factor, values, xp):
+    """The variance the divisor is taken of (:func:`rule_center_scale`): at the std's level,
+    about the centre used, biased when asked; under leave-one-out about each unit's centre
+    (``factor`` k: k² times) or, ``std_of_others``, of the unit's others."""
+    several = counts > 1
+    spare = xp.where(several, counts - 1, 1) * 1.0
+    if rule.std_of_others:
+        deviations = values - means
+        squares = xp.maximum(variances * spare - factor * deviations * deviations, 0.0)
+        others = counts - 1 if rule.unbiased else counts
+        return xp.where(counts > 2, squares / xp.where(counts > 2, others - 1, 1), 0.0)
+    spread = variances
+    if rule.mean == "none":
+        spread = spread + xp.where(several, counts * means * means / spare, 0.0)
+    if not rule.unbiased:
+        spread = xp.where(several, spread * spare / counts, 0.0)
+    return spread if factor is None else spread * factor * factor
+
+
+def _divisor(rule: WhiteningRule, spread, xp):
+    """The divisor of a variance ``spread`` with ε in its place (:data:`EPSILON_PLACES`)."""
+    if rule.eps_in == "sqrt":
+        return xp.sqrt(spread + rule.eps)
+    if rule.eps_in == "std":
+        return xp.sqrt(spread) + rule.eps
+    return xp.sqrt(xp.maximum(spread, spread * 0.0 + rule.eps))

@@ -20,6 +20,7 @@ from gaecli.advantages.contract import (
     MASKED,
     NORMALIZATIONS,
     REQUIRED_INPUTS,
+    SCORE_NORMALISED,
     SEMANTICS,
     STEP_ESTIMATORS,
     TIMESTEPS,
@@ -161,7 +162,7 @@ class AdvantageSpec:
             refuse(f"unknown normalize {self.normalize!r}; choose one of: {', '.join(NORMALIZATIONS)}")
         if (self.normalize == "by") != (self.normalize_by is not None):
             refuse("normalize='by' needs normalize_by (the per-row group key), and normalize_by needs normalize='by'")
-        check_whitening_rule(self.whitening_rule, self.normalize)
+        check_whitening_rule(self.whitening_rule, self.normalize, estimator=self.estimator)
         check_variant_values({name: getattr(self, name) for name in ("timestep", *VARIANT_FIELDS)})
         self._check_variants()
 
@@ -185,7 +186,7 @@ class AdvantageSpec:
     def _check_estimator(self) -> None:
         """The estimator, the discount parameters it reads, its per-row inputs and scaling
         (:func:`check_estimator_values`), and the contract a critic-free estimator runs under."""
-        values = {name: getattr(self, name) for name in ESTIMATOR_FIELDS}
+        values = {name: getattr(self, name) for name in (*ESTIMATOR_FIELDS, "whitening_rule")}
         check_estimator_values((self.estimator,), values, self.normalize != "none")
         if self.estimator in CRITIC_FREE and self.semantics != MASKED:
             refuse(f"estimator {self.estimator!r} runs under the masked contract only (semantics {self.semantics!r})")
@@ -295,7 +296,8 @@ def check_estimator_values(
     estimator reads them, given where none does, or out of [0, 1]; whitening (``normalize``)
     with a critic-free estimator; the group id (``group_by``) missing where an estimator
     groups or given where none does; the step id (``step_by``) given where none has a
-    statistic per step (docs/estimators.md). The one check of the spec and of the commands'
+    statistic per step (:func:`reads_steps`; ``values``' ``whitening_rule`` is the first
+    estimator's, docs/estimators.md). The one check of the spec and of the commands'
     options; ``words`` says how the caller names them (the spec's fields; the commands: their
     options)."""
     words = words or SpecWords()
@@ -317,7 +319,9 @@ def check_estimator_values(
         refuse(words.needs("group_by", grouped[0]))
     if not grouped and values["group_by"] is not None:
         refuse(words.unused("group_by", estimators))
-    if values["step_by"] is not None and not any(estimator in STEP_ESTIMATORS for estimator in estimators):
+    rule = values.get("whitening_rule")
+    reading = [reads_steps(estimator, rule if index == 0 else None) for index, estimator in enumerate(estimators)]
+    if values["step_by"] is not None and not any(reading):
         refuse(words.unused("step_by", estimators))
     _check_estimator_inputs(estimators, values, words)
 
@@ -358,17 +362,40 @@ def _check_token_inputs(values: dict, words: SpecWords) -> None:
             refuse(f"{words.name(field)} names a per-token input: a non-empty string, got {name!r}")
 
 
-def check_whitening_rule(rule, normalize: str, words: Optional[dict] = None) -> None:
+def reads_steps(estimator: str, rule=None) -> bool:
+    """Whether ``estimator`` (with ``rule``, its whitening rule or None) has a statistic per
+    step, which the step id splits: gpg's α, the whitening of the ``reinforce++`` estimators
+    and gdpo, and a batch-level statistic of a score-normalised estimator's rule."""
+    if estimator in STEP_ESTIMATORS:
+        return True
+    return estimator in SCORE_NORMALISED and isinstance(rule, WhiteningRule) and "batch" in rule.levels_used()
+
+
+def check_whitening_rule(rule, normalize: str, words: Optional[dict] = None, estimator: str = "gae") -> None:
     """Refuse (:class:`InvalidOptionError`) a whitening rule that is not a
-    :class:`~gaecli.advantages.normalization.WhiteningRule`, one without whitening to say how
-    to do (``normalize`` ``none``), and, per group (``by``), a statistic over the whole input
-    beside the groups' (not supported yet). ``words``: how the caller names the whitening
-    and the rule (the commands: their options)."""
+    :class:`~gaecli.advantages.normalization.WhiteningRule`, one with a critic-free
+    ``estimator`` whose scores it cannot normalise (one outside
+    :data:`~gaecli.advantages.contract.SCORE_NORMALISED`), one without whitening to say how
+    to do (GAE, ``normalize`` ``none``), and, per group (``by``), a statistic over the whole
+    input beside the groups' (not supported yet). ``words``: how the caller names the
+    whitening, the rule and the estimator (the commands: their options)."""
     if rule is None:
         return
-    named = {"normalize": "normalize", "rule": "whitening_rule", "by": "normalize='by'", **(words or {})}
+    named = {
+        "normalize": "normalize", "rule": "whitening_rule", "by": "normalize='by'", "estimator": "estimator",
+        **(words or {}),
+    }  # fmt: skip
     if not isinstance(rule, WhiteningRule):
         refuse(f"{named['rule']} must be a gaecli WhiteningRule or None, got {type(rule).__name__}")
+    if estimator in SCORE_NORMALISED:
+        return
+    if estimator in CRITIC_FREE:
+        refuse(
+            f"{named['rule']} says how {named['normalize']} whitens and how {' and '.join(SCORE_NORMALISED)} "
+            f"normalise their scores; {named['estimator']} {estimator!r} has its own rule: leave it out"
+        )
+    if rule.std_of_others:
+        refuse(f"{named['rule']}: the std of each row's others is for the scores of {' and '.join(SCORE_NORMALISED)}")
     if normalize == "none":
         refuse(f"{named['rule']} says how {named['normalize']} whitens; turn {named['normalize']} on, or leave it out")
     if normalize == "by" and "batch" in rule.levels_used():
@@ -456,7 +483,7 @@ def estimator_spec(
         lambd if "lambd" in used else None,
         estimator=estimator,
         group_by=group_by if estimator in GROUPED_ESTIMATORS else None,
-        step_by=step_by if estimator in STEP_ESTIMATORS else None,
+        step_by=step_by if reads_steps(estimator, fields_.get("whitening_rule")) else None,
         **{name: value for name, value in own.items() if name in inputs},
         **fields_,
     )

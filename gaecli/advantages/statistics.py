@@ -98,15 +98,29 @@ class Scores(KeyedSums):
         a baseline over ``ΣK = 0`` is 0."""
         return self.derived("group_statistics", self._group_statistics)
 
-    def _group_statistics(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        n, tokens = self.count("rows"), self.count("tokens")
-        totals, squares, weighted = self.total("sums"), self.total("squares"), self.total("weighted")
+    def moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per key: rows ``n`` (float64), mean and Bessel variance of the scores, as they are
+        (a key of one row: its score and variance 0; a key whose scores are all equal: that
+        score exactly and variance 0): what a whitening rule normalises scores by."""
+        return self.derived("moments", self._moments)
+
+    def _moments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = self.count("rows")
+        totals, squares = self.total("sums"), self.total("squares")
         low, high = self.low("low"), self.high("high")
-        several, equal = n > 1, low == high
+        equal = low == high
         with np.errstate(invalid="ignore", divide="ignore"):
             means = np.where(equal, low, totals / n)
             spread = np.maximum(squares - totals * means, 0.0)
             variances = np.where(equal, 0.0, spread / np.maximum(n - 1, 1))
+        return n.astype(np.float64), means, variances
+
+    def _group_statistics(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        n, tokens, weighted = self.count("rows"), self.count("tokens"), self.total("weighted")
+        _, means, variances = self.moments()
+        low, high = self.low("low"), self.high("high")
+        several, equal = n > 1, low == high
+        with np.errstate(invalid="ignore", divide="ignore"):
             baselines = np.where(tokens == 0, 0.0, np.where(equal, low, weighted / tokens))
         return (
             n,

@@ -315,6 +315,7 @@ def make_columns(
     opd_coef: Optional[float] = None,
     teacher_logprobs_col: str = "teacher_log_probs",
     opd_stage: str = "before-whiten",
+    old_opd_coef: Optional[float] = None,
     **outputs,
 ):
     """The Columns of the shared column and KL options. ``rewards_col`` None: ``rewards``,
@@ -335,6 +336,7 @@ def make_columns(
         teacher_log_probs=teacher_logprobs_col,
         opd_coef=opd_coef,
         opd_stage=opd_stage,
+        old_opd_coef=old_opd_coef,
         **outputs,
     )
 

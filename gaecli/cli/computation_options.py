@@ -166,6 +166,17 @@ RefLogprobsColOption = Annotated[
     ),
 ]
 
+OldOPDCoefOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--old-opd-coef",
+        metavar="C",
+        show_default=False,
+        rich_help_panel="On-policy distillation",
+        help="The same term with coefficient C on the recomputed old side (--old-estimator, --baseline), at "
+        "the same --opd-stage.",
+    ),
+]
 OPDCoefOption = Annotated[
     Optional[float],
     typer.Option(
@@ -195,7 +206,7 @@ OPDStageOption = Annotated[
     ),
 ]
 
-_WHITENING = "Whitening rule (--normalize)"
+_WHITENING = "Normalisation rule (--normalize; grpo's and dr-grpo's scores)"
 NormLikeOption = Annotated[
     Optional[str],
     typer.Option(
@@ -203,14 +214,15 @@ NormLikeOption = Annotated[
         metavar="TRAINER",
         show_default=False,
         rich_help_panel=_WHITENING,
-        help="Whiten as a trainer does: verl, roll, areal, nemo-rl, openrlhf or slime (docs/semantics.md); the "
-        "--norm-* options below override it.",
+        help="Normalise as a trainer does: verl, roll, areal, nemo-rl, openrlhf or slime, for the use at hand "
+        "(--normalize's whitening, or grpo's scores; docs/semantics.md); the --norm-* options below override it.",
     ),
 ]
 NormMeanOption = Annotated[
     Optional[str],
     typer.Option("--norm-mean", metavar="LEVEL", show_default=False, rich_help_panel=_WHITENING,
-                 help="The centre: group (the whitening's groups; default), batch (the whole input) or none."),
+                 help="The centre: group (the whitening's groups, or --group-col's for scores; default), batch (the "
+                      "whole input, or each --step-col value for scores) or none."),
 ]  # fmt: skip
 NormStdOption = Annotated[
     Optional[str],
@@ -224,28 +236,54 @@ NormUnbiasedOption = Annotated[
 ]  # fmt: skip
 NormEpsOption = Annotated[
     Optional[float],
-    typer.Option("--norm-eps", metavar="E", show_default=False, rich_help_panel=_WHITENING, help="ε (default 1e-8)."),
+    typer.Option("--norm-eps", metavar="E", show_default=False, rich_help_panel=_WHITENING,
+                 help="ε (default 1e-8 whitening, 1e-6 scores)."),
 ]  # fmt: skip
 NormEpsInOption = Annotated[
     Optional[str],
     typer.Option("--norm-eps-in", metavar="PLACE", show_default=False, rich_help_panel=_WHITENING,
-                 help="Where ε goes: sqrt (sqrt(var + ε), default), std (std + ε) or floor (sqrt(max(var, ε)))."),
+                 help="Where ε goes: sqrt (sqrt(var + ε), default whitening), std (std + ε, default scores) or floor "
+                      "(sqrt(max(var, ε)))."),
 ]  # fmt: skip
 NormOneTokenOption = Annotated[
     Optional[str],
     typer.Option("--norm-one-token", metavar="CHOICE", show_default=False, rich_help_panel=_WHITENING,
-                 help="A group of at most one trainable token: zero (whitened, default) or keep (left as it is)."),
+                 help="A group of at most one unit (token; row for scores): zero (normalised, default whitening), "
+                      "keep (left as it is) or unit (mean 0, std 1: verl's, default scores)."),
+]  # fmt: skip
+NormLeaveOneOutOption = Annotated[
+    Optional[bool],
+    typer.Option("--norm-leave-one-out", show_default=False, rich_help_panel=_WHITENING,
+                 help="Centre each unit on its group's others' mean, the std about those centres (AReaL's)."),
+]  # fmt: skip
+NormStdOfOthersOption = Annotated[
+    Optional[bool],
+    typer.Option("--norm-std-of-others", show_default=False, rich_help_panel=_WHITENING,
+                 help="With --norm-leave-one-out, scores only: the std of each row's others (NeMo-RL's)."),
+]  # fmt: skip
+NormStdFloorOption = Annotated[
+    Optional[float],
+    typer.Option("--norm-std-floor", metavar="S", show_default=False, rich_help_panel=_WHITENING,
+                 help="A std at or below S gives what --norm-below-floor says (ROLL's threshold; default none)."),
+]  # fmt: skip
+NormBelowFloorOption = Annotated[
+    Optional[str],
+    typer.Option("--norm-below-floor", metavar="CHOICE", show_default=False, rich_help_panel=_WHITENING,
+                 help="Below the std floor: zero (ROLL's, default) or undivided (the centred value: NeMo-RL's)."),
 ]  # fmt: skip
 
 
-def make_whitening_rule(norm_like=None, norm_mean=None, norm_std=None, norm_unbiased=None, norm_eps=None,
-                        norm_eps_in=None, norm_one_token=None):  # fmt: skip
-    """The WhiteningRule of the shared whitening options (None when none is given)."""
-    from gaecli.advantages.normalization import whitening_rule
+def make_whitening_rule(estimator="gae", norm_like=None, norm_mean=None, norm_std=None, norm_unbiased=None,
+                        norm_eps=None, norm_eps_in=None, norm_one_token=None, norm_leave_one_out=None,
+                        norm_std_of_others=None, norm_std_floor=None, norm_below_floor=None):  # fmt: skip
+    """The WhiteningRule of the shared normalisation options for ``estimator`` (its scores' rule
+    for a score-normalised one, the whitening's otherwise; None when no option is given)."""
+    from gaecli.advantages.normalization import rule_use, whitening_rule
 
     return whitening_rule(
-        norm_like, mean=norm_mean, std=norm_std, unbiased=norm_unbiased, eps=norm_eps, eps_in=norm_eps_in,
-        one_token=norm_one_token,
+        norm_like, rule_use(estimator), mean=norm_mean, std=norm_std, unbiased=norm_unbiased, eps=norm_eps,
+        eps_in=norm_eps_in, one_token=norm_one_token, leave_one_out=norm_leave_one_out,
+        std_of_others=norm_std_of_others, std_floor=norm_std_floor, below_floor=norm_below_floor,
     )  # fmt: skip
 
 

@@ -100,9 +100,14 @@ WHITENING_OPTIONS = OptionGroup(
         ("norm_eps", computation_options.NormEpsOption, None),
         ("norm_eps_in", computation_options.NormEpsInOption, None),
         ("norm_one_token", computation_options.NormOneTokenOption, None),
+        ("norm_leave_one_out", computation_options.NormLeaveOneOutOption, None),
+        ("norm_std_of_others", computation_options.NormStdOfOthersOption, None),
+        ("norm_std_floor", computation_options.NormStdFloorOption, None),
+        ("norm_below_floor", computation_options.NormBelowFloorOption, None),
     )
 )
-"""How --normalize whitens (recompute, diff; :func:`gaecli.cli.computation_options.make_whitening_rule`)."""
+"""How --normalize whitens and grpo's scores are normalised (recompute, diff;
+:func:`gaecli.cli.computation_options.make_whitening_rule`)."""
 
 ENGINE_OPTIONS = OptionGroup(
     (

@@ -82,7 +82,7 @@ def recompute(
             columns=common.make_columns(**column_options, advantages=advantages_col, returns=returns_col),
             normalize=normalize,
             normalize_by=normalize_by,
-            whitening_rule=computation_options.make_whitening_rule(**whitening_options),
+            whitening_rule=computation_options.make_whitening_rule(estimator_options["estimator"], **whitening_options),
             replace=replace,
             keep_baseline=keep_baseline,
             baseline=baseline,

@@ -96,6 +96,7 @@ class DiffOptions(RunOptions):
             self.step_by,
             self.whitening,
             self.estimator_inputs,
+            self.whitening_rule,
         )
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")

@@ -38,9 +38,10 @@ class Columns:
     On-policy distillation (docs/estimators.md#on-policy-distillation): ``opd_coef`` set, the
     new side's advantages less ``opd_coef · KL(student ‖ teacher)`` at trainable tokens,
     the KL by ``kl_estimator`` from ``log_probs`` and the ``teacher_log_probs`` list column,
-    added before the whitening or after it (``opd_stage``); ``opd_kl`` True (a side is the
-    pure ``opd`` estimator): the teacher's KL is read without a term. Either reads and checks
-    both columns like the other token columns."""
+    added before the whitening or after it (``opd_stage``); ``old_opd_coef`` set, the same
+    term with its own coefficient on every recomputed old side (``gae diff``); ``opd_kl`` True
+    (a side is the pure ``opd`` estimator): the teacher's KL is read without a term. Each
+    reads and checks both columns like the other token columns."""
 
     values: Optional[str] = "values"
     rewards: Optional[str] = "rewards"
@@ -57,16 +58,18 @@ class Columns:
     opd_coef: Optional[float] = None
     opd_stage: str = OPD_STAGES[0]
     opd_kl: bool = False
+    old_opd_coef: Optional[float] = None
 
     def __post_init__(self) -> None:
         check_kl_options(self.kl_coef, self.kl_estimator)
         check_number("--opd-coef", self.opd_coef)
+        check_number("--old-opd-coef", self.old_opd_coef)
         check_choice("--opd-stage", self.opd_stage, OPD_STAGES, "stage")
 
     @property
     def reads_teacher(self) -> bool:
         """Whether the teacher's log-probs are read (an OPD term, or the pure estimator)."""
-        return self.opd_coef is not None or self.opd_kl
+        return self.opd_coef is not None or self.old_opd_coef is not None or self.opd_kl
 
     def token_columns(self) -> list[tuple[str, str]]:
         """(role, column name) of the per-token list columns that are read."""

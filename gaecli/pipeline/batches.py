@@ -392,9 +392,12 @@ def _old_sides(run: _FileBatches, rows: _ValidRows, first_row: int, outputs: dic
     (each output added to ``outputs`` under its column's name)."""
     computation, columns, packed, valid = run.computation, run.computation.columns, rows.packed, rows.valid
     olds = []
-    for side, spec in zip(computation.old_sides, computation.old_specs):
+    for index, (side, spec) in enumerate(zip(computation.old_sides, computation.old_specs), 1):
         if spec is not None:
             old, old_returns = _side(packed, spec, computation, valid, rows.scores, run.statistics, rows.paths)
+            stage, coef = computation.side_distillation(index)
+            if stage == "before-whiten":
+                old = with_distillation(old, packed.teacher_kl, packed.trainable, coef)
             outputs.update(zip(side.output_columns, (old, old_returns)))
         else:
             old = stored_column(valid, side.advantages_column, packed.offsets, columns.loss_mask, run.file, first_row)

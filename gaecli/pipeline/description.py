@@ -17,7 +17,9 @@ from gaecli.io.format import Columns
 from gaecli.options import check_count, check_number
 from gaecli.pipeline.options import VariantOptions, check_device
 
-WHITENING_FLAGS = {"normalize": "--normalize", "rule": "--norm-like/--norm-*", "by": "--normalize-by"}
+WHITENING_FLAGS = {
+    "normalize": "--normalize", "rule": "--norm-like/--norm-*", "by": "--normalize-by", "estimator": "--estimator",
+}  # fmt: skip
 """How the commands name the whitening and its rule in a refusal."""
 
 BASELINE = "baseline"
@@ -207,13 +209,21 @@ class Computation:
     @property
     def distillation_stage(self) -> Optional[str]:
         """Where the on-policy distillation term (``--opd-coef``) joins the new side's
-        advantages: ``before-whiten`` (when computed: also when nothing whitens them),
-        ``after-whiten`` (after ``--normalize`` or the estimator's whitening), None without it."""
+        advantages (:meth:`side_distillation`)."""
+        return self.side_distillation(0)[0]
+
+    def side_distillation(self, index: int) -> tuple[Optional[str], Optional[float]]:
+        """Where the on-policy distillation term joins the advantages of side ``index`` (0 the
+        new side, ``k`` the ``k``-th old side) and its coefficient: ``--opd-coef`` on the new
+        side, ``--old-opd-coef`` on a recomputed old side; at ``before-whiten`` (when
+        computed: also when nothing whitens the side) or ``after-whiten`` (after
+        ``--normalize`` or the side's estimator's whitening); (None, None) without a term."""
         columns = self.columns
-        if columns.opd_coef is None:
-            return None
-        whitened = self.whitening or self.estimator_whitened[0]
-        return columns.opd_stage if whitened else "before-whiten"
+        coef = columns.opd_coef if index == 0 else columns.old_opd_coef
+        if coef is None or (index > 0 and self.old_specs[index - 1] is None):
+            return None, None
+        whitened = self.whitening or self.estimator_whitened[index]
+        return (columns.opd_stage if whitened else "before-whiten"), coef
 
     def estimator_input_columns(self) -> tuple[tuple[str, str], ...]:
         """(option, column) of the estimators' own per-row numbers a side reads (remax's
@@ -281,6 +291,11 @@ def describe_run(options) -> Computation:
                 "(its advantage is minus the KL from the teacher): leave --opd-coef out"
             )
         columns = replace(columns, opd_kl=True)
+    if columns.old_opd_coef is not None and not any(spec is not None for spec in old_specs):
+        raise InvalidOptionError(
+            "--old-opd-coef adds the distillation term to a recomputed old side (--old-estimator, --baseline); "
+            "the stored advantages of --against are compared as they are"
+        )
     return Computation(
         new_spec=new_spec,
         old_sides=old_sides,
@@ -315,7 +330,7 @@ class RunOptions:
         check_number("--tol", self.tolerance, 0.0)
         check_device(self.device)
         mode = "by" if self.normalize_by is not None else "all" if self.normalize else "none"
-        check_whitening_rule(self.whitening_rule, mode, WHITENING_FLAGS)
+        check_whitening_rule(self.whitening_rule, mode, WHITENING_FLAGS, self.estimator)
         self.computation  # noqa: B018 - the specs built, the kernel resolved for them
 
     @property

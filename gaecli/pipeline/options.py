@@ -189,6 +189,7 @@ def check_estimators(
     step_by: Optional[str],
     normalize: bool,
     inputs: EstimatorInputs = EstimatorInputs(),
+    whitening_rule=None,
 ) -> None:
     """The options of the estimators computed by a command (``estimators``: those of its
     sides, ``gae`` standing for a GAE baseline too), refused with
@@ -198,8 +199,10 @@ def check_estimators(
     ``--group-col`` missing where an estimator groups or given where none does, ``--step-col``
     given where none has a statistic per step, ``--normalize`` / ``--normalize-by`` with a
     critic-free estimator, an estimator's own columns (``inputs``) missing where it needs them
-    or given where none reads them (docs/estimators.md)."""
+    or given where none reads them (docs/estimators.md); ``whitening_rule``, the first
+    estimator's, says whether a score-normalised one reads the step id."""
     values = {"gamma": gamma, "lambd": lambd, "group_by": group_by, "step_by": step_by, **inputs.spec_fields()}
+    values["whitening_rule"] = whitening_rule
     if any(field in ESTIMATOR_INPUTS.get(estimator, ()) for estimator in estimators for field in TOKEN_INPUTS):
         # optimal-token-baseline's columns have defaults (--logprobs-col, --sum-pi-squared-col)
         values["log_probs"] = DEFAULT_LOG_PROBS

@@ -120,14 +120,19 @@ def whitened_sides(
     under ``--normalize`` every side's advantages (the new ones 0 at masked positions; in
     their computed dtype unless ``cast`` is False), otherwise the side of each ``reinforce++``
     estimator (0 at masked positions; ``reinforce++-baseline``'s returns are its advantages);
-    then the distillation term where it joins after the whitening
-    (:attr:`Computation.distillation_stage`).
+    then the distillation term of each side where it joins after the whitening
+    (:meth:`Computation.side_distillation`).
     Returns ``(new, new_returns, olds)``, ``olds`` one ``(advantages, returns)`` per old side
     (:attr:`ComputedBatch.olds`)."""
     new, new_returns, olds = _whitened(computed, computation, moments, cast)
-    if computation.distillation_stage == "after-whiten":
-        packed = computed.packed
-        new = with_distillation(new, packed.teacher_kl, packed.trainable, computation.columns.opd_coef)
+    packed = computed.packed
+    stage, coef = computation.side_distillation(0)
+    if stage == "after-whiten":
+        new = with_distillation(new, packed.teacher_kl, packed.trainable, coef)
+    for index, (old, old_returns) in enumerate(olds[: len(computation.old_sides)]):
+        stage, coef = computation.side_distillation(index + 1)
+        if stage == "after-whiten":
+            olds[index] = (with_distillation(old, packed.teacher_kl, packed.trainable, coef), old_returns)
     return new, new_returns, olds
 
 

@@ -74,6 +74,7 @@ class RecomputeOptions(RunOptions):
             self.step_by,
             self.whitening,
             self.estimator_inputs,
+            self.whitening_rule,
         )
         if self.critic_free and self.keep_baseline:
             raise InvalidOptionError(f"--keep-baseline: --estimator {self.estimator} has no GAE baseline to keep")
