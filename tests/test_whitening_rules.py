@@ -22,22 +22,45 @@ from gaecli.errors import GAEInputError
 from rollout_files import gae
 
 
+def _leave_one_out_centers(values, rule):
+    """Each unit's centre: the mean (0 without one) or, leave-one-out, the others' mean."""
+    n, total = len(values), math.fsum(values)
+    if rule.mean == "none":
+        return [0.0] * n
+    if rule.leave_one_out and n > 1:
+        return [(total - v) / (n - 1) for v in values]
+    return [total / n] * n
+
+
 def whitened_loop(rows, masks, groups, rule: WhiteningRule):
-    """The rule as plain Python per group of rows (``groups``: one key per row): mean and
-    variance over the group's trainable tokens by ``math.fsum``."""
+    """The rule as plain Python per group of rows (``groups``: one key per row; the batch:
+    every row): mean and variance over the level's trainable tokens by ``math.fsum``; the
+    std about the centres when it is at the centre's level, else about its level's mean
+    (leave-one-out: times n/(n − 1) of the centre's level)."""
     out = [[0.0] * len(row) for row in rows]
+    every = [(i, t) for i in range(len(rows)) for t, m in enumerate(masks[i]) if m]
     for group in dict.fromkeys(groups):
         members = [i for i, g in enumerate(groups) if g == group]
         cells = [(i, t) for i in members for t, m in enumerate(masks[i]) if m]
-        values = [float(rows[i][t]) for i, t in cells]
-        n = len(values)
-        mean = math.fsum(values) / n
-        center = mean if rule.mean != "none" else 0.0
-        squares = math.fsum((v - center) ** 2 for v in values)
-        if n > 1:
-            var = squares / (n - 1) if rule.unbiased else squares / n
+        level_cells = {"group": cells, "batch": every, "none": cells}
+        center_cells = level_cells[rule.mean]
+        center_values = [float(rows[i][t]) for i, t in center_cells]
+        n = len(center_values)
+        by_cell = dict(zip(center_cells, _leave_one_out_centers(center_values, rule)))
+        centers = [by_cell[cell] for cell in cells] if rule.mean == "group" or rule.mean == "none" else None
+        if centers is None:  # a batch centre: each of the group's cells has the batch's
+            centers = [by_cell[cell] for cell in cells]
+        std_cells = level_cells["group" if rule.std == "none" else rule.std]
+        std_values = [float(rows[i][t]) for i, t in std_cells]
+        m = len(std_values)
+        if rule.std == rule.mean or rule.mean == "none":
+            deviations = [v - c for v, c in zip(std_values, _leave_one_out_centers(std_values, rule))]
         else:
-            var = 0.0
+            mean = math.fsum(std_values) / m
+            factor = n / (n - 1) if rule.leave_one_out and n > 1 else 1.0
+            deviations = [(v - mean) * factor for v in std_values]
+        squares = math.fsum(d * d for d in deviations)
+        var = (squares / (m - 1) if rule.unbiased else squares / m) if m > 1 else 0.0
         if rule.std == "none":
             scale = 1.0
         elif rule.eps_in == "sqrt":
@@ -46,10 +69,12 @@ def whitened_loop(rows, masks, groups, rule: WhiteningRule):
             scale = math.sqrt(var) + rule.eps
         else:
             scale = math.sqrt(max(var, rule.eps))
+        if rule.std != "none" and rule.std_floor is not None and math.sqrt(var) <= rule.std_floor:
+            scale = math.inf if rule.below_floor == "zero" else 1.0
         if n <= 1 and rule.one_token == "keep":
-            center, scale = 0.0, 1.0
-        for i, t in cells:
-            out[i][t] = (float(rows[i][t]) - center) / scale
+            centers, scale = [0.0] * len(cells), 1.0
+        for (i, t), c in zip(cells, centers):
+            out[i][t] = (float(rows[i][t]) - c) / scale
     return out
 
 
@@ -73,6 +98,14 @@ RULES = [
     WhiteningRule(eps=1e-3, eps_in="std"),
     WhiteningRule(eps=0.5, eps_in="floor"),
     WhiteningRule(one_token="keep"),
+    WhiteningRule(leave_one_out=True, eps=1e-5, eps_in="std"),
+    WhiteningRule(leave_one_out=True, std="none"),
+    WhiteningRule(std_floor=0.9, eps_in="std"),
+    WhiteningRule(std_floor=0.9, below_floor="undivided", unbiased=False),
+    WhiteningRule(std="batch"),
+    WhiteningRule(mean="batch", std="group", eps_in="std"),
+    WhiteningRule(mean="none", std="batch", unbiased=False),
+    WhiteningRule(leave_one_out=True, std="batch"),
     *NORM_LIKE.values(),
 ]
 
@@ -155,6 +188,9 @@ GAE = ("--gamma", "0.9", "--lambd", "0.95")
          WhiteningRule(unbiased=False, eps=1e-3, eps_in="std")),
         (("--norm-like", "openrlhf"), NORM_LIKE["openrlhf"]),
         (("--norm-like", "areal", "--norm-eps", "0.25"), WhiteningRule(eps=0.25, eps_in="std")),
+        (("--norm-leave-one-out", "--norm-std-floor", "0.9"), WhiteningRule(leave_one_out=True, std_floor=0.9)),
+        (("--norm-std", "batch", "--norm-eps-in", "std"), WhiteningRule(std="batch", eps_in="std")),
+        (("--norm-mean", "batch", "--norm-leave-one-out"), WhiteningRule(mean="batch", leave_one_out=True)),
     ],
 )  # fmt: skip
 def test_the_commands_against_the_loop(tmp_path, options, rule):
@@ -181,10 +217,14 @@ def test_today_rule_is_kept_bit_for_bit(tmp_path):
     assert [table.column("advantages") for table in read_outputs(tmp_path / "biased")] != outputs["plain"]
 
 
-def test_files_and_batches_give_the_same_bits_everywhere(tmp_path, local_ray):
+@pytest.mark.parametrize("rule_options", [
+    ("--norm-like", "areal", "--norm-mean", "none"),
+    ("--norm-std", "batch", "--norm-leave-one-out"),
+])  # fmt: skip
+def test_files_and_batches_give_the_same_bits_everywhere(tmp_path, local_ray, rule_options):
     batch = random_rows(5, samples=30)
     inputs = write(tmp_path / "in", batch, [8, 19], float_type=pa.float32())
-    options = (*GAE, "--normalize-by", "prompt_id", "--norm-like", "areal", "--norm-mean", "none")
+    options = (*GAE, "--normalize-by", "prompt_id", *rule_options)
     first = bitwise_the_same_everywhere(tmp_path, inputs, options, local_ray)
     assert len(first) == 3
 
@@ -196,7 +236,6 @@ def test_files_and_batches_give_the_same_bits_everywhere(tmp_path, local_ray):
         (("--normalize", "--norm-like", "trl"), "unknown trainer 'trl'"),
         (("--normalize", "--norm-mean", "row"), "--norm-mean"),
         (("--normalize", "--norm-eps", "-1"), "--norm-eps"),
-        (("--normalize-by", "prompt_id", "--norm-std", "batch"), "not supported yet"),
     ],
 )
 def test_refusals_exit_2(tmp_path, options, message):

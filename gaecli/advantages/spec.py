@@ -376,15 +376,12 @@ def check_whitening_rule(rule, normalize: str, words: Optional[dict] = None, est
     :class:`~gaecli.advantages.normalization.WhiteningRule`, one with a critic-free
     ``estimator`` whose scores it cannot normalise (one outside
     :data:`~gaecli.advantages.contract.SCORE_NORMALISED`), one without whitening to say how
-    to do (GAE, ``normalize`` ``none``), and, per group (``by``), a statistic over the whole
-    input beside the groups' (not supported yet). ``words``: how the caller names the
-    whitening, the rule and the estimator (the commands: their options)."""
+    to do (GAE, ``normalize`` ``none``), and a std of each row's others where no scores are
+    normalised. ``words``: how the caller names the whitening, the rule and the estimator
+    (the commands: their options)."""
     if rule is None:
         return
-    named = {
-        "normalize": "normalize", "rule": "whitening_rule", "by": "normalize='by'", "estimator": "estimator",
-        **(words or {}),
-    }  # fmt: skip
+    named = {"normalize": "normalize", "rule": "whitening_rule", "estimator": "estimator", **(words or {})}
     if not isinstance(rule, WhiteningRule):
         refuse(f"{named['rule']} must be a gaecli WhiteningRule or None, got {type(rule).__name__}")
     if estimator in SCORE_NORMALISED:
@@ -398,11 +395,6 @@ def check_whitening_rule(rule, normalize: str, words: Optional[dict] = None, est
         refuse(f"{named['rule']}: the std of each row's others is for the scores of {' and '.join(SCORE_NORMALISED)}")
     if normalize == "none":
         refuse(f"{named['rule']} says how {named['normalize']} whitens; turn {named['normalize']} on, or leave it out")
-    if normalize == "by" and "batch" in rule.levels_used():
-        refuse(
-            f"{named['rule']}: a whitening statistic over the whole input beside {named['by']}'s groups is not "
-            "supported yet; use the groups' (group) or none"
-        )
 
 
 def check_variant_values(values: dict, flags: Optional[dict] = None) -> None:

@@ -130,7 +130,12 @@ def _whitened_tensor(
     if rule is None or rule.is_default:
         centers, scales = means, whitening_scale(variances, torch.sqrt)
     else:
-        centers, scales = rule_center_scale(rule, counts, means, variances, torch)
+        batch = None
+        if token_group is not None and "batch" in rule.levels_used():  # the whole input's, beside the groups'
+            count, mean = float(chosen.numel()), chosen.mean()
+            variance = ((chosen - mean) ** 2).sum() / max(count - 1, 1) if count > 1 else mean * 0.0
+            batch = tuple(torch.full_like(means, float(value)) for value in (count, mean, variance))
+        centers, scales = rule_center_scale(rule, counts, means, variances, torch, batch=batch)
     result = torch.zeros_like(as_double)
     result[trainable] = whitened(chosen, per_token(centers), per_token(scales))
     return result.to(advantages.dtype)
@@ -145,19 +150,26 @@ def whiten_rows(
     trainable: Optional[np.ndarray] = None,
     dtype=np.float64,
     rule=None,
+    batch: Optional["Moments"] = None,
 ) -> np.ndarray:
     """:func:`whitened` at every position of flat ``advantages`` ``[N]``, with each row's
     group mean and :func:`whitening_scale` from ``moments`` (rows grouped by ``keys``, one per
     row, or one group when None), computed in float64 and rounded once to ``dtype``. With
     ``trainable`` (bool ``[N]``), 0 at its masked positions (where the contract says so).
     One pass over the tokens, no temporary array. ``rule``: a
-    :class:`gaecli.advantages.normalization.WhiteningRule` (None: today's)."""
-    means, variances = moments.row_stats(keys, offsets.size - 1)
+    :class:`gaecli.advantages.normalization.WhiteningRule` (None: today's); ``batch``: the
+    moments over the whole input, where the rule reads the batch beside ``keys``' groups."""
+    rows = offsets.size - 1
+    means, variances = moments.row_stats(keys, rows)
     if rule is None or rule.is_default:
         scales = whitening_scale(variances, np.sqrt)
     else:
-        counts = moments.count("counts")[moments.known_codes(keys, offsets.size - 1, "group")].astype(np.float64)
-        means, scales = rule_center_scale(rule, counts, means, variances, np)
+        counts = moments.count("counts")[moments.known_codes(keys, rows, "group")].astype(np.float64)
+        levels = None
+        if batch is not None:
+            batch_means, batch_variances = batch.row_stats(None, rows)
+            levels = (batch.count("counts")[batch.known_codes(None, rows, "group")] * 1.0, batch_means, batch_variances)
+        means, scales = rule_center_scale(rule, counts, means, variances, np, batch=levels)
     result = np.empty(advantages.size, dtype=dtype)
     zero_masked = trainable is not None
     mask = trainable if zero_masked else np.zeros(0, dtype=np.bool_)

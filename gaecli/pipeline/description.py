@@ -17,9 +17,7 @@ from gaecli.io.format import Columns
 from gaecli.options import check_count, check_number
 from gaecli.pipeline.options import VariantOptions, check_device
 
-WHITENING_FLAGS = {
-    "normalize": "--normalize", "rule": "--norm-like/--norm-*", "by": "--normalize-by", "estimator": "--estimator",
-}  # fmt: skip
+WHITENING_FLAGS = {"normalize": "--normalize", "rule": "--norm-like/--norm-*", "estimator": "--estimator"}
 """How the commands name the whitening and its rule in a refusal."""
 
 BASELINE = "baseline"

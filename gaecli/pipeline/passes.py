@@ -44,12 +44,17 @@ def score_statistics(computation: Computation) -> tuple[Statistic, ...]:
 def side_moments(computation: Computation) -> tuple[Optional[Statistic], ...]:
     """The whitening moments of each side (the new one, then each old side:
     :attr:`Computation.n_sides`; None where a side needs none): under ``--normalize`` every
-    side's, keyed by :attr:`Computation.whiten_key`; otherwise those a side's estimator
-    declares (the ``reinforce++`` estimators', per step). With no old side, the new side's
-    spec stands in for it."""
+    side's, keyed by :attr:`Computation.whiten_key`, and then, where the rule reads the batch
+    beside ``--normalize-by``'s groups, every side's over the whole input; otherwise those a
+    side's estimator declares (the ``reinforce++`` estimators', per step). With no old side,
+    the new side's spec stands in for it."""
     operands = side_operands(computation.n_sides)
     if not computation.critic_free:
-        return whitening_statistics(computation.whiten_key, computation.n_sides)
+        by_key = whitening_statistics(computation.whiten_key, computation.n_sides)
+        rule = computation.new_spec.whitening_rule
+        if computation.whiten_key is not None and rule is not None and "batch" in rule.levels_used():
+            return by_key + whitening_statistics(None, computation.n_sides)  # the batch level's, after
+        return by_key
     specs = (computation.new_spec, *computation.old_specs)
     moments = []
     for index, operand in enumerate(operands):
@@ -144,11 +149,18 @@ def _whitened(computed: ComputedBatch, computation: Computation, moments, cast: 
     keys = computed.keys(computation.whiten_key)
     if not computation.critic_free:
         rule = computation.new_spec.whitening_rule
+        sides = 1 + computation.n_sides
+        batches = moments[sides:] or (None,) * sides  # the whole input's, where the rule reads them
         new_dtype = new.dtype if cast else np.float64
-        new = whiten_rows(new, packed.offsets, moments[0], keys, trainable=packed.trainable, dtype=new_dtype, rule=rule)
-        for index, ((old, old_returns), side_moments) in enumerate(zip(olds, moments[1:])):
+        new = whiten_rows(
+            new, packed.offsets, moments[0], keys, trainable=packed.trainable, dtype=new_dtype, rule=rule,
+            batch=batches[0],
+        )  # fmt: skip
+        for index, ((old, old_returns), side_moments) in enumerate(zip(olds, moments[1:sides])):
             old_dtype = old.dtype if cast else np.float64
-            whitened = whiten_rows(old, packed.offsets, side_moments, keys, dtype=old_dtype, rule=rule)
+            whitened = whiten_rows(
+                old, packed.offsets, side_moments, keys, dtype=old_dtype, rule=rule, batch=batches[index + 1]
+            )
             olds[index] = (whitened, old_returns)
         return new, new_returns, olds
     from gaecli.advantages.estimators import whiten_trainable
