@@ -8,9 +8,9 @@ agentic rollouts (14,000 rows, ~60 M tokens); ``short``, 1,000,000 single-turn r
 8–120 tokens (~64 M tokens); ``small``, ~30 MB of agentic rollouts (840 rows). ``--scale``
 multiplies every row count (a quicker run; the files of each scale are cached apart).
 ``--files estimators`` adds a fourth file, 262,144 critic-free rows in prompt groups of 8
-with three reward components and a teacher's log-probs, on which gdpo, opd and grpo with the
-distillation term are each timed beside ``gae recompute --estimator grpo`` of the first
-``--tree`` (goal: 1.5x).
+with three reward components and a teacher's log-probs, on which gdpo, opd, grpo with the
+distillation term and grpo under two score rules are each timed beside ``gae recompute
+--estimator grpo`` of the first ``--tree`` (goal: 1.5x).
 
 On each file it times, as separate processes, each command beside its limit:
 
@@ -370,8 +370,9 @@ def file_rows(path: Path, title: str, label: str, out: Path, batch_rows: int) ->
 
 
 def estimator_rows(path: Path, title: str, out: Path, tree: Tree) -> list[Row]:
-    """gdpo with three reward columns, the pure opd, and grpo with the distillation term, each
-    beside ``--estimator grpo`` of the same checkout on the same file."""
+    """gdpo with three reward columns, the pure opd, grpo with the distillation term and grpo
+    under two score rules (NeMo-RL's leave-one-out, the batch's std), each beside
+    ``--estimator grpo`` of the same checkout on the same file."""
     recompute = ["recompute", str(path), "-o", str(out / "estimator.parquet"), "--overwrite", "--quiet"]
     groups = ["--group-col", "prompt_id", "--values-col", "none"]
     grpo = tree.command(*recompute, "--estimator", "grpo", *groups)
@@ -379,6 +380,8 @@ def estimator_rows(path: Path, title: str, out: Path, tree: Tree) -> list[Row]:
         ("gdpo, 3 reward columns", [*groups, "--estimator", "gdpo", "--reward-cols", "acc,fmt,len"]),
         ("opd", ["--estimator", "opd", "--values-col", "none"]),
         ("grpo --opd-coef 0.5", [*groups, "--estimator", "grpo", "--opd-coef", "0.5"]),
+        ("grpo --norm-like nemo-rl", [*groups, "--estimator", "grpo", "--norm-like", "nemo-rl"]),
+        ("grpo --norm-std batch", [*groups, "--estimator", "grpo", "--norm-std", "batch"]),
     ]
     return [
         Row(title if index == 0 else "", name, "grpo", grpo, [*recompute, *options], ESTIMATOR_GOAL, limit_tree=tree)
