@@ -23,6 +23,7 @@ from test_estimators import (
     write_files,
 )
 
+import gaecli
 from gaecli import AdvantageSpec, WhiteningRule
 from gaecli.advantages.normalization import SCORE_NORM_LIKE, SCORE_RULE
 from gaecli.errors import InvalidOptionError
@@ -342,3 +343,15 @@ def test_the_old_side_carries_its_own_distillation_term(tmp_path):
     stored = gae("diff", path, "--estimator", "grpo", "--group-col", "prompt_id", "--against", "rewards",
                  "--old-opd-coef", "0.5", "--quiet")  # fmt: skip
     assert stored.exit_code == 2 and "recomputed old side" in stored.stderr
+
+
+def test_the_table_api_gives_the_commands_bits(tmp_path):
+    batch = random_batch(10, samples=20, groups=4)
+    inputs = write_files(tmp_path / "in", batch, [])
+    options = ("--estimator", "grpo", "--group-col", "prompt_id", "--norm-like", "nemo-rl")
+    assert recompute_cli(inputs, tmp_path / "out.parquet", *options).exit_code == 0
+    table = gaecli.recompute_table(
+        pq.read_table(inputs[0]), estimator="grpo", group_by="prompt_id", whitening_rule=SCORE_NORM_LIKE["nemo-rl"],
+        columns=gaecli.Columns(values=None),
+    )
+    assert table.column("advantages").equals(pq.read_table(tmp_path / "out.parquet").column("advantages"))

@@ -173,6 +173,8 @@ def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewa
         for name, what in ((spec.group_by, "group id"), (spec.step_by, "step id"))
     }
     inputs = estimator_input_numbers(spec, row_inputs, rows)
+    if spec.turn_rewards is not None:  # a turn estimator's turn rewards, checked against the turns
+        inputs[spec.turn_rewards] = check_variant_inputs(spec, row_inputs, mask, offsets)[spec.turn_rewards]
     arrays = [tensor.detach().cpu().numpy() for tensor in (rewards, mask, offsets, terminal)]
     inputs.update(estimator_token_numbers(spec, row_inputs, arrays[1], arrays[2]))
     advantages, returns = critic_free_batch(

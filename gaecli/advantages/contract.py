@@ -38,6 +38,7 @@ ESTIMATORS: tuple[str, ...] = (
     "gdpo",
     "optimal-token-baseline",
     "opd",
+    "agentic-reinforce",
 )
 """Advantage estimators implemented: masked GAE, then the critic-free ones (docs/estimators.md)."""
 
@@ -80,13 +81,22 @@ REQUIRED_INPUTS: tuple[str, ...] = ("baseline_rewards", "reward_components", "lo
 STEP_ESTIMATORS: tuple[str, ...] = ("gpg", *WHITENED_ESTIMATORS)
 """The estimators with a statistic over the whole input that a step id splits (gpg's α, whitening)."""
 
+TURN_ESTIMATORS: tuple[str, ...] = ("agentic-reinforce",)
+"""The critic-free estimators whose timesteps are a row's turns (its maximal runs of
+trainable tokens): they read the per-turn rewards of ``--turn-rewards-col`` (the spec's
+``turn_rewards``), the one GAE variant input a critic-free estimator takes."""
+
 SCORE_NORMALISED: tuple[str, ...] = ("grpo", "dr-grpo")
 """The estimators whose advantage is the row's score normalised within its group: a
 whitening rule given to them (the spec's ``whitening_rule``, the ``--norm-*`` options) replaces
 their own, ``(s − μ)/(σ + 1e-6)`` and ``s − μ`` (docs/semantics.md#whitening-rules); a rule
 with a batch-level statistic reads the step id as the batch."""
 
-ESTIMATOR_PARAMETERS: dict[str, tuple[str, ...]] = {"gae": ("gamma", "lambd"), "reinforce++": ("gamma",)}
+ESTIMATOR_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "gae": ("gamma", "lambd"),
+    "reinforce++": ("gamma",),
+    "agentic-reinforce": ("gamma",),
+}
 """The discount parameters each estimator reads (none for the others)."""
 
 GROUP_EPSILON = 1e-6

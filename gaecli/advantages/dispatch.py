@@ -135,6 +135,8 @@ def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewa
             return returns, returns
         baselines = _row_input(spec, row_inputs, spec.baseline_rewards, "the baseline rewards")
         return _spread(returns, baselines, trainable, offsets, subtract=True), returns
+    if spec.estimator == "agentic-reinforce":
+        return _turn_returns(spec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs)
     if spec.estimator == "opd":
         teacher_kl = _row_input(spec, row_inputs, TEACHER_KL, "the KL from the teacher per token")
         advantages = _masked_negation(rewards, teacher_kl, trainable)
@@ -146,6 +148,39 @@ def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewa
     row_values = _row_input(spec, row_inputs, ROW_ADVANTAGE, "each row's advantage")
     advantages = _spread(rewards, row_values, trainable, offsets)
     return advantages, advantages
+
+
+def _turn_returns(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs):
+    """agentic-reinforce: each turn's reward ``R_u`` (the rewards at its trainable tokens,
+    added in token order, then its turn reward; ``z`` on the last turn) discounted over the
+    later turns, ``G_u = R_u + γ·G_{u+1}``, at every trainable token of turn ``u``: turn-level
+    masked GAE with V = 0 and λ = 1 on the kernel, the runs' rewards given as its turn
+    rewards. Advantages = returns; 0 at masked positions."""
+    from gaecli.advantages.layout import run_rewards
+
+    given = None if spec.turn_rewards is None else _row_input(spec, row_inputs, spec.turn_rewards, "the turn rewards")
+    tensors = not isinstance(rewards, np.ndarray)
+    arrays = [_numpy(array) for array in (rewards, trainable, offsets)]
+    if given is not None:
+        given = tuple(_numpy(part) for part in given)
+    turn_rewards, turn_offsets = run_rewards(*arrays, given)
+    turn_spec = AdvantageSpec(spec.gamma, 1.0, timestep="turn", turn_rewards="runs")
+    zeros = np.zeros_like(arrays[0])
+    terminal = _numpy(terminal_rewards).astype(zeros.dtype, copy=False)
+    returns, _ = compute(
+        turn_spec, zeros, zeros, arrays[1], arrays[2].astype(np.int64, copy=False), terminal, kernel=kernel,
+        device="cpu" if tensors else device, row_inputs={"runs": (turn_rewards, turn_offsets)},
+    )  # fmt: skip
+    if tensors:
+        import torch
+
+        returns = torch.from_numpy(returns).to(rewards.device)
+    return returns, returns
+
+
+def _numpy(array):
+    """``array`` as numpy (a tensor copied to the CPU; numpy as it is)."""
+    return array if isinstance(array, np.ndarray) else array.detach().cpu().numpy()
 
 
 def _row_input(spec: AdvantageSpec, row_inputs, name: str, what: str):

@@ -228,6 +228,20 @@ def turn_table(trainable, offsets):
     return starts, ends, xp.searchsorted(starts, offsets)
 
 
+def run_rewards(rewards: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, turn_rewards=None):
+    """Each turn's reward (float64 ``[U]``, the turns of :func:`turn_table`): the rewards at
+    its trainable tokens, added in token order, plus its entry of ``turn_rewards`` (a pair of
+    flat values ``[U]`` and offsets ``[B + 1]``, one reward per turn: checked by the callers;
+    None: none), and the ``turn_offsets`` ``[B + 1]``. numpy, vectorised."""
+    starts, _, turn_offsets = turn_table(trainable, offsets)
+    positions = np.flatnonzero(trainable)
+    turns = np.searchsorted(starts, positions, side="right") - 1
+    sums = np.bincount(turns, weights=rewards[positions].astype(np.float64), minlength=starts.size)
+    if turn_rewards is not None:
+        sums = sums + np.asarray(turn_rewards[0], dtype=np.float64)[: starts.size]
+    return sums, turn_offsets
+
+
 def id_turn_table(trainable: np.ndarray, offsets: np.ndarray, turn_ids: np.ndarray):
     """The turns of every sample given by explicit turn ids (docs/variants.md; int ``[N]``,
     one per token, read at trainable tokens only, non-decreasing there: checked by the

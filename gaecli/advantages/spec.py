@@ -25,6 +25,7 @@ from gaecli.advantages.contract import (
     STEP_ESTIMATORS,
     TIMESTEPS,
     TOKEN_INPUTS,
+    TURN_ESTIMATORS,
 )
 from gaecli.advantages.normalization import WhiteningRule
 from gaecli.errors import InvalidOptionError
@@ -167,10 +168,14 @@ class AdvantageSpec:
         self._check_variants()
 
     def _check_variants(self) -> None:
-        """The GAE variants apply to the masked contract of GAE only (docs/variants.md)."""
+        """The GAE variants apply to the masked contract of GAE only (docs/variants.md), but
+        for the turn rewards a turn estimator reads (:data:`TURN_ESTIMATORS`)."""
         variants = self.variants
+        if self.estimator in TURN_ESTIMATORS:
+            variants = tuple(name for name in variants if name != "turn_rewards")
         if variants and self.estimator != "gae":
-            refuse(f"the GAE variants ({', '.join(variants)}) need estimator 'gae', got {self.estimator!r}")
+            turns = f" (turn_rewards: or {', '.join(map(repr, TURN_ESTIMATORS))})" if "turn_rewards" in variants else ""
+            refuse(f"the GAE variants ({', '.join(variants)}) need estimator 'gae'{turns}, got {self.estimator!r}")
         if variants and self.semantics != MASKED:
             refuse(
                 f"the GAE variants ({', '.join(variants)}) apply to the masked contract only, "
@@ -204,7 +209,10 @@ class AdvantageSpec:
         masked GAE asks for: the kernel runs only ``reinforce++``'s discounted return (masked
         GAE with V = 0, λ = 1); the outcome estimators' per-token pass needs no kernel."""
         estimator = "gae" if self.critic_free else self.estimator
-        required = {f"estimator:{estimator}", f"timestep:{self.timestep}"}
+        timestep = "turn" if self.estimator in TURN_ESTIMATORS else self.timestep
+        required = {f"estimator:{estimator}", f"timestep:{timestep}"}
+        if self.estimator in TURN_ESTIMATORS:
+            required.add("turn_rewards")  # the runs' rewards go to the kernel as turn rewards
         required |= {name for name in VARIANT_FIELDS if getattr(self, name) is not None}
         return frozenset(required)
 

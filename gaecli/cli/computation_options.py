@@ -16,8 +16,8 @@ GammaOption = Annotated[
     Optional[float],
     typer.Option(
         show_default=False,
-        help="Discount γ in [0, 1]: required by --estimator gae (the trainers' defaults differ) and reinforce++, "
-        "refused by the other estimators.",
+        help="Discount γ in [0, 1]: required by --estimator gae (the trainers' defaults differ), reinforce++ and "
+        "agentic-reinforce (per turn), refused by the other estimators.",
     ),
 ]
 LambdOption = Annotated[
@@ -31,8 +31,8 @@ EstimatorOption = Annotated[
         metavar="NAME",
         rich_help_panel="Estimator",
         help="gae (masked GAE), or a critic-free estimator: grpo, dr-grpo, rloo, opo, gpg, reinforce++, "
-        "reinforce++-baseline, maxrl, grpo-passk, remax, gdpo, optimal-token-baseline, opd (docs/estimators.md; "
-        "they read no values).",
+        "reinforce++-baseline, maxrl, grpo-passk, remax, gdpo, optimal-token-baseline, opd, agentic-reinforce "
+        "(docs/estimators.md; they read no values).",
     ),
 ]
 GroupColOption = Annotated[
@@ -359,7 +359,7 @@ TurnRewardsColOption = Annotated[
         show_default=False,
         rich_help_panel=_VARIANTS,
         help="List column of one reward per turn (maximal run of trainable tokens), added on the turn's last "
-        "trainable token (to the turn's reward with --timestep turn).",
+        "trainable token (to the turn's reward with --timestep turn and --estimator agentic-reinforce).",
     ),
 ]
 TruncatedColOption = Annotated[

@@ -87,6 +87,14 @@ class ComparisonSide:
         return record
 
 
+def reads_turns(side: ComparisonSide) -> bool:
+    """Whether an old side is a turn estimator, which reads ``--turn-rewards-col`` as the new
+    side's GAE variants do (:data:`gaecli.advantages.contract.TURN_ESTIMATORS`)."""
+    from gaecli.advantages.contract import TURN_ESTIMATORS
+
+    return side.kind == ESTIMATOR and side.estimator in TURN_ESTIMATORS
+
+
 def old_side_spec(
     side: ComparisonSide, gamma: float | None, lambd: float | None, *ids, **inputs
 ) -> AdvantageSpec | None:
@@ -279,7 +287,11 @@ def describe_run(options) -> Computation:
         **options.variants.spec_fields(),
     )
     old_sides = tuple(options.old_sides)
-    old_specs = tuple(old_side_spec(side, options.gamma, options.lambd, *ids, **inputs) for side in old_sides)
+    turns = {"turn_rewards": options.variants.turn_rewards_col}  # what a turn estimator reads on an old side
+    old_specs = tuple(
+        old_side_spec(side, options.gamma, options.lambd, *ids, **inputs, **(turns if reads_turns(side) else {}))
+        for side in old_sides
+    )
     reads_values = any(spec is not None and not spec.critic_free for spec in (new_spec, *old_specs))
     columns = options.columns if reads_values else replace(options.columns, values=None)
     if any(spec is not None and spec.estimator == "opd" for spec in (new_spec, *old_specs)):
