@@ -44,6 +44,7 @@ from gaecli.advantages.inputs import (
     split,
     widened,
 )
+from gaecli.advantages.normalization import clipped
 from gaecli.advantages.row_inputs import FlatLists, check_variant_inputs
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.advantages.whiten import whiten, whiten_by_group
@@ -114,10 +115,10 @@ def compute_advantages_packed(
     if missing:
         raise GAEInputError(f"spec reads per-row input {missing[0]!r}: pass row_inputs={{{missing[0]!r}: ...}}")
     if spec.critic_free:
-        outputs = _critic_free_packed(
+        advantages, returns = _critic_free_packed(
             spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate
         )
-        return narrowed(outputs, narrow)
+        return narrowed((clipped(advantages, spec.advantage_clip), returns), narrow)
     values, rewards, loss_mask, offsets, terminal = check_packed(values, rewards, loss_mask, offsets, terminal_rewards)
     screened = compute_screened(spec, values, rewards, loss_mask, offsets, terminal, kernel=kernel)
     if screened is None:
@@ -141,7 +142,7 @@ def compute_advantages_packed(
         advantages = whiten(advantages, mask, spec.whitening_rule)
     elif spec.normalize == "by":
         advantages = whiten_by_group(advantages, mask, offsets, row_inputs[spec.normalize_by], spec.whitening_rule)
-    return narrowed((advantages, returns), narrow)
+    return narrowed((clipped(advantages, spec.advantage_clip), returns), narrow)
 
 
 def _zeros_like_rewards(sample) -> torch.Tensor:

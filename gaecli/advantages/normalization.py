@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Optional
 
+import numpy as np
+
 from gaecli.advantages.contract import GROUP_EPSILON, WHITEN_EPSILON
 from gaecli.errors import InvalidOptionError
 from gaecli.options import check_choice, check_number
@@ -235,3 +237,13 @@ def _divisor(rule: WhiteningRule, spread, xp):
     if rule.eps_in == "std":
         return xp.sqrt(spread) + rule.eps
     return xp.sqrt(xp.maximum(spread, spread * 0.0 + rule.eps))
+
+
+def clipped(advantages, limit: Optional[float]):
+    """``advantages`` clipped to ``[−limit, limit]`` (the spec's ``advantage_clip``; None: as
+    they are), a new numpy array or tensor of their dtype; masked positions hold 0 and keep it."""
+    if limit is None:
+        return advantages
+    if isinstance(advantages, np.ndarray):
+        return np.clip(advantages, -limit, limit).astype(advantages.dtype, copy=False)
+    return advantages.clamp(-limit, limit)

@@ -92,6 +92,8 @@ class AdvantageSpec:
       ``"by"`` (per group of rows with equal ``normalize_by`` key; ``normalize_by`` names that
       per-row input); ``whitening_rule`` (a
       :class:`~gaecli.advantages.normalization.WhiteningRule`, or None for today's rule) how.
+    - ``advantage_clip``: None, or C > 0: the advantages, of any estimator, clipped to
+      ``[−C, C]`` after every normalisation (ROLL's ``advantage_clip``); the returns are not.
     - ``estimator``: ``"gae"`` or a critic-free estimator of
       :data:`gaecli.advantages.contract.CRITIC_FREE` (docs/estimators.md), which needs the
       masked semantics and no ``normalize``. ``group_by`` names the per-row prompt-group id
@@ -151,6 +153,7 @@ class AdvantageSpec:
     whitening_rule: Optional[WhiteningRule] = None
     log_probs: Optional[str] = None
     sum_pi_squared: Optional[str] = None
+    advantage_clip: Optional[float] = None
 
     def __post_init__(self) -> None:
         for field in ("reward_components", "reward_weights"):  # a list given is kept as a tuple (hashable)
@@ -164,6 +167,7 @@ class AdvantageSpec:
         if (self.normalize == "by") != (self.normalize_by is not None):
             refuse("normalize='by' needs normalize_by (the per-row group key), and normalize_by needs normalize='by'")
         check_whitening_rule(self.whitening_rule, self.normalize, estimator=self.estimator)
+        check_advantage_clip(self.advantage_clip)
         check_variant_values({name: getattr(self, name) for name in ("timestep", *VARIANT_FIELDS)})
         self._check_variants()
 
@@ -368,6 +372,15 @@ def _check_token_inputs(values: dict, words: SpecWords) -> None:
         name = values[field]
         if name is not None and (not isinstance(name, str) or not name):
             refuse(f"{words.name(field)} names a per-token input: a non-empty string, got {name!r}")
+
+
+def check_advantage_clip(limit, name: str = "advantage_clip") -> None:
+    """Refuse (:class:`InvalidOptionError`) an advantage clip that is not None or a finite
+    number above 0 (``name``: how the caller names it)."""
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
+        refuse(f"{name} must be a finite number above 0 (advantages are clipped to [-C, C]), got {limit!r}")
 
 
 def reads_steps(estimator: str, rule=None) -> bool:

@@ -287,6 +287,14 @@ def make_whitening_rule(estimator="gae", norm_like=None, norm_mean=None, norm_st
     )  # fmt: skip
 
 
+AdvantageClipOption = Annotated[
+    Optional[float],
+    typer.Option("--advantage-clip", metavar="C", show_default=False, rich_help_panel=_WHITENING,
+                 help="Clip the new advantages to [-C, C] after every normalisation, as ROLL's advantage_clip "
+                      "(the returns are not clipped)."),
+]  # fmt: skip
+
+
 _VARIANTS = "GAE variants (new side)"
 TimestepOption = Annotated[
     str,

@@ -59,6 +59,7 @@ def diff(
         Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")
     ] = None,
     whitening_options: dict = option_groups.WHITENING_OPTIONS,
+    advantage_clip: computation_options.AdvantageClipOption = None,
     group_by: Annotated[
         Optional[str],
         typer.Option(
@@ -133,6 +134,7 @@ def diff(
             normalize=normalize,
             normalize_by=normalize_by,
             whitening_rule=computation_options.make_whitening_rule(estimator_options["estimator"], **whitening_options),
+            advantage_clip=advantage_clip,
             group_by=group_by,
             id_col=id_col,
             top=top,

@@ -28,6 +28,7 @@ def recompute(
         Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")
     ] = None,
     whitening_options: dict = option_groups.WHITENING_OPTIONS,
+    advantage_clip: computation_options.AdvantageClipOption = None,
     column_options: dict = option_groups.COLUMN_OPTIONS,
     variant_options: dict = option_groups.VARIANT_OPTIONS,
     advantages_col: Annotated[
@@ -83,6 +84,7 @@ def recompute(
             normalize=normalize,
             normalize_by=normalize_by,
             whitening_rule=computation_options.make_whitening_rule(estimator_options["estimator"], **whitening_options),
+            advantage_clip=advantage_clip,
             replace=replace,
             keep_baseline=keep_baseline,
             baseline=baseline,

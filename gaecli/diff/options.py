@@ -71,6 +71,7 @@ class DiffOptions(RunOptions):
     step_by: Optional[str] = None
     estimator_inputs: EstimatorInputs = field(default_factory=EstimatorInputs)
     whitening_rule: Optional[WhiteningRule] = None
+    advantage_clip: Optional[float] = None
 
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its

@@ -11,7 +11,7 @@ from functools import cached_property
 from typing import Optional
 
 from gaecli.advantages.contract import GROUPED_ESTIMATORS, WHITENED_ESTIMATORS
-from gaecli.advantages.spec import AdvantageSpec, check_whitening_rule, estimator_spec
+from gaecli.advantages.spec import AdvantageSpec, check_advantage_clip, check_whitening_rule, estimator_spec
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
 from gaecli.options import check_count, check_number
@@ -284,6 +284,7 @@ def describe_run(options) -> Computation:
         normalize=normalize,
         normalize_by=options.normalize_by,
         whitening_rule=options.whitening_rule,
+        advantage_clip=options.advantage_clip,
         **options.variants.spec_fields(),
     )
     old_sides = tuple(options.old_sides)
@@ -341,6 +342,7 @@ class RunOptions:
         check_device(self.device)
         mode = "by" if self.normalize_by is not None else "all" if self.normalize else "none"
         check_whitening_rule(self.whitening_rule, mode, WHITENING_FLAGS, self.estimator)
+        check_advantage_clip(self.advantage_clip, "--advantage-clip")
         self.computation  # noqa: B018 - the specs built, the kernel resolved for them
 
     @property

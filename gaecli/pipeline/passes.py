@@ -14,6 +14,7 @@ import pyarrow as pa
 from gaecli.advantages.contract import WHITENED_RETURNS
 from gaecli.advantages.distillation import with_distillation
 from gaecli.advantages.estimators import declared_statistics
+from gaecli.advantages.normalization import clipped
 from gaecli.advantages.statistics import KeyedStatistics, Moments, Statistic, side_operands, whitening_statistics
 from gaecli.advantages.whiten import whiten_rows
 from gaecli.errors import GAEInputError
@@ -126,7 +127,7 @@ def whitened_sides(
     their computed dtype unless ``cast`` is False), otherwise the side of each ``reinforce++``
     estimator (0 at masked positions; ``reinforce++-baseline``'s returns are its advantages);
     then the distillation term of each side where it joins after the whitening
-    (:meth:`Computation.side_distillation`).
+    (:meth:`Computation.side_distillation`), then the new side's ``--advantage-clip``.
     Returns ``(new, new_returns, olds)``, ``olds`` one ``(advantages, returns)`` per old side
     (:attr:`ComputedBatch.olds`)."""
     new, new_returns, olds = _whitened(computed, computation, moments, cast)
@@ -138,7 +139,7 @@ def whitened_sides(
         stage, coef = computation.side_distillation(index + 1)
         if stage == "after-whiten":
             olds[index] = (with_distillation(old, packed.teacher_kl, packed.trainable, coef), old_returns)
-    return new, new_returns, olds
+    return clipped(new, computation.new_spec.advantage_clip), new_returns, olds
 
 
 def _whitened(computed: ComputedBatch, computation: Computation, moments, cast: bool):

@@ -190,8 +190,8 @@ def output_batch(
 ):
     """One output batch of ``schema`` from a computed batch (:func:`gaecli.pipeline.computed_batches`):
     its valid rows with the new columns added, the advantages whitened with ``moments`` when
-    given (:func:`gaecli.pipeline.whitened_sides`). Returns ``(batch, advantages, old
-    advantages)`` (flat, as written)."""
+    given and clipped by ``--advantage-clip`` (:func:`gaecli.pipeline.whitened_sides`).
+    Returns ``(batch, advantages, old advantages)`` (flat, as written)."""
     packed, valid = computed.packed, computed.valid
     advantages, returns, old_advantages, old_returns = (
         computed.new,
@@ -199,7 +199,7 @@ def output_batch(
         computed.old,
         computed.old_returns,
     )
-    if moments is not None:
+    if moments is not None or options.computation.new_spec.advantage_clip is not None:
         advantages, returns, olds = whitened_sides(computed, options.computation, moments)
         old_advantages, old_returns = olds[0]
     offsets_type = pa.int64() if pa.types.is_large_list(list_type) else pa.int32()
