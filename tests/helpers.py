@@ -57,6 +57,7 @@ def spec_document(gamma: float, lambd: float, **fields) -> dict:
         "log_probs": None,
         "sum_pi_squared": None,
         "whitening_rule": None,
+        "advantage_clip": None,
     }
     assert set(fields) <= set(document), f"no spec field {sorted(set(fields) - set(document))}"
     return {**document, **fields}
