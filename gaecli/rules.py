@@ -130,6 +130,25 @@ RULES: dict[str, Rule] = {
             "store the critic's value after the last token of every truncated row, or drop the row",
         ),
         Rule(
+            "duplicate-turn",
+            ERROR,
+            "two turn rows of one episode (--episode-col) have the same turn index (--turn-col)",
+            "each turn of an episode is one row: drop the copy, or number the turns apart",
+        ),
+        Rule(
+            "episode-mismatch",
+            ERROR,
+            "the turn rows of one episode disagree on its outcome (--terminal-col) or its group (--group-col)",
+            "write the episode's outcome and group on every one of its rows; rows of different episodes need "
+            "different episode ids",
+        ),
+        Rule(
+            "episode-rejected",
+            ERROR,
+            "a turn row whose episode is rejected (with --on-invalid skip: another of its rows is invalid)",
+            "fix the episode's invalid row: an episode is computed whole or not at all",
+        ),
+        Rule(
             "fully-masked",
             WARNING,
             "every response token is masked",

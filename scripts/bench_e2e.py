@@ -10,7 +10,9 @@ multiplies every row count (a quicker run; the files of each scale are cached ap
 ``--files estimators`` adds a fourth file, 262,144 critic-free rows in prompt groups of 8
 with three reward components and a teacher's log-probs, on which gdpo, opd, grpo with the
 distillation term and grpo under two score rules are each timed beside ``gae recompute
---estimator grpo`` of the first ``--tree`` (goal: 1.5x).
+--estimator grpo`` of the first ``--tree`` (goal: 1.5x). ``--files turns`` adds a turn-row
+file, 1,000,000 turn rows of 100,000 episodes, on which gigpo and step-reinforce are each
+timed beside plain ``gae recompute`` of the first ``--tree`` (goal: 2x, peak RSS 1 GB).
 
 On each file it times, as separate processes, each command beside its limit:
 
@@ -115,7 +117,12 @@ FILES = {  # label: (generator, rows at scale 1)
     "short": ("short_rows", 1_000_000),
     "small": ("agentic", 840),
     "estimators": ("grouped", 262_144),
+    "turns": ("turn_rows", 1_000_000),
 }
+
+TURN_ROWS_GOAL = 2.0
+"""The goal of gigpo and step-reinforce on the turn-row file, each beside plain ``gae
+recompute`` (masked GAE) on the same file (of the same checkout); peak RSS at most 1 GB."""
 
 ESTIMATOR_GOAL = 1.5
 """The goal of gdpo (three reward columns), opd, and grpo with the distillation term, each
@@ -230,6 +237,42 @@ def grouped_table(start: int, rows: int, shortest: int = 32, longest: int = 256)
     )
 
 
+def turn_rows_table(start: int, rows: int, shortest: int = 8, longest: int = 64, turns: int = 10):
+    """``rows`` turn rows (vectorised), ``turns`` per episode (``episode_id``, ``turn``), eight
+    episodes a group (``group_id``), an anchor state of four per turn index (``state``), a
+    float32 turn reward (``step_score``) and the episode's outcome on each of its rows
+    (``terminal_reward``); float32 values and rewards, an int8 mask whose first half of each row
+    is the observation (masked)."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(start + 41)
+    lengths, offsets, position = ragged_rows(rng, rows, shortest, longest)
+    tokens = int(offsets[-1])
+    index = start + np.arange(rows)
+    episode = index // turns
+    mask = (position >= np.repeat(lengths // 2, lengths)).astype(np.int8)
+    outcome = np.random.default_rng(7).integers(0, 2, int(episode.max()) + 1).astype(np.float32)
+
+    def as_list(flat):
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat))
+
+    return pa.table(
+        {
+            "episode_id": pa.array(episode, pa.int64()),
+            "turn": pa.array(index % turns, pa.int32()),
+            "group_id": pa.array(episode // 8, pa.int64()),
+            "state": pa.array((index % turns) * 4 + rng.integers(0, 4, rows), pa.int64()),
+            "step_score": pa.array(rng.choice([0.0, 0.1, 1.0], rows).astype(np.float32)),
+            "values": as_list(rng.normal(size=tokens).astype(np.float32)),
+            "rewards": as_list(np.zeros(tokens, np.float32)),
+            "loss_mask": as_list(mask),
+            "terminal_reward": pa.array(outcome[episode]),
+            "response_length": pa.array(lengths, pa.int64()),
+        }
+    )
+
+
 def data_file(data: Path, label: str, scale: float) -> Path:
     """The cached file ``label`` at ``scale``, generated on first use."""
     kind, rows = FILES[label]
@@ -241,6 +284,8 @@ def data_file(data: Path, label: str, scale: float) -> Path:
             make_agentic(path, rows, seed=1 if label == "large" else 2)
         elif kind == "grouped":
             write_chunks(path, rows, 65_536, grouped_table)
+        elif kind == "turn_rows":
+            write_chunks(path, rows, 100_000, turn_rows_table)
         else:
             write_chunks(path, rows, 65_536, short_rows_table)
     return path
@@ -389,6 +434,24 @@ def estimator_rows(path: Path, title: str, out: Path, tree: Tree) -> list[Row]:
     ]
 
 
+def turn_row_rows(path: Path, title: str, out: Path, tree: Tree) -> list[Row]:
+    """gigpo and step-reinforce on the turn-row file, each beside plain ``gae recompute``
+    (masked GAE) of the same checkout on the same file."""
+    recompute = ["recompute", str(path), "-o", str(out / "turns.parquet"), "--overwrite", "--quiet"]
+    plain = tree.command(*recompute, *DISCOUNT)
+    turns = ["--values-col", "none", "--gamma", "0.95", "--group-col", "group_id", "--episode-col", "episode_id",
+             "--turn-col", "turn", "--turn-rewards-col", "step_score"]  # fmt: skip
+    commands = [
+        ("gigpo", ["--estimator", "gigpo", *turns, "--state-col", "state"]),
+        ("step-reinforce", ["--estimator", "step-reinforce", *turns]),
+    ]
+    return [
+        Row(title if index == 0 else "", name, "recompute", plain, [*recompute, *options], TURN_ROWS_GOAL,
+            limit_tree=tree)  # fmt: skip
+        for index, (name, options) in enumerate(commands)
+    ]
+
+
 def output_batch_rows(tree: Tree, path: Path, out: Path) -> int:
     """Warm ``tree`` up on ``path`` (its kernels compiled and cached) and return the rows of
     the first row group its ``gae recompute`` writes: the copy's and the reads' batch."""
@@ -435,7 +498,7 @@ def main() -> None:
         "--files",
         default="large,short,small",
         help="which files to run, comma-separated: large, short, small, estimators (the estimators beside grpo, "
-        "on the first --tree)",
+        "on the first --tree), turns (gigpo and step-reinforce beside recompute, on the first --tree)",
     )
     parser.add_argument("--data", default="bench_data", help="where the generated files and caches are kept")
     parser.add_argument(
@@ -460,9 +523,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=data) as scratch:
         out = Path(scratch)
         for label, path in paths.items():
-            if label == "estimators":
+            if label in ("estimators", "turns"):
                 first = trees[0]
-                for row in estimator_rows(path, describe(path), out, first):
+                made = estimator_rows if label == "estimators" else turn_row_rows
+                for row in made(path, describe(path), out, first):
                     run(row.limit, cwd=first.root, env=first.environment())  # warm: compiled and cached
                     run(first.command(*row.arguments), cwd=first.root, env=first.environment())
                     row.time([first], args.repeat)

@@ -10,7 +10,11 @@
 - ``critic_free/grpo_step_0000.parquet``: a critic-free (GRPO-style) dump of multi-turn
   rollouts, no values column: 8 prompts (``prompt_id``) × 4 samples, 0/1 outcome rewards
   (two prompts all correct or all wrong), zero per-token rewards, a ``step`` column
-  (docs/estimators.md).
+  (docs/estimators.md);
+- ``turn_rows.parquet``: turn rows of an agent run (docs/episodes.md), one row per turn: 8
+  episodes (``episode_id``) of 2–4 turns (``turn``) in 2 groups (``group_id``), each turn's
+  anchor state (``state``) and reward (``step_score``), the episode's 0/1 outcome on each of
+  its rows, no values column, rows in the order the turns finished.
 """
 
 from __future__ import annotations
@@ -51,6 +55,43 @@ def main(out_dir: str = "sample_data") -> None:
     pq.write_table(table, path, compression="zstd")
     print(f"{path}: {table.num_rows} rows")
     write_critic_free(root / "critic_free" / "grpo_step_0000.parquet")
+    write_turn_rows(root / "turn_rows.parquet")
+
+
+def write_turn_rows(path: Path, groups: int = 2, episodes_per_group: int = 4) -> None:
+    """The turn-row sample: each turn's response an action of 8–40 tokens, some with a masked
+    span (a tool's output echoed into the response), grouped by episode and group."""
+    rng = np.random.default_rng(401)
+    rows = []
+    for episode in range(groups * episodes_per_group):
+        outcome = float(rng.random() < 0.5)
+        for turn in range(int(rng.integers(2, 5))):
+            length = int(rng.integers(8, 41))
+            mask = np.ones(length, np.int8)
+            if rng.random() < 0.4:
+                start = int(rng.integers(1, length - 4))
+                mask[start : start + int(rng.integers(2, 5))] = 0
+            finished = episode * 0.7 + turn + rng.random()  # when the turn finished
+            rows.append((finished, {
+                "episode_id": f"ep{episode:02d}", "turn": turn, "group_id": f"task{episode // episodes_per_group}",
+                "state": f"t{turn}-s{int(rng.integers(0, 2))}", "step_score": float(rng.choice([0.0, 0.1, 0.5])),
+                "rewards": np.zeros(length, np.float32), "loss_mask": mask, "terminal_reward": outcome,
+                "response_length": length,
+            }))  # fmt: skip
+    rows = [row for _, row in sorted(rows, key=lambda item: item[0])]
+    table = pa.table({
+        "episode_id": pa.array([row["episode_id"] for row in rows]),
+        "turn": pa.array([row["turn"] for row in rows], pa.int32()),
+        "group_id": pa.array([row["group_id"] for row in rows]),
+        "state": pa.array([row["state"] for row in rows]),
+        "step_score": pa.array([row["step_score"] for row in rows], pa.float32()),
+        "rewards": pa.array([row["rewards"] for row in rows], pa.list_(pa.float32())),
+        "loss_mask": pa.array([row["loss_mask"] for row in rows], pa.list_(pa.int8())),
+        "terminal_reward": pa.array([row["terminal_reward"] for row in rows], pa.float32()),
+        "response_length": pa.array([row["response_length"] for row in rows], pa.int64()),
+    })  # fmt: skip
+    pq.write_table(table, path, compression="zstd")
+    print(f"{path}: {table.num_rows} turn rows, {len(set(table.column('episode_id').to_pylist()))} episodes")
 
 
 def write_critic_free(path: Path, prompts: int = 8, group_size: int = 4) -> None:

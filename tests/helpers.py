@@ -721,3 +721,41 @@ def token_baseline_oracle(
                     advantages[i][t] = g - baseline
                     returns_out[i][t] = g
     return advantages, returns_out
+
+
+def turn_rows_oracle(estimator, episodes, turns, turn_rewards, outcomes, groups, states, gamma, *,
+                     method="mean_std", episode_weight=1.0, step_weight=1.0):  # fmt: skip
+    """gigpo and step-reinforce on turn rows, a float64 loop written from ROLL's
+    ``roll/pipeline/agentic/utils.py`` (docs/episodes.md): each row's discounted return over
+    the later turns of its episode (by turn index), normalised per group of rows
+    (``mean_std``: ``(x − μ)/(σ + 1e-6)`` with the Bessel σ, 0 for a group of one or σ ≤ 1e-6;
+    ``mean``: ``x − μ``); gigpo adds the outcome normalised per episode group, the return per
+    (group, state). One advantage per row."""
+    rows = len(episodes)
+    returns = [0.0] * rows
+    for episode in set(episodes):
+        members = sorted((turns[row], row) for row in range(rows) if episodes[row] == episode)
+        running = 0.0
+        for _, row in reversed(members):
+            running = turn_rewards[row] + gamma * running
+            returns[row] = running
+
+    def normalised(values, keys):
+        out = [0.0] * rows
+        for key in set(keys):
+            members = [row for row in range(rows) if keys[row] == key]
+            group = [values[row] for row in members]
+            mean = math.fsum(group) / len(group)
+            std = _bessel_std(group, mean) if len(group) > 1 else 0.0
+            for row in members:
+                if method == "mean":
+                    out[row] = values[row] - mean
+                elif len(group) > 1 and std > 1e-6:
+                    out[row] = (values[row] - mean) / (std + 1e-6)
+        return out
+
+    if estimator == "step-reinforce":
+        return normalised(returns, groups)
+    episode_part = normalised(list(map(float, outcomes)), groups)
+    step_part = normalised(returns, [(group, state) for group, state in zip(groups, states)])
+    return [episode_weight * a + step_weight * b for a, b in zip(episode_part, step_part)]

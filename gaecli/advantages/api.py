@@ -152,8 +152,9 @@ def _zeros_like_rewards(sample) -> torch.Tensor:
 
 
 def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate):
+    from gaecli.advantages.contract import TURN_ROW_ESTIMATORS
     from gaecli.advantages.estimators import critic_free_batch, keys_array
-    from gaecli.advantages.row_inputs import estimator_input_numbers, estimator_token_numbers
+    from gaecli.advantages.row_inputs import estimator_input_numbers, estimator_token_numbers, turn_row_inputs
 
     if spec.estimator == "opd":
         raise GAEInputError(
@@ -174,7 +175,9 @@ def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewa
         for name, what in ((spec.group_by, "group id"), (spec.step_by, "step id"))
     }
     inputs = estimator_input_numbers(spec, row_inputs, rows)
-    if spec.turn_rewards is not None:  # a turn estimator's turn rewards, checked against the turns
+    if spec.estimator in TURN_ROW_ESTIMATORS:
+        inputs.update(turn_row_inputs(spec, row_inputs, rows))
+    elif spec.turn_rewards is not None:  # a turn estimator's turn rewards, checked against the turns
         inputs[spec.turn_rewards] = check_variant_inputs(spec, row_inputs, mask, offsets)[spec.turn_rewards]
     arrays = [tensor.detach().cpu().numpy() for tensor in (rewards, mask, offsets, terminal)]
     inputs.update(estimator_token_numbers(spec, row_inputs, arrays[1], arrays[2]))

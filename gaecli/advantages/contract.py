@@ -39,6 +39,8 @@ ESTIMATORS: tuple[str, ...] = (
     "optimal-token-baseline",
     "opd",
     "agentic-reinforce",
+    "gigpo",
+    "step-reinforce",
 )
 """Advantage estimators implemented: masked GAE, then the critic-free ones (docs/estimators.md)."""
 
@@ -56,6 +58,8 @@ GROUPED_ESTIMATORS: tuple[str, ...] = (
     "grpo-passk",
     "gdpo",
     "optimal-token-baseline",
+    "gigpo",
+    "step-reinforce",
 )
 """The estimators that compare a sample's score with its prompt group's (they need a group id per row)."""
 
@@ -66,6 +70,8 @@ ESTIMATOR_INPUTS: dict[str, tuple[str, ...]] = {
     "remax": ("baseline_rewards",),
     "gdpo": ("reward_components", "reward_weights"),
     "optimal-token-baseline": ("log_probs", "sum_pi_squared"),
+    "gigpo": ("episode_by", "turn_by", "state_by", "episode_weight", "step_weight"),
+    "step-reinforce": ("episode_by", "turn_by"),
 }
 """The spec fields naming an estimator's own per-row inputs (required, but for ``reward_weights``,
 by that estimator and refused by the others): remax's baseline reward column, gdpo's reward
@@ -75,7 +81,15 @@ WHITENED_RETURNS: tuple[str, ...] = ("reinforce++-baseline", "gdpo")
 """The whitened estimators whose returns are their whitened advantages (``reinforce++``'s are
 its discounted returns)."""
 
-REQUIRED_INPUTS: tuple[str, ...] = ("baseline_rewards", "reward_components", "log_probs", "sum_pi_squared")
+REQUIRED_INPUTS: tuple[str, ...] = (
+    "baseline_rewards",
+    "reward_components",
+    "log_probs",
+    "sum_pi_squared",
+    "episode_by",
+    "turn_by",
+    "state_by",
+)
 """The fields of :data:`ESTIMATOR_INPUTS` an estimator cannot do without."""
 
 STEP_ESTIMATORS: tuple[str, ...] = ("gpg", *WHITENED_ESTIMATORS)
@@ -85,6 +99,13 @@ TURN_ESTIMATORS: tuple[str, ...] = ("agentic-reinforce",)
 """The critic-free estimators whose timesteps are a row's turns (its maximal runs of
 trainable tokens): they read the per-turn rewards of ``--turn-rewards-col`` (the spec's
 ``turn_rewards``), the one GAE variant input a critic-free estimator takes."""
+
+TURN_ROW_ESTIMATORS: tuple[str, ...] = ("gigpo", "step-reinforce")
+"""The estimators of turn rows (docs/episodes.md): one row per turn of an episode, the rows of
+one episode sharing its id (the spec's ``episode_by``) and ordered by a turn index
+(``turn_by``); each row's ``turn_rewards`` is one number (its turn's reward), its terminal
+reward the episode's outcome. They normalise each turn's discounted return (and gigpo the
+outcome) within groups of turn rows, ROLL's ``agentic_reward_norm`` by default."""
 
 SCORE_NORMALISED: tuple[str, ...] = ("grpo", "dr-grpo")
 """The estimators whose advantage is the row's score normalised within its group: a
@@ -96,6 +117,8 @@ ESTIMATOR_PARAMETERS: dict[str, tuple[str, ...]] = {
     "gae": ("gamma", "lambd"),
     "reinforce++": ("gamma",),
     "agentic-reinforce": ("gamma",),
+    "gigpo": ("gamma",),
+    "step-reinforce": ("gamma",),
 }
 """The discount parameters each estimator reads (none for the others)."""
 

@@ -22,6 +22,8 @@ from gaecli.advantages.statistics import (
     SCORES,
     TOP_SCORES,
     TRAINABLE_MOMENTS,
+    TURN_ROWS,
+    TURNS,
     KeyedStatistics,
     Statistic,
 )
@@ -61,6 +63,8 @@ class Need:
             return tuple(Statistic(self.quantity, COMPONENT + name, key) for name in spec.reward_components)
         if self.of == "paths":
             return (Statistic(self.quantity, PATHS, key),)
+        if self.of == "turns":
+            return (Statistic(self.quantity, TURNS, key),)
         return (Statistic(self.quantity, operand if self.of == "advantages" else SCORES, key),)
 
     def statistic(self, spec, operand: str = "new") -> Statistic:
@@ -74,6 +78,7 @@ GROUP_COMPONENTS = Need(SCORES, "components", "group_by")
 STEP_SCORES = Need(SCORES, "scores", "step_by")
 STEP_MOMENTS = Need(TRAINABLE_MOMENTS, "advantages", "step_by")
 GROUP_PATHS = Need(PATH_BASELINES, "paths", "group_by")
+EPISODE_TURNS = Need(TURN_ROWS, "turns", "episode_by")
 
 ESTIMATOR_STATISTICS: dict[str, tuple[Need, ...]] = {
     "grpo": (GROUP_SCORES,),
@@ -87,6 +92,8 @@ ESTIMATOR_STATISTICS: dict[str, tuple[Need, ...]] = {
     "grpo-passk": (GROUP_SCORES, GROUP_TOP_SCORES),
     "gdpo": (GROUP_COMPONENTS, STEP_MOMENTS),
     "optimal-token-baseline": (GROUP_PATHS,),
+    "gigpo": (EPISODE_TURNS,),
+    "step-reinforce": (EPISODE_TURNS,),
 }
 """The keyed statistics each estimator needs over the whole input before its advantages can
 be computed (an estimator not named needs none): the group statistics of the scores (and
@@ -286,10 +293,11 @@ def critic_free_batch(
     of the ``reinforce++`` estimators and gdpo. Flat numpy arrays as :func:`row_scores` takes
     them, the rows' group and step ids as Arrow arrays (None where the spec has none), the
     estimator's own per-row inputs (``inputs``: remax's baseline rewards, gdpo's components,
-    float64 ``[B]`` by name, checked); returns flat
+    float64 ``[B]`` by name, checked; a turn-row estimator's episode and state ids as Arrow
+    arrays, turn indices int64 and turn rewards float64); returns flat
     ``(advantages, returns)`` in the rewards' dtype. The commands run the same steps with
     statistics gathered over every file (:mod:`gaecli.pipeline`)."""
-    from gaecli.advantages.contract import GROUPED_ESTIMATORS
+    from gaecli.advantages.contract import GROUPED_ESTIMATORS, TURN_ROW_ESTIMATORS
     from gaecli.advantages.dispatch import ROW_ADVANTAGE, compute
 
     needs = declared_statistics(spec)
@@ -304,6 +312,13 @@ def critic_free_batch(
         statistics = KeyedStatistics(needs)
         statistics.add({PATHS: paths}, trainable, offsets, keys)
         row_inputs = token_baseline_inputs(statistics, spec, paths, trainable, offsets, group_keys)
+    elif spec.estimator in TURN_ROW_ESTIMATORS:
+        from gaecli.advantages.episodes import batch_turn_row_advantages
+
+        ids = {"episode": inputs.pop(spec.episode_by), "group": group_keys, "step": step_keys}
+        ids["state"] = inputs.pop(spec.state_by) if spec.state_by is not None else None
+        turns, turn_rewards = inputs.pop(spec.turn_by), inputs.pop(spec.turn_rewards)
+        row_inputs = {ROW_ADVANTAGE: batch_turn_row_advantages(spec, terminal_rewards, ids, turns, turn_rewards)}
     elif spec.estimator in GROUPED_ESTIMATORS:
         scores, _ = row_scores(rewards, trainable, offsets, terminal_rewards)
         statistics = KeyedStatistics(tuple(need for need in needs if not need.reads_sides))

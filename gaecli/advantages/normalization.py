@@ -23,10 +23,12 @@ LEVELS: tuple[str, ...] = ("group", "batch", "none")
 input under ``--normalize``; scores: ``--group-col``'s), over the batch (the whole input, or
 each ``--step-col`` value for scores), or not at all (no centring; no scaling)."""
 
-USES: tuple[str, ...] = ("whitening", "scores")
-"""What a rule normalises: the advantages' trainable tokens (``--normalize``), or the per-row
+USES: tuple[str, ...] = ("whitening", "scores", "turn-scores")
+"""What a rule normalises: the advantages' trainable tokens (``--normalize``), the per-row
 scores of the estimators in :data:`gaecli.advantages.contract.SCORE_NORMALISED` (their own
-rule replaced)."""
+rule replaced), or the turn rows' outcomes and discounted returns of the estimators in
+:data:`gaecli.advantages.contract.TURN_ROW_ESTIMATORS` (ROLL's rule, :data:`TURN_ROW_RULE`, the
+base)."""
 
 EPSILON_PLACES: tuple[str, ...] = ("sqrt", "std", "floor")
 """Where ε goes: ``sqrt(var + ε)`` (gaecli's, verl's ``masked_whiten``, slime's), ``std + ε``
@@ -137,11 +139,20 @@ it is above 0); ROLL ``agentic_reward_norm`` (a std at or below 1e-6 gives 0); A
 ``group_norm`` (``σ + 1e-9``)."""
 
 
+TURN_ROW_RULE = SCORE_NORM_LIKE["roll"]
+"""The rule of the turn-row estimators (gigpo, step-reinforce) when none is given, and the base
+the ``--norm-*`` options change for them: ROLL's ``agentic_reward_norm`` ``mean_std``
+(``roll/pipeline/agentic/utils.py`` ``get_score_normalize_fn``): ``(x − μ)/(σ + 1e-6)``, a group of
+one or a σ at or below 1e-6 giving 0. Its ``mean`` method is this rule with ``std="none"``."""
+
+
 def rule_use(estimator: str) -> str:
     """What a rule given with ``estimator`` normalises (:data:`USES`): its scores when it is
-    score-normalised, the whitening otherwise."""
-    from gaecli.advantages.contract import SCORE_NORMALISED
+    score-normalised, a turn row's figures for a turn-row estimator, the whitening otherwise."""
+    from gaecli.advantages.contract import SCORE_NORMALISED, TURN_ROW_ESTIMATORS
 
+    if estimator in TURN_ROW_ESTIMATORS:
+        return "turn-scores"
     return "scores" if estimator in SCORE_NORMALISED else "whitening"
 
 
@@ -150,7 +161,8 @@ def whitening_rule(like: Optional[str] = None, use: str = "whitening", **explici
     :data:`NORM_LIKE`, or its scores' normalisation, :data:`SCORE_NORM_LIKE`) with the
     explicit choices (``explicit``: the :class:`WhiteningRule` fields given, None for those
     not) over it, or over the use's own rule (today's whitening, :data:`SCORE_RULE`); None
-    when nothing is given (the estimator's or whitening's own rule)."""
+    when nothing is given (the estimator's or whitening's own rule). The turn rows' figures
+    (``turn-scores``) take the presets of the scores, over ROLL's rule."""
     given = {name: value for name, value in explicit.items() if value is not None}
     if like is None and not given:
         return None
@@ -158,7 +170,8 @@ def whitening_rule(like: Optional[str] = None, use: str = "whitening", **explici
     presets = NORM_LIKE if use == "whitening" else SCORE_NORM_LIKE
     if like is not None:
         check_choice("--norm-like", like, presets, "trainer")
-    base = presets[like] if like is not None else WhiteningRule() if use == "whitening" else SCORE_RULE
+    own = {"whitening": WhiteningRule(), "scores": SCORE_RULE, "turn-scores": TURN_ROW_RULE}[use]
+    base = presets[like] if like is not None else own
     unknown = set(given) - {field.name for field in fields(WhiteningRule)}
     if unknown:
         raise InvalidOptionError(f"unknown whitening choice {sorted(unknown)[0]!r}")

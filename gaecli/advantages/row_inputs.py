@@ -238,3 +238,31 @@ def _turn_rewards_input(
             f"sample {sample}: {name} is {flat[position]} at turn {position - turn_offsets[sample]} (must be finite)"
         )
     return flat, turn_offsets
+
+
+def turn_row_inputs(spec, row_inputs, rows: int) -> dict:
+    """A turn-row estimator's own per-row inputs (docs/episodes.md) taken from ``row_inputs``
+    by name: the episode and (gigpo's) state ids as Arrow arrays, the turn indices int64 and
+    the turns' rewards float64, ``[B]`` each. Raises :class:`GAEInputError` naming the input
+    and the sample: a length other than B, a null id, a turn index that is not an integer, a
+    turn reward that is not a finite number."""
+    from gaecli.advantages.estimators import keys_array
+
+    converted = {spec.episode_by: keys_array(row_inputs[spec.episode_by], rows, f"{spec.episode_by} (the episode id)")}
+    if spec.state_by is not None:
+        converted[spec.state_by] = keys_array(row_inputs[spec.state_by], rows, f"{spec.state_by} (the state id)")
+    turns = _numbers(spec.turn_by, row_inputs[spec.turn_by])
+    rewards = _numbers(spec.turn_rewards, row_inputs[spec.turn_rewards])
+    for name, array in ((spec.turn_by, turns), (spec.turn_rewards, rewards)):
+        if array.size != rows:
+            raise GAEInputError(f"{name} must hold one value per sample ({rows}), got {array.size}")
+        bad = np.flatnonzero(~np.isfinite(array))
+        if bad.size:
+            raise GAEInputError(f"sample {int(bad[0])}: {name} is {array[bad[0]]} (must be finite)")
+    fractional = np.flatnonzero(turns != np.round(turns))
+    if fractional.size:
+        sample = int(fractional[0])
+        raise GAEInputError(f"sample {sample}: {spec.turn_by} is {turns[sample]} (a turn index is an integer)")
+    converted[spec.turn_by] = turns.astype(np.int64)
+    converted[spec.turn_rewards] = rewards
+    return converted

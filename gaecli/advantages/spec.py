@@ -26,6 +26,7 @@ from gaecli.advantages.contract import (
     TIMESTEPS,
     TOKEN_INPUTS,
     TURN_ESTIMATORS,
+    TURN_ROW_ESTIMATORS,
 )
 from gaecli.advantages.normalization import WhiteningRule
 from gaecli.errors import InvalidOptionError
@@ -55,6 +56,11 @@ ESTIMATOR_FIELDS: tuple[str, ...] = (
     "reward_weights",
     "log_probs",
     "sum_pi_squared",
+    "episode_by",
+    "turn_by",
+    "state_by",
+    "episode_weight",
+    "step_weight",
 )
 """The spec fields an estimator reads or refuses (:func:`check_estimator_values`): the discount
 parameters, the group and step ids and the estimators' own inputs."""
@@ -108,6 +114,12 @@ class AdvantageSpec:
       numbers; None: all 1). ``log_probs`` and ``sum_pi_squared`` name optimal-token-baseline's
       per-token inputs (a number per token each: the policy's log-prob of the token and
       ``Σπ²`` over the vocabulary).
+    - Turn rows (the estimators of :data:`~gaecli.advantages.contract.TURN_ROW_ESTIMATORS`,
+      docs/episodes.md): ``episode_by`` names the per-row episode id (the rows of one episode
+      are its turns), ``turn_by`` the per-row turn index (an integer, unique within the
+      episode), ``state_by`` gigpo's per-row anchor-state id; ``turn_rewards`` then names a
+      per-row number, the turn's own reward; ``episode_weight`` and ``step_weight`` (None: 1)
+      weigh gigpo's episode and step advantages.
     - The GAE variants (docs/variants.md), each off by default; they apply to the masked
       contract only (``semantics="masked"``, ``estimator="gae"``):
 
@@ -154,6 +166,11 @@ class AdvantageSpec:
     log_probs: Optional[str] = None
     sum_pi_squared: Optional[str] = None
     advantage_clip: Optional[float] = None
+    episode_by: Optional[str] = None
+    turn_by: Optional[str] = None
+    state_by: Optional[str] = None
+    episode_weight: Optional[float] = None
+    step_weight: Optional[float] = None
 
     def __post_init__(self) -> None:
         for field in ("reward_components", "reward_weights"):  # a list given is kept as a tuple (hashable)
@@ -170,6 +187,8 @@ class AdvantageSpec:
         check_advantage_clip(self.advantage_clip)
         check_variant_values({name: getattr(self, name) for name in ("timestep", *VARIANT_FIELDS)})
         self._check_variants()
+        if self.estimator in TURN_ROW_ESTIMATORS and self.turn_rewards is None:
+            refuse(f"estimator {self.estimator!r} needs turn_rewards (the per-row input of each turn's own reward)")
 
     def _check_variants(self) -> None:
         """The GAE variants apply to the masked contract of GAE only (docs/variants.md), but
@@ -190,6 +209,8 @@ class AdvantageSpec:
     def variants(self) -> tuple[str, ...]:
         """The names of the GAE variant fields set away from their defaults (empty: plain GAE)."""
         names = [name for name in VARIANT_FIELDS if getattr(self, name) is not None]
+        if self.estimator in TURN_ROW_ESTIMATORS:  # a turn row's reward is an input of its estimator
+            names = [name for name in names if name != "turn_rewards"]
         return (("timestep",) if self.timestep != "token" else ()) + tuple(names)
 
     def _check_estimator(self) -> None:
@@ -217,7 +238,7 @@ class AdvantageSpec:
         required = {f"estimator:{estimator}", f"timestep:{timestep}"}
         if self.estimator in TURN_ESTIMATORS:
             required.add("turn_rewards")  # the runs' rewards go to the kernel as turn rewards
-        required |= {name for name in VARIANT_FIELDS if getattr(self, name) is not None}
+        required |= {name for name in self.variants if name != "timestep"}
         return frozenset(required)
 
     @property
@@ -237,10 +258,13 @@ class AdvantageSpec:
         inputs = [RowInput(name, role, "scalar") for role, name in named if name is not None]
         tokens = (("log-probs", self.log_probs), ("sum-pi-squared", self.sum_pi_squared))
         inputs += [RowInput(name, role, "tokens") for role, name in tokens if name is not None]
+        turn_rows = (("episode-id", self.episode_by), ("turn-index", self.turn_by), ("state-id", self.state_by))
+        inputs += [RowInput(name, role, "scalar") for role, name in turn_rows if name is not None]
         for role, kind in VARIANT_INPUTS.items():
             name = getattr(self, role)
             if name is not None:
-                inputs.append(RowInput(name, role, kind))
+                turn_row = role == "turn_rewards" and self.estimator in TURN_ROW_ESTIMATORS
+                inputs.append(RowInput(name, role, "scalar" if turn_row else kind))
         return tuple(inputs)
 
     @property
@@ -262,6 +286,9 @@ INPUT_MEANINGS = {
     "reward_components": "the reward components, a number per row each",
     "log_probs": "the policy's log-prob of each token",
     "sum_pi_squared": "Σπ² over the vocabulary at each token",
+    "episode_by": "the episode id of each turn row",
+    "turn_by": "the turn index of each turn row",
+    "state_by": "the anchor-state id of each turn row",
 }
 """What each required estimator input is, for the messages."""
 
@@ -357,6 +384,7 @@ def _check_estimator_inputs(estimators: tuple[str, ...], values: dict, words: Sp
             refuse(f"{words.name('reward_components')} names one or more per-row inputs, got {components!r}")
         if len(set(components)) != len(components):
             refuse(f"{words.name('reward_components')} names a component twice: {', '.join(components)}")
+    _check_turn_row_inputs(values, words)
     if weights is not None:
         if components is not None and len(weights) != len(components):
             refuse(words.weights(len(components), len(weights)))
@@ -364,6 +392,20 @@ def _check_estimator_inputs(estimators: tuple[str, ...], values: dict, words: Sp
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 refuse(f"{words.name('reward_weights')} must be finite numbers, got {weight!r}")
     _check_token_inputs(values, words)
+
+
+def _check_turn_row_inputs(values: dict, words: SpecWords) -> None:
+    """The turn rows' inputs: the ids' names non-empty, gigpo's weights finite numbers."""
+    for field in ("episode_weight", "step_weight"):
+        weight = values.get(field)
+        if weight is not None and (
+            isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
+        ):
+            refuse(f"{words.name(field)} must be a finite number, got {weight!r}")
+    for field in ("episode_by", "turn_by", "state_by"):
+        name = values.get(field)
+        if name is not None and (not isinstance(name, str) or not name):
+            refuse(f"{words.name(field)} names a per-row input: a non-empty string, got {name!r}")
 
 
 def _check_token_inputs(values: dict, words: SpecWords) -> None:
@@ -389,7 +431,8 @@ def reads_steps(estimator: str, rule=None) -> bool:
     and gdpo, and a batch-level statistic of a score-normalised estimator's rule."""
     if estimator in STEP_ESTIMATORS:
         return True
-    return estimator in SCORE_NORMALISED and isinstance(rule, WhiteningRule) and "batch" in rule.levels_used()
+    normalised = estimator in SCORE_NORMALISED or estimator in TURN_ROW_ESTIMATORS
+    return normalised and isinstance(rule, WhiteningRule) and "batch" in rule.levels_used()
 
 
 def check_whitening_rule(rule, normalize: str, words: Optional[dict] = None, estimator: str = "gae") -> None:
@@ -405,7 +448,7 @@ def check_whitening_rule(rule, normalize: str, words: Optional[dict] = None, est
     named = {"normalize": "normalize", "rule": "whitening_rule", "estimator": "estimator", **(words or {})}
     if not isinstance(rule, WhiteningRule):
         refuse(f"{named['rule']} must be a gaecli WhiteningRule or None, got {type(rule).__name__}")
-    if estimator in SCORE_NORMALISED:
+    if estimator in SCORE_NORMALISED or estimator in TURN_ROW_ESTIMATORS:
         return
     if estimator in CRITIC_FREE:
         refuse(

@@ -16,6 +16,7 @@ import numba
 import numpy as np
 import pyarrow as pa
 
+from gaecli.advantages.episodes import TurnRows, turn_row_figures
 from gaecli.advantages.keyed import KeyedSums
 from gaecli.advantages.token_baseline import PathSums, path_rows
 
@@ -157,6 +158,12 @@ def score_rows(scores: np.ndarray, trainable: np.ndarray, offsets: np.ndarray) -
     """What a row adds to :class:`Scores`: its score ``s`` (float64 ``[B]``,
     :func:`gaecli.advantages.estimators.row_scores`) and its trainable token count ``K``."""
     counts = np.diff(np.searchsorted(np.flatnonzero(trainable), offsets)).astype(np.int64)
+    return score_figures(scores, counts)
+
+
+def score_figures(scores: np.ndarray, counts: np.ndarray) -> dict[str, np.ndarray]:
+    """What rows with ``scores`` (float64 ``[B]``) and trainable token ``counts`` (int64
+    ``[B]``) add to :class:`Scores`, one row each."""
     return {
         "rows": np.ones(scores.size, dtype=np.int64),
         "nonzero": (scores != 0).astype(np.int64),
@@ -187,6 +194,10 @@ TRAINABLE_MOMENTS = "trainable-moments"
 SCORES = "scores"
 TOP_SCORES = "top-scores"
 PATH_BASELINES = "path-baselines"
+TURN_ROWS = "turn-rows"
+TURNS = "turns"
+"""The per-row operand of the turn-row estimators' statistic: each valid turn row's turn index,
+turn reward, outcome, row and ids, and the batch's rejected rows (made by the data path)."""
 PATHS = "paths"
 """The per-token operand of optimal-token-baseline's statistic: each token's return and
 cumulative path weight (:func:`gaecli.advantages.token_baseline.path_operand`), read from the rows."""
@@ -196,12 +207,15 @@ ROW_QUANTITIES: dict[str, RowQuantity] = {
     SCORES: RowQuantity(score_rows, Scores),
     TOP_SCORES: RowQuantity(top_score_rows, TopScores),
     PATH_BASELINES: RowQuantity(path_rows, PathSums),
+    TURN_ROWS: RowQuantity(turn_row_figures, TurnRows),
 }
 """What a statistic can gather per row. ``trainable-moments``: count, sum and sum of squares
 over the row's trainable tokens of a per-token operand (a side's advantages); ``scores``: a
 per-row operand's values (a row's score, or a reward component) and the row's trainable
 count; ``top-scores``: the two highest of a per-row operand; ``path-baselines``: per trainable
-token of the ``paths`` operand, its ``G·W`` and ``W`` at its (group, position)."""
+token of the ``paths`` operand, its ``G·W`` and ``W`` at its (group, position); ``turn-rows``:
+each turn row of the ``turns`` operand, kept row by row with its episode
+(:class:`gaecli.advantages.episodes.TurnRows`)."""
 
 COMPONENT = "component:"
 """The prefix of a per-row operand that is a reward component column (``component:NAME``,
@@ -210,7 +224,7 @@ gdpo's), read from the rows as float64."""
 
 def is_row_operand(operand: str) -> bool:
     """Whether ``operand`` is read from the rows (the scores, a reward component), not a side."""
-    return operand in (SCORES, PATHS) or operand.startswith(COMPONENT)
+    return operand in (SCORES, PATHS, TURNS) or operand.startswith(COMPONENT)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ GammaOption = Annotated[
     Optional[float],
     typer.Option(
         show_default=False,
-        help="Discount γ in [0, 1]: required by --estimator gae (the trainers' defaults differ), reinforce++ and "
-        "agentic-reinforce (per turn), refused by the other estimators.",
+        help="Discount γ in [0, 1]: required by --estimator gae (the trainers' defaults differ), reinforce++, "
+        "agentic-reinforce, gigpo and step-reinforce (per turn), refused by the other estimators.",
     ),
 ]
 LambdOption = Annotated[
@@ -31,8 +31,8 @@ EstimatorOption = Annotated[
         metavar="NAME",
         rich_help_panel="Estimator",
         help="gae (masked GAE), or a critic-free estimator: grpo, dr-grpo, rloo, opo, gpg, reinforce++, "
-        "reinforce++-baseline, maxrl, grpo-passk, remax, gdpo, optimal-token-baseline, opd, agentic-reinforce "
-        "(docs/estimators.md; they read no values).",
+        "reinforce++-baseline, maxrl, grpo-passk, remax, gdpo, optimal-token-baseline, opd, agentic-reinforce, "
+        "and on turn rows gigpo, step-reinforce (docs/estimators.md, docs/episodes.md; they read no values).",
     ),
 ]
 GroupColOption = Annotated[
@@ -99,6 +99,61 @@ SumPiSquaredColOption = Annotated[
         rich_help_panel="Estimator",
         help="optimal-token-baseline: a list column of Σπ² over the vocabulary at each token "
         "(default: sum_pi_squared); the log-probs are --logprobs-col's.",
+    ),
+]
+
+_TURN_ROWS = "Turn rows (docs/episodes.md)"
+EpisodeColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--episode-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel=_TURN_ROWS,
+        help="The episode id of each row: rows with equal ids, in any files, are the turns of one episode "
+        "(gigpo, step-reinforce).",
+    ),
+]
+TurnColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--turn-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel=_TURN_ROWS,
+        help="The turn index of each row: an integer, unique within its episode, whose order is the turns' "
+        "order (gaps allowed).",
+    ),
+]
+StateColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--state-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel=_TURN_ROWS,
+        help="gigpo: the anchor-state id of each turn row; the turns of one group with equal ids are a state "
+        "group.",
+    ),
+]
+EpisodeWeightOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--episode-weight",
+        metavar="W",
+        show_default=False,
+        rich_help_panel=_TURN_ROWS,
+        help="gigpo: the weight of the episode-level advantage (default 1).",
+    ),
+]
+StepWeightOption = Annotated[
+    Optional[float],
+    typer.Option(
+        "--step-weight",
+        metavar="W",
+        show_default=False,
+        rich_help_panel=_TURN_ROWS,
+        help="gigpo: the weight of the step-level advantage (default 1).",
     ),
 ]
 
@@ -367,7 +422,8 @@ TurnRewardsColOption = Annotated[
         show_default=False,
         rich_help_panel=_VARIANTS,
         help="List column of one reward per turn (maximal run of trainable tokens), added on the turn's last "
-        "trainable token (to the turn's reward with --timestep turn and --estimator agentic-reinforce).",
+        "trainable token (to the turn's reward with --timestep turn and --estimator agentic-reinforce); on turn "
+        "rows (gigpo, step-reinforce) a number per row, the turn's own reward.",
     ),
 ]
 TruncatedColOption = Annotated[

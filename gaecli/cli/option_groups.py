@@ -42,6 +42,11 @@ ESTIMATOR_OPTIONS = OptionGroup(
         ("reward_cols", computation_options.RewardColsOption, None),
         ("reward_weights", computation_options.RewardWeightsOption, None),
         ("sum_pi_squared_col", computation_options.SumPiSquaredColOption, None),
+        ("episode_col", computation_options.EpisodeColOption, None),
+        ("turn_col", computation_options.TurnColOption, None),
+        ("state_col", computation_options.StateColOption, None),
+        ("episode_weight", computation_options.EpisodeWeightOption, None),
+        ("step_weight", computation_options.StepWeightOption, None),
     )
 )
 """γ, λ, the estimator, its group and step id columns and its own columns (recompute, diff)."""
@@ -157,6 +162,11 @@ def estimator_fields(values: dict, group_field: str = "group_by") -> dict:
         computation_options.comma_list("--reward-cols", values["reward_cols"]),
         computation_options.comma_numbers("--reward-weights", values["reward_weights"]),
         values["sum_pi_squared_col"],
+        values["episode_col"],
+        values["turn_col"],
+        values["state_col"],
+        values["episode_weight"],
+        values["step_weight"],
     )
     return {
         "gamma": values["gamma"],

@@ -98,6 +98,7 @@ class DiffOptions(RunOptions):
             self.whitening,
             self.estimator_inputs,
             self.whitening_rule,
+            self.variants.turn_rewards_col,
         )
         if self.against_returns is not None and self.against is None:
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")

@@ -43,6 +43,7 @@ def _read_columns(schema: pa.Schema, options: DiffOptions) -> list[str]:
     named = (*stored, options.normalize_by, options.group_by, options.id_col, options.group_by_id, options.step_by)
     wanted |= {name for name in named if name is not None}
     wanted |= set(options.variants.columns()) | {name for _, name in options.computation.estimator_input_columns()}
+    wanted |= {name for _, name in options.computation.id_columns()}
     wanted |= {name for _, name in options.computation.estimator_token_columns()}
     return [name for name in schema.names if name in wanted]
 

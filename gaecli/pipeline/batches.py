@@ -10,9 +10,7 @@ from typing import Iterator, Optional
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.contract import (
-    GROUPED_ESTIMATORS,
-)
+from gaecli.advantages.contract import GROUPED_ESTIMATORS, TURN_ROW_ESTIMATORS
 from gaecli.advantages.dispatch import (
     ROW_ADVANTAGE,
     SCREENED_MASK_DTYPES,
@@ -54,6 +52,12 @@ from gaecli.pipeline.packing import (
     stored_column,
 )
 from gaecli.pipeline.token_inputs import batch_paths, check_token_columns, token_input_findings
+from gaecli.pipeline.turn_rows import (
+    check_turn_columns,
+    rejected_episode_findings,
+    turn_operand,
+    turn_row_advantages_of,
+)
 from gaecli.stop import check_stop
 
 
@@ -121,6 +125,7 @@ class ComputedBatch:
     scores: Optional[np.ndarray] = None
     row_diff: Optional[object] = None
     paths: Optional[np.ndarray] = None
+    turns: Optional[dict] = None
 
     def __post_init__(self) -> None:
         if self.olds is None:
@@ -171,6 +176,16 @@ def estimator_input_findings(
     return [found[row] for row in sorted(found)]
 
 
+ID_MEANINGS = {
+    "--group-col": "group id",
+    "--step-col": "step id",
+    "--episode-col": "episode id",
+    "--turn-col": "turn index",
+    "--state-col": "state id",
+}
+"""What each per-row id is, for the messages."""
+
+
 def id_findings(batch: pa.RecordBatch, computation: Computation, file: str, first_row: int) -> list[Finding]:
     """``null`` findings (one per row, the lowest row first) for rows whose group or step id
     is null: such a row belongs to no group."""
@@ -179,7 +194,7 @@ def id_findings(batch: pa.RecordBatch, computation: Computation, file: str, firs
         column = batch.column(name)
         if column.null_count:
             for row in np.flatnonzero(np.asarray(column.is_null())).tolist():
-                message = f"the {'group' if flag == '--group-col' else 'step'} id ({flag}) is null"
+                message = f"the {ID_MEANINGS[flag]} ({flag}) is null"
                 found.setdefault(first_row + row, Finding(file, first_row + row, name, "null", message))
     return [found[row] for row in sorted(found)]
 
@@ -192,10 +207,16 @@ def _side(
     scores: Optional[np.ndarray],
     statistics,
     paths: Optional[np.ndarray] = None,
+    file_rows: Optional[np.ndarray] = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The advantages and returns of one side under ``spec``: a grouped estimator's from each
     row's advantage out of the score ``statistics``, optimal-token-baseline's from each token's
-    ``paths`` and the (group, position) ``statistics``, any other by the dispatch alone."""
+    ``paths`` and the (group, position) ``statistics``, a turn-row estimator's from the
+    settled turn rows (``file_rows``: the rows' places in the file), any other by the
+    dispatch alone."""
+    if spec.estimator in TURN_ROW_ESTIMATORS:
+        advantages = turn_row_advantages_of(statistics, spec, file_rows)
+        return compute_packed(packed, spec, computation.kernel, computation.device, {ROW_ADVANTAGE: advantages})
     inputs = estimator_inputs(valid, spec)
     if spec.estimator == "opd":
         inputs[TEACHER_KL] = packed.teacher_kl
@@ -336,6 +357,9 @@ def _checked_rows(run: _FileBatches, batch: pa.RecordBatch, first_row: int, scre
     null_ids += token_input_findings(batch, computation.estimator_token_columns(), columns.loss_mask, file, first_row)
     if null_ids:
         check, _ = with_findings(check, sorted(null_ids, key=lambda finding: finding.row), first_row)
+    rejected = rejected_episode_findings(run.statistics, check.invalid, file, first_row, computation)
+    if rejected:
+        check, _ = with_findings(check, rejected, first_row)
     valid = batch
     if not check.ok:
         if screened:
@@ -392,9 +416,12 @@ def _old_sides(run: _FileBatches, rows: _ValidRows, first_row: int, outputs: dic
     (each output added to ``outputs`` under its column's name)."""
     computation, columns, packed, valid = run.computation, run.computation.columns, rows.packed, rows.valid
     olds = []
+    file_rows = first_row + np.flatnonzero(~rows.check.invalid)
     for index, (side, spec) in enumerate(zip(computation.old_sides, computation.old_specs), 1):
         if spec is not None:
-            old, old_returns = _side(packed, spec, computation, valid, rows.scores, run.statistics, rows.paths)
+            old, old_returns = _side(
+                packed, spec, computation, valid, rows.scores, run.statistics, rows.paths, file_rows
+            )
             stage, coef = computation.side_distillation(index)
             if stage == "before-whiten":
                 old = with_distillation(old, packed.teacher_kl, packed.trainable, coef)
@@ -425,9 +452,13 @@ def _computed_batch(
         _path_rows(run, batch, rows, first_row)
     if not run.compute_sides:
         empty = np.zeros(0, dtype=run.dtype)
+        turns = None
+        if computation.turn_rows is not None:
+            outcomes = rows.packed.terminal_rewards
+            turns = turn_operand(batch, rows.check.invalid, rows.valid, outcomes, computation, first_row)
         return ComputedBatch(
             batch, rows.valid, rows.check, first_row, first_token, rows.packed, empty, empty, empty, None,
-            scores=rows.scores, paths=rows.paths,
+            scores=rows.scores, paths=rows.paths, turns=turns,
         )  # fmt: skip
     if screened:
         mask = rows.check.flat[columns.loss_mask]
@@ -435,9 +466,11 @@ def _computed_batch(
         if not clean:
             return None
     else:
+        file_rows = first_row + np.flatnonzero(~rows.check.invalid)
         new, new_returns = _side(
-            rows.packed, computation.new_spec, computation, rows.valid, rows.scores, run.statistics, rows.paths
-        )
+            rows.packed, computation.new_spec, computation, rows.valid, rows.scores, run.statistics, rows.paths,
+            file_rows,
+        )  # fmt: skip
     if computation.distillation_stage == "before-whiten":
         new = with_distillation(new, rows.packed.teacher_kl, rows.packed.trainable, columns.opd_coef)
     outputs = {columns.advantages: new, columns.returns: new_returns}
@@ -535,6 +568,7 @@ def check_file(schema: pa.Schema, file: str, computation: "Computation") -> None
             arrow_type = schema.field(name).type
             raise GAEUsageError(f"{file}: {flag} column {name!r} is {arrow_type}, expected a number per row")
     check_token_columns(schema, file, computation.estimator_token_columns())
+    check_turn_columns(schema, file, computation)
     stored = [
         pair
         for side in computation.old_sides

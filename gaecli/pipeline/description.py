@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Optional
 
-from gaecli.advantages.contract import GROUPED_ESTIMATORS, WHITENED_ESTIMATORS
+from gaecli.advantages.contract import GROUPED_ESTIMATORS, TURN_ROW_ESTIMATORS, WHITENED_ESTIMATORS
 from gaecli.advantages.spec import AdvantageSpec, check_advantage_clip, check_whitening_rule, estimator_spec
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
@@ -90,9 +90,9 @@ class ComparisonSide:
 def reads_turns(side: ComparisonSide) -> bool:
     """Whether an old side is a turn estimator, which reads ``--turn-rewards-col`` as the new
     side's GAE variants do (:data:`gaecli.advantages.contract.TURN_ESTIMATORS`)."""
-    from gaecli.advantages.contract import TURN_ESTIMATORS
+    from gaecli.advantages.contract import TURN_ESTIMATORS, TURN_ROW_ESTIMATORS
 
-    return side.kind == ESTIMATOR and side.estimator in TURN_ESTIMATORS
+    return side.kind == ESTIMATOR and side.estimator in (*TURN_ESTIMATORS, *TURN_ROW_ESTIMATORS)
 
 
 def old_side_spec(
@@ -105,6 +105,18 @@ def old_side_spec(
     if side.kind == ESTIMATOR:
         return estimator_spec(side.estimator, gamma, lambd, *ids, **inputs)
     return AdvantageSpec(gamma, lambd, side.semantics) if side.recomputed else None
+
+
+@dataclass(frozen=True)
+class TurnColumns:
+    """The columns of turn rows (docs/episodes.md): the episode id, the turn index, the turn's
+    own reward, the episode group id and (gigpo's) the anchor-state id (None where not read)."""
+
+    episode: str
+    turn: str
+    turn_rewards: str
+    group: Optional[str]
+    state: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +158,7 @@ class Computation:
             spec.timestep,
             spec.lambd_critic,
             spec.lambd_alpha,
-            spec.turn_rewards,
+            None if spec.estimator in TURN_ROW_ESTIMATORS else spec.turn_rewards,  # a turn row's: a number
             spec.truncated,
             spec.bootstrap_values,
             lambd_schedule=spec.lambd_schedule,
@@ -239,7 +251,18 @@ class Computation:
             if spec.baseline_rewards is not None:
                 named.append(("--baseline-reward-col", spec.baseline_rewards))
             named += [("--reward-cols", name) for name in spec.reward_components or ()]
+        if self.turn_rows is not None:
+            named.append(("--turn-rewards-col", self.turn_rows.turn_rewards))
         return tuple(dict.fromkeys(named))
+
+    @cached_property
+    def turn_rows(self) -> Optional["TurnColumns"]:
+        """The columns of the turn rows a side reads (a turn-row estimator's: one set of options
+        serves every side; None: no side reads turn rows)."""
+        spec = next((spec for spec in self.specs if spec.estimator in TURN_ROW_ESTIMATORS), None)
+        if spec is None:
+            return None
+        return TurnColumns(spec.episode_by, spec.turn_by, spec.turn_rewards, spec.group_by, spec.state_by)
 
     def estimator_token_columns(self) -> tuple[tuple[str, str], ...]:
         """(option, column) of the estimators' own per-token numbers a side reads
@@ -260,6 +283,9 @@ class Computation:
         """(option, column) of the per-row ids a side reads (group, step): a null id is
         invalid data."""
         named = (("--group-col", self.group_by), ("--step-col", self.step_by))
+        turns = self.turn_rows
+        if turns is not None:
+            named += (("--episode-col", turns.episode), ("--turn-col", turns.turn), ("--state-col", turns.state))
         return tuple((flag, name) for flag, name in named if name is not None)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from gaecli.advantages.contract import ESTIMATOR_INPUTS, TOKEN_INPUTS
+from gaecli.advantages.contract import ESTIMATOR_INPUTS, TOKEN_INPUTS, TURN_ROW_ESTIMATORS
 from gaecli.advantages.spec import INPUT_MEANINGS, SpecWords, check_estimator_values, check_variant_values
 from gaecli.errors import InvalidOptionError
 from gaecli.options import DEVICE_TYPES, check_choice
@@ -108,6 +108,11 @@ class EstimatorInputs:
     reward_cols: Optional[tuple[str, ...]] = None
     reward_weights: Optional[tuple[float, ...]] = None
     sum_pi_squared_col: Optional[str] = None
+    episode_col: Optional[str] = None
+    turn_col: Optional[str] = None
+    state_col: Optional[str] = None
+    episode_weight: Optional[float] = None
+    step_weight: Optional[float] = None
 
     def spec_fields(self, columns=None) -> dict:
         """The :class:`AdvantageSpec` fields of these inputs (given to every side's spec,
@@ -124,6 +129,11 @@ class EstimatorInputs:
             "reward_weights": self.reward_weights,
             "log_probs": None if columns is None else columns.log_probs,
             "sum_pi_squared": sum_pi_squared,
+            "episode_by": self.episode_col,
+            "turn_by": self.turn_col,
+            "state_by": self.state_col,
+            "episode_weight": self.episode_weight,
+            "step_weight": self.step_weight,
         }
 
     def read_columns(self) -> list[tuple[str, str]]:
@@ -131,6 +141,7 @@ class EstimatorInputs:
         named = [("--baseline-reward-col", self.baseline_reward_col)]
         named += [("--reward-cols", name) for name in self.reward_cols or ()]
         named.append(("--sum-pi-squared-col", self.sum_pi_squared_col))
+        named += [("--episode-col", self.episode_col), ("--turn-col", self.turn_col), ("--state-col", self.state_col)]
         return [(flag, name) for flag, name in named if name is not None]
 
 
@@ -148,6 +159,11 @@ class OptionWords(SpecWords):
         "reward_weights": "--reward-weights",
         "log_probs": "--logprobs-col",
         "sum_pi_squared": "--sum-pi-squared-col",
+        "episode_by": "--episode-col",
+        "turn_by": "--turn-col",
+        "state_by": "--state-col",
+        "episode_weight": "--episode-weight",
+        "step_weight": "--step-weight",
     }
 
     def name(self, field: str) -> str:
@@ -190,6 +206,7 @@ def check_estimators(
     normalize: bool,
     inputs: EstimatorInputs = EstimatorInputs(),
     whitening_rule=None,
+    turn_rewards: Optional[str] = None,
 ) -> None:
     """The options of the estimators computed by a command (``estimators``: those of its
     sides, ``gae`` standing for a GAE baseline too), refused with
@@ -200,7 +217,8 @@ def check_estimators(
     given where none has a statistic per step, ``--normalize`` / ``--normalize-by`` with a
     critic-free estimator, an estimator's own columns (``inputs``) missing where it needs them
     or given where none reads them (docs/estimators.md); ``whitening_rule``, the first
-    estimator's, says whether a score-normalised one reads the step id."""
+    estimator's, says whether a score-normalised one reads the step id; ``turn_rewards``
+    (``--turn-rewards-col``) is required by the turn-row estimators."""
     values = {"gamma": gamma, "lambd": lambd, "group_by": group_by, "step_by": step_by, **inputs.spec_fields()}
     values["whitening_rule"] = whitening_rule
     if any(field in ESTIMATOR_INPUTS.get(estimator, ()) for estimator in estimators for field in TOKEN_INPUTS):
@@ -208,3 +226,8 @@ def check_estimators(
         values["log_probs"] = DEFAULT_LOG_PROBS
         values["sum_pi_squared"] = values["sum_pi_squared"] or DEFAULT_SUM_PI_SQUARED
     check_estimator_values(estimators, values, normalize, OptionWords())
+    turn_rows = [estimator for estimator in estimators if estimator in TURN_ROW_ESTIMATORS]
+    if turn_rows and turn_rewards is None:
+        raise InvalidOptionError(
+            f"--estimator {turn_rows[0]} needs --turn-rewards-col (a number per turn row: the turn's own reward)"
+        )

@@ -76,6 +76,7 @@ class RecomputeOptions(RunOptions):
             self.whitening,
             self.estimator_inputs,
             self.whitening_rule,
+            self.variants.turn_rewards_col,
         )
         if self.critic_free and self.keep_baseline:
             raise InvalidOptionError(f"--keep-baseline: --estimator {self.estimator} has no GAE baseline to keep")

@@ -118,11 +118,13 @@ def reader_statistics(rollout, computation: "Computation", whole: str) -> tuple[
     messages call it)."""
     from gaecli.advantages.statistics import merged_in_order
     from gaecli.pipeline import checked_moments, rollout_statistics, score_statistics, side_moments
+    from gaecli.pipeline.turn_rows import settle_turn_rows
 
     scores = None
     if computation.needs_scores:
         declared = score_statistics(computation)
         scores, _ = merged_in_order(declared, [rollout_statistics(rollout, computation, declared)])
+        settle_turn_rows(scores, [], computation, [str(rollout.path)])
     if not (computation.whitening or any(computation.estimator_whitened)):
         return None, scores
     sides = side_moments(computation)

@@ -14,6 +14,7 @@ from typing import Optional
 from gaecli.advantages.statistics import KeyedStatistics, Moments, Statistic, merged_in_order
 from gaecli.engines import EngineSession, TaskFailure, map_units
 from gaecli.pipeline import checked_moments, file_statistics, score_statistics, side_moments
+from gaecli.pipeline.turn_rows import settle_turn_rows
 from gaecli.run.driver import Run, total_rows
 
 
@@ -59,9 +60,12 @@ def engine_file_scores(run: Run, session: Optional[EngineSession] = None) -> lis
     """The score statistics the critic-free estimators declare
     (:func:`gaecli.pipeline.score_statistics`) over the files of ``run``, handed out per
     file: for each file the merged statistics of the groups and steps its rows belong to, and
-    only those."""
+    only those; the turn rows' episodes checked and settled over every file
+    (:func:`gaecli.pipeline.turn_rows.settle_turn_rows`)."""
     statistics = score_statistics(run.computation)
-    return engine_statistics(run, statistics, session, phase="scores")[1]
+    merged, per_file = engine_statistics(run, statistics, session, phase="scores")
+    settle_turn_rows(merged, per_file, run.computation, [str(path) for path in run.files])
+    return per_file
 
 
 def _side_moments(

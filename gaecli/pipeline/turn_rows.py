@@ -1,0 +1,106 @@
+"""Turn rows on the data path (docs/episodes.md): the per-file checks of their columns, what
+each batch adds to the turn-rows statistic (:func:`turn_operand`), the episodes checked and
+settled once every file's rows are merged (:func:`settle_turn_rows`: the first fault stops the
+run, or the episode's rows are rejected), and in the computing pass each row's settled
+advantage and the rejection of an episode's rows (:func:`rejected_episode_findings`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+
+from gaecli.advantages.contract import TURN_ROW_ESTIMATORS
+from gaecli.advantages.episodes import TurnRows
+from gaecli.advantages.statistics import TURN_ROWS
+from gaecli.checks import Finding
+from gaecli.errors import GAEUsageError, InvalidDataError
+from gaecli.pipeline.description import Computation
+
+
+def check_turn_columns(schema: pa.Schema, file: str, computation: Computation) -> None:
+    """The turn index column (``--turn-col``) holds integers (:class:`GAEUsageError`); the
+    other turn-row columns are checked as every id and per-row number is."""
+    turns = computation.turn_rows
+    if turns is None or turns.turn not in schema.names:
+        return
+    arrow_type = schema.field(turns.turn).type
+    if not pa.types.is_integer(arrow_type):
+        raise GAEUsageError(f"{file}: --turn-col column {turns.turn!r} is {arrow_type}, expected an integer per row")
+
+
+def turn_operand(batch: pa.RecordBatch, invalid: np.ndarray, valid: pa.RecordBatch, outcomes, computation, first_row):
+    """What one batch adds to the turn-rows statistic (:class:`gaecli.advantages.episodes.TurnRows`):
+    its valid rows' turn index, turn reward, outcome (``outcomes``: their terminal rewards),
+    file row, group, state and step ids, and the episode ids and rows of its rejected rows
+    (``invalid``: bool per row of ``batch``)."""
+    turns = computation.turn_rows
+    rows = first_row + np.arange(batch.num_rows, dtype=np.int64)
+    reward = valid.column(turns.turn_rewards).cast(pa.float64())
+    operand = {
+        "turn": np.asarray(valid.column(turns.turn).cast(pa.int64())),
+        "reward": np.asarray(reward.fill_null(np.nan)),
+        "outcome": np.asarray(outcomes, dtype=np.float64),
+        "row": rows[~invalid],
+        "group": valid.column(turns.group) if turns.group is not None else None,
+        "state": valid.column(turns.state) if turns.state is not None else None,
+        "step": valid.column(computation.step_by) if computation.step_by is not None else None,
+    }
+    if invalid.any():
+        operand["invalid_keys"] = batch.column(turns.episode).filter(pa.array(invalid))
+        operand["invalid_rows"] = rows[invalid]
+    return operand
+
+
+def turn_rows_of(statistics) -> Optional[TurnRows]:
+    """The turn rows among a file's statistics (None: none)."""
+    if statistics is None:
+        return None
+    return next((statistics[statistic] for statistic in statistics.statistics if statistic.quantity == TURN_ROWS), None)
+
+
+def settle_turn_rows(merged, parts: list, computation: Computation, labels: list[str]) -> None:
+    """Check the episodes of the merged turn rows over every input and compute each turn-row
+    side on them (:meth:`TurnRows.settle`), then hand each file's part (``parts``, in input
+    order, as :func:`gaecli.advantages.statistics.merged_in_order` cut them) its rows'
+    results. The first fault in input order stops the run (:class:`InvalidDataError`, naming
+    the file, row, column and the episode's other row) unless invalid rows are skipped."""
+    turns = turn_rows_of(merged)
+    if turns is None:
+        return
+    specs = tuple(spec for spec in computation.specs if spec.estimator in TURN_ROW_ESTIMATORS)
+    faults = turns.settle(specs, labels)
+    if faults and computation.on_invalid == "stop":
+        fault = faults[0]
+        columns = computation.turn_rows
+        column = {"turn": columns.turn, "outcome": computation.columns.terminal_reward, "group": columns.group}
+        raise InvalidDataError(
+            Finding(labels[fault.part], fault.row, column.get(fault.role, columns.episode), fault.code, fault.message)
+        )
+    for part in parts:
+        turn_rows_of(part).take_settled(turns)
+
+
+def rejected_episode_findings(statistics, batch_invalid: np.ndarray, file: str, first_row: int, computation):
+    """``episode-rejected`` findings for the rows of a batch (those valid so far:
+    ``batch_invalid`` False) whose episode was rejected when the episodes were settled."""
+    turns = turn_rows_of(statistics)
+    if turns is None or not turns.reasons:
+        return []
+    file_rows = first_row + np.flatnonzero(~batch_invalid)
+    places = turns.places(file_rows)
+    hit = np.flatnonzero(turns.rejected[places])
+    column = computation.turn_rows.episode
+    return [
+        Finding(file, int(file_rows[index]), column, "episode-rejected", turns.reasons[int(places[index])])
+        for index in hit.tolist()
+    ]
+
+
+def turn_row_advantages_of(statistics, spec, file_rows: np.ndarray) -> np.ndarray:
+    """The settled advantage of the turn-row side ``spec`` at each of ``file_rows``."""
+    turns = turn_rows_of(statistics)
+    if turns is None or spec not in turns.results:
+        raise ValueError(f"estimator {spec.estimator!r}: the turn rows of the input are needed")
+    return turns.row_advantages(spec, file_rows)

@@ -1,0 +1,332 @@
+"""Turn rows (docs/episodes.md): gigpo and step-reinforce over episodes whose turns are rows in
+any files, batches and order, against hand-worked numbers and the float64 loop of
+tests/helpers.py; the episodes' checks over every input (a turn twice, outcomes or groups
+that disagree, a null turn), stopping the run or rejecting whole episodes; the old side, the
+Python and table APIs, and the refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from test_estimators import bitwise_the_same_everywhere, recompute_cli
+
+import gaecli
+from gaecli import AdvantageSpec, WhiteningRule
+from gaecli.errors import GAEInputError, InvalidOptionError
+
+from helpers import turn_rows_oracle
+from rollout_files import files_under, gae
+
+HAND = {  # two episodes of group 'a', two turns each; row 3 is fully masked
+    "rewards": [[0.0, 0.0, 0.0]] * 4,
+    "masks": [[1, 1, 0], [0, 1, 1], [1, 0, 1], [0, 0, 0]],
+    "terminals": [1.0, 1.0, 0.0, 0.0],
+    "groups": ["a"] * 4,
+    "episodes": ["x", "x", "y", "y"],
+    "turns": [0, 1, 0, 1],
+    "states": ["s0", "s1", "s0", "s2"],
+    "turn_rewards": [0.1, 0.5, 0.0, 0.2],
+}
+
+
+def spec_of(estimator, gamma, **fields):
+    state = {"state_by": "state"} if estimator == "gigpo" else {}
+    return AdvantageSpec(gamma, estimator=estimator, group_by="group", episode_by="episode", turn_by="turn",
+                         turn_rewards="turn_reward", **state, **fields)  # fmt: skip
+
+
+def api(batch, spec, dtype=torch.float64):
+    inputs = {"group": batch["groups"], "episode": batch["episodes"], "turn": batch["turns"],
+              "turn_reward": batch["turn_rewards"]}  # fmt: skip
+    if spec.state_by is not None:
+        inputs["state"] = batch["states"]
+    return gaecli.compute_advantages(
+        None,
+        [torch.tensor(row, dtype=dtype) for row in batch["rewards"]],
+        [torch.tensor(row, dtype=torch.int64) for row in batch["masks"]],
+        batch["terminals"],
+        spec=spec,
+        row_inputs=inputs,
+    )
+
+
+def oracle(estimator, batch, gamma, **options):
+    return turn_rows_oracle(estimator, batch["episodes"], batch["turns"], batch["turn_rewards"], batch["terminals"],
+                            batch["groups"], batch["states"], gamma, **options)  # fmt: skip
+
+
+def test_gigpo_hand_worked():
+    # returns (γ = 0.5): x0 = 0.1 + 0.5·0.5 = 0.35, x1 = 0.5, y0 = 0 + 0.5·0.2 = 0.1, y1 = 0.2.
+    # outcomes 1, 1, 0, 0 in group a: μ = 0.5, σ = √(1/3): ±0.5/(0.57735 + 1e-6) = ±0.866024.
+    # state groups (a, s0) = {0.35, 0.1}: μ = 0.225, σ = 0.176777: ±0.125/(σ + 1e-6) = ±0.707103;
+    # (a, s1) and (a, s2) hold one turn each: 0.
+    advantages, returns = api(HAND, spec_of("gigpo", 0.5))
+    episode, step = 0.5 / (np.sqrt(1 / 3) + 1e-6), 0.125 / (np.sqrt(2 * 0.125**2) + 1e-6)
+    want = [[episode + step] * 2 + [0.0], [0.0, episode, episode], [-episode - step, 0.0, -episode - step], [0.0] * 3]
+    for got, expected, back in zip(advantages, want, returns):
+        assert got.tolist() == pytest.approx(expected, abs=1e-12)
+        assert torch.equal(got, back)
+    assert advantages[0].tolist() == pytest.approx([1.573127, 1.573127, 0.0], abs=1e-6)
+
+
+def test_step_reinforce_hand_worked_and_the_mean_method():
+    # returns 0.35, 0.5, 0.1, 0.2 in one group: μ = 0.2875, σ = 0.170171
+    advantages, _ = api(HAND, spec_of("step-reinforce", 0.5))
+    sigma = np.std([0.35, 0.5, 0.1, 0.2], ddof=1)
+    assert advantages[0][0].item() == pytest.approx((0.35 - 0.2875) / (sigma + 1e-6), abs=1e-12)
+    assert advantages[2][0].item() == pytest.approx((0.1 - 0.2875) / (sigma + 1e-6), abs=1e-12)
+    centred, _ = api(HAND, spec_of("step-reinforce", 0.5, whitening_rule=WhiteningRule(std="none")))
+    assert centred[1].tolist() == pytest.approx([0.0, 0.5 - 0.2875, 0.5 - 0.2875], abs=1e-12)
+
+
+def random_turn_rows(seed: int, episodes: int = 24, groups: int = 4):
+    """Episodes of 1–4 turns (turn indices with gaps, rows in a shuffled order), some rows
+    fully masked, states shared within and across groups."""
+    rng = np.random.default_rng(seed)
+    rows = {key: [] for key in HAND}
+    for episode in range(episodes):
+        count = int(rng.integers(1, 5))
+        indices = np.sort(rng.choice(10, count, replace=False)) * 2
+        outcome = float(rng.choice([0.0, 1.0, 0.5]))
+        group = f"g{episode % groups}"
+        for turn in indices.tolist():
+            length = int(rng.integers(0, 9))
+            rows["rewards"].append(rng.normal(0, 0.1, length).round(3).tolist())
+            rows["masks"].append((rng.random(length) < rng.choice([0.0, 0.7, 1.0])).astype(int).tolist())
+            rows["terminals"].append(outcome)
+            rows["groups"].append(group)
+            rows["episodes"].append(f"e{episode}")
+            rows["turns"].append(turn)
+            rows["states"].append(f"s{int(rng.integers(0, 3))}")
+            rows["turn_rewards"].append(float(rng.choice([0.0, 0.25, -0.5, 1.0])))
+    order = rng.permutation(len(rows["turns"]))
+    return {key: [values[index] for index in order] for key, values in rows.items()}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("estimator", ["gigpo", "step-reinforce"])
+@pytest.mark.parametrize("method", ["mean_std", "mean"])
+def test_the_python_api_against_the_loop(seed, estimator, method):
+    batch = random_turn_rows(seed)
+    rule = WhiteningRule(std="none") if method == "mean" else None
+    fields = {"episode_weight": 0.7, "step_weight": 1.5} if estimator == "gigpo" else {}
+    advantages, returns = api(batch, spec_of(estimator, 0.95, whitening_rule=rule, **fields))
+    weights = {"episode_weight": 0.7, "step_weight": 1.5} if estimator == "gigpo" else {}
+    want = oracle(estimator, batch, 0.95, method=method, **weights)
+    for got, value, mask, back in zip(advantages, want, batch["masks"], returns):
+        assert got.tolist() == pytest.approx([value if m else 0.0 for m in mask], rel=1e-12, abs=1e-12)
+        assert torch.equal(got, back)
+
+
+def test_state_groups_never_span_episode_groups():
+    batch = {key: list(values) for key, values in HAND.items()}
+    batch["groups"] = ["a", "a", "b", "b"]  # (a, s0) and (b, s0) are two state groups of one turn each
+    advantages, _ = api(batch, spec_of("gigpo", 0.5, episode_weight=0.0))
+    assert all(value == 0.0 for row in advantages for value in row.tolist())
+
+
+def write_turn_files(directory, batch, parts, batch_rows=None):
+    directory.mkdir()
+    cuts = [0, *parts, len(batch["turns"])]
+    paths = []
+    for index, (start, end) in enumerate(zip(cuts, cuts[1:])):
+        table = pa.table({
+            "rewards": pa.array(batch["rewards"][start:end], pa.list_(pa.float32())),
+            "loss_mask": pa.array(batch["masks"][start:end], pa.list_(pa.int8())),
+            "terminal_reward": pa.array(batch["terminals"][start:end], pa.float64()),
+            "group": pa.array(batch["groups"][start:end]),
+            "episode": pa.array(batch["episodes"][start:end]),
+            "turn": pa.array(batch["turns"][start:end], pa.int32()),
+            "state": pa.array(batch["states"][start:end]),
+            "turn_reward": pa.array(batch["turn_rewards"][start:end], pa.float64()),
+        })  # fmt: skip
+        paths.append(directory / f"part-{index}.parquet")
+        pq.write_table(table, paths[-1])
+    return paths
+
+
+def options(estimator, *more):
+    state = ("--state-col", "state") if estimator == "gigpo" else ()
+    return ("--estimator", estimator, "--gamma", "0.9", "--group-col", "group", "--episode-col", "episode",
+            "--turn-col", "turn", "--turn-rewards-col", "turn_reward", *state, *more)  # fmt: skip
+
+
+def assert_matches(table, batch, estimator, tolerance=2e-6, **loop):
+    want = oracle(estimator, batch, 0.9, **loop)
+    for got, value, mask in zip(table.column("advantages").to_pylist(), want, batch["masks"]):
+        assert got == pytest.approx([value if m else 0.0 for m in mask], rel=tolerance, abs=tolerance)
+    assert table.column("returns").equals(table.column("advantages"))
+
+
+@pytest.mark.parametrize("estimator", ["gigpo", "step-reinforce"])
+def test_episodes_split_over_files_and_batches_give_the_same_bits_everywhere(tmp_path, estimator, local_ray):
+    batch = random_turn_rows(5)
+    inputs = write_turn_files(tmp_path / "in", batch, [9, 30])  # episodes' rows in several files
+    first = bitwise_the_same_everywhere(tmp_path, inputs, options(estimator), local_ray)
+    table = pa.concat_tables(first)
+    assert table.schema.metadata[b"gaecli.estimator"] == estimator.encode()
+    assert_matches(table, batch, estimator)
+    whole = write_turn_files(tmp_path / "whole", batch, [])
+    result = recompute_cli(whole, tmp_path / "whole.parquet", *options(estimator))
+    assert result.exit_code == 0, result.output
+    assert pq.read_table(tmp_path / "whole.parquet").column("advantages").equals(table.column("advantages"))
+
+
+def test_the_table_api_gives_the_commands_bits(tmp_path):
+    from gaecli.pipeline import EstimatorInputs, VariantOptions
+
+    batch = random_turn_rows(3)
+    inputs = write_turn_files(tmp_path / "in", batch, [])
+    assert recompute_cli(inputs, tmp_path / "out.parquet", *options("gigpo")).exit_code == 0
+    table = gaecli.recompute_table(
+        pq.read_table(inputs[0]), gamma=0.9, estimator="gigpo", group_by="group",
+        estimator_inputs=EstimatorInputs(episode_col="episode", turn_col="turn", state_col="state"),
+        variants=VariantOptions(turn_rewards_col="turn_reward"), columns=gaecli.Columns(values=None),
+    )  # fmt: skip
+    assert table.column("advantages").equals(pq.read_table(tmp_path / "out.parquet").column("advantages"))
+
+
+def changed(batch, row, **values):
+    copy = {key: list(column) for key, column in batch.items()}
+    for key, value in values.items():
+        copy[key][row] = value
+    return copy
+
+
+def twin_row(batch):
+    """A row whose episode has another row (the first such pair: (earlier, later))."""
+    for later in range(len(batch["turns"])):
+        for earlier in range(later):
+            if batch["episodes"][earlier] == batch["episodes"][later]:
+                return earlier, later
+    raise AssertionError("no episode with two rows")
+
+
+@pytest.mark.parametrize("fault", ["duplicate-turn", "outcome", "group", "null-turn"])
+def test_a_faulty_episode_is_invalid_data_naming_file_row_and_column(tmp_path, fault):
+    batch = random_turn_rows(2)
+    earlier, later = twin_row(batch)
+    faulty, column, code = {
+        "duplicate-turn": (changed(batch, later, turns=batch["turns"][earlier]), "turn", "duplicate-turn"),
+        "outcome": (changed(batch, later, terminals=batch["terminals"][earlier] + 1.0), "terminal_reward",
+                    "episode-mismatch"),
+        "group": (changed(batch, later, groups="another"), "group", "episode-mismatch"),
+        "null-turn": (changed(batch, later, turns=None), "turn", "null"),
+    }[fault]  # fmt: skip
+    inputs = write_turn_files(tmp_path / "in", faulty, [later])  # the two rows in two files
+    before = [path.read_bytes() for path in inputs]
+    result = recompute_cli(inputs, tmp_path / "out", *options("gigpo"))
+    assert result.exit_code == 1, result.output
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1 and f"[{code}]" in line and f"column '{column}'" in line
+    assert "part-1.parquet, row 0" in line
+    if fault != "null-turn":
+        assert f"episode {batch['episodes'][later]!r}" in line and f"part-0.parquet row {earlier}" in line
+    assert files_under(tmp_path / "out") == []
+    assert [path.read_bytes() for path in inputs] == before
+    with pytest.raises((GAEInputError, TypeError, ValueError)):
+        api(faulty, spec_of("gigpo", 0.9))
+
+
+def test_skip_rejects_the_whole_episode_and_computes_the_rest_without_it(tmp_path):
+    batch = random_turn_rows(4)
+    earlier, later = twin_row(batch)
+    episode = batch["episodes"][later]
+    faulty = changed(batch, later, turns=batch["turns"][earlier])
+    inputs = write_turn_files(tmp_path / "in", faulty, [])
+    result = recompute_cli(inputs, tmp_path / "out.parquet", *options("step-reinforce"), "--on-invalid", "skip")
+    assert result.exit_code == 0, result.output
+    kept = [row for row, name in enumerate(batch["episodes"]) if name != episode]
+    rest = {key: [column[row] for row in kept] for key, column in batch.items()}
+    assert_matches(pq.read_table(tmp_path / "out.parquet"), rest, "step-reinforce")
+    rejects = pq.read_table(tmp_path / "out.rejected.parquet")
+    assert rejects.column("episode").to_pylist() == [episode] * (len(batch["turns"]) - len(kept))
+    reasons = rejects.column("reason").to_pylist()
+    assert all("episode-rejected" in reason and "turn" in reason for reason in reasons)
+
+
+def test_diff_compares_the_turn_row_estimators(tmp_path):
+    batch = random_turn_rows(6)
+    inputs = write_turn_files(tmp_path / "in", batch, [20])
+    same = gae("diff", *inputs, *options("gigpo"), "--old-estimator", "gigpo", "--json", "-", "--quiet")
+    assert same.exit_code == 0, same.output
+    assert json.loads(same.stdout)["summary"]["max_abs_delta_advantage"] == 0.0
+    other = gae("diff", *inputs, *options("gigpo"), "--old-estimator", "step-reinforce", "--json", "-", "--quiet")
+    assert other.exit_code == 0, other.output
+    step = oracle("step-reinforce", batch, 0.9)
+    gigpo = oracle("gigpo", batch, 0.9)
+    want = max(abs(a - b) for a, b, mask in zip(gigpo, step, batch["masks"]) if any(mask))
+    assert json.loads(other.stdout)["summary"]["max_abs_delta_advantage"] == pytest.approx(want, rel=1e-5)
+
+
+def test_the_advantage_clip_and_weights_apply(tmp_path):
+    batch = random_turn_rows(7)
+    inputs = write_turn_files(tmp_path / "in", batch, [])
+    more = ("--advantage-clip", "0.2", "--episode-weight", "0.5", "--step-weight", "2")
+    assert recompute_cli(inputs, tmp_path / "out.parquet", *options("gigpo", *more)).exit_code == 0
+    want = oracle("gigpo", batch, 0.9, episode_weight=0.5, step_weight=2.0)
+    table = pq.read_table(tmp_path / "out.parquet")
+    for got, value, mask in zip(table.column("advantages").to_pylist(), want, batch["masks"]):
+        clipped = min(max(value, -0.2), 0.2)
+        assert got == pytest.approx([clipped if m else 0.0 for m in mask], abs=2e-6)
+
+
+@pytest.mark.parametrize("dropped, message", [
+    ("--state-col", "--state-col"),
+    ("--turn-rewards-col", "--turn-rewards-col"),
+    ("--episode-col", "--episode-col"),
+    ("--turn-col", "--turn-col"),
+])  # fmt: skip
+def test_a_missing_option_exits_2(tmp_path, dropped, message):
+    inputs = write_turn_files(tmp_path / "in", random_turn_rows(1, episodes=3), [])
+    given = list(options("gigpo"))
+    index = given.index(dropped)
+    del given[index : index + 2]
+    result = recompute_cli(inputs, tmp_path / "out", *given)
+    assert result.exit_code == 2 and message in result.stderr, result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_refusals(tmp_path):
+    batch = random_turn_rows(1, episodes=3)
+    inputs = write_turn_files(tmp_path / "in", batch, [])
+    grpo = recompute_cli(inputs, tmp_path / "out", "--estimator", "grpo", "--group-col", "group",
+                         "--episode-col", "episode")  # fmt: skip
+    assert grpo.exit_code == 2 and "--episode-col" in grpo.stderr, grpo.output
+    table = pq.read_table(inputs[0])
+    floats = table.set_column(table.schema.get_field_index("turn"), "turn", table.column("turn").cast(pa.float64()))
+    pq.write_table(floats, tmp_path / "floats.parquet")
+    result = recompute_cli([tmp_path / "floats.parquet"], tmp_path / "out2", *options("gigpo"))
+    assert result.exit_code == 2 and "integer" in result.stderr, result.output
+    with pytest.raises(InvalidOptionError, match="turn_rewards"):
+        AdvantageSpec(0.9, estimator="gigpo", group_by="g", episode_by="e", turn_by="t", state_by="s")
+    with pytest.raises(InvalidOptionError, match="state_by"):
+        AdvantageSpec(0.9, estimator="gigpo", group_by="g", episode_by="e", turn_by="t", turn_rewards="r")
+    with pytest.raises(InvalidOptionError, match="episode_weight"):
+        spec_of("gigpo", 0.9, episode_weight=float("inf"))
+
+
+def test_the_readme_example_on_the_sample_turn_rows(tmp_path):
+    from pathlib import Path
+
+    sample = Path(__file__).resolve().parents[1] / "sample_data" / "turn_rows.parquet"
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "--estimator gigpo --gamma 0.95" in readme and "sample_data/turn_rows.parquet" in readme
+    result = gae("recompute", sample, "-o", tmp_path / "gigpo.parquet", "--estimator", "gigpo", "--gamma", "0.95",
+                 "--group-col", "group_id", "--episode-col", "episode_id", "--turn-col", "turn", "--state-col",
+                 "state", "--turn-rewards-col", "step_score", "--quiet")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = pq.read_table(sample).to_pydict()
+    assert len(set(rows["episode_id"])) == 8 and len(set(rows["group_id"])) == 2
+    rewards = np.float32(rows["step_score"]).astype(float).tolist()
+    want = turn_rows_oracle("gigpo", rows["episode_id"], rows["turn"], rewards, rows["terminal_reward"],
+                            rows["group_id"], rows["state"], 0.95)  # fmt: skip
+    got = pq.read_table(tmp_path / "gigpo.parquet").column("advantages").to_pylist()
+    for advantages, value, mask in zip(got, want, rows["loss_mask"]):
+        assert advantages == pytest.approx([value if m else 0.0 for m in mask], abs=2e-6)
+    assert any(abs(value) > 0.1 for value in want)
