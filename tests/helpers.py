@@ -58,6 +58,11 @@ def spec_document(gamma: float, lambd: float, **fields) -> dict:
         "sum_pi_squared": None,
         "whitening_rule": None,
         "advantage_clip": None,
+        "episode_by": None,
+        "turn_by": None,
+        "state_by": None,
+        "episode_weight": None,
+        "step_weight": None,
     }
     assert set(fields) <= set(document), f"no spec field {sorted(set(fields) - set(document))}"
     return {**document, **fields}
