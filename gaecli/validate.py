@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gaecli._version import __version__
+from gaecli.advantages.episodes import TurnRows
 from gaecli.advantages.spec import AdvantageSpec, RowInput
 from gaecli.checks import (
     ROW_INPUT_TYPES,
@@ -35,6 +36,7 @@ from gaecli.io.format import Columns, list_parts
 from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_writes
 from gaecli.io.reader import RolloutFile
 from gaecli.options import check_count
+from gaecli.pipeline.turn_rows import add_turn_rows, episode_findings, turn_column_findings, turn_row_findings
 from gaecli.progress import NoProgress, Progress
 from gaecli.rules import ERROR, RULES, WARNING
 from gaecli.run import Run
@@ -335,11 +337,14 @@ def _validate_file(
     batch_rows: Optional[int],
     progress: Progress,
     row_inputs: Sequence[RowInput] = (),
-) -> None:
+    turns=None,
+) -> Optional[TurnRows]:
     file = result.file
     schema_findings = check_schema(rollout.schema, columns, file) + check_row_input_schema(
         rollout.schema, row_inputs, file
     )
+    if turns is not None:
+        schema_findings += turn_column_findings(rollout.schema, file, turns)
     id_findings = check_id_columns(rollout.schema, id_columns, file)
     file_findings = schema_findings + id_findings
     counts: dict[str, int] = {}
@@ -348,7 +353,8 @@ def _validate_file(
     report._add(result, file_findings, counts)
     if any(f.severity == ERROR for f in schema_findings):
         progress.advance(rollout.num_rows, 0)
-        return  # the row rules need the documented columns and types
+        return None  # the row rules need the documented columns and types
+    rows = None if turns is None else TurnRows()
 
     usable_ids = [name for name in id_columns if not any(f.column == name for f in id_findings)]
     wanted = {name for _, name in columns.token_columns()} | {
@@ -356,6 +362,7 @@ def _validate_file(
         columns.response_length,
         *usable_ids,
         *(needed.name for needed in row_inputs),
+        *(() if turns is None else turns.names()),
     }
     read = [name for name in rollout.schema.names if name in wanted]
     id_batches: list[pa.RecordBatch] = []
@@ -374,6 +381,8 @@ def _validate_file(
                 row_inputs=row_inputs,
             )
             report._add(result, check.findings, check.counts)
+            if rows is not None:
+                _add_turn_rows(rows, batch, check, result, report, first_row, turns, columns.terminal_reward)
             if usable_ids:
                 id_batches.append(
                     pa.RecordBatch.from_arrays([_decoded(batch.column(n)) for n in usable_ids], usable_ids)
@@ -389,6 +398,19 @@ def _validate_file(
         duplicates, findings = duplicate_id_findings(pa.Table.from_batches(id_batches), file, report.room())
         if duplicates:
             report._add(result, findings, {"duplicate-id": duplicates})
+    return rows
+
+
+def _add_turn_rows(rows, batch, check, result, report, first_row: int, turns, terminal: str) -> None:
+    """A batch's turn-row findings (null ids, turn indices and turn rewards) and its turn rows."""
+    findings = turn_row_findings(batch, result.file, first_row, turns)
+    counts: dict[str, int] = {}
+    for finding in findings:
+        counts[finding.code] = counts.get(finding.code, 0) + 1
+    report._add(result, findings, counts)
+    invalid = check.invalid.copy()
+    invalid[[finding.row - first_row for finding in findings]] = True
+    add_turn_rows(rows, batch, invalid, first_row, turns, terminal)
 
 
 def _decoded(array: pa.Array) -> pa.Array:
@@ -406,6 +428,7 @@ def validate_files(
     engine: Optional[EngineOptions] = None,
     report_paths: Sequence[ReportPath] = (),
     variants: Optional[VariantOptions] = None,
+    turn_rows=None,
 ) -> ValidationReport:
     """Check rollout files against every rule in :data:`gaecli.rules.RULES`.
 
@@ -430,7 +453,10 @@ def validate_files(
     one is an input (:func:`gaecli.io.paths.check_writes`). ``variants``: the per-row
     columns of the GAE variants to check too (``--turn-rewards-col``, ``--truncated-col``,
     ``--bootstrap-col``; their rules: ``turn-rewards-*``, ``truncated-null``,
-    ``bootstrap-invalid``; docs/variants.md). Raises
+    ``bootstrap-invalid``; docs/variants.md). ``turn_rows``: the columns of turn rows
+    (:class:`gaecli.pipeline.description.TurnColumns`, docs/episodes.md) to check: their
+    types, null ids, turn indices and turn rewards, and over every file the episodes' rules
+    ``duplicate-turn`` and ``episode-mismatch``. Raises
     :class:`gaecli.errors.InvalidOptionError` (a :class:`GAEUsageError`) for a bad option
     value, before any file is read, and :class:`GAEUsageError` for refused report paths;
     never for bad data.
@@ -451,9 +477,13 @@ def validate_files(
     run = Run("validate", files, [footers[id(result)] for result in readable], None, engine, progress or NoProgress())
 
     def task(index: int, _moments, _scores) -> tuple:
-        return (readable[index], columns, id_columns, max_findings, batch_rows, row_inputs, run.footers[index])
+        return (
+            readable[index], columns, id_columns, max_findings, batch_rows, row_inputs, run.footers[index], turn_rows
+        )  # fmt: skip
 
     parts = run.execute(_validate_unit, task, stop_on_failure=False)
+    if turn_rows is not None:
+        _episode_findings(parts, [result.file for result in readable], turn_rows, columns.terminal_reward)
     merged = {id(result): part for result, part in zip(readable, parts)}
     for index, result in enumerate(report.files):
         part = merged.get(id(result))
@@ -469,14 +499,26 @@ def validate_files(
     return report
 
 
+def _episode_findings(parts: list, files: list[str], turns, terminal: str) -> None:
+    """The episodes' findings over every file, added to each file's part."""
+    turn_rows = [part.turns if isinstance(part, _FilePart) else None for part in parts]
+    for part, findings in zip(parts, episode_findings(turn_rows, files, turns, terminal)):
+        for finding in findings:
+            part.findings.append(finding)
+            part.counts[finding.code] = part.counts.get(finding.code, 0) + 1
+            part.file.errors += 1  # the episodes' rules are errors
+
+
 @dataclass
 class _FilePart:
     """What validating one file found: its result, findings (at most ``max_findings``)
-    and exact counts per rule; the parent concatenates them in input order."""
+    and exact counts per rule, its turn rows where asked; the parent concatenates them in
+    input order."""
 
     file: FileResult
     findings: list[Finding]
     counts: dict[str, int]
+    turns: Optional[TurnRows] = None
 
     @property
     def rows(self) -> int:
@@ -493,6 +535,7 @@ def _validate_unit(
     batch_rows: Optional[int],
     row_inputs: tuple = (),
     footer=None,
+    turns=None,
     progress: Optional[Progress] = None,
 ) -> _FilePart:
     """Validate one file on its own (the work unit of every engine; ``footer``: the file's,
@@ -506,10 +549,12 @@ def _validate_unit(
             progress.advance(result.rows, 0)
         return _FilePart(result, [], {})
     try:
-        _validate_file(rollout, result, report, columns, id_columns, batch_rows, progress or NoProgress(), row_inputs)
+        rows = _validate_file(
+            rollout, result, report, columns, id_columns, batch_rows, progress or NoProgress(), row_inputs, turns
+        )
     finally:
         rollout.close()
-    return _FilePart(result, report.findings, {code: n for code, n in report.counts.items() if n})
+    return _FilePart(result, report.findings, {code: n for code, n in report.counts.items() if n}, rows)
 
 
 def variant_row_inputs(variants: Optional[VariantOptions]) -> tuple[RowInput, ...]:

@@ -330,3 +330,47 @@ def test_the_readme_example_on_the_sample_turn_rows(tmp_path):
     for advantages, value, mask in zip(got, want, rows["loss_mask"]):
         assert advantages == pytest.approx([value if m else 0.0 for m in mask], abs=2e-6)
     assert any(abs(value) > 0.1 for value in want)
+
+
+VALIDATE = ("--episode-col", "episode", "--turn-col", "turn", "--state-col", "state", "--group-col", "group",
+            "--turn-rewards-col", "turn_reward", "--values-col", "none")  # fmt: skip
+
+
+def validated(*args):
+    result = gae("validate", *args, "--json", "-", "--quiet")
+    return result.exit_code, json.loads(result.stdout) if result.stdout else None, result
+
+
+@pytest.mark.parametrize("fault", ["duplicate-turn", "outcome", "null-turn", "non-finite-reward"])
+def test_validate_checks_the_episodes_over_every_file(tmp_path, fault):
+    batch = random_turn_rows(2)
+    earlier, later = twin_row(batch)
+    faulty, column, code = {
+        "duplicate-turn": (changed(batch, later, turns=batch["turns"][earlier]), "turn", "duplicate-turn"),
+        "outcome": (changed(batch, later, terminals=-3.0), "terminal_reward", "episode-mismatch"),
+        "null-turn": (changed(batch, later, turns=None), "turn", "null"),
+        "non-finite-reward": (changed(batch, later, turn_rewards=float("nan")), "turn_reward", "non-finite"),
+    }[fault]  # fmt: skip
+    inputs = write_turn_files(tmp_path / "in", faulty, [later])
+    code_, document, _ = validated(*inputs, *VALIDATE, "--workers", "2")
+    assert code_ == 1
+    errors = [finding for finding in document["findings"] if finding["severity"] == "error"]
+    assert [(f["file"].endswith("part-1.parquet"), f["row"], f["column"], f["code"]) for f in errors] == [
+        (True, 0, column, code)
+    ]
+    assert document["files"][1]["errors"] == 1 and document["counts"][code] == 1
+    clean = write_turn_files(tmp_path / "clean", batch, [later])
+    code_, document, _ = validated(*clean, *VALIDATE)
+    assert code_ == 0 and not [f for f in document["findings"] if f["severity"] == "error"]
+
+
+def test_validate_refuses_turn_row_options_alone_and_checks_their_types(tmp_path):
+    inputs = write_turn_files(tmp_path / "in", random_turn_rows(1, episodes=3), [])
+    alone = gae("validate", *inputs, "--turn-col", "turn")
+    assert alone.exit_code == 2 and "--episode-col" in alone.stderr
+    without = gae("validate", *inputs, "--episode-col", "episode")
+    assert without.exit_code == 2 and "--turn-col" in without.stderr
+    code, document, _ = validated(*inputs, "--episode-col", "episode", "--turn-col", "group", "--values-col", "none")
+    assert code == 1 and [f["code"] for f in document["findings"] if f["severity"] == "error"] == ["wrong-type"]
+    code, document, _ = validated(*inputs, "--episode-col", "nope", "--turn-col", "turn", "--values-col", "none")
+    assert code == 1 and document["findings"][0]["code"] == "missing-column"

@@ -476,6 +476,24 @@ def make_variants(
     )
 
 
+def validated_turn_rows(episode_col, turn_col, group_col, state_col, turn_rewards_col):
+    """The turn-row columns ``gae validate`` checks (a :class:`gaecli.pipeline.description.TurnColumns`;
+    None without ``--episode-col``): ``--turn-col`` goes with ``--episode-col``, and the group,
+    state and turn-reward columns are then read as the turn rows' (exit 2 otherwise)."""
+    from gaecli.errors import InvalidOptionError
+    from gaecli.pipeline.description import TurnColumns
+
+    if episode_col is None:
+        others = [flag for flag, name in (("--turn-col", turn_col), ("--state-col", state_col),
+                                          ("--group-col", group_col)) if name is not None]  # fmt: skip
+        if others:
+            raise InvalidOptionError(f"{others[0]} names a column of turn rows: give --episode-col too")
+        return None
+    if turn_col is None:
+        raise InvalidOptionError("--episode-col: give --turn-col too (each turn row's index in its episode)")
+    return TurnColumns(episode_col, turn_col, turn_rewards_col, group_col, state_col)
+
+
 def validated_row_inputs(**row_input_options):
     """The VariantOptions whose per-row columns ``gae validate`` checks: turn ids are checked
     as the turns of ``--timestep turn``, the one timestep that reads them."""

@@ -44,6 +44,10 @@ def validate(
         bool, typer.Option("--list-rules", help="Print every rule (code, severity, what it finds, fix) and exit.")
     ] = False,
     batch_rows: BatchRowsOption = None,
+    episode_col: computation_options.EpisodeColOption = None,
+    turn_col: computation_options.TurnColOption = None,
+    state_col: computation_options.StateColOption = None,
+    group_col: computation_options.GroupColOption = None,
     column_options: dict = option_groups.COLUMN_OPTIONS,
     row_input_options: dict = option_groups.ROW_INPUT_OPTIONS,
     engine_options: dict = option_groups.ENGINE_OPTIONS,
@@ -71,6 +75,11 @@ def validate(
     progress = make_progress(quiet)
     with common.errors_to_exit(debug):
         id_columns = [name.strip() for name in id_col.split(",")] if id_col is not None else None
+        turn_rows = computation_options.validated_turn_rows(
+            episode_col, turn_col, group_col, state_col, row_input_options["turn_rewards_col"]
+        )
+        if turn_rows is not None:  # on turn rows the turn reward is a number per row, not a list
+            row_input_options = {**row_input_options, "turn_rewards_col": None}
         report = validate_files(
             inputs,
             common.make_columns(**column_options),
@@ -81,6 +90,7 @@ def validate(
             engine=common.make_engine(**engine_options),
             report_paths=common.reports(JSON=json_path),
             variants=computation_options.validated_row_inputs(**row_input_options),
+            turn_rows=turn_rows,
         )
     document = report.to_dict()
     common.write_json(document, json_path)

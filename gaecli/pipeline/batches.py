@@ -455,7 +455,9 @@ def _computed_batch(
         turns = None
         if computation.turn_rows is not None:
             outcomes = rows.packed.terminal_rewards
-            turns = turn_operand(batch, rows.check.invalid, rows.valid, outcomes, computation, first_row)
+            turns = turn_operand(
+                batch, rows.check.invalid, rows.valid, outcomes, computation.turn_rows, computation.step_by, first_row
+            )
         return ComputedBatch(
             batch, rows.valid, rows.check, first_row, first_token, rows.packed, empty, empty, empty, None,
             scores=rows.scores, paths=rows.paths, turns=turns,

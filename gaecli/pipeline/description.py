@@ -110,13 +110,19 @@ def old_side_spec(
 @dataclass(frozen=True)
 class TurnColumns:
     """The columns of turn rows (docs/episodes.md): the episode id, the turn index, the turn's
-    own reward, the episode group id and (gigpo's) the anchor-state id (None where not read)."""
+    own reward (None in ``gae validate`` where not given), the episode group id and (gigpo's)
+    the anchor-state id (None where not read)."""
 
     episode: str
     turn: str
-    turn_rewards: str
+    turn_rewards: Optional[str]
     group: Optional[str]
     state: Optional[str] = None
+
+    def names(self) -> tuple[str, ...]:
+        """The columns named, each once."""
+        named = (self.episode, self.turn, self.turn_rewards, self.group, self.state)
+        return tuple(dict.fromkeys(name for name in named if name is not None))
 
 
 @dataclass(frozen=True)

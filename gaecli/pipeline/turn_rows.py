@@ -30,22 +30,24 @@ def check_turn_columns(schema: pa.Schema, file: str, computation: Computation) -
         raise GAEUsageError(f"{file}: --turn-col column {turns.turn!r} is {arrow_type}, expected an integer per row")
 
 
-def turn_operand(batch: pa.RecordBatch, invalid: np.ndarray, valid: pa.RecordBatch, outcomes, computation, first_row):
+def turn_operand(batch: pa.RecordBatch, invalid: np.ndarray, valid: pa.RecordBatch, outcomes, turns, step, first_row):
     """What one batch adds to the turn-rows statistic (:class:`gaecli.advantages.episodes.TurnRows`):
     its valid rows' turn index, turn reward, outcome (``outcomes``: their terminal rewards),
-    file row, group, state and step ids, and the episode ids and rows of its rejected rows
-    (``invalid``: bool per row of ``batch``)."""
-    turns = computation.turn_rows
+    file row, group, state and step ids (``turns``: the :class:`TurnColumns`; ``step``: the
+    step id column or None), and the episode ids and rows of its rejected rows (``invalid``:
+    bool per row of ``batch``)."""
     rows = first_row + np.arange(batch.num_rows, dtype=np.int64)
-    reward = valid.column(turns.turn_rewards).cast(pa.float64())
+    reward = np.zeros(valid.num_rows)
+    if turns.turn_rewards is not None:
+        reward = np.asarray(valid.column(turns.turn_rewards).cast(pa.float64()).fill_null(np.nan))
     operand = {
         "turn": np.asarray(valid.column(turns.turn).cast(pa.int64())),
-        "reward": np.asarray(reward.fill_null(np.nan)),
+        "reward": reward,
         "outcome": np.asarray(outcomes, dtype=np.float64),
         "row": rows[~invalid],
         "group": valid.column(turns.group) if turns.group is not None else None,
         "state": valid.column(turns.state) if turns.state is not None else None,
-        "step": valid.column(computation.step_by) if computation.step_by is not None else None,
+        "step": valid.column(step) if step is not None else None,
     }
     if invalid.any():
         operand["invalid_keys"] = batch.column(turns.episode).filter(pa.array(invalid))
@@ -104,3 +106,77 @@ def turn_row_advantages_of(statistics, spec, file_rows: np.ndarray) -> np.ndarra
     if turns is None or spec not in turns.results:
         raise ValueError(f"estimator {spec.estimator!r}: the turn rows of the input are needed")
     return turns.row_advantages(spec, file_rows)
+
+
+def turn_column_findings(schema: pa.Schema, file: str, turns) -> list[Finding]:
+    """``gae validate``'s file-level findings of the turn-row columns (``turns``, a
+    :class:`gaecli.pipeline.description.TurnColumns`): ``missing-column`` for one that is
+    absent, ``wrong-type`` for a turn index that is not an integer or a turn reward that is not
+    a number."""
+    from gaecli.io.format import is_scalar_number_type
+
+    named = (("--episode-col", turns.episode), ("--turn-col", turns.turn), ("--turn-rewards-col", turns.turn_rewards),
+             ("--group-col", turns.group), ("--state-col", turns.state))  # fmt: skip
+    findings = []
+    for flag, name in named:
+        if name is None:
+            continue
+        if name not in schema.names:
+            findings.append(Finding(file, None, name, "missing-column", f"the {flag} column {name!r} is missing"))
+            continue
+        arrow_type = schema.field(name).type
+        integer = flag == "--turn-col" and not pa.types.is_integer(arrow_type)
+        number = flag == "--turn-rewards-col" and not is_scalar_number_type(arrow_type)
+        if integer or number:
+            expected = "an integer" if integer else "a number"
+            message = f"the {flag} column {name!r} is {arrow_type}, expected {expected} per row"
+            findings.append(Finding(file, None, name, "wrong-type", message))
+    return findings
+
+
+def turn_row_findings(batch: pa.RecordBatch, file: str, first_row: int, turns) -> list[Finding]:
+    """``null`` findings for a turn row's null ids, turn index or turn reward and
+    ``non-finite`` for a turn reward that is NaN or ±Inf (one per row, the lowest row first)."""
+    found: dict[int, Finding] = {}
+    named = (("episode id", turns.episode), ("turn index", turns.turn), ("group id", turns.group),
+             ("state id", turns.state), ("turn reward", turns.turn_rewards))  # fmt: skip
+    for what, name in named:
+        if name is None:
+            continue
+        column = batch.column(name)
+        if column.null_count:
+            for row in np.flatnonzero(np.asarray(column.is_null())).tolist():
+                found.setdefault(first_row + row, Finding(file, first_row + row, name, "null", f"the {what} is null"))
+    if turns.turn_rewards is None:
+        return [found[row] for row in sorted(found)]
+    rewards = np.asarray(batch.column(turns.turn_rewards).cast(pa.float64()).fill_null(0.0))
+    for row in np.flatnonzero(~np.isfinite(rewards)).tolist():
+        message = f"the turn reward is {rewards[row].item()}"
+        found.setdefault(first_row + row, Finding(file, first_row + row, turns.turn_rewards, "non-finite", message))
+    return [found[row] for row in sorted(found)]
+
+
+def add_turn_rows(rows: TurnRows, batch: pa.RecordBatch, invalid: np.ndarray, first_row: int, turns, terminal: str):
+    """Add one batch's turn rows to ``rows`` (``gae validate``: the rows valid under every
+    rule, and the episodes of the others)."""
+    valid = batch.filter(pa.array(~invalid)) if invalid.any() else batch
+    outcomes = np.asarray(valid.column(terminal).cast(pa.float64()))
+    rows.add(valid.column(turns.episode), turn_operand(batch, invalid, valid, outcomes, turns, None, first_row))
+
+
+def episode_findings(parts: list, labels: list[str], turns, terminal: str) -> list[list[Finding]]:
+    """``gae validate``'s findings of the episodes over every file: the parts' turn rows
+    (one :class:`TurnRows` per file, in input order; None for a file not read) merged and
+    checked (``duplicate-turn``, ``episode-mismatch``), one list per part."""
+    merged = TurnRows()
+    read = [index for index, part in enumerate(parts) if part is not None]
+    for index in read:
+        merged.merge(parts[index])
+    found: list[list[Finding]] = [[] for _ in parts]
+    column = {"turn": turns.turn, "outcome": terminal, "group": turns.group}
+    for fault in merged.settle((), [labels[index] for index in read]):
+        if fault.code == "episode-rejected":  # the invalid row has its own finding
+            continue
+        finding = Finding(labels[read[fault.part]], fault.row, column[fault.role], fault.code, fault.message)
+        found[read[fault.part]].append(finding)
+    return found
