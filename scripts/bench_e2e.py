@@ -11,8 +11,9 @@ multiplies every row count (a quicker run; the files of each scale are cached ap
 with three reward components and a teacher's log-probs, on which gdpo, opd, grpo with the
 distillation term and grpo under two score rules are each timed beside ``gae recompute
 --estimator grpo`` of the first ``--tree`` (goal: 1.5x). ``--files turns`` adds a turn-row
-file, 1,000,000 turn rows of 100,000 episodes, on which gigpo and step-reinforce are each
-timed beside plain ``gae recompute`` of the first ``--tree`` (goal: 2x, peak RSS 1 GB).
+file, 1,000,000 turn rows of 100,000 episodes, on which gigpo, step-reinforce and masked GAE
+over episodes are each timed beside plain ``gae recompute`` of the first ``--tree`` (goal: 2x,
+peak RSS 1 GB).
 
 On each file it times, as separate processes, each command beside its limit:
 
@@ -121,8 +122,9 @@ FILES = {  # label: (generator, rows at scale 1)
 }
 
 TURN_ROWS_GOAL = 2.0
-"""The goal of gigpo and step-reinforce on the turn-row file, each beside plain ``gae
-recompute`` (masked GAE) on the same file (of the same checkout); peak RSS at most 1 GB."""
+"""The goal of gigpo, step-reinforce and masked GAE over episodes on the turn-row file, each
+beside plain ``gae recompute`` (masked GAE) on the same file (of the same checkout); peak RSS
+at most 1 GB."""
 
 ESTIMATOR_GOAL = 1.5
 """The goal of gdpo (three reward columns), opd, and grpo with the distillation term, each
@@ -435,15 +437,17 @@ def estimator_rows(path: Path, title: str, out: Path, tree: Tree) -> list[Row]:
 
 
 def turn_row_rows(path: Path, title: str, out: Path, tree: Tree) -> list[Row]:
-    """gigpo and step-reinforce on the turn-row file, each beside plain ``gae recompute``
-    (masked GAE) of the same checkout on the same file."""
+    """gigpo, step-reinforce and masked GAE over episodes on the turn-row file, each beside
+    plain ``gae recompute`` (masked GAE, each row on its own) of the same checkout on the
+    same file."""
     recompute = ["recompute", str(path), "-o", str(out / "turns.parquet"), "--overwrite", "--quiet"]
     plain = tree.command(*recompute, *DISCOUNT)
-    turns = ["--values-col", "none", "--gamma", "0.95", "--group-col", "group_id", "--episode-col", "episode_id",
-             "--turn-col", "turn", "--turn-rewards-col", "step_score"]  # fmt: skip
+    episodes = ["--episode-col", "episode_id", "--turn-col", "turn", "--turn-rewards-col", "step_score"]
+    turns = ["--values-col", "none", "--gamma", "0.95", "--group-col", "group_id", *episodes]
     commands = [
         ("gigpo", ["--estimator", "gigpo", *turns, "--state-col", "state"]),
         ("step-reinforce", ["--estimator", "step-reinforce", *turns]),
+        ("masked GAE over episodes", [*DISCOUNT, *episodes]),
     ]
     return [
         Row(title if index == 0 else "", name, "recompute", plain, [*recompute, *options], TURN_ROWS_GOAL,

@@ -764,3 +764,31 @@ def turn_rows_oracle(estimator, episodes, turns, turn_rewards, outcomes, groups,
     episode_part = normalised(list(map(float, outcomes)), groups)
     step_part = normalised(returns, [(group, state) for group, state in zip(groups, states)])
     return [episode_weight * a + step_weight * b for a, b in zip(episode_part, step_part)]
+
+
+def episode_gae_oracle(values, rewards, masks, outcomes, episodes, turns, turn_rewards, gamma, lambd):
+    """Masked GAE over episodes (docs/episodes.md), a float64 loop: each episode's rows in
+    turn order, their trainable tokens one subsequence (a row's turn reward added on its last
+    trainable token, the outcome on the episode's last), plain GAE over it with zero bootstrap,
+    scattered back; returns = advantages + values. Lists per row."""
+    rows = len(values)
+    advantages = [[0.0] * len(mask) for mask in masks]
+    returns = [[0.0] * len(mask) for mask in masks]
+    for episode in dict.fromkeys(episodes):
+        members = sorted((turns[row], row) for row in range(rows) if episodes[row] == episode)
+        places, sub_values, sub_rewards = [], [], []
+        for _, row in members:
+            kept = [t for t, keep in enumerate(masks[row]) if keep]
+            for t in kept:
+                places.append((row, t))
+                sub_values.append(float(values[row][t]))
+                sub_rewards.append(float(rewards[row][t]))
+            if kept:
+                sub_rewards[-1] += float(turn_rewards[row])
+        if not places:
+            continue
+        sub_rewards[-1] += float(outcomes[members[-1][1]])
+        for (row, t), advantage, value in zip(places, plain_gae(sub_values, sub_rewards, gamma, lambd), sub_values):
+            advantages[row][t] = advantage
+            returns[row][t] = advantage + value
+    return advantages, returns

@@ -19,7 +19,7 @@ import gaecli
 from gaecli import AdvantageSpec, WhiteningRule
 from gaecli.errors import GAEInputError, InvalidOptionError
 
-from helpers import turn_rows_oracle
+from helpers import episode_gae_oracle, turn_rows_oracle
 from rollout_files import files_under, gae
 
 HAND = {  # two episodes of group 'a', two turns each; row 3 is fully masked
@@ -374,3 +374,153 @@ def test_validate_refuses_turn_row_options_alone_and_checks_their_types(tmp_path
     assert code == 1 and [f["code"] for f in document["findings"] if f["severity"] == "error"] == ["wrong-type"]
     code, document, _ = validated(*inputs, "--episode-col", "nope", "--turn-col", "turn", "--values-col", "none")
     assert code == 1 and document["findings"][0]["code"] == "missing-column"
+
+
+# ----------------------------------------------------------------------------- masked GAE over episodes
+
+EPISODE = {  # one episode of three rows: a masked gap inside row 0 and between rows, row 2 fully masked
+    "values": [[0.13, -0.3, 0.5, 1.2], [0.1, 0.4, -0.2, 0.3], [0.0, 0.0, 0.0, 0.0]],
+    "rewards": [[0.0, 0.1, 0.0, 0.2], [0.3, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]],
+    "masks": [[1, 1, 0, 1], [0, 1, 1, 0], [0, 0, 0, 0]],
+    "terminals": [2.0, 2.0, 2.0],
+    "episodes": ["x", "x", "x"],
+    "turns": [5, 7, 9],
+}
+
+
+def gae_api(batch, gamma, lambd, turn_rewards=None, dtype=torch.float64, **fields):
+    spec = AdvantageSpec(gamma, lambd, episode_by="episode", turn_by="turn",
+                         turn_rewards="turn_reward" if turn_rewards is not None else None, **fields)  # fmt: skip
+    inputs = {"episode": batch["episodes"], "turn": batch["turns"]}
+    if turn_rewards is not None:
+        inputs["turn_reward"] = turn_rewards
+    return gaecli.compute_advantages(
+        [torch.tensor(row, dtype=dtype) for row in batch["values"]],
+        [torch.tensor(row, dtype=dtype) for row in batch["rewards"]],
+        [torch.tensor(row, dtype=torch.int64) for row in batch["masks"]],
+        batch["terminals"], spec=spec, row_inputs=inputs,
+    )  # fmt: skip
+
+
+def test_masked_gae_over_an_episode_hand_worked():
+    # the subsequence (row, token): (0,0) V .13, (0,1) V −.3 r .1, (0,3) V 1.2 r .2, (1,1) V .4, (1,2) V −.2;
+    # z = 2 on (1,2), the episode's last trainable token (row 2 is fully masked); γ = .9, λ = .8:
+    # A(1,2) = 2 + .2 = 2.2; A(1,1) = .9·(−.2) − .4 + .72·2.2 = 1.004;
+    # A(0,3) = .2 + .9·.4 − 1.2 + .72·1.004 = 0.08288 (one γλ across the gap between the rows);
+    # A(0,1) = .1 + .9·1.2 + .3 + .72·0.08288 = 1.5396736 (one γλ across the gap inside row 0);
+    # A(0,0) = .9·(−.3) − .13 + .72·1.5396736 = 0.70856499
+    advantages, returns = gae_api(EPISODE, 0.9, 0.8)
+    want = [[0.70856499, 1.5396736, 0.0, 0.08288], [0.0, 1.004, 2.2, 0.0], [0.0] * 4]
+    for got, expected, back, values, mask in zip(advantages, want, returns, EPISODE["values"], EPISODE["masks"]):
+        assert got.tolist() == pytest.approx(expected, abs=1e-7)
+        expected_back = [a + v if m else 0.0 for a, v, m in zip(expected, values, mask)]
+        assert back.tolist() == pytest.approx(expected_back, abs=1e-7)
+
+
+def test_an_episode_of_one_row_is_todays_masked_gae_bit_for_bit():
+    batch = random_turn_rows(3)
+    values = [np.random.default_rng(len(mask)).normal(size=len(mask)).tolist() for mask in batch["masks"]]
+    batch = {**batch, "values": values, "episodes": [f"own{row}" for row in range(len(values))]}
+    advantages, returns = gae_api(batch, 0.95, 0.9)
+    tensors = [[torch.tensor(row, dtype=torch.float64) for row in batch[key]] for key in ("values", "rewards")]
+    masks = [torch.tensor(row, dtype=torch.int64) for row in batch["masks"]]
+    want_a, want_r = gaecli.masked_gae(*tensors, masks, batch["terminals"], gamma=0.95, lambd=0.9)
+    for got, expected, back, expected_back in zip(advantages, want_a, returns, want_r):
+        assert torch.equal(got, expected) and torch.equal(back, expected_back)
+
+
+def episode_batch(seed: int):
+    batch = random_turn_rows(seed)
+    rng = np.random.default_rng(seed + 100)
+    batch["values"] = [rng.normal(0, 1, len(mask)).round(3).tolist() for mask in batch["masks"]]
+    return batch
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("with_turn_rewards", [True, False])
+def test_masked_gae_over_episodes_against_the_loop(seed, with_turn_rewards):
+    batch = episode_batch(seed)
+    turn_rewards = batch["turn_rewards"] if with_turn_rewards else [0.0] * len(batch["turns"])
+    advantages, returns = gae_api(batch, 0.97, 0.9, batch["turn_rewards"] if with_turn_rewards else None)
+    want_a, want_r = episode_gae_oracle(batch["values"], batch["rewards"], batch["masks"], batch["terminals"],
+                                        batch["episodes"], batch["turns"], turn_rewards, 0.97, 0.9)  # fmt: skip
+    for got, expected, back, expected_back in zip(advantages, want_a, returns, want_r):
+        assert got.tolist() == pytest.approx(expected, rel=1e-10, abs=1e-10)
+        assert back.tolist() == pytest.approx(expected_back, rel=1e-10, abs=1e-10)
+
+
+def write_episode_files(directory, batch, parts):
+    paths = write_turn_files(directory, batch, parts)
+    cuts = [0, *parts, len(batch["turns"])]
+    for path, (start, end) in zip(paths, zip(cuts, cuts[1:])):
+        table = pq.read_table(path)
+        values = pa.array(batch["values"][start:end], pa.list_(pa.float32()))
+        pq.write_table(table.append_column("values", values), path)
+    return paths
+
+
+GAE_OPTIONS = ("--gamma", "0.97", "--lambd", "0.9", "--episode-col", "episode", "--turn-col", "turn",
+               "--turn-rewards-col", "turn_reward")  # fmt: skip
+
+
+def test_masked_gae_over_episodes_split_over_files_is_bitwise_the_same_everywhere(tmp_path, local_ray):
+    batch = episode_batch(5)
+    inputs = write_episode_files(tmp_path / "in", batch, [9, 30])
+    first = bitwise_the_same_everywhere(tmp_path, inputs, GAE_OPTIONS, local_ray)
+    table = pa.concat_tables(first)
+    values = pa.array(batch["values"], pa.list_(pa.float32())).to_pylist()
+    rewards = pa.array(batch["rewards"], pa.list_(pa.float32())).to_pylist()
+    want_a, want_r = episode_gae_oracle(values, rewards, batch["masks"], batch["terminals"], batch["episodes"],
+                                        batch["turns"], batch["turn_rewards"], 0.97, 0.9)  # fmt: skip
+    for got, expected in zip(table.column("advantages").to_pylist(), want_a):
+        assert got == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    for got, expected in zip(table.column("returns").to_pylist(), want_r):
+        assert got == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    whole = write_episode_files(tmp_path / "whole", batch, [])
+    assert recompute_cli(whole, tmp_path / "whole.parquet", *GAE_OPTIONS, "--batch-rows", "3").exit_code == 0
+    assert pq.read_table(tmp_path / "whole.parquet").column("advantages").equals(table.column("advantages"))
+
+
+def test_the_commands_whiten_over_episodes_and_diff_against_the_rows_on_their_own(tmp_path):
+    batch = episode_batch(6)
+    inputs = write_episode_files(tmp_path / "in", batch, [])
+    assert recompute_cli(inputs, tmp_path / "w.parquet", *GAE_OPTIONS, "--normalize").exit_code == 0
+    whitened = [a for row, mask in zip(pq.read_table(tmp_path / "w.parquet").column("advantages").to_pylist(),
+                                       batch["masks"]) for a, m in zip(row, mask) if m]  # fmt: skip
+    assert abs(np.mean(whitened)) < 1e-5 and np.std(whitened, ddof=1) == pytest.approx(1.0, abs=1e-4)
+    result = gae("diff", *inputs, *GAE_OPTIONS, "--baseline", "masked", "--json", "-", "--quiet")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["summary"]["max_abs_delta_advantage"] > 0.01  # the rows on their own lose the later turns
+    table = pq.read_table(inputs[0])
+    own = gae("diff", *inputs, "--gamma", "0.97", "--lambd", "0.9", "--baseline", "masked", "--json", "-", "--quiet")
+    assert json.loads(own.stdout)["summary"]["max_abs_delta_advantage"] == 0.0 and table.num_rows > 0
+
+
+@pytest.mark.parametrize("options, message", [
+    (("--lambd-critic", "1"), "episodes"),
+    (("--timestep", "turn"), "episodes"),
+])  # fmt: skip
+def test_the_gae_variants_are_refused_over_episodes(tmp_path, options, message):
+    inputs = write_episode_files(tmp_path / "in", episode_batch(1), [])
+    result = recompute_cli(inputs, tmp_path / "out", *GAE_OPTIONS, *options)
+    assert result.exit_code == 2 and message in result.stderr, result.output
+    with pytest.raises(InvalidOptionError, match="turn_by"):
+        AdvantageSpec(0.9, 0.9, episode_by="episode")
+    with pytest.raises(ValueError, match="episodes"):
+        from gaecli.advantages.dispatch import compute
+
+        compute(AdvantageSpec(0.9, 0.9, episode_by="e", turn_by="t"), *([np.zeros(1)] * 2), np.ones(1, bool),
+                np.array([0, 1]), np.zeros(1))  # fmt: skip
+
+
+def test_the_commands_give_todays_bits_for_episodes_of_one_row(tmp_path):
+    batch = episode_batch(8)
+    batch["episodes"] = [f"own{row}" for row in range(len(batch["turns"]))]
+    inputs = write_episode_files(tmp_path / "in", batch, [])
+    assert recompute_cli(inputs, tmp_path / "episodes.parquet", *GAE_OPTIONS[:8]).exit_code == 0
+    assert recompute_cli(inputs, tmp_path / "rows.parquet", *GAE_OPTIONS[:4]).exit_code == 0
+    episodes, rows = (pq.read_table(tmp_path / name) for name in ("episodes.parquet", "rows.parquet"))
+    assert episodes.column("advantages").equals(rows.column("advantages"))
+    assert episodes.column("returns").equals(rows.column("returns"))
+    assert json.loads(episodes.schema.metadata[b"gaecli.spec"])["episode_by"] == "episode"

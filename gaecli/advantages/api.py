@@ -120,6 +120,7 @@ def compute_advantages_packed(
         )
         return narrowed((clipped(advantages, spec.advantage_clip), returns), narrow)
     values, rewards, loss_mask, offsets, terminal = check_packed(values, rewards, loss_mask, offsets, terminal_rewards)
+    spec, terminal = _over_episodes(spec, values, rewards, loss_mask, offsets, terminal, kernel, row_inputs, validate)
     screened = compute_screened(spec, values, rewards, loss_mask, offsets, terminal, kernel=kernel)
     if screened is None:
         mask = check_contents(values, rewards, loss_mask, offsets, terminal, validate)
@@ -143,6 +144,29 @@ def compute_advantages_packed(
     elif spec.normalize == "by":
         advantages = whiten_by_group(advantages, mask, offsets, row_inputs[spec.normalize_by], spec.whitening_rule)
     return narrowed((clipped(advantages, spec.advantage_clip), returns), narrow)
+
+
+def _over_episodes(spec, values, rewards, loss_mask, offsets, terminal, kernel, row_inputs, validate):
+    """The spec each row is computed by and its terminal rewards: for masked GAE over episodes
+    (docs/episodes.md) each row's own spec and, as its terminal reward, its turn reward and the
+    carry from its episode's later rows (the rows' own masked GAE with their turn rewards gives
+    their carry figures, the episodes settle them:
+    :func:`gaecli.advantages.episodes.batch_turn_row_advantages`); any other spec as it is."""
+    if not spec.over_episodes:
+        return spec, terminal
+    from gaecli.advantages.episodes import batch_turn_row_advantages, carry_figures, row_spec
+    from gaecli.advantages.row_inputs import TURN_REWARDS, turn_row_inputs
+
+    mask = check_contents(values, rewards, loss_mask, offsets, terminal, validate)
+    rows = offsets.numel() - 1
+    inputs = turn_row_inputs(spec, row_inputs, rows)
+    own = torch.from_numpy(inputs[TURN_REWARDS]).to(device=terminal.device, dtype=terminal.dtype)
+    advantages, _ = compute(row_spec(spec), values, rewards, mask, offsets, own, kernel=kernel)
+    arrays = [tensor.detach().cpu().numpy() for tensor in (advantages, values, mask, offsets, terminal)]
+    carries = carry_figures(*arrays[:4])
+    ids = {"episode": inputs[spec.episode_by]}
+    settled = batch_turn_row_advantages(spec, arrays[4], ids, inputs[spec.turn_by], inputs[TURN_REWARDS], carries)
+    return row_spec(spec), torch.from_numpy(settled).to(device=terminal.device, dtype=terminal.dtype)
 
 
 def _zeros_like_rewards(sample) -> torch.Tensor:
@@ -216,6 +240,7 @@ def compute_advantages(
         and spec.semantics == "masked"
         and spec.normalize == "none"
         and not spec.variants
+        and not spec.over_episodes
         and values is not None
     ):
         in_place = _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel)

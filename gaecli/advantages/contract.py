@@ -70,6 +70,7 @@ ESTIMATOR_INPUTS: dict[str, tuple[str, ...]] = {
     "remax": ("baseline_rewards",),
     "gdpo": ("reward_components", "reward_weights"),
     "optimal-token-baseline": ("log_probs", "sum_pi_squared"),
+    "gae": ("episode_by", "turn_by"),
     "gigpo": ("episode_by", "turn_by", "state_by", "episode_weight", "step_weight"),
     "step-reinforce": ("episode_by", "turn_by"),
 }
@@ -99,6 +100,11 @@ TURN_ESTIMATORS: tuple[str, ...] = ("agentic-reinforce",)
 """The critic-free estimators whose timesteps are a row's turns (its maximal runs of
 trainable tokens): they read the per-turn rewards of ``--turn-rewards-col`` (the spec's
 ``turn_rewards``), the one GAE variant input a critic-free estimator takes."""
+
+EPISODE_ESTIMATORS: tuple[str, ...] = ("gae",)
+"""The estimators that also run over episodes that span rows, the episode's trainable tokens in
+turn order and token order one trainable subsequence (``episode_by`` and ``turn_by`` set;
+docs/episodes.md), and otherwise over each row."""
 
 TURN_ROW_ESTIMATORS: tuple[str, ...] = ("gigpo", "step-reinforce")
 """The estimators of turn rows (docs/episodes.md): one row per turn of an episode, the rows of

@@ -85,6 +85,11 @@ def compute(
     (``spec.row_inputs``): numpy arrays or tensors, ``[B]`` for a scalar input, and for a
     list input (turn rewards) a pair ``(flat values [U], offsets [B + 1])``.
     """
+    if spec.over_episodes and not spec.critic_free:
+        raise ValueError(
+            "masked GAE over episodes needs the episodes' carries: compute each row by "
+            "gaecli.advantages.episodes.row_spec(spec) with the terminal rewards they settle"
+        )
     if spec.critic_free:
         return _critic_free(spec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs)
     variants = variant_keywords(spec, row_inputs)

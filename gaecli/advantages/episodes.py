@@ -19,9 +19,23 @@ from gaecli.advantages.keyed import KeyTable
 CODED = ("episode", "group", "state", "step")
 """The ids of a turn row, each coded by a :class:`KeyTable` of its own (−1: not read)."""
 
-NUMBERS = {"turn": np.int64, "reward": np.float64, "outcome": np.float64, "row": np.int64, "part": np.int64}
+NUMBERS = {
+    "turn": np.int64,
+    "reward": np.float64,
+    "outcome": np.float64,
+    "row": np.int64,
+    "part": np.int64,
+    "tokens": np.int64,
+    "first_value": np.float64,
+    "first_advantage": np.float64,
+}
 """The numbers of a turn row: its turn index, its turn's reward, the episode's outcome as the
-row gives it, its row in its file and the part (file, in input order) it came from."""
+row gives it, its row in its file and the part (file, in input order) it came from; for masked
+GAE over episodes its carry figures (:func:`carry_figures`: trainable tokens, the value and the
+advantage at its first trainable token; 0 where not computed)."""
+
+READ_NUMBERS = ("turn", "reward", "outcome", "row", "tokens", "first_value", "first_advantage")
+"""The numbers a batch gives (the part is numbered on merge)."""
 
 INVALID = {"invalid_episode": np.int64, "invalid_row": np.int64, "invalid_part": np.int64}
 """Rows the checks rejected, by episode: their whole episode is rejected with them."""
@@ -119,6 +133,63 @@ def turn_row_advantages(spec, rows: Mapping[str, np.ndarray]) -> np.ndarray:
     return episode_weight * episode_part + step_weight * step_part
 
 
+def carry_figures(advantages: np.ndarray, values: np.ndarray, trainable: np.ndarray, offsets: np.ndarray) -> dict:
+    """What masked GAE over episodes needs of each row (flat ``[N]`` advantages of the row on
+    its own, its turn reward as its only terminal reward; values; bool trainable; offsets
+    ``[B + 1]``): its trainable ``tokens`` K and the value and advantage at its first trainable
+    token (0 for K = 0), ``[B]`` each. The row's GAE is affine in the carry ``X`` that enters
+    it after its last trainable token: its first advantage is ``a₀ + (γλ)^(K−1)·X``."""
+    positions = np.flatnonzero(trainable)
+    starts = np.searchsorted(positions, offsets[:-1])
+    tokens = (np.searchsorted(positions, offsets[1:]) - starts).astype(np.int64)
+    first = positions[np.minimum(starts, max(positions.size - 1, 0))] if positions.size else starts
+    has = tokens > 0
+    return {
+        "tokens": tokens,
+        "first_value": np.where(has, values[first] if positions.size else 0.0, 0.0).astype(np.float64),
+        "first_advantage": np.where(has, advantages[first] if positions.size else 0.0, 0.0).astype(np.float64),
+    }
+
+
+@numba.njit(cache=True, nogil=True)
+def _carries_in_order(episodes, tokens, first_value, first_advantage, outcome, gamma, decay, out):
+    # rows sorted by (episode, turn), backwards: the carry entering a row after its last
+    # trainable token is the outcome for the episode's last row with a trainable token, else
+    # γ·V + γλ·A at the next such row's first trainable token, A = a₀ + (γλ)^(K−1)·X
+    have_next = False
+    next_value = next_advantage = next_carry = 0.0
+    next_tokens = 0
+    for i in range(episodes.shape[0] - 1, -1, -1):
+        if i == episodes.shape[0] - 1 or episodes[i] != episodes[i + 1]:
+            have_next = False
+        if tokens[i] == 0:
+            out[i] = 0.0  # a fully masked row: no token reads it
+            continue
+        if have_next:
+            carry = gamma * next_value + decay * (next_advantage + decay ** (next_tokens - 1) * next_carry)
+        else:
+            carry = outcome[i]
+        out[i] = carry
+        have_next = True
+        next_value, next_advantage, next_tokens, next_carry = first_value[i], first_advantage[i], tokens[i], carry
+
+
+def episode_terminals(spec, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Masked GAE over episodes (docs/episodes.md): each row's terminal reward for the kernel
+    (float64 ``[B]``), its turn reward plus the carry entering it from the later rows of its
+    episode (in turn order): the outcome for the episode's last row with a trainable token,
+    ``γ·V_next + γλ·A_next`` at the next such row's first trainable token otherwise, so that
+    the row's own masked GAE with it is the episode's over its trainable subsequence."""
+    order = np.lexsort((rows["turn"], rows["episode"]))
+    carries = np.empty(order.size, dtype=np.float64)
+    arrays = [np.ascontiguousarray(rows[name][order]) for name in ("episode", "tokens", "first_value",
+                                                                    "first_advantage", "outcome")]  # fmt: skip
+    _carries_in_order(*arrays, float(spec.gamma), float(spec.gamma) * float(spec.lambd), carries)
+    terminals = np.empty_like(carries)
+    terminals[order] = carries
+    return rows["reward"] + terminals
+
+
 def turn_row_figures(operand: Mapping, trainable: np.ndarray, offsets: np.ndarray) -> Mapping:
     """What a batch's turn rows add to :class:`TurnRows` (the ``turns`` operand, made by the
     data path per batch, as it is)."""
@@ -184,8 +255,9 @@ class TurnRows:
         columns = {"episode": self._encode("episode", keys, count)}
         for name in CODED[1:]:
             columns[name] = self._encode(name, rows.get(name), count)
-        for name in ("turn", "reward", "outcome", "row"):
-            columns[name] = np.asarray(rows[name], dtype=NUMBERS[name])
+        for name in READ_NUMBERS:
+            given = rows.get(name)
+            columns[name] = np.zeros(count, NUMBERS[name]) if given is None else np.asarray(given, NUMBERS[name])
         columns["part"] = np.zeros(count, dtype=np.int64)
         invalid_keys, invalid_rows = rows.get("invalid_keys"), rows.get("invalid_rows")
         invalid = {}
@@ -210,7 +282,7 @@ class TurnRows:
                 mapping = self.tables[name].encode(other.tables[name].keys())
                 codes = np.where(codes >= 0, mapping[np.maximum(codes, 0)], -1)
             columns[name] = codes
-        for name in ("turn", "reward", "outcome", "row"):
+        for name in READ_NUMBERS:
             columns[name] = other.columns[name]
         columns["part"] = np.full(other.rows, self.parts, dtype=np.int64)
         invalid = {"invalid_row": other.invalid["invalid_row"]}
@@ -233,8 +305,9 @@ class TurnRows:
         return part
 
     def settle(self, specs, labels) -> list[EpisodeFault]:
-        """Check the episodes over every row and compute each of ``specs`` (the turn-row sides)
-        over the rows of the episodes kept (``labels``: each part's name in the messages, in
+        """Check the episodes over every row and compute each of ``specs`` (the turn-row sides:
+        each row's advantage; masked GAE over episodes: each row's terminal reward,
+        :func:`episode_terminals`) over the rows of the episodes kept (``labels``: each part's name in the messages, in
         input order). Returns the faults found (one per episode at fault, the earliest in
         input order first): a caller that stops on invalid data raises the first; otherwise
         every row of an episode at fault is rejected (:attr:`rejected`, :attr:`reasons`) and
@@ -256,7 +329,7 @@ class TurnRows:
         rows = {name: values[kept] for name, values in self.columns.items()}
         for spec in specs:
             values = np.full(self.rows, np.nan)
-            values[kept] = turn_row_advantages(spec, rows)
+            values[kept] = episode_terminals(spec, rows) if spec.estimator == "gae" else turn_row_advantages(spec, rows)
             self.results[spec] = values
         return [fault for _, fault in faults]
 
@@ -327,24 +400,37 @@ class TurnRows:
         return places
 
     def row_advantages(self, spec, file_rows: np.ndarray) -> np.ndarray:
-        """The settled advantage of ``spec`` at each of ``file_rows`` (float64)."""
+        """The settled value of ``spec`` at each of ``file_rows`` (float64): a turn-row
+        estimator's advantage, masked GAE's terminal reward over episodes."""
         return self.results[spec][self.places(file_rows)]
 
 
 
-def batch_turn_row_advantages(spec, outcomes: np.ndarray, ids: Mapping, turns: np.ndarray, rewards: np.ndarray):
-    """The advantage of each turn row of one batch that is the whole input (the Python API),
-    float64 ``[B]``: ``ids`` the rows' ``episode``, ``group``, ``state`` and ``step`` ids (Arrow
-    arrays, None where not read), ``turns`` their turn indices, ``rewards`` their turns'
-    rewards, ``outcomes`` their terminal rewards. A fault of an episode (a turn twice,
-    outcomes or groups that disagree) raises :class:`gaecli.errors.GAEInputError` naming the
-    sample."""
+def batch_turn_row_advantages(
+    spec, outcomes: np.ndarray, ids: Mapping, turns: np.ndarray, rewards: np.ndarray, carries: Optional[dict] = None
+):
+    """The settled value of each turn row of one batch that is the whole input (the Python
+    API), float64 ``[B]``: a turn-row estimator's advantage, or masked GAE's terminal reward
+    over episodes (``carries``: the rows' :func:`carry_figures`). ``ids``: the rows'
+    ``episode``, ``group``, ``state`` and ``step`` ids (Arrow arrays, None where not read),
+    ``turns`` their turn indices, ``rewards`` their turns' rewards, ``outcomes`` their terminal
+    rewards. A fault of an episode (a turn twice, outcomes or groups that disagree) raises
+    :class:`gaecli.errors.GAEInputError` naming the sample."""
     from gaecli.errors import GAEInputError
 
     rows = TurnRows()
     figures = {"turn": turns, "reward": rewards, "outcome": outcomes, "row": np.arange(len(turns), dtype=np.int64)}
+    figures.update(carries or {})
     rows.add(ids["episode"], {**figures, **{name: ids.get(name) for name in CODED[1:]}})
     faults = rows.settle((spec,), ("the input",))
     if faults:
         raise GAEInputError(f"sample {faults[0].row}: {faults[0].message}")
     return rows.results[spec]
+
+
+def row_spec(spec):
+    """The spec each row of masked GAE over episodes is computed by, its terminal reward
+    given (:func:`episode_terminals`): ``spec`` without the episodes."""
+    from dataclasses import replace
+
+    return replace(spec, episode_by=None, turn_by=None, turn_rewards=None)

@@ -104,12 +104,15 @@ here; the statistics pass (:mod:`gaecli.pipeline.passes`) gathers them."""
 
 def estimator_needs(spec) -> tuple[Need, ...]:
     """The needs of ``spec``'s estimator (:data:`ESTIMATOR_STATISTICS`), with the batch's
-    scores (per step) where its whitening rule normalises the scores by a batch statistic."""
+    scores (per step) where its whitening rule normalises the scores by a batch statistic, and
+    the turn rows over episodes (``episode_by``)."""
     from gaecli.advantages.spec import reads_steps
 
     needs = ESTIMATOR_STATISTICS.get(spec.estimator, ())
     if spec.estimator in SCORE_NORMALISED and reads_steps(spec.estimator, spec.whitening_rule):
         needs = (*needs, STEP_SCORES)
+    if spec.over_episodes and EPISODE_TURNS not in needs:  # masked GAE over episodes: its carries
+        needs = (*needs, EPISODE_TURNS)
     return needs
 
 
@@ -317,7 +320,9 @@ def critic_free_batch(
 
         ids = {"episode": inputs.pop(spec.episode_by), "group": group_keys, "step": step_keys}
         ids["state"] = inputs.pop(spec.state_by) if spec.state_by is not None else None
-        turns, turn_rewards = inputs.pop(spec.turn_by), inputs.pop(spec.turn_rewards)
+        from gaecli.advantages.row_inputs import TURN_REWARDS
+
+        turns, turn_rewards = inputs.pop(spec.turn_by), inputs.pop(TURN_REWARDS)
         row_inputs = {ROW_ADVANTAGE: batch_turn_row_advantages(spec, terminal_rewards, ids, turns, turn_rewards)}
     elif spec.estimator in GROUPED_ESTIMATORS:
         scores, _ = row_scores(rewards, trainable, offsets, terminal_rewards)

@@ -243,7 +243,8 @@ def _turn_rewards_input(
 def turn_row_inputs(spec, row_inputs, rows: int) -> dict:
     """A turn-row estimator's own per-row inputs (docs/episodes.md) taken from ``row_inputs``
     by name: the episode and (gigpo's) state ids as Arrow arrays, the turn indices int64 and
-    the turns' rewards float64, ``[B]`` each. Raises :class:`GAEInputError` naming the input
+    the turns' rewards float64 (under :data:`TURN_REWARDS`; zeros where the spec names none),
+    ``[B]`` each. Raises :class:`GAEInputError` naming the input
     and the sample: a length other than B, a null id, a turn index that is not an integer, a
     turn reward that is not a finite number."""
     from gaecli.advantages.estimators import keys_array
@@ -252,7 +253,9 @@ def turn_row_inputs(spec, row_inputs, rows: int) -> dict:
     if spec.state_by is not None:
         converted[spec.state_by] = keys_array(row_inputs[spec.state_by], rows, f"{spec.state_by} (the state id)")
     turns = _numbers(spec.turn_by, row_inputs[spec.turn_by])
-    rewards = _numbers(spec.turn_rewards, row_inputs[spec.turn_rewards])
+    rewards = np.zeros(rows)
+    if spec.turn_rewards is not None:
+        rewards = _numbers(spec.turn_rewards, row_inputs[spec.turn_rewards])
     for name, array in ((spec.turn_by, turns), (spec.turn_rewards, rewards)):
         if array.size != rows:
             raise GAEInputError(f"{name} must hold one value per sample ({rows}), got {array.size}")
@@ -264,5 +267,9 @@ def turn_row_inputs(spec, row_inputs, rows: int) -> dict:
         sample = int(fractional[0])
         raise GAEInputError(f"sample {sample}: {spec.turn_by} is {turns[sample]} (a turn index is an integer)")
     converted[spec.turn_by] = turns.astype(np.int64)
-    converted[spec.turn_rewards] = rewards
+    converted[TURN_REWARDS] = rewards
     return converted
+
+
+TURN_REWARDS = "turn rewards"
+"""The key of the turn rows' rewards among :func:`turn_row_inputs` (zeros where the spec names none)."""

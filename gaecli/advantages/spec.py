@@ -13,6 +13,7 @@ from typing import Optional
 from gaecli.advantages.contract import (
     BASELINES,
     CRITIC_FREE,
+    EPISODE_ESTIMATORS,
     ESTIMATOR_INPUTS,
     ESTIMATOR_PARAMETERS,
     ESTIMATORS,
@@ -189,6 +190,23 @@ class AdvantageSpec:
         self._check_variants()
         if self.estimator in TURN_ROW_ESTIMATORS and self.turn_rewards is None:
             refuse(f"estimator {self.estimator!r} needs turn_rewards (the per-row input of each turn's own reward)")
+        if self.over_episodes:
+            self._check_episodes()
+
+    @property
+    def over_episodes(self) -> bool:
+        """Whether rows are the turns of episodes (``episode_by`` set): a turn-row estimator, or
+        masked GAE over each episode's trainable subsequence (docs/episodes.md)."""
+        return self.episode_by is not None
+
+    def _check_episodes(self) -> None:
+        """Masked GAE over episodes: the masked contract, no GAE variant but a turn row's reward."""
+        if self.estimator not in EPISODE_ESTIMATORS:
+            return
+        if self.semantics != MASKED:
+            refuse(f"episodes over rows (episode_by) are computed under the masked contract, not {self.semantics!r}")
+        if self.variants:
+            refuse(f"the GAE variants ({', '.join(self.variants)}) do not run over episodes (episode_by) yet")
 
     def _check_variants(self) -> None:
         """The GAE variants apply to the masked contract of GAE only (docs/variants.md), but
@@ -209,7 +227,7 @@ class AdvantageSpec:
     def variants(self) -> tuple[str, ...]:
         """The names of the GAE variant fields set away from their defaults (empty: plain GAE)."""
         names = [name for name in VARIANT_FIELDS if getattr(self, name) is not None]
-        if self.estimator in TURN_ROW_ESTIMATORS:  # a turn row's reward is an input of its estimator
+        if self.episode_by is not None:  # a turn row's reward is a number per row, not a variant
             names = [name for name in names if name != "turn_rewards"]
         return (("timestep",) if self.timestep != "token" else ()) + tuple(names)
 
@@ -263,7 +281,7 @@ class AdvantageSpec:
         for role, kind in VARIANT_INPUTS.items():
             name = getattr(self, role)
             if name is not None:
-                turn_row = role == "turn_rewards" and self.estimator in TURN_ROW_ESTIMATORS
+                turn_row = role == "turn_rewards" and self.episode_by is not None
                 inputs.append(RowInput(name, role, "scalar" if turn_row else kind))
         return tuple(inputs)
 
@@ -371,7 +389,8 @@ def _check_estimator_inputs(estimators: tuple[str, ...], values: dict, words: Sp
     non-empty names and their weights as many finite numbers."""
     for field in (name for inputs in ESTIMATOR_INPUTS.values() for name in inputs):
         used = [estimator for estimator in estimators if field in ESTIMATOR_INPUTS.get(estimator, ())]
-        if used and field in REQUIRED_INPUTS and values[field] is None:
+        optional = field in ("episode_by", "turn_by") and all(estimator in EPISODE_ESTIMATORS for estimator in used)
+        if used and field in REQUIRED_INPUTS and values[field] is None and not optional:
             refuse(words.needs(field, used[0]))
         if not used and values[field] is not None:
             refuse(words.unused(field, estimators))
@@ -406,6 +425,9 @@ def _check_turn_row_inputs(values: dict, words: SpecWords) -> None:
         name = values.get(field)
         if name is not None and (not isinstance(name, str) or not name):
             refuse(f"{words.name(field)} names a per-row input: a non-empty string, got {name!r}")
+    if (values.get("episode_by") is None) != (values.get("turn_by") is None):
+        given, missing = ("episode_by", "turn_by") if values.get("turn_by") is None else ("turn_by", "episode_by")
+        refuse(f"{words.name(given)} needs {words.name(missing)} too (the episode id and the turn index of each row)")
 
 
 def _check_token_inputs(values: dict, words: SpecWords) -> None:

@@ -53,9 +53,10 @@ from gaecli.pipeline.packing import (
 )
 from gaecli.pipeline.token_inputs import batch_paths, check_token_columns, token_input_findings
 from gaecli.pipeline.turn_rows import (
+    batch_turn_operand,
     check_turn_columns,
+    episode_side,
     rejected_episode_findings,
-    turn_operand,
     turn_row_advantages_of,
 )
 from gaecli.stop import check_stop
@@ -214,6 +215,8 @@ def _side(
     ``paths`` and the (group, position) ``statistics``, a turn-row estimator's from the
     settled turn rows (``file_rows``: the rows' places in the file), any other by the
     dispatch alone."""
+    if spec.over_episodes and spec.estimator == "gae":
+        return episode_side(packed, spec, computation, statistics, file_rows)
     if spec.estimator in TURN_ROW_ESTIMATORS:
         advantages = turn_row_advantages_of(statistics, spec, file_rows)
         return compute_packed(packed, spec, computation.kernel, computation.device, {ROW_ADVANTAGE: advantages})
@@ -270,7 +273,8 @@ def _file_batches(
     new_spec = computation.new_spec
     row_inputs = tuple(new_spec.row_inputs) if new_spec.variants else ()
     screen = None
-    if compute_sides and not computation.critic_free and not row_inputs and dtype.name in SCREENED_VALUE_DTYPES:
+    plain = not computation.critic_free and not row_inputs and computation.turn_rows is None
+    if compute_sides and plain and dtype.name in SCREENED_VALUE_DTYPES:
         mask_dtype = np.dtype(rollout.schema.field(columns.loss_mask).type.value_type.to_pandas_dtype())
         if mask_dtype.name in SCREENED_MASK_DTYPES:
             screen = screened_kernel(new_spec, computation.kernel, computation.device)
@@ -454,10 +458,7 @@ def _computed_batch(
         empty = np.zeros(0, dtype=run.dtype)
         turns = None
         if computation.turn_rows is not None:
-            outcomes = rows.packed.terminal_rewards
-            turns = turn_operand(
-                batch, rows.check.invalid, rows.valid, outcomes, computation.turn_rows, computation.step_by, first_row
-            )
+            turns = batch_turn_operand(batch, rows.check.invalid, rows.valid, rows.packed, computation, first_row)
         return ComputedBatch(
             batch, rows.valid, rows.check, first_row, first_token, rows.packed, empty, empty, empty, None,
             scores=rows.scores, paths=rows.paths, turns=turns,

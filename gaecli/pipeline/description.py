@@ -164,7 +164,7 @@ class Computation:
             spec.timestep,
             spec.lambd_critic,
             spec.lambd_alpha,
-            None if spec.estimator in TURN_ROW_ESTIMATORS else spec.turn_rewards,  # a turn row's: a number
+            None if spec.over_episodes else spec.turn_rewards,  # a turn row's: a number
             spec.truncated,
             spec.bootstrap_values,
             lambd_schedule=spec.lambd_schedule,
@@ -200,8 +200,14 @@ class Computation:
 
     @property
     def needs_scores(self) -> bool:
-        """Whether a side needs the score statistics of every file first (a grouped estimator)."""
-        return any(spec.estimator in GROUPED_ESTIMATORS for spec in self.specs)
+        """Whether a side needs the score statistics of every file first (a grouped estimator,
+        or turn rows)."""
+        return any(spec.estimator in GROUPED_ESTIMATORS or spec.over_episodes for spec in self.specs)
+
+    @property
+    def episode_gae(self) -> Optional[AdvantageSpec]:
+        """The spec of masked GAE over episodes, where a side computes it (None: none does)."""
+        return next((spec for spec in self.specs if spec.over_episodes and spec.estimator == "gae"), None)
 
     @property
     def n_sides(self) -> int:
@@ -257,15 +263,18 @@ class Computation:
             if spec.baseline_rewards is not None:
                 named.append(("--baseline-reward-col", spec.baseline_rewards))
             named += [("--reward-cols", name) for name in spec.reward_components or ()]
-        if self.turn_rows is not None:
+        if self.turn_rows is not None and self.turn_rows.turn_rewards is not None:
             named.append(("--turn-rewards-col", self.turn_rows.turn_rewards))
         return tuple(dict.fromkeys(named))
 
     @cached_property
     def turn_rows(self) -> Optional["TurnColumns"]:
-        """The columns of the turn rows a side reads (a turn-row estimator's: one set of options
-        serves every side; None: no side reads turn rows)."""
-        spec = next((spec for spec in self.specs if spec.estimator in TURN_ROW_ESTIMATORS), None)
+        """The columns of the turn rows a side reads (a turn-row estimator's, or those of masked
+        GAE over episodes: one set of options serves every side; None: no side reads turn rows)."""
+        turn_rows = [spec for spec in self.specs if spec.over_episodes]
+        spec = next((spec for spec in turn_rows if spec.estimator in TURN_ROW_ESTIMATORS), None) or next(
+            iter(turn_rows), None
+        )
         if spec is None:
             return None
         return TurnColumns(spec.episode_by, spec.turn_by, spec.turn_rewards, spec.group_by, spec.state_by)

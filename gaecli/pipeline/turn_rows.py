@@ -11,7 +11,6 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.contract import TURN_ROW_ESTIMATORS
 from gaecli.advantages.episodes import TurnRows
 from gaecli.advantages.statistics import TURN_ROWS
 from gaecli.checks import Finding
@@ -30,12 +29,15 @@ def check_turn_columns(schema: pa.Schema, file: str, computation: Computation) -
         raise GAEUsageError(f"{file}: --turn-col column {turns.turn!r} is {arrow_type}, expected an integer per row")
 
 
-def turn_operand(batch: pa.RecordBatch, invalid: np.ndarray, valid: pa.RecordBatch, outcomes, turns, step, first_row):
+def turn_operand(
+    batch: pa.RecordBatch, invalid: np.ndarray, valid: pa.RecordBatch, outcomes, turns, step, first_row, carries=None
+):
     """What one batch adds to the turn-rows statistic (:class:`gaecli.advantages.episodes.TurnRows`):
     its valid rows' turn index, turn reward, outcome (``outcomes``: their terminal rewards),
     file row, group, state and step ids (``turns``: the :class:`TurnColumns`; ``step``: the
-    step id column or None), and the episode ids and rows of its rejected rows (``invalid``:
-    bool per row of ``batch``)."""
+    step id column or None), the carry figures of masked GAE over episodes (``carries``:
+    :func:`gaecli.advantages.episodes.carry_figures`, None where not computed), and the episode
+    ids and rows of its rejected rows (``invalid``: bool per row of ``batch``)."""
     rows = first_row + np.arange(batch.num_rows, dtype=np.int64)
     reward = np.zeros(valid.num_rows)
     if turns.turn_rewards is not None:
@@ -49,6 +51,7 @@ def turn_operand(batch: pa.RecordBatch, invalid: np.ndarray, valid: pa.RecordBat
         "state": valid.column(turns.state) if turns.state is not None else None,
         "step": valid.column(step) if step is not None else None,
     }
+    operand.update(carries or {})
     if invalid.any():
         operand["invalid_keys"] = batch.column(turns.episode).filter(pa.array(invalid))
         operand["invalid_rows"] = rows[invalid]
@@ -71,7 +74,7 @@ def settle_turn_rows(merged, parts: list, computation: Computation, labels: list
     turns = turn_rows_of(merged)
     if turns is None:
         return
-    specs = tuple(spec for spec in computation.specs if spec.estimator in TURN_ROW_ESTIMATORS)
+    specs = tuple(spec for spec in computation.specs if spec.over_episodes)
     faults = turns.settle(specs, labels)
     if faults and computation.on_invalid == "stop":
         fault = faults[0]
@@ -101,7 +104,8 @@ def rejected_episode_findings(statistics, batch_invalid: np.ndarray, file: str, 
 
 
 def turn_row_advantages_of(statistics, spec, file_rows: np.ndarray) -> np.ndarray:
-    """The settled advantage of the turn-row side ``spec`` at each of ``file_rows``."""
+    """The settled value of the side ``spec`` over turn rows at each of ``file_rows`` (a
+    turn-row estimator's advantage; masked GAE's terminal reward over episodes)."""
     turns = turn_rows_of(statistics)
     if turns is None or spec not in turns.results:
         raise ValueError(f"estimator {spec.estimator!r}: the turn rows of the input are needed")
@@ -180,3 +184,44 @@ def episode_findings(parts: list, labels: list[str], turns, terminal: str) -> li
         finding = Finding(labels[read[fault.part]], fault.row, column[fault.role], fault.code, fault.message)
         found[read[fault.part]].append(finding)
     return found
+
+
+def episode_carry_figures(packed, valid: pa.RecordBatch, computation: Computation) -> dict:
+    """The carry figures of masked GAE over episodes of a packed batch's rows
+    (:func:`gaecli.advantages.episodes.carry_figures`): each row's own masked GAE with its turn
+    reward as its terminal reward."""
+    from dataclasses import replace
+
+    from gaecli.advantages.episodes import carry_figures, row_spec
+    from gaecli.pipeline.packing import compute_packed
+
+    spec, turns = computation.episode_gae, computation.turn_rows
+    terminal = np.zeros(valid.num_rows, dtype=packed.terminal_rewards.dtype)
+    if turns.turn_rewards is not None:
+        terminal = np.asarray(valid.column(turns.turn_rewards).cast(pa.float64())).astype(terminal.dtype)
+    own = replace(packed, terminal_rewards=terminal, uploaded={})
+    advantages, _ = compute_packed(own, row_spec(spec), computation.kernel, computation.device)
+    return carry_figures(advantages, packed.values, packed.trainable, packed.offsets)
+
+
+def episode_side(packed, spec, computation: Computation, statistics, file_rows: np.ndarray):
+    """Masked GAE over episodes of a packed batch's rows: each row's own masked GAE with the
+    settled terminal reward (its turn reward and the carry from its episode's later rows)."""
+    from dataclasses import replace
+
+    from gaecli.advantages.episodes import row_spec
+    from gaecli.pipeline.packing import compute_packed
+
+    terminal = turn_row_advantages_of(statistics, spec, file_rows).astype(packed.terminal_rewards.dtype)
+    carried = replace(packed, terminal_rewards=terminal, uploaded={})
+    return compute_packed(carried, row_spec(spec), computation.kernel, computation.device)
+
+
+def batch_turn_operand(batch: pa.RecordBatch, invalid: np.ndarray, valid: pa.RecordBatch, packed, computation,
+                       first_row: int) -> dict:  # fmt: skip
+    """:func:`turn_operand` of a checked and packed batch of the statistics pass, with the
+    carry figures where a side is masked GAE over episodes."""
+    carries = None if computation.episode_gae is None else episode_carry_figures(packed, valid, computation)
+    outcomes = packed.terminal_rewards
+    turns, step = computation.turn_rows, computation.step_by
+    return turn_operand(batch, invalid, valid, outcomes, turns, step, first_row, carries)

@@ -51,7 +51,8 @@ def comparisons(document: dict) -> list[dict]:
 
 
 def old_label(document: dict) -> str:
-    """What the old advantages are, in words."""
+    """What the old advantages are, in words (a baseline beside masked GAE over episodes: each
+    row computed as its own episode, as the trainers that treat a row as an episode do)."""
     old = document["old"]
     if old["source"] == "stored":
         returns = f", returns {old['returns_column']!r}" if old["returns_column"] else ""
@@ -59,9 +60,10 @@ def old_label(document: dict) -> str:
     if old["source"] == "estimator":
         return f"the {old['estimator']} estimator"
     names = [comparison["name"] for comparison in comparisons(document)]
+    rows = ", each row its own episode" if (document.get("new_spec") or {}).get("episode_by") else ""
     if len(names) > 1:
-        return f"the baselines {', '.join(names)}"
-    return f"the {old['baseline']} baseline"
+        return f"the baselines {', '.join(names)}{rows}"
+    return f"the {old['baseline']} baseline{rows}"
 
 
 def new_label(document: dict) -> str:
@@ -69,7 +71,7 @@ def new_label(document: dict) -> str:
     or the estimator and its semantics."""
     spec = document.get("new_spec") or {"estimator": document.get("estimator", "gae"), "semantics": "masked"}
     if spec["estimator"] == "gae" and spec["semantics"] == "masked":
-        return "masked GAE"
+        return "masked GAE over episodes" if spec.get("episode_by") else "masked GAE"
     if spec["semantics"] == "masked":
         return spec["estimator"]
     return f"{spec['estimator']} ({spec['semantics']})"
