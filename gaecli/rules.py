@@ -138,7 +138,8 @@ RULES: dict[str, Rule] = {
         Rule(
             "episode-mismatch",
             ERROR,
-            "the turn rows of one episode disagree on its outcome (--terminal-col) or its group (--group-col)",
+            "the turn rows of one episode disagree on its outcome (--terminal-col), group (--group-col) or step "
+            "(--step-col)",
             "write the episode's outcome and group on every one of its rows; rows of different episodes need "
             "different episode ids",
         ),

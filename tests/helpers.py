@@ -792,3 +792,30 @@ def episode_gae_oracle(values, rewards, masks, outcomes, episodes, turns, turn_r
             advantages[row][t] = advantage
             returns[row][t] = advantage + value
     return advantages, returns
+
+
+def episode_outcome_oracle(estimator, rewards, masks, outcomes, episodes, turns, groups=None, steps=None,
+                           gamma=None):  # fmt: skip
+    """The critic-free estimators over episodes (docs/episodes.md): each episode's rows, in turn
+    order, joined into one sample (its outcome as the terminal reward, its group and step its
+    first row's), :func:`critic_free_oracle` over those samples, each sample's per-token
+    results split back to its rows. Lists per row."""
+    rows = len(rewards)
+    order = {episode: sorted(range(rows), key=lambda row: turns[row]) for episode in dict.fromkeys(episodes)}
+    members = {episode: [row for row in ranked if episodes[row] == episode] for episode, ranked in order.items()}
+    joined = list(members.values())
+    sample_rewards = [[float(r) for row in rows_ for r in rewards[row]] for rows_ in joined]
+    sample_masks = [[m for row in rows_ for m in masks[row]] for rows_ in joined]
+    sample_outcomes = [float(outcomes[rows_[0]]) for rows_ in joined]
+    sample_groups = None if groups is None else [groups[rows_[0]] for rows_ in joined]
+    sample_steps = None if steps is None else [steps[rows_[0]] for rows_ in joined]
+    advantages, returns = critic_free_oracle(estimator, sample_rewards, sample_masks, sample_outcomes, sample_groups,
+                                             sample_steps, gamma)  # fmt: skip
+    out_a, out_r = [None] * rows, [None] * rows
+    for rows_, sample_a, sample_r in zip(joined, advantages, returns):
+        start = 0
+        for row in rows_:
+            end = start + len(masks[row])
+            out_a[row], out_r[row] = list(sample_a[start:end]), list(sample_r[start:end])
+            start = end
+    return out_a, out_r

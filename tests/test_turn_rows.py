@@ -19,7 +19,7 @@ import gaecli
 from gaecli import AdvantageSpec, WhiteningRule
 from gaecli.errors import GAEInputError, InvalidOptionError
 
-from helpers import episode_gae_oracle, turn_rows_oracle
+from helpers import episode_gae_oracle, episode_outcome_oracle, turn_rows_oracle
 from rollout_files import files_under, gae
 
 HAND = {  # two episodes of group 'a', two turns each; row 3 is fully masked
@@ -524,3 +524,86 @@ def test_the_commands_give_todays_bits_for_episodes_of_one_row(tmp_path):
     assert episodes.column("advantages").equals(rows.column("advantages"))
     assert episodes.column("returns").equals(rows.column("returns"))
     assert json.loads(episodes.schema.metadata[b"gaecli.spec"])["episode_by"] == "episode"
+
+
+# ----------------------------------------------------------------------------- outcome estimators over episodes
+
+OUTCOME_ESTIMATORS = ["grpo", "dr-grpo", "rloo", "opo", "gpg", "reinforce++", "reinforce++-baseline"]
+
+
+def outcome_options(estimator):
+    groups = () if estimator == "reinforce++" else ("--group-col", "group")
+    gamma = ("--gamma", "0.9") if estimator == "reinforce++" else ()
+    return ("--estimator", estimator, *groups, *gamma, "--episode-col", "episode", "--turn-col", "turn")
+
+
+def outcome_spec(estimator):
+    groups = {} if estimator == "reinforce++" else {"group_by": "group"}
+    gamma = 0.9 if estimator == "reinforce++" else None
+    return AdvantageSpec(gamma, estimator=estimator, episode_by="episode", turn_by="turn", **groups)
+
+
+def outcome_loop(estimator, batch, rewards=None):
+    groups = None if estimator == "reinforce++" else batch["groups"]
+    gamma = 0.9 if estimator == "reinforce++" else None
+    return episode_outcome_oracle(estimator, rewards or batch["rewards"], batch["masks"], batch["terminals"],
+                                  batch["episodes"], batch["turns"], groups, None, gamma)  # fmt: skip
+
+
+def test_an_outcome_estimator_over_episodes_hand_worked():
+    # episode x: outcome 1 + trainable rewards 0.2 (row 0) + 0.1 (row 1) = 1.3; y: 0 + 0.5 = 0.5 (row 3 masked).
+    # One group of two episodes (each counted once): μ = 0.9, σ = √0.32; grpo ±0.4/(σ + 1e-6) on every row.
+    batch = {**{key: list(values) for key, values in HAND.items()},
+             "rewards": [[0.0, 0.2, 0.0], [0.0, 0.0, 0.1], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]}  # fmt: skip
+    advantages, _ = api(batch, outcome_spec("grpo"))
+    value = 0.4 / (np.sqrt(0.32) + 1e-6)
+    want = [[value, value, 0.0], [0.0, value, value], [-value, 0.0, -value], [0.0] * 3]
+    for got, expected in zip(advantages, want):
+        assert got.tolist() == pytest.approx(expected, abs=1e-12)
+    # opo's baseline weighs each episode by the trainable tokens of all its rows: (4·1.3 + 2·0.5)/6
+    opo, _ = api(batch, outcome_spec("opo"))
+    assert opo[0][0].item() == pytest.approx(1.3 - 6.2 / 6, abs=1e-12)
+    assert opo[2][0].item() == pytest.approx(0.5 - 6.2 / 6, abs=1e-12)
+
+
+@pytest.mark.parametrize("estimator", OUTCOME_ESTIMATORS)
+def test_outcome_estimators_over_episodes_against_the_loop(estimator):
+    batch = random_turn_rows(9)
+    advantages, returns = api(batch, outcome_spec(estimator))
+    want_a, want_r = outcome_loop(estimator, batch)
+    for got, back, expected, expected_back in zip(advantages, returns, want_a, want_r):
+        assert got.tolist() == pytest.approx(expected, rel=1e-9, abs=1e-9)
+        assert back.tolist() == pytest.approx(expected_back, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "reinforce++", "reinforce++-baseline"])
+def test_outcome_estimators_over_episodes_are_bitwise_the_same_everywhere(tmp_path, estimator, local_ray):
+    batch = random_turn_rows(10)
+    inputs = write_turn_files(tmp_path / "in", batch, [11, 40])
+    table = pa.concat_tables(bitwise_the_same_everywhere(tmp_path, inputs, outcome_options(estimator), local_ray))
+    rewards = pa.array(batch["rewards"], pa.list_(pa.float32())).to_pylist()
+    want_a, want_r = outcome_loop(estimator, batch, rewards)
+    for got, expected in zip(table.column("advantages").to_pylist(), want_a):
+        assert got == pytest.approx(expected, rel=2e-5, abs=2e-5)
+    for got, expected in zip(table.column("returns").to_pylist(), want_r):
+        assert got == pytest.approx(expected, rel=2e-5, abs=2e-5)
+
+
+def test_outcome_estimators_give_todays_bits_for_episodes_of_one_row(tmp_path):
+    batch = random_turn_rows(11)
+    batch["episodes"] = [f"own{row}" for row in range(len(batch["turns"]))]
+    inputs = write_turn_files(tmp_path / "in", batch, [])
+    for estimator in ("grpo", "rloo"):
+        assert recompute_cli(inputs, tmp_path / f"{estimator}-e.parquet", *outcome_options(estimator)).exit_code == 0
+        plain = ("--estimator", estimator, "--group-col", "group")
+        assert recompute_cli(inputs, tmp_path / f"{estimator}-r.parquet", *plain).exit_code == 0
+        episodes, rows = (pq.read_table(tmp_path / f"{estimator}-{kind}.parquet") for kind in "er")
+        assert episodes.column("advantages").equals(rows.column("advantages"))
+
+
+def test_turn_rewards_are_refused_by_the_outcome_estimators(tmp_path):
+    inputs = write_turn_files(tmp_path / "in", random_turn_rows(1, episodes=3), [])
+    result = recompute_cli(inputs, tmp_path / "out", *outcome_options("grpo"), "--turn-rewards-col", "turn_reward")
+    assert result.exit_code == 2 and "outcome and token rewards" in result.stderr, result.output
+    both = gae("diff", *inputs, *outcome_options("reinforce++"), "--old-estimator", "reinforce++")
+    assert both.exit_code == 2 and "one side may run its recursion" in both.stderr, both.output

@@ -176,7 +176,6 @@ def _zeros_like_rewards(sample) -> torch.Tensor:
 
 
 def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate):
-    from gaecli.advantages.contract import TURN_ROW_ESTIMATORS
     from gaecli.advantages.estimators import critic_free_batch, keys_array
     from gaecli.advantages.row_inputs import estimator_input_numbers, estimator_token_numbers, turn_row_inputs
 
@@ -199,7 +198,7 @@ def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewa
         for name, what in ((spec.group_by, "group id"), (spec.step_by, "step id"))
     }
     inputs = estimator_input_numbers(spec, row_inputs, rows)
-    if spec.estimator in TURN_ROW_ESTIMATORS:
+    if spec.over_episodes:
         inputs.update(turn_row_inputs(spec, row_inputs, rows))
     elif spec.turn_rewards is not None:  # a turn estimator's turn rewards, checked against the turns
         inputs[spec.turn_rewards] = check_variant_inputs(spec, row_inputs, mask, offsets)[spec.turn_rewards]

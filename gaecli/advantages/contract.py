@@ -71,6 +71,9 @@ ESTIMATOR_INPUTS: dict[str, tuple[str, ...]] = {
     "gdpo": ("reward_components", "reward_weights"),
     "optimal-token-baseline": ("log_probs", "sum_pi_squared"),
     "gae": ("episode_by", "turn_by"),
+    **{estimator: ("episode_by", "turn_by") for estimator in ("grpo", "dr-grpo", "rloo", "opo", "gpg")},
+    "reinforce++": ("episode_by", "turn_by"),
+    "reinforce++-baseline": ("episode_by", "turn_by"),
     "gigpo": ("episode_by", "turn_by", "state_by", "episode_weight", "step_weight"),
     "step-reinforce": ("episode_by", "turn_by"),
 }
@@ -101,7 +104,25 @@ TURN_ESTIMATORS: tuple[str, ...] = ("agentic-reinforce",)
 trainable tokens): they read the per-turn rewards of ``--turn-rewards-col`` (the spec's
 ``turn_rewards``), the one GAE variant input a critic-free estimator takes."""
 
-EPISODE_ESTIMATORS: tuple[str, ...] = ("gae",)
+EPISODE_OUTCOME_ESTIMATORS: tuple[str, ...] = (
+    "grpo",
+    "dr-grpo",
+    "rloo",
+    "opo",
+    "gpg",
+    "reinforce++",
+    "reinforce++-baseline",
+)
+"""The critic-free estimators that also score episodes that span rows (docs/episodes.md): an
+episode's score over its trainable subsequence, each episode once in its group, its advantage
+on every one of its rows."""
+
+EPISODE_ESTIMATORS: tuple[str, ...] = ("gae", *EPISODE_OUTCOME_ESTIMATORS)
+
+CARRIED: tuple[str, ...] = ("gae", "reinforce++")
+"""The estimators whose recursion runs over an episode's trainable subsequence
+(docs/episodes.md): each row's value settled over the episodes is the terminal reward its own
+recursion then runs with (reinforce++ is masked GAE with V = 0 and λ = 1)."""
 """The estimators that also run over episodes that span rows, the episode's trainable tokens in
 turn order and token order one trainable subsequence (``episode_by`` and ``turn_by`` set;
 docs/episodes.md), and otherwise over each row."""

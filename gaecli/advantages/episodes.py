@@ -28,13 +28,15 @@ NUMBERS = {
     "tokens": np.int64,
     "first_value": np.float64,
     "first_advantage": np.float64,
+    "score_part": np.float64,
 }
 """The numbers of a turn row: its turn index, its turn's reward, the episode's outcome as the
 row gives it, its row in its file and the part (file, in input order) it came from; for masked
 GAE over episodes its carry figures (:func:`carry_figures`: trainable tokens, the value and the
-advantage at its first trainable token; 0 where not computed)."""
+advantage at its first trainable token; 0 where not computed), and for the outcome estimators
+its part of its episode's score (its trainable tokens' rewards, added in token order)."""
 
-READ_NUMBERS = ("turn", "reward", "outcome", "row", "tokens", "first_value", "first_advantage")
+READ_NUMBERS = ("turn", "reward", "outcome", "row", "tokens", "first_value", "first_advantage", "score_part")
 """The numbers a batch gives (the part is numbered on merge)."""
 
 INVALID = {"invalid_episode": np.int64, "invalid_row": np.int64, "invalid_part": np.int64}
@@ -133,20 +135,21 @@ def turn_row_advantages(spec, rows: Mapping[str, np.ndarray]) -> np.ndarray:
     return episode_weight * episode_part + step_weight * step_part
 
 
-def carry_figures(advantages: np.ndarray, values: np.ndarray, trainable: np.ndarray, offsets: np.ndarray) -> dict:
+def carry_figures(advantages: np.ndarray, values, trainable: np.ndarray, offsets: np.ndarray) -> dict:
     """What masked GAE over episodes needs of each row (flat ``[N]`` advantages of the row on
     its own, its turn reward as its only terminal reward; values; bool trainable; offsets
-    ``[B + 1]``): its trainable ``tokens`` K and the value and advantage at its first trainable
-    token (0 for K = 0), ``[B]`` each. The row's GAE is affine in the carry ``X`` that enters
+    ``[B + 1]``): its trainable ``tokens`` K and the value (``values`` None: 0) and advantage at
+    its first trainable token (0 for K = 0), ``[B]`` each. The row's GAE is affine in the carry ``X`` that enters
     it after its last trainable token: its first advantage is ``a₀ + (γλ)^(K−1)·X``."""
     positions = np.flatnonzero(trainable)
     starts = np.searchsorted(positions, offsets[:-1])
     tokens = (np.searchsorted(positions, offsets[1:]) - starts).astype(np.int64)
     first = positions[np.minimum(starts, max(positions.size - 1, 0))] if positions.size else starts
     has = tokens > 0
+    read = positions.size and values is not None  # a critic-free estimator's values are 0
     return {
         "tokens": tokens,
-        "first_value": np.where(has, values[first] if positions.size else 0.0, 0.0).astype(np.float64),
+        "first_value": np.where(has, values[first] if read else 0.0, 0.0).astype(np.float64),
         "first_advantage": np.where(has, advantages[first] if positions.size else 0.0, 0.0).astype(np.float64),
     }
 
@@ -184,10 +187,54 @@ def episode_terminals(spec, rows: Mapping[str, np.ndarray]) -> np.ndarray:
     carries = np.empty(order.size, dtype=np.float64)
     arrays = [np.ascontiguousarray(rows[name][order]) for name in ("episode", "tokens", "first_value",
                                                                     "first_advantage", "outcome")]  # fmt: skip
-    _carries_in_order(*arrays, float(spec.gamma), float(spec.gamma) * float(spec.lambd), carries)
+    lambd = 1.0 if spec.lambd is None else float(spec.lambd)  # reinforce++: λ = 1
+    _carries_in_order(*arrays, float(spec.gamma), float(spec.gamma) * lambd, carries)
     terminals = np.empty_like(carries)
     terminals[order] = carries
     return rows["reward"] + terminals
+
+
+def settled_values(spec, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+    """What ``spec`` settles per turn row once every row is merged (float64 ``[B]``): the
+    terminal reward each row is then computed with (:data:`gaecli.advantages.contract.CARRIED`), a turn-row estimator's
+    advantage (:func:`turn_row_advantages`), or an outcome estimator's episode advantage
+    (:func:`episode_advantages`)."""
+    from gaecli.advantages.contract import CARRIED, TURN_ROW_ESTIMATORS
+
+    if spec.estimator in CARRIED:
+        return episode_terminals(spec, rows)
+    if spec.estimator in TURN_ROW_ESTIMATORS:
+        return turn_row_advantages(spec, rows)
+    return episode_advantages(spec, rows)
+
+
+def episode_advantages(spec, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+    """An outcome estimator over episodes (docs/episodes.md): each episode's score, its outcome
+    plus its rows' score parts in turn order, is the estimator's score of one unit of its group
+    (each episode once: the group and step statistics over episodes, with the trainable tokens
+    of all its rows); each row gets its episode's advantage (float64 ``[B]``)."""
+    from gaecli.advantages.estimators import row_needs, statistics_row_advantages
+    from gaecli.advantages.statistics import KeyedStatistics, score_figures
+
+    order = np.lexsort((rows["turn"], rows["episode"]))
+    ordered = rows["episode"][order]
+    new = np.concatenate([[True], ordered[1:] != ordered[:-1]]) if order.size else np.zeros(0, dtype=bool)
+    starts = np.flatnonzero(new)
+    episode_of = np.empty(order.size, dtype=np.int64)
+    episode_of[order] = np.cumsum(new) - 1
+    first = order[starts]
+    parts = np.add.reduceat(rows["score_part"][order], starts) if order.size else np.zeros(0)
+    scores = rows["outcome"][first] + parts
+    tokens = np.add.reduceat(rows["tokens"][order], starts) if order.size else np.zeros(0, dtype=np.int64)
+    per_row = row_spec(spec)
+    keyed = {spec.group_by: rows["group"][first], spec.step_by: rows["step"][first]}
+    keys = {name: pa.array(codes, type=pa.int64()) for name, codes in keyed.items() if name is not None}
+    needs = [need for need in row_needs(per_row) if need.of == "scores"]  # the sides' whitening comes later
+    statistics = KeyedStatistics(tuple(statistic for need in needs for statistic in need.statistics(per_row, "new")))
+    for statistic in statistics.statistics:
+        statistics[statistic].add(None if statistic.key is None else keys[statistic.key], score_figures(scores, tokens))
+    group_keys, step_keys = keys.get(spec.group_by), keys.get(spec.step_by)
+    return statistics_row_advantages(statistics, per_row, scores, group_keys, step_keys)[episode_of]
 
 
 def turn_row_figures(operand: Mapping, trainable: np.ndarray, offsets: np.ndarray) -> Mapping:
@@ -329,7 +376,7 @@ class TurnRows:
         rows = {name: values[kept] for name, values in self.columns.items()}
         for spec in specs:
             values = np.full(self.rows, np.nan)
-            values[kept] = episode_terminals(spec, rows) if spec.estimator == "gae" else turn_row_advantages(spec, rows)
+            values[kept] = settled_values(spec, rows)
             self.results[spec] = values
         return [fault for _, fault in faults]
 
@@ -354,7 +401,7 @@ class TurnRows:
         add(earlier, later, "turn", "duplicate-turn", lambda a, b: f"turn {turns[b]} is also the turn of {self._at(a)}")
         earliest = np.full(self.tables["episode"].size, self.rows, dtype=np.int64)
         np.minimum.at(earliest, episodes, np.arange(self.rows, dtype=np.int64))  # each episode's first row
-        for role in ("outcome", "group"):
+        for role in ("outcome", "group", "step"):
             values = self.columns[role]
             differ = np.flatnonzero(values != values[earliest[episodes]])
             add(earliest[episodes[differ]], differ, role, "episode-mismatch", self._disagreement(role))
@@ -375,11 +422,11 @@ class TurnRows:
                 f"its outcome {outcomes[b].item()!r} disagrees with {outcomes[a].item()!r} at {self._at(a)} "
                 "(the terminal reward is the episode's outcome, the same on every turn row)"
             )
-        groups = self.tables["group"].keys()
-        codes = self.columns["group"]
+        keys = self.tables[role].keys()
+        codes = self.columns[role]
         return lambda a, b: (
-            f"its group {groups[int(codes[b])].as_py()!r} disagrees with {groups[int(codes[a])].as_py()!r} "
-            f"at {self._at(a)} (an episode's rows are one member of one group)"
+            f"its {role} {keys[int(codes[b])].as_py()!r} disagrees with {keys[int(codes[a])].as_py()!r} "
+            f"at {self._at(a)} (an episode's rows are one member of one {role})"
         )
 
     def take_settled(self, merged: "TurnRows") -> None:

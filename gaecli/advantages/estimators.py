@@ -105,14 +105,23 @@ here; the statistics pass (:mod:`gaecli.pipeline.passes`) gathers them."""
 def estimator_needs(spec) -> tuple[Need, ...]:
     """The needs of ``spec``'s estimator (:data:`ESTIMATOR_STATISTICS`), with the batch's
     scores (per step) where its whitening rule normalises the scores by a batch statistic, and
-    the turn rows over episodes (``episode_by``)."""
+    the turn rows over episodes (``episode_by``: in place of the rows' own statistics of the
+    scores, which an outcome estimator then takes over the episodes)."""
+    needs = row_needs(spec)
+    if spec.over_episodes and EPISODE_TURNS not in needs:  # the rows' statistics are the episodes'
+        needs = (EPISODE_TURNS, *(need for need in needs if need.of == "advantages"))
+    return needs
+
+
+def row_needs(spec) -> tuple[Need, ...]:
+    """The needs of ``spec``'s estimator over its units (rows, or an outcome estimator's
+    episodes: :func:`gaecli.advantages.episodes.episode_advantages` gathers these over the
+    episodes), with the batch's scores where its rule normalises by a batch statistic."""
     from gaecli.advantages.spec import reads_steps
 
     needs = ESTIMATOR_STATISTICS.get(spec.estimator, ())
     if spec.estimator in SCORE_NORMALISED and reads_steps(spec.estimator, spec.whitening_rule):
         needs = (*needs, STEP_SCORES)
-    if spec.over_episodes and EPISODE_TURNS not in needs:  # masked GAE over episodes: its carries
-        needs = (*needs, EPISODE_TURNS)
     return needs
 
 
@@ -300,7 +309,7 @@ def critic_free_batch(
     arrays, turn indices int64 and turn rewards float64); returns flat
     ``(advantages, returns)`` in the rewards' dtype. The commands run the same steps with
     statistics gathered over every file (:mod:`gaecli.pipeline`)."""
-    from gaecli.advantages.contract import GROUPED_ESTIMATORS, TURN_ROW_ESTIMATORS
+    from gaecli.advantages.contract import GROUPED_ESTIMATORS
     from gaecli.advantages.dispatch import ROW_ADVANTAGE, compute
 
     needs = declared_statistics(spec)
@@ -315,15 +324,10 @@ def critic_free_batch(
         statistics = KeyedStatistics(needs)
         statistics.add({PATHS: paths}, trainable, offsets, keys)
         row_inputs = token_baseline_inputs(statistics, spec, paths, trainable, offsets, group_keys)
-    elif spec.estimator in TURN_ROW_ESTIMATORS:
-        from gaecli.advantages.episodes import batch_turn_row_advantages
-
-        ids = {"episode": inputs.pop(spec.episode_by), "group": group_keys, "step": step_keys}
-        ids["state"] = inputs.pop(spec.state_by) if spec.state_by is not None else None
-        from gaecli.advantages.row_inputs import TURN_REWARDS
-
-        turns, turn_rewards = inputs.pop(spec.turn_by), inputs.pop(TURN_REWARDS)
-        row_inputs = {ROW_ADVANTAGE: batch_turn_row_advantages(spec, terminal_rewards, ids, turns, turn_rewards)}
+    elif spec.over_episodes:
+        spec, row_inputs, terminal_rewards = _episodes_batch(
+            spec, rewards, trainable, offsets, terminal_rewards, group_keys, step_keys, inputs, kernel
+        )
     elif spec.estimator in GROUPED_ESTIMATORS:
         scores, _ = row_scores(rewards, trainable, offsets, terminal_rewards)
         statistics = KeyedStatistics(tuple(need for need in needs if not need.reads_sides))
@@ -341,3 +345,33 @@ def critic_free_batch(
         if spec.estimator in WHITENED_RETURNS:
             returns = advantages
     return advantages, returns
+
+
+def _episodes_batch(spec, rewards, trainable, offsets, terminal_rewards, group_keys, step_keys, inputs, kernel):
+    """A critic-free ``spec`` over the episodes of one batch that is the whole input (the
+    Python API; docs/episodes.md): the rows' figures settled over their episodes
+    (:func:`gaecli.advantages.episodes.batch_turn_row_advantages`). Returns the spec each row is
+    then computed by, its row inputs (each row's advantage) and the terminal rewards (reinforce++'s
+    carries)."""
+    from gaecli.advantages.contract import CARRIED, TURN_ROW_ESTIMATORS
+    from gaecli.advantages.dispatch import ROW_ADVANTAGE, compute
+    from gaecli.advantages.episodes import batch_turn_row_advantages, carry_figures, row_spec
+    from gaecli.advantages.row_inputs import TURN_REWARDS
+
+    ids = {"episode": inputs.pop(spec.episode_by), "group": group_keys, "step": step_keys}
+    ids["state"] = inputs.pop(spec.state_by) if spec.state_by is not None else None
+    turns, turn_rewards = inputs.pop(spec.turn_by), inputs.pop(TURN_REWARDS)
+    if spec.estimator in TURN_ROW_ESTIMATORS:
+        return spec, {ROW_ADVANTAGE: batch_turn_row_advantages(spec, terminal_rewards, ids, turns, turn_rewards)}, (
+            terminal_rewards
+        )  # fmt: skip
+    zeros = np.zeros(offsets.size - 1)
+    part, tokens = row_scores(rewards, trainable, offsets, zeros)
+    figures, per_row = {"score_part": part, "tokens": tokens}, row_spec(spec)
+    if spec.estimator in CARRIED:  # reinforce++: each row's own return, its carry to come
+        own, _ = compute(per_row, None, rewards, trainable, offsets, zeros.astype(rewards.dtype), kernel=kernel)
+        figures.update(carry_figures(own, None, trainable, offsets))
+    settled = batch_turn_row_advantages(spec, terminal_rewards, ids, turns, turn_rewards, figures)
+    if spec.estimator in CARRIED:
+        return per_row, {}, settled.astype(terminal_rewards.dtype)
+    return per_row, {ROW_ADVANTAGE: settled}, terminal_rewards

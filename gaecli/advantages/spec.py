@@ -207,6 +207,9 @@ class AdvantageSpec:
             refuse(f"episodes over rows (episode_by) are computed under the masked contract, not {self.semantics!r}")
         if self.variants:
             refuse(f"the GAE variants ({', '.join(self.variants)}) do not run over episodes (episode_by) yet")
+        if self.critic_free and self.turn_rewards is not None:
+            refuse(f"estimator {self.estimator!r} scores an episode by its outcome and token rewards: "
+                   "leave turn_rewards None (gigpo and step-reinforce read a turn's reward)")  # fmt: skip
 
     def _check_variants(self) -> None:
         """The GAE variants apply to the masked contract of GAE only (docs/variants.md), but

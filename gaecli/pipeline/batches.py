@@ -215,7 +215,7 @@ def _side(
     ``paths`` and the (group, position) ``statistics``, a turn-row estimator's from the
     settled turn rows (``file_rows``: the rows' places in the file), any other by the
     dispatch alone."""
-    if spec.over_episodes and spec.estimator == "gae":
+    if spec.over_episodes and spec.estimator not in TURN_ROW_ESTIMATORS:
         return episode_side(packed, spec, computation, statistics, file_rows)
     if spec.estimator in TURN_ROW_ESTIMATORS:
         advantages = turn_row_advantages_of(statistics, spec, file_rows)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Optional
 
-from gaecli.advantages.contract import GROUPED_ESTIMATORS, TURN_ROW_ESTIMATORS, WHITENED_ESTIMATORS
+from gaecli.advantages.contract import CARRIED, GROUPED_ESTIMATORS, TURN_ROW_ESTIMATORS, WHITENED_ESTIMATORS
 from gaecli.advantages.spec import AdvantageSpec, check_advantage_clip, check_whitening_rule, estimator_spec
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
@@ -205,9 +205,11 @@ class Computation:
         return any(spec.estimator in GROUPED_ESTIMATORS or spec.over_episodes for spec in self.specs)
 
     @property
-    def episode_gae(self) -> Optional[AdvantageSpec]:
-        """The spec of masked GAE over episodes, where a side computes it (None: none does)."""
-        return next((spec for spec in self.specs if spec.over_episodes and spec.estimator == "gae"), None)
+    def episode_carried(self) -> Optional[AdvantageSpec]:
+        """The spec whose recursion runs over episodes (masked GAE or reinforce++ with
+        ``episode_by``: :data:`gaecli.advantages.contract.CARRIED`), where a side computes one
+        (None: none does; :func:`describe_run` refuses two)."""
+        return next((spec for spec in self.specs if spec.over_episodes and spec.estimator in CARRIED), None)
 
     @property
     def n_sides(self) -> int:
@@ -347,6 +349,13 @@ def describe_run(options) -> Computation:
         raise InvalidOptionError(
             "--old-opd-coef adds the distillation term to a recomputed old side (--old-estimator, --baseline); "
             "the stored advantages of --against are compared as they are"
+        )
+    carried = [spec for spec in (new_spec, *old_specs) if spec is not None and spec.over_episodes
+               and spec.estimator in CARRIED]  # fmt: skip
+    if len(carried) > 1:
+        raise InvalidOptionError(
+            f"--episode-col: one side may run its recursion over the episodes ({' and '.join(CARRIED)}); "
+            f"compare {carried[0].estimator} over episodes with another estimator or a baseline"
         )
     return Computation(
         new_spec=new_spec,

@@ -195,9 +195,9 @@ def episode_carry_figures(packed, valid: pa.RecordBatch, computation: Computatio
     from gaecli.advantages.episodes import carry_figures, row_spec
     from gaecli.pipeline.packing import compute_packed
 
-    spec, turns = computation.episode_gae, computation.turn_rows
+    spec, turns = computation.episode_carried, computation.turn_rows
     terminal = np.zeros(valid.num_rows, dtype=packed.terminal_rewards.dtype)
-    if turns.turn_rewards is not None:
+    if turns.turn_rewards is not None and spec.turn_rewards is not None:
         terminal = np.asarray(valid.column(turns.turn_rewards).cast(pa.float64())).astype(terminal.dtype)
     own = replace(packed, terminal_rewards=terminal, uploaded={})
     advantages, _ = compute_packed(own, row_spec(spec), computation.kernel, computation.device)
@@ -205,23 +205,36 @@ def episode_carry_figures(packed, valid: pa.RecordBatch, computation: Computatio
 
 
 def episode_side(packed, spec, computation: Computation, statistics, file_rows: np.ndarray):
-    """Masked GAE over episodes of a packed batch's rows: each row's own masked GAE with the
-    settled terminal reward (its turn reward and the carry from its episode's later rows)."""
+    """A side over episodes (but a turn-row estimator's) of a packed batch's rows: masked GAE or
+    reinforce++, each row's own with the settled terminal reward (its turn reward and the carry
+    from its episode's later rows); an outcome estimator, its episode's advantage on each row."""
     from dataclasses import replace
 
+    from gaecli.advantages.contract import CARRIED
+    from gaecli.advantages.dispatch import ROW_ADVANTAGE
     from gaecli.advantages.episodes import row_spec
     from gaecli.pipeline.packing import compute_packed
 
-    terminal = turn_row_advantages_of(statistics, spec, file_rows).astype(packed.terminal_rewards.dtype)
-    carried = replace(packed, terminal_rewards=terminal, uploaded={})
+    settled = turn_row_advantages_of(statistics, spec, file_rows)
+    if spec.estimator not in CARRIED:
+        inputs = {ROW_ADVANTAGE: settled}
+        return compute_packed(packed, row_spec(spec), computation.kernel, computation.device, inputs)
+    carried = replace(packed, terminal_rewards=settled.astype(packed.terminal_rewards.dtype), uploaded={})
     return compute_packed(carried, row_spec(spec), computation.kernel, computation.device)
 
 
 def batch_turn_operand(batch: pa.RecordBatch, invalid: np.ndarray, valid: pa.RecordBatch, packed, computation,
                        first_row: int) -> dict:  # fmt: skip
     """:func:`turn_operand` of a checked and packed batch of the statistics pass, with the
-    carry figures where a side is masked GAE over episodes."""
-    carries = None if computation.episode_gae is None else episode_carry_figures(packed, valid, computation)
+    carry figures where a side's recursion runs over episodes and each row's part of its
+    episode's score where a side is critic-free."""
+    carries = {} if computation.episode_carried is None else episode_carry_figures(packed, valid, computation)
+    if computation.critic_free:  # an outcome estimator's part of each episode's score
+        from gaecli.advantages.estimators import row_scores
+
+        zeros = np.zeros(valid.num_rows)
+        carries["score_part"], tokens = row_scores(packed.rewards, packed.trainable, packed.offsets, zeros)
+        carries.setdefault("tokens", tokens)
     outcomes = packed.terminal_rewards
     turns, step = computation.turn_rows, computation.step_by
     return turn_operand(batch, invalid, valid, outcomes, turns, step, first_row, carries)
