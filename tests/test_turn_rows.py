@@ -207,9 +207,9 @@ def twin_row(batch):
     raise AssertionError("no episode with two rows")
 
 
-@pytest.mark.parametrize("fault", ["duplicate-turn", "outcome", "group", "null-turn"])
-def test_a_faulty_episode_is_invalid_data_naming_file_row_and_column(tmp_path, fault):
-    batch = random_turn_rows(2)
+def faulty_episode(batch, fault: str):
+    """``batch`` with a fault in the later of two rows of one episode: (the batch, the earlier
+    and the later row, the column and the rule the fault is found by)."""
     earlier, later = twin_row(batch)
     faulty, column, code = {
         "duplicate-turn": (changed(batch, later, turns=batch["turns"][earlier]), "turn", "duplicate-turn"),
@@ -217,7 +217,15 @@ def test_a_faulty_episode_is_invalid_data_naming_file_row_and_column(tmp_path, f
                     "episode-mismatch"),
         "group": (changed(batch, later, groups="another"), "group", "episode-mismatch"),
         "null-turn": (changed(batch, later, turns=None), "turn", "null"),
+        "non-finite-reward": (changed(batch, later, turn_rewards=float("nan")), "turn_reward", "non-finite"),
     }[fault]  # fmt: skip
+    return faulty, earlier, later, column, code
+
+
+@pytest.mark.parametrize("fault", ["duplicate-turn", "outcome", "group", "null-turn"])
+def test_a_faulty_episode_is_invalid_data_naming_file_row_and_column(tmp_path, fault):
+    batch = random_turn_rows(2)
+    faulty, earlier, later, column, code = faulty_episode(batch, fault)
     inputs = write_turn_files(tmp_path / "in", faulty, [later])  # the two rows in two files
     before = [path.read_bytes() for path in inputs]
     result = recompute_cli(inputs, tmp_path / "out", *options("gigpo"))
@@ -341,16 +349,10 @@ def validated(*args):
     return result.exit_code, json.loads(result.stdout) if result.stdout else None, result
 
 
-@pytest.mark.parametrize("fault", ["duplicate-turn", "outcome", "null-turn", "non-finite-reward"])
+@pytest.mark.parametrize("fault", ["duplicate-turn", "outcome", "group", "null-turn", "non-finite-reward"])
 def test_validate_checks_the_episodes_over_every_file(tmp_path, fault):
     batch = random_turn_rows(2)
-    earlier, later = twin_row(batch)
-    faulty, column, code = {
-        "duplicate-turn": (changed(batch, later, turns=batch["turns"][earlier]), "turn", "duplicate-turn"),
-        "outcome": (changed(batch, later, terminals=-3.0), "terminal_reward", "episode-mismatch"),
-        "null-turn": (changed(batch, later, turns=None), "turn", "null"),
-        "non-finite-reward": (changed(batch, later, turn_rewards=float("nan")), "turn_reward", "non-finite"),
-    }[fault]  # fmt: skip
+    faulty, _, later, column, code = faulty_episode(batch, fault)
     inputs = write_turn_files(tmp_path / "in", faulty, [later])
     code_, document, _ = validated(*inputs, *VALIDATE, "--workers", "2")
     assert code_ == 1
