@@ -111,7 +111,7 @@ EpisodeColOption = Annotated[
         show_default=False,
         rich_help_panel=_TURN_ROWS,
         help="The episode id of each row: rows with equal ids, in any files, are the turns of one episode "
-        "(gigpo, step-reinforce).",
+        "(gae, grpo, dr-grpo, rloo, opo, gpg, reinforce++, reinforce++-baseline, gigpo, step-reinforce).",
     ),
 ]
 TurnColOption = Annotated[
@@ -261,7 +261,7 @@ OPDStageOption = Annotated[
     ),
 ]
 
-_WHITENING = "Normalisation rule (--normalize; grpo's and dr-grpo's scores)"
+_WHITENING = "Normalisation rule (--normalize; grpo's and dr-grpo's scores; gigpo's and step-reinforce's)"
 NormLikeOption = Annotated[
     Optional[str],
     typer.Option(
@@ -270,7 +270,8 @@ NormLikeOption = Annotated[
         show_default=False,
         rich_help_panel=_WHITENING,
         help="Normalise as a trainer does: verl, roll, areal, nemo-rl, openrlhf or slime, for the use at hand "
-        "(--normalize's whitening, or grpo's scores; docs/semantics.md); the --norm-* options below override it.",
+        "(--normalize's whitening, grpo's scores, or gigpo's and step-reinforce's turn rows, whose default is roll; "
+        "docs/semantics.md); the --norm-* options below override it.",
     ),
 ]
 NormMeanOption = Annotated[
