@@ -264,14 +264,16 @@ class TurnRows:
         self.rejected: Optional[np.ndarray] = None
         self.reasons: dict[int, str] = {}
         self._pending: list = []
+        self._count = 0
 
     @property
     def rows(self) -> int:
-        self._joined()
-        return int(self.columns["turn"].size)
+        """The turn rows held."""
+        return self._count
 
     def _append(self, columns: Mapping[str, np.ndarray], invalid: Mapping[str, np.ndarray]) -> None:
         self._pending.append((columns, invalid))  # joined once, when read (:meth:`_joined`)
+        self._count += len(columns["turn"])
 
     def _joined(self) -> None:
         if not self._pending:
@@ -349,13 +351,14 @@ class TurnRows:
         part = TurnRows()
         part.columns["row"] = self.columns["row"][codes]
         part.index = codes
+        part._count = codes.size
         return part
 
     def settle(self, specs, labels) -> list[EpisodeFault]:
         """Check the episodes over every row and compute each of ``specs`` (the turn-row sides:
         each row's advantage; masked GAE over episodes: each row's terminal reward,
-        :func:`episode_terminals`) over the rows of the episodes kept (``labels``: each part's name in the messages, in
-        input order). Returns the faults found (one per episode at fault, the earliest in
+        :func:`episode_terminals`) over the rows of the episodes kept (``labels``: each part's
+        name in the messages, in input order). Returns the faults found (one per episode at fault, the earliest in
         input order first): a caller that stops on invalid data raises the first; otherwise
         every row of an episode at fault is rejected (:attr:`rejected`, :attr:`reasons`) and
         left out of every statistic."""
