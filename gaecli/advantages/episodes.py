@@ -449,7 +449,7 @@ class TurnRows:
             raise ValueError("turn rows: a row was not in the statistics pass")
         return places
 
-    def row_advantages(self, spec, file_rows: np.ndarray) -> np.ndarray:
+    def settled(self, spec, file_rows: np.ndarray) -> np.ndarray:
         """The settled value of ``spec`` at each of ``file_rows`` (float64): a turn-row
         estimator's advantage, masked GAE's terminal reward over episodes."""
         return self.results[spec][self.places(file_rows)]

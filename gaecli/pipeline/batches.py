@@ -57,7 +57,7 @@ from gaecli.pipeline.turn_rows import (
     check_turn_columns,
     episode_side,
     rejected_episode_findings,
-    turn_row_advantages_of,
+    settled_values_of,
 )
 from gaecli.stop import check_stop
 
@@ -218,7 +218,7 @@ def _side(
     if spec.over_episodes and spec.estimator not in TURN_ROW_ESTIMATORS:
         return episode_side(packed, spec, computation, statistics, file_rows)
     if spec.estimator in TURN_ROW_ESTIMATORS:
-        advantages = turn_row_advantages_of(statistics, spec, file_rows)
+        advantages = settled_values_of(statistics, spec, file_rows)
         return compute_packed(packed, spec, computation.kernel, computation.device, {ROW_ADVANTAGE: advantages})
     inputs = estimator_inputs(valid, spec)
     if spec.estimator == "opd":

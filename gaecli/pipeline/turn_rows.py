@@ -103,13 +103,13 @@ def rejected_episode_findings(statistics, batch_invalid: np.ndarray, file: str, 
     ]
 
 
-def turn_row_advantages_of(statistics, spec, file_rows: np.ndarray) -> np.ndarray:
+def settled_values_of(statistics, spec, file_rows: np.ndarray) -> np.ndarray:
     """The settled value of the side ``spec`` over turn rows at each of ``file_rows`` (a
     turn-row estimator's advantage; masked GAE's terminal reward over episodes)."""
     turns = turn_rows_of(statistics)
     if turns is None or spec not in turns.results:
         raise ValueError(f"estimator {spec.estimator!r}: the turn rows of the input are needed")
-    return turns.row_advantages(spec, file_rows)
+    return turns.settled(spec, file_rows)
 
 
 def turn_column_findings(schema: pa.Schema, file: str, turns) -> list[Finding]:
@@ -215,7 +215,7 @@ def episode_side(packed, spec, computation: Computation, statistics, file_rows: 
     from gaecli.advantages.episodes import row_spec
     from gaecli.pipeline.packing import compute_packed
 
-    settled = turn_row_advantages_of(statistics, spec, file_rows)
+    settled = settled_values_of(statistics, spec, file_rows)
     if spec.estimator not in CARRIED:
         inputs = {ROW_ADVANTAGE: settled}
         return compute_packed(packed, row_spec(spec), computation.kernel, computation.device, inputs)
