@@ -161,6 +161,29 @@ def unmasked_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list
     return advantages, [a + v for a, v in zip(advantages, values)]
 
 
+def skyrl_oracle(values, rewards, mask, terminal, gamma, lambd, padding: int = 3) -> tuple[list[float], list[float]]:
+    """SkyRL (``ppo_utils.compute_gae_advantage_return``; a response-level reward on the
+    response's last token, ``trainer.postprocess_generator_output``): the sample laid out as
+    SkyRL lays it, right-aligned after ``padding`` leading columns (prompt positions, with
+    values and rewards of their own), then one loop over every column from the last (next
+    value 0 there), the mask read nowhere; returns = advantages + values before whitening. The
+    response's columns are returned."""
+    values, rewards = _floats(values), _floats(rewards)
+    width = padding + len(values)
+    row_values = [0.75 * (column + 1) for column in range(padding)] + values
+    row_rewards = [0.5] * padding + rewards
+    if values:
+        row_rewards[width - 1] += float(terminal)
+    advantages = [0.0] * width
+    carry = 0.0
+    for column in reversed(range(width)):
+        following = row_values[column + 1] if column < width - 1 else 0.0
+        carry = row_rewards[column] + gamma * following - row_values[column] + gamma * lambd * carry
+        advantages[column] = carry
+    response = advantages[padding:]
+    return response, [a + v for a, v in zip(response, values)]
+
+
 def verl_oracle(values, rewards, mask, terminal, gamma, lambd) -> tuple[list[float], list[float]]:
     """verl (``core_algos.compute_gae_advantage_return`` with ``response_mask``; the reward
     managers put z on token ``valid_response_length - 1`` = R-1): a masked step leaves the
@@ -262,6 +285,7 @@ ORACLES = {
     "roll": roll_oracle,
     "areal": areal_oracle,
     "nemo-rl": nemo_rl_oracle,
+    "skyrl": skyrl_oracle,
     # The generic names of earlier releases, each the trainer's loop it names.
     "unmasked": unmasked_oracle,
     "skip-masked": verl_oracle,

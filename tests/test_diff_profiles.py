@@ -173,12 +173,13 @@ def test_every_profile_against_its_trainers_loop(tmp_path):
 @pytest.mark.parametrize("gamma, lambd", [(0.0, 0.9), (0.9, 0.8), (1.0, 1.0)])
 def test_terminal_credit_of_every_profile(tmp_path, gamma, lambd):
     """The credit each profile gives the last trainable token of a sample whose response
-    ends in 3 masked tokens: slime (γλ)³, verl / areal / roll 0, openrlhf / nemo-rl 1 — as
+    ends in 3 masked tokens: slime and skyrl (γλ)³, verl / areal / roll 0, openrlhf / nemo-rl 1 — as
     measured by perturbing z in the trainers' loops (the aliases as their profiles)."""
     data = masked_tail_rollouts()
     path = write_data(tmp_path, data)
     formulas = {
         "slime": (gamma * lambd) ** 3,
+        "skyrl": (gamma * lambd) ** 3,
         "verl": 0.0,
         "areal": 0.0,
         "roll": 0.0,

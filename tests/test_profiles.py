@@ -1,4 +1,4 @@
-"""The trainer profiles (``verl``, ``openrlhf``, ``slime``, ``roll``, ``areal``, ``nemo-rl``):
+"""The trainer profiles (``verl``, ``openrlhf``, ``slime``, ``roll``, ``areal``, ``nemo-rl``, ``skyrl``):
 the worked example of docs/semantics.md under every profile, the trainers' own loops
 (tests/helpers.py) at every position on random agentic batches for every kernel on the
 torch and the numpy path, the aliases, the names of a baseline list, recompute's
@@ -56,6 +56,9 @@ WORKED_EXPECTED = {
     #   A0 = (0.5 + 1 − 1) + 0.8125 = 1.3125.
     # Fully masked: r = [0.5, 4.25]: A1 = 2.25, A0 = (0.5 + 1 − 1) + 1.125 = 1.625.
     "slime": (([1.3125, 1.625, 2.25, 6.0], [2.3125, 3.625, 5.25, 10.0]), ([1.625, 2.25], [2.625, 4.25])),
+    # skyrl: the same loop over every column of the response (its left padding comes before the
+    # response, so it changes nothing here): slime's numbers.
+    "skyrl": (([1.3125, 1.625, 2.25, 6.0], [2.3125, 3.625, 5.25, 10.0]), ([1.625, 2.25], [2.625, 4.25])),
     # roll: r̃ = m·(r + z on token 3) = [0.5, 0, 0.25, 0], V unmasked, plain GAE:
     #   A3 = 0 − 4 = −4;  A2 = (0.25 + 2 − 3) + 0.5·(−4) = −2.75;
     #   A1 = (0 + 1.5 − 2) + 0.5·(−2.75) = −1.875;  A0 = (0.5 + 1 − 1) + 0.5·(−1.875) = −0.4375;
@@ -106,8 +109,8 @@ def split(flat: torch.Tensor, batch: Batch) -> list[torch.Tensor]:
 # ----------------------------------------------------------------------------- names
 
 
-def test_the_six_profiles_and_their_aliases():
-    assert PROFILES == ("verl", "openrlhf", "slime", "roll", "areal", "nemo-rl")
+def test_the_seven_profiles_and_their_aliases():
+    assert PROFILES == ("verl", "openrlhf", "slime", "roll", "areal", "nemo-rl", "skyrl")
     assert ALIASES == {"unmasked": "slime", "zero-masked": "openrlhf", "skip-masked": "verl"}
     assert set(BASELINES) == set(PROFILES) | set(ALIASES)
     assert [profile_of(name) for name in ("unmasked", "zero-masked", "skip-masked", "roll", "masked")] == [
@@ -310,7 +313,7 @@ def lost_by_rules(semantics: str, batch: Batch) -> list[bool]:
             lost.append(not flags[-1])
         elif profile in ("masked", "openrlhf", "nemo-rl"):
             lost.append(not any(flags))
-        else:  # slime
+        else:  # slime, skyrl
             lost.append(not any(flags) or (not flags[-1] and batch.gamma * batch.lambd == 0.0))
     return lost
 
@@ -376,6 +379,7 @@ def test_lost_terminal_on_the_worked_example():
         "roll": [True, True],
         "areal": [True, True],
         "nemo-rl": [False, True],
+        "skyrl": [False, True],
     }
     assert lost_terminal_abs_sum("verl", mask, offsets, terminals, gamma=0.5, lambd=1.0) == 12.0
     assert lost_terminal_abs_sum("nemo-rl", mask, offsets, terminals, gamma=0.5, lambd=1.0) == 4.0

@@ -6,6 +6,7 @@ or ``--norm-like verl`` is given; the trainers' presets; the refusals."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +37,11 @@ def whitened_loop(rows, masks, groups, rule: WhiteningRule):
     """The rule as plain Python per group of rows (``groups``: one key per row; the batch:
     every row): mean and variance over the level's trainable tokens by ``math.fsum``; the
     std about the centres when it is at the centre's level, else about its level's mean
-    (leave-one-out: times n/(n − 1) of the centre's level)."""
+    (leave-one-out: times n/(n − 1) of the centre's level). With ``tokens="response"`` the
+    statistics count every token, and the result is still written at trainable tokens only."""
+    if rule.tokens == "response":
+        whitened = whitened_loop(rows, [[1] * len(row) for row in rows], groups, replace(rule, tokens="trainable"))
+        return [[value if m else 0.0 for value, m in zip(row, mask)] for row, mask in zip(whitened, masks)]
     out = [[0.0] * len(row) for row in rows]
     every = [(i, t) for i in range(len(rows)) for t, m in enumerate(masks[i]) if m]
     for group in dict.fromkeys(groups):
@@ -106,6 +111,7 @@ RULES = [
     WhiteningRule(mean="batch", std="group", eps_in="std"),
     WhiteningRule(mean="none", std="batch", unbiased=False),
     WhiteningRule(leave_one_out=True, std="batch"),
+    WhiteningRule(tokens="response", leave_one_out=True, one_token="keep"),
     *NORM_LIKE.values(),
 ]
 
@@ -191,6 +197,8 @@ GAE = ("--gamma", "0.9", "--lambd", "0.95")
         (("--norm-leave-one-out", "--norm-std-floor", "0.9"), WhiteningRule(leave_one_out=True, std_floor=0.9)),
         (("--norm-std", "batch", "--norm-eps-in", "std"), WhiteningRule(std="batch", eps_in="std")),
         (("--norm-mean", "batch", "--norm-leave-one-out"), WhiteningRule(mean="batch", leave_one_out=True)),
+        (("--norm-like", "skyrl"), WhiteningRule(tokens="response")),
+        (("--norm-tokens", "response", "--norm-std", "batch"), WhiteningRule(tokens="response", std="batch")),
     ],
 )  # fmt: skip
 def test_the_commands_against_the_loop(tmp_path, options, rule):
@@ -220,6 +228,7 @@ def test_today_rule_is_kept_bit_for_bit(tmp_path):
 @pytest.mark.parametrize("rule_options", [
     ("--norm-like", "areal", "--norm-mean", "none"),
     ("--norm-std", "batch", "--norm-leave-one-out"),
+    ("--norm-like", "skyrl"),
 ])  # fmt: skip
 def test_files_and_batches_give_the_same_bits_everywhere(tmp_path, local_ray, rule_options):
     batch = random_rows(5, samples=30)
@@ -236,6 +245,7 @@ def test_files_and_batches_give_the_same_bits_everywhere(tmp_path, local_ray, ru
         (("--normalize", "--norm-like", "trl"), "unknown trainer 'trl'"),
         (("--normalize", "--norm-mean", "row"), "--norm-mean"),
         (("--normalize", "--norm-eps", "-1"), "--norm-eps"),
+        (("--normalize", "--norm-tokens", "loss"), "--norm-tokens"),
     ],
 )
 def test_refusals_exit_2(tmp_path, options, message):
@@ -254,3 +264,12 @@ def test_the_spec_refuses_a_rule_without_whitening():
         AdvantageSpec(0.9, 0.9, normalize="all", whitening_rule={"eps": 1})
     spec = AdvantageSpec(0.9, 0.9, normalize="all", whitening_rule=WhiteningRule(eps=0.5))
     assert spec.to_dict()["whitening_rule"]["eps"] == 0.5
+
+
+def test_a_rule_over_every_token_is_for_whitening_only():
+    with pytest.raises(GAEInputError, match="every token of the response is for the whitening of GAE advantages"):
+        AdvantageSpec(None, None, estimator="grpo", group_by="g", whitening_rule=WhiteningRule(tokens="response"))
+    with pytest.raises(GAEInputError, match="--norm-tokens"):
+        WhiteningRule(tokens="loss")
+    spec = AdvantageSpec(0.9, 0.9, normalize="all", whitening_rule=NORM_LIKE["skyrl"])
+    assert spec.to_dict()["whitening_rule"]["tokens"] == "response"

@@ -46,8 +46,8 @@ def apply_semantics(
     if semantics == MASKED:
         return run(values, rewards, trainable, terminal_rewards)
     profile = profile_of(semantics)
-    everywhere = xp.ones_like(trainable) if profile in ("slime", "openrlhf", "roll") else None
-    if profile == "slime":  # every token a transition, z on token R−1
+    everywhere = xp.ones_like(trainable) if profile in ("slime", "skyrl", "openrlhf", "roll") else None
+    if profile in ("slime", "skyrl"):  # every token a transition, z on token R−1
         return run(values, rewards, everywhere, terminal_rewards)
     if profile == "openrlhf":  # V·m, r·m, z on the last trainable token, plain GAE everywhere
         zeroed_values = xp.where(trainable, values, 0.0)
@@ -115,7 +115,7 @@ def lost_terminal_samples(semantics: str, trainable, offsets, terminal_rewards, 
 
     A non-empty sample loses z by its shape alone: ``verl``, ``areal``, ``roll`` when token
     R−1 is masked (a fully masked sample included); ``openrlhf``, ``nemo-rl`` and ``masked``
-    when nothing is trainable; ``slime`` when nothing is trainable or, with γλ = 0, when the
+    when nothing is trainable; ``slime`` and ``skyrl`` when nothing is trainable or, with γλ = 0, when the
     response ends in masked tokens. An empty sample counts as lost when its z ≠ 0.
     (docs/semantics.md#what-each-profile-loses)
     """
@@ -127,7 +127,7 @@ def lost_terminal_samples(semantics: str, trainable, offsets, terminal_rewards, 
         lost = last_masked
     elif profile in (MASKED, "openrlhf", "nemo-rl"):
         lost = nothing_trainable
-    elif profile == "slime":
+    elif profile in ("slime", "skyrl"):
         lost = last_masked if gamma * lambd == 0 else nothing_trainable
     else:
         raise InvalidOptionError(f"unknown semantics {semantics!r}; choose one of: {MASKED}, {', '.join(BASELINES)}")

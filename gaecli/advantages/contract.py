@@ -8,7 +8,7 @@ from gaecli.errors import InvalidOptionError
 MASKED = "masked"
 """The contract's own semantics: GAE over each sample's trainable tokens (docs/semantics.md)."""
 
-PROFILES: tuple[str, ...] = ("verl", "openrlhf", "slime", "roll", "areal", "nemo-rl")
+PROFILES: tuple[str, ...] = ("verl", "openrlhf", "slime", "roll", "areal", "nemo-rl", "skyrl")
 """The trainer profiles: what each trainer computed at HEAD, at every position
 (docs/semantics.md#the-trainer-profiles), in documentation order."""
 

@@ -34,6 +34,12 @@ EPSILON_PLACES: tuple[str, ...] = ("sqrt", "std", "floor")
 """Where ε goes: ``sqrt(var + ε)`` (gaecli's, verl's ``masked_whiten``, slime's), ``std + ε``
 (AReaL's ``Normalization``), ``sqrt(max(var, ε))`` (OpenRLHF's)."""
 
+TOKEN_SETS: tuple[str, ...] = ("trainable", "response")
+"""Which tokens whitening's statistics are taken over: the trainable ones (every trainer but
+SkyRL, and the default), or every token of the response, loss-masked ones included (SkyRL passes
+its ``response_mask`` to ``masked_whiten``). Either way the whitened advantages are written at the
+trainable tokens only."""
+
 BELOW_FLOOR: tuple[str, ...] = ("zero", "undivided")
 """What a std at or below the rule's floor gives: 0 (ROLL's ``agentic_reward_norm``), or the
 centred value left undivided (NeMo-RL divides only where the std is above 0)."""
@@ -53,7 +59,8 @@ class WhiteningRule:
     centring (each unit centred on its group's others, the std taken about those centres;
     ``std_of_others``: the std of the others instead, per row, for scores only), and a std
     floor (``std_floor``: a std at or below it gives what ``below_floor`` says,
-    :data:`BELOW_FLOOR`; None: none). The default is today's whitening rule. Checked on
+    :data:`BELOW_FLOOR`; None: none), and the tokens whitening's statistics are taken over
+(``tokens``, :data:`TOKEN_SETS`). The default is today's whitening rule. Checked on
     construction (:class:`InvalidOptionError`, naming the option)."""
 
     mean: str = "group"
@@ -66,6 +73,7 @@ class WhiteningRule:
     std_of_others: bool = False
     std_floor: Optional[float] = None
     below_floor: str = "zero"
+    tokens: str = "trainable"
 
     def __post_init__(self) -> None:
         check_choice("--norm-mean", self.mean, LEVELS, "level")
@@ -73,6 +81,7 @@ class WhiteningRule:
         check_choice("--norm-eps-in", self.eps_in, EPSILON_PLACES, "place")
         check_choice("--norm-one-token", self.one_token, ONE_TOKEN, "choice")
         check_choice("--norm-below-floor", self.below_floor, BELOW_FLOOR, "choice")
+        check_choice("--norm-tokens", self.tokens, TOKEN_SETS, "token set")
         for flag, value, optional in (("--norm-eps", self.eps, False), ("--norm-std-floor", self.std_floor, True)):
             if optional and value is None:
                 continue
@@ -106,13 +115,16 @@ NORM_LIKE: dict[str, WhiteningRule] = {
     "roll": WhiteningRule(one_token="keep"),
     "areal": WhiteningRule(eps=1e-5, eps_in="std"),
     "openrlhf": WhiteningRule(unbiased=False, eps=1e-8, eps_in="floor"),
+    "skyrl": WhiteningRule(tokens="response"),
 }
 """Each trainer's whitening of the advantages (``--norm-like``; docs/semantics.md#whitening-rules):
 verl ``verl/utils/torch_functional.py`` ``masked_whiten``, slime ``slime/utils/distributed_utils.py``
 ``distributed_masked_whiten``, NeMo-RL's GAE whitening and ROLL's ``masked_whiten`` are all
 ``(A − mean) · rsqrt(var + 1e-8)`` with the Bessel variance, ROLL leaving a batch of at most one
 token as it is; AReaL's ``Normalization`` (``NormConfig`` defaults) divides by ``std + 1e-5``;
-OpenRLHF's experience maker by ``rsqrt(max(var, 1e-8))`` of the biased variance."""
+OpenRLHF's experience maker by ``rsqrt(max(var, 1e-8))`` of the biased variance; SkyRL's
+``masked_whiten`` (``skyrl/backends/skyrl_train/utils/ppo_utils.py``) is verl's formula over its
+``response_mask``, every token of the response (``tokens="response"``)."""
 
 
 SCORE_RULE = WhiteningRule(eps=GROUP_EPSILON, eps_in="std", one_token="unit")
@@ -128,6 +140,7 @@ SCORE_NORM_LIKE: dict[str, WhiteningRule] = {
     "roll": replace(SCORE_RULE, one_token="zero", std_floor=GROUP_EPSILON),
     "areal": WhiteningRule(mean="batch", std="batch", eps=1e-5, eps_in="std"),
     "openrlhf": replace(SCORE_RULE, eps=1e-9, one_token="zero"),
+    "skyrl": SCORE_RULE,
 }
 """Each trainer's normalisation of grpo's scores (``--norm-like`` with a score-normalised
 estimator; docs/semantics.md#score-normalisation): verl ``compute_grpo_outcome_advantage``
@@ -136,7 +149,8 @@ same, a group of one 0); NeMo-RL ``calculate_baseline_and_std_per_prompt`` with
 ``GRPOAdvantageEstimator`` (the others' mean and the others' Bessel std, dividing only where
 it is above 0); ROLL ``agentic_reward_norm`` (a std at or below 1e-6 gives 0); AReaL
 ``Normalization`` with ``NormConfig``'s defaults (batch mean and std, ``std + 1e-5``); OpenRLHF's
-``group_norm`` (``σ + 1e-9``)."""
+``group_norm`` (``σ + 1e-9``); SkyRL ``compute_grpo_outcome_advantage`` (verl's: ``σ + 1e-6``, a
+group of one μ = 0, σ = 1)."""
 
 
 TURN_ROW_RULE = SCORE_NORM_LIKE["roll"]

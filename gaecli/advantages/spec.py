@@ -93,7 +93,7 @@ class AdvantageSpec:
       ``reinforce++``, and refused (left None) by the other estimators, which read neither.
     - ``semantics``: ``"masked"`` (the contract) or a name of
       :data:`gaecli.advantages.contract.BASELINES` (what a trainer computed): a trainer
-      profile (``verl``, ``openrlhf``, ``slime``, ``roll``, ``areal``, ``nemo-rl``) or an
+      profile (``verl``, ``openrlhf``, ``slime``, ``roll``, ``areal``, ``nemo-rl``, ``skyrl``) or an
       alias of one (``unmasked``, ``skip-masked``, ``zero-masked``), kept as given.
     - ``normalize``: ``"none"``, ``"all"`` (whiten over every trainable token of the input) or
       ``"by"`` (per group of rows with equal ``normalize_by`` key; ``normalize_by`` names that
@@ -473,6 +473,8 @@ def check_whitening_rule(rule, normalize: str, words: Optional[dict] = None, est
     named = {"normalize": "normalize", "rule": "whitening_rule", "estimator": "estimator", **(words or {})}
     if not isinstance(rule, WhiteningRule):
         refuse(f"{named['rule']} must be a gaecli WhiteningRule or None, got {type(rule).__name__}")
+    if rule.tokens != "trainable" and estimator in CRITIC_FREE:
+        refuse(f"{named['rule']}: whitening over every token of the response is for the whitening of GAE advantages")
     if estimator in SCORE_NORMALISED or estimator in TURN_ROW_ESTIMATORS:
         return
     if estimator in CRITIC_FREE:

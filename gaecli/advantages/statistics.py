@@ -154,6 +154,12 @@ def moment_rows(advantages: np.ndarray, trainable: np.ndarray, offsets: np.ndarr
     return {"counts": counts, "sums": sums, "squares": squares}
 
 
+def response_moment_rows(advantages: np.ndarray, trainable: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray]:
+    """:func:`moment_rows` over every token of each row, loss-masked ones included (the
+    whitening statistics of a rule whose ``tokens`` are the response's: SkyRL's)."""
+    return moment_rows(advantages, np.ones(advantages.size, dtype=np.bool_), offsets)
+
+
 def score_rows(scores: np.ndarray, trainable: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray]:
     """What a row adds to :class:`Scores`: its score ``s`` (float64 ``[B]``,
     :func:`gaecli.advantages.estimators.row_scores`) and its trainable token count ``K``."""
@@ -191,6 +197,7 @@ class RowQuantity(NamedTuple):
 
 
 TRAINABLE_MOMENTS = "trainable-moments"
+RESPONSE_MOMENTS = "response-moments"
 SCORES = "scores"
 TOP_SCORES = "top-scores"
 PATH_BASELINES = "path-baselines"
@@ -204,13 +211,15 @@ cumulative path weight (:func:`gaecli.advantages.token_baseline.path_operand`), 
 
 ROW_QUANTITIES: dict[str, RowQuantity] = {
     TRAINABLE_MOMENTS: RowQuantity(moment_rows, Moments),
+    RESPONSE_MOMENTS: RowQuantity(response_moment_rows, Moments),
     SCORES: RowQuantity(score_rows, Scores),
     TOP_SCORES: RowQuantity(top_score_rows, TopScores),
     PATH_BASELINES: RowQuantity(path_rows, PathSums),
     TURN_ROWS: RowQuantity(turn_row_figures, TurnRows),
 }
 """What a statistic can gather per row. ``trainable-moments``: count, sum and sum of squares
-over the row's trainable tokens of a per-token operand (a side's advantages); ``scores``: a
+over the row's trainable tokens of a per-token operand (a side's advantages);
+``response-moments``: the same over every token of the row; ``scores``: a
 per-row operand's values (a row's score, or a reward component) and the row's trainable
 count; ``top-scores``: the two highest of a per-row operand; ``path-baselines``: per trainable
 token of the ``paths`` operand, its ``G·W`` and ``W`` at its (group, position); ``turn-rows``:
@@ -256,10 +265,12 @@ def side_operands(sides: int) -> tuple[str, ...]:
     return ("new", "old", *(f"old:{side}" for side in range(1, sides)))
 
 
-def whitening_statistics(key: Optional[str], sides: int = 1) -> tuple[Statistic, ...]:
+def whitening_statistics(key: Optional[str], sides: int = 1, tokens: str = "trainable") -> tuple[Statistic, ...]:
     """The ``--normalize`` statistics: moments of the new and every old side's advantages
-    over trainable tokens, per value of ``key`` (``--normalize-by``) or over the whole input."""
-    return tuple(Statistic(TRAINABLE_MOMENTS, operand, key) for operand in side_operands(sides))
+    over trainable tokens (``tokens="response"``: over every token), per value of ``key``
+    (``--normalize-by``) or over the whole input."""
+    quantity = TRAINABLE_MOMENTS if tokens == "trainable" else RESPONSE_MOMENTS
+    return tuple(Statistic(quantity, operand, key) for operand in side_operands(sides))
 
 
 class KeyedStatistics:

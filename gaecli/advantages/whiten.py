@@ -46,7 +46,8 @@ def whiten(advantages, loss_mask, rule=None):
     trainable token whitens to 0 (its variance is taken as 0); no trainable token at all, a
     non-finite advantage (named by its sample and token, or its position in a flat tensor), a
     complex or ``meta`` tensor raise :class:`gaecli.GAEInputError`. ``rule``: a
-    :class:`gaecli.advantages.normalization.WhiteningRule` (None: today's).
+    :class:`gaecli.advantages.normalization.WhiteningRule` (None: today's; its ``tokens``
+    ``response`` takes the statistics over every token, SkyRL's).
     """
     import torch
 
@@ -92,7 +93,7 @@ def whiten_by_group(advantages, trainable, offsets, keys, rule=None):
             raise GAEInputError(f"group keys must hold one key per sample ({batch}), got {len(keys)}")
         uniques, codes = np.unique(np.asarray(keys), return_inverse=True)
         uniques, codes = uniques.tolist(), torch.from_numpy(codes.reshape(-1).astype(np.int64))
-    token_group = codes.to(advantages.device)[segment_ids(offsets, advantages.numel())][trainable]
+    token_group = codes.to(advantages.device)[segment_ids(offsets, advantages.numel())]
     return _whitened_tensor(
         advantages,
         trainable,
@@ -106,27 +107,32 @@ def whiten_by_group(advantages, trainable, offsets, keys, rule=None):
 def _whitened_tensor(
     advantages, trainable, token_group, groups: int, empty_message: Callable[[int], str], rule=None
 ):
-    """The one torch whitening: per group (``token_group``, the group code of each trainable
-    token, ``groups`` codes; None: one group, the whole input, reduced by ``sum``) the count,
-    mean and Bessel variance of the trainable advantages in float64, then :func:`whitened`
-    at the trainable positions and 0 elsewhere, in the advantages' dtype. A group without a
-    trainable token raises :class:`gaecli.GAEInputError` with ``empty_message(code)``."""
+    """The one torch whitening: per group (``token_group``, the group code of each token,
+    ``groups`` codes; None: one group, the whole input, reduced by ``sum``) the count, mean and
+    Bessel variance in float64 of the advantages at the tokens the rule counts (the trainable
+    ones, or with ``tokens="response"`` every token), then :func:`whitened` at the trainable
+    positions and 0 elsewhere, in the advantages' dtype. A group without a counted token raises
+    :class:`gaecli.GAEInputError` with ``empty_message(code)``."""
     import torch
 
     as_double = advantages.double()
-    chosen = as_double[trainable]
+    counted = trainable if rule is None or rule.tokens == "trainable" else torch.ones_like(trainable)
+    chosen = as_double[counted]
     if token_group is None:
-        total, per_token = (lambda numbers: numbers.sum().reshape(1)), (lambda per_group: per_group)
+        total, per_token = (lambda numbers: numbers.sum().reshape(1)), (lambda per_group, _: per_group)
     else:
         zeros = torch.zeros(groups, dtype=torch.float64, device=advantages.device)
-        total = lambda numbers: zeros.clone().index_add_(0, token_group, numbers)  # noqa: E731
-        per_token = lambda per_group: per_group[token_group]  # noqa: E731
+        counted_group = token_group[counted]
+        total = lambda numbers: zeros.clone().index_add_(0, counted_group, numbers)  # noqa: E731
+        per_token = lambda per_group, where: per_group[token_group[where]]  # noqa: E731
     counts = total(torch.ones_like(chosen))
     empty = (counts == 0).nonzero().flatten()
     if empty.numel():
         raise GAEInputError(empty_message(int(empty[0])))
     means = total(chosen) / counts
-    variances = torch.where(counts > 1, total((chosen - per_token(means)) ** 2) / (counts - 1).clamp(min=1), 0.0)
+    variances = torch.where(
+        counts > 1, total((chosen - per_token(means, counted)) ** 2) / (counts - 1).clamp(min=1), 0.0
+    )
     if rule is None or rule.is_default:
         centers, scales = means, whitening_scale(variances, torch.sqrt)
     else:
@@ -137,7 +143,8 @@ def _whitened_tensor(
             batch = tuple(torch.full_like(means, float(value)) for value in (count, mean, variance))
         centers, scales = rule_center_scale(rule, counts, means, variances, torch, batch=batch)
     result = torch.zeros_like(as_double)
-    result[trainable] = whitened(chosen, per_token(centers), per_token(scales))
+    at_trainable = as_double[trainable]
+    result[trainable] = whitened(at_trainable, per_token(centers, trainable), per_token(scales, trainable))
     return result.to(advantages.dtype)
 
 

@@ -269,7 +269,7 @@ NormLikeOption = Annotated[
         metavar="TRAINER",
         show_default=False,
         rich_help_panel=_WHITENING,
-        help="Normalise as a trainer does: verl, roll, areal, nemo-rl, openrlhf or slime, for the use at hand "
+        help="Normalise as a trainer does: verl, roll, areal, nemo-rl, openrlhf, slime or skyrl, for the use at hand "
         "(--normalize's whitening, grpo's scores, or gigpo's and step-reinforce's turn rows, whose default is roll; "
         "docs/semantics.md); the --norm-* options below override it.",
     ),
@@ -328,10 +328,18 @@ NormBelowFloorOption = Annotated[
                  help="Below the std floor: zero (ROLL's, default) or undivided (the centred value: NeMo-RL's)."),
 ]  # fmt: skip
 
+NormTokensOption = Annotated[
+    Optional[str],
+    typer.Option("--norm-tokens", metavar="TOKENS", show_default=False, rich_help_panel=_WHITENING,
+                 help="The tokens --normalize's statistics are taken over: trainable (default) or response (every "
+                      "token, loss-masked ones included: SkyRL's); the advantages are written at trainable tokens."),
+]  # fmt: skip
+
 
 def make_whitening_rule(estimator="gae", norm_like=None, norm_mean=None, norm_std=None, norm_unbiased=None,
                         norm_eps=None, norm_eps_in=None, norm_one_token=None, norm_leave_one_out=None,
-                        norm_std_of_others=None, norm_std_floor=None, norm_below_floor=None):  # fmt: skip
+                        norm_std_of_others=None, norm_std_floor=None, norm_below_floor=None,
+                        norm_tokens=None):  # fmt: skip
     """The WhiteningRule of the shared normalisation options for ``estimator`` (its scores' rule
     for a score-normalised one, the whitening's otherwise; None when no option is given)."""
     from gaecli.advantages.normalization import rule_use, whitening_rule
@@ -339,7 +347,7 @@ def make_whitening_rule(estimator="gae", norm_like=None, norm_mean=None, norm_st
     return whitening_rule(
         norm_like, rule_use(estimator), mean=norm_mean, std=norm_std, unbiased=norm_unbiased, eps=norm_eps,
         eps_in=norm_eps_in, one_token=norm_one_token, leave_one_out=norm_leave_one_out,
-        std_of_others=norm_std_of_others, std_floor=norm_std_floor, below_floor=norm_below_floor,
+        std_of_others=norm_std_of_others, std_floor=norm_std_floor, below_floor=norm_below_floor, tokens=norm_tokens,
     )  # fmt: skip
 
 

@@ -24,8 +24,8 @@ def diff(
             metavar="LIST",
             show_default=False,
             help="Old advantages recomputed as a trainer computes them, a comma list compared side by side in one "
-            "pass: the profiles verl, openrlhf, slime, roll, areal, nemo-rl, or all (the six); aliases unmasked "
-            "(= slime, the default), zero-masked (= openrlhf), skip-masked (= verl). Not with --against.",
+            "pass: the profiles verl, openrlhf, slime, roll, areal, nemo-rl, skyrl, or all (the seven); aliases "
+            "unmasked (= slime, the default), zero-masked (= openrlhf), skip-masked (= verl). Not with --against.",
         ),
     ] = None,
     old_estimator: Annotated[

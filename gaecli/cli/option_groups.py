@@ -109,6 +109,7 @@ WHITENING_OPTIONS = OptionGroup(
         ("norm_std_of_others", computation_options.NormStdOfOthersOption, None),
         ("norm_std_floor", computation_options.NormStdFloorOption, None),
         ("norm_below_floor", computation_options.NormBelowFloorOption, None),
+        ("norm_tokens", computation_options.NormTokensOption, None),
     )
 )
 """How --normalize whitens and grpo's scores are normalised (recompute, diff;

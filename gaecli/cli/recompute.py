@@ -43,8 +43,8 @@ def recompute(
         typer.Option(
             metavar="NAME",
             help="What the summary compares against (and --keep-baseline writes): a trainer profile, verl, openrlhf, "
-            "slime, roll, areal or nemo-rl, or an alias: unmasked (= slime), zero-masked (= openrlhf), skip-masked "
-            "(= verl).",
+            "slime, roll, areal, nemo-rl or skyrl, or an alias: unmasked (= slime), zero-masked (= openrlhf), "
+            "skip-masked (= verl).",
         ),
     ] = "unmasked",
     keep_baseline: Annotated[

@@ -51,10 +51,11 @@ def side_moments(computation: Computation) -> tuple[Optional[Statistic], ...]:
     the new side's spec stands in for it."""
     operands = side_operands(computation.n_sides)
     if not computation.critic_free:
-        by_key = whitening_statistics(computation.whiten_key, computation.n_sides)
         rule = computation.new_spec.whitening_rule
+        tokens = "trainable" if rule is None else rule.tokens
+        by_key = whitening_statistics(computation.whiten_key, computation.n_sides, tokens)
         if computation.whiten_key is not None and rule is not None and "batch" in rule.levels_used():
-            return by_key + whitening_statistics(None, computation.n_sides)  # the batch level's, after
+            return by_key + whitening_statistics(None, computation.n_sides, tokens)  # the batch level's, after
         return by_key
     specs = (computation.new_spec, *computation.old_specs)
     moments = []
