@@ -105,7 +105,8 @@ def test_the_new_side_is_whitened_over_every_token_and_written_at_trainable_ones
     plain, skyrl = tmp_path / "plain.parquet", tmp_path / "skyrl.parquet"
     common = ("--quiet", "--gamma", str(GAMMA), "--lambd", str(LAMBD))
     assert gae("recompute", str(source), "-o", str(plain), *common).exit_code == 0
-    assert gae("recompute", str(source), "-o", str(skyrl), *common, "--normalize", "--norm-like", "skyrl").exit_code == 0
+    whitened = gae("recompute", str(source), "-o", str(skyrl), *common, "--normalize", "--norm-like", "skyrl")
+    assert whitened.exit_code == 0, whitened.output
     raw = [np.asarray(row, dtype=np.float64) for row in pq.read_table(plain).column("advantages").to_pylist()]
     flat = np.concatenate(raw)  # the contract's advantages are 0 at masked positions, and counted there
     mean, scale = flat.mean(), np.sqrt(flat.var(ddof=1) + 1e-8)
