@@ -24,6 +24,7 @@ __getattr__, _LAZY = lazy_exports(
         "gaecli.importers.miles": ("import_miles",),
         "gaecli.importers.slime": ("import_slime",),
         "gaecli.importers.nemo_rl": ("import_nemo_rl",),
+        "gaecli.importers.skyrl": ("import_skyrl",),
         "gaecli.diff": ("diff_file", "diff_files", "DiffOptions"),
         "gaecli.recompute.table": ("recompute_table",),
         "gaecli.diff.table": ("diff_table",),

@@ -68,6 +68,7 @@ def test_every_command_is_covered():
         "import miles",
         "import slime",
         "import nemo-rl",
+        "import skyrl",
     }
 
 

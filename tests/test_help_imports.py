@@ -28,6 +28,7 @@ HELPS = (
     ("import", "miles"),
     ("import", "slime"),
     ("import", "nemo-rl"),
+    ("import", "skyrl"),
 )
 
 

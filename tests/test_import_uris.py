@@ -1,4 +1,4 @@
-"""``gae import miles | slime | nemo-rl`` read and write URIs like the other commands: dumps
+"""``gae import miles | slime | nemo-rl | skyrl`` read and write URIs like the other commands: dumps
 in a mock object store (pyarrow's ``mock://``, this process only) import to the same rows as
 the same files on disk, and a failed import leaves no object behind."""
 
@@ -10,6 +10,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 import torch
+from skyrl_dumps import dump_name, skyrl_batch, write_batch
 from test_import import rollout_data
 from test_import_context_parallel import write_run
 from test_import_nemo_rl import batch, write_step
@@ -41,15 +42,18 @@ def read_object(filesystem, key: str):
         return pq.read_table(file)
 
 
-@pytest.mark.parametrize("fmt", ["miles", "slime", "nemo-rl"])
+@pytest.mark.parametrize("fmt", ["miles", "slime", "nemo-rl", "skyrl"])
 def test_uris_in_and_out_give_the_rows_of_local_files(tmp_path, bucket, fmt):
     local = tmp_path / "dumps"
     if fmt == "miles":
         write_run(local, 2, rollouts=(0,))
     elif fmt == "slime":
         write_slime(local / "0.pt", 0, slime_samples([rollout_data(1, 3), rollout_data(2, 2)]))
-    else:
+    elif fmt == "nemo-rl":
         write_step(local, 4, batch(1, 5))
+    else:
+        for step in (2, 11):
+            write_batch(local / "dumped_data" / dump_name(step), skyrl_batch(step, pad=1).state)
     upload(bucket, local, "dumps")
     assert gae("import", fmt, local, "-o", tmp_path / "local.parquet", "--quiet").exit_code == 0
     result = gae("import", fmt, "mock://bucket/dumps", "-o", "mock://bucket/out/run.parquet", "--quiet")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from skyrl_dumps import dump_name, skyrl_batch, write_batch
 from test_import import rollout_data, write_dump
 from test_import_nemo_rl import batch as nemo_batch
 from test_import_nemo_rl import write_step
@@ -107,10 +108,11 @@ def test_a_report_named_like_any_input_format_is_refused(tmp_path, suffix):
 
 def test_the_input_suffixes_are_the_readers_patterns():
     """One list: the report check refuses what the readers read (``.pkl``: a dump named so)."""
-    from gaecli.importers import miles, nemo_rl, slime
+    from gaecli.importers import miles, nemo_rl, skyrl, slime
 
     assert miles.DUMP_PATTERNS == slime.DUMP_PATTERNS == INPUT_PATTERNS["torch.save dump"]
     assert nemo_rl.DUMP_PATTERNS == INPUT_PATTERNS["NeMo-RL dump"]
+    assert skyrl.DUMP_PATTERNS == INPUT_PATTERNS["SkyRL dump"]
     assert set(DATA_SUFFIXES) == {".parquet", ".pt", ".pth", ".jsonl", ".pkl"}
 
 
@@ -419,6 +421,10 @@ def nemo_inputs(directory: Path) -> list[Path]:
     return [write_step(directory, 1, nemo_batch(1, 4))]
 
 
+def skyrl_inputs(directory: Path) -> list[Path]:
+    return [write_batch(directory / dump_name(1), skyrl_batch(1).state)]
+
+
 def rollout_inputs(directory: Path) -> list[Path]:
     return [rollout(directory / "in.parquet")]
 
@@ -431,6 +437,7 @@ BASES = {  # command → (its inputs, options it needs, whether it takes -o)
     ("import", "miles"): (miles_inputs, (), True),
     ("import", "slime"): (slime_inputs, (), True),
     ("import", "nemo-rl"): (nemo_inputs, (), True),
+    ("import", "skyrl"): (skyrl_inputs, (), True),
     ("kernels",): (lambda directory: [], (), False),
 }
 NEEDS = {"--groups-out": ("--group-by", "id")}  # what an option needs beside it

@@ -28,7 +28,9 @@ import_app = GaeTyper(
     no_args_is_help=True,
 )
 app.add_typer(
-    import_app, name="import", help="Import trainers' dumps (miles, slime, NeMo-RL) into the rollout Parquet format."
+    import_app,
+    name="import",
+    help="Import trainers' dumps (miles, slime, NeMo-RL, SkyRL) into the rollout Parquet format.",
 )
 
 
@@ -107,3 +109,53 @@ _import_command(
     "Import NeMo-RL's train_data_step{N}.jsonl (streamed) into one rollout file; no values column: recompute with "
     "--values-col none.",
 )
+
+
+RecoverEstimatorOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--estimator",
+        metavar="NAME",
+        show_default=False,
+        help="Recover the token rewards SkyRL drops from the stored returns, as this estimator computed them: gae "
+        "(with --gamma and --lambd; needs the values) or reinforce++ (with --gamma). grpo, rloo and maxrl "
+        "rewards cannot be recovered.",
+    ),
+]
+RecoverGammaOption = Annotated[
+    Optional[float],
+    typer.Option(show_default=False, help="The run's discount γ in [0, 1]: required by --estimator."),
+]
+RecoverLambdOption = Annotated[
+    Optional[float],
+    typer.Option(show_default=False, help="The run's GAE λ in [0, 1]: required by --estimator gae."),
+]
+
+
+@import_app.command("skyrl", epilog=EXIT_CODES_HELP)
+def import_skyrl_command(
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="DUMP...",
+            help="global_step_{N}_training_input.pkl files, directories (recursive), globs or URIs.",
+        ),
+    ],
+    output: ImportOutputOption,
+    estimator: RecoverEstimatorOption = None,
+    gamma: RecoverGammaOption = None,
+    lambd: RecoverLambdOption = None,
+    overwrite: ImportOverwriteOption = False,
+    json_path: JsonOption = None,
+    quiet: QuietOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Import SkyRL's trainer.dump_data_batch dumps (global_step_{N}_training_input.pkl) into one rollout file;
+    read by a restricted unpickler, never unpickled blindly; --estimator recovers the rewards."""
+
+    def import_function(*args, **options):
+        from gaecli.importers import import_skyrl
+
+        return import_skyrl(*args, estimator=estimator, gamma=gamma, lambd=lambd, **options)
+
+    _run_import(import_function, inputs, output, overwrite, json_path, quiet, debug)

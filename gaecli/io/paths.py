@@ -229,13 +229,15 @@ INPUT_PATTERNS = {
     "rollout": ("*.parquet",),  # recompute, diff, validate
     "torch.save dump": ("*.pt", "*.pth"),  # import miles, import slime
     "NeMo-RL dump": ("train_data_step*.jsonl",),  # import nemo-rl
+    "SkyRL dump": ("global_step_*_training_input.pkl",),  # import skyrl
 }
 """The file names each reader lists in an input directory (the importers' patterns are these)."""
 
-DATA_SUFFIXES = tuple(dict.fromkeys(os.path.splitext(p)[1] for ps in INPUT_PATTERNS.values() for p in ps)) + (".pkl",)
-"""What an input of gaecli is named like — the suffixes of :data:`INPUT_PATTERNS`, and
-``.pkl`` (a torch.save dump named by path is read whatever its name; ``.pkl`` is its usual
-other one): never the name of a report (``--json d/*.jsonl`` expanded by the shell)."""
+DATA_SUFFIXES = tuple(dict.fromkeys([*(os.path.splitext(p)[1] for ps in INPUT_PATTERNS.values() for p in ps), ".pkl"]))
+"""What an input of gaecli is named like — the suffixes of :data:`INPUT_PATTERNS` (SkyRL's
+dumps among them: ``.pkl``), and ``.pkl`` in any case (a torch.save dump named by path is
+read whatever its name; ``.pkl`` is its usual other one): never the name of a report
+(``--json d/*.jsonl`` expanded by the shell)."""
 
 
 ReportPath = Union[str, tuple[str, str]]  # a path, or (role, path): ("JSON report", "r.json")
