@@ -251,7 +251,7 @@ def load_dump(path: AnyPath) -> Any:
     except pickle.UnpicklingError as error:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
         if "Weights only load failed" not in text:
-            raise GAEUsageError(f"{path}: cannot read as a torch.save file ({_first_line(error)})") from None
+            raise GAEUsageError(f"{path}: cannot read as a torch.save file ({first_line(error)})") from None
         detail = _unpickler_detail(text)
         if not re.search(r"GLOBAL|allowlist|must be imported", detail):  # foreign bytes, not a refused object
             raise GAEUsageError(f"{path}: cannot read as a torch.save file ({detail})") from None
@@ -268,11 +268,12 @@ def load_dump(path: AnyPath) -> Any:
         raise GAEUsageError(f"{path}: cannot read ({error.strerror or error})") from None
     except Exception as error:  # noqa: BLE001 - the weights-only unpickler fails on foreign bytes in many ways
         raise GAEUsageError(
-            f"{path}: cannot read as a torch.save file ({type(error).__name__}: {_first_line(error)})"
+            f"{path}: cannot read as a torch.save file ({type(error).__name__}: {first_line(error)})"
         ) from None
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The first non-blank line of an error's message (its type's name when there is none)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[0] if lines else type(error).__name__
 

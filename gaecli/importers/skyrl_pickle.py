@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gaecli.errors import GAEInputError, GAEUsageError
-from gaecli.importers.common import open_binary
+from gaecli.importers.common import first_line, open_binary
 from gaecli.importers.values import describe, shown
 from gaecli.io.filesystem import AnyPath, RemotePath
 
@@ -157,11 +157,6 @@ def load_training_input(path: AnyPath) -> Any:
         raise GAEUsageError(
             f"{path}: cannot read as a SkyRL dump (a pickle file) ({type(error).__name__}: {first_line(error)})"
         ) from None
-
-
-def first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
 
 
 # ----------------------------------------------------------------------------- tensor entries
