@@ -26,6 +26,7 @@ __getattr__, _LAZY = lazy_exports(
         "gaecli.importers.nemo_rl": ("import_nemo_rl",),
         "gaecli.importers.skyrl": ("import_skyrl",),
         "gaecli.diff": ("diff_file", "diff_files", "DiffOptions"),
+        "gaecli.identify": ("identify_files", "identify_table", "IdentifyOptions"),
         "gaecli.recompute.table": ("recompute_table",),
         "gaecli.diff.table": ("diff_table",),
         "gaecli.advantages.kl": ("kl_rewards",),

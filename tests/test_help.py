@@ -63,6 +63,7 @@ def test_every_command_is_covered():
     assert {" ".join(argv) for argv, _ in COMMANDS} == {
         "recompute",
         "diff",
+        "identify",
         "validate",
         "kernels",
         "import miles",

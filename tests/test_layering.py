@@ -20,7 +20,7 @@ PACKAGE = Path(gaecli.__file__).resolve().parent
 LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     1: ("command line", ("gaecli", "gaecli.__main__", "gaecli.cli")),
     2: ("reports", ("gaecli.report",)),
-    3: ("commands", ("gaecli.recompute", "gaecli.diff", "gaecli.validate", "gaecli.importers")),
+    3: ("commands", ("gaecli.recompute", "gaecli.diff", "gaecli.identify", "gaecli.validate", "gaecli.importers")),
     4: ("the run driver", ("gaecli.run",)),
     5: ("comparison", ("gaecli.comparison",)),
     6: ("engines", ("gaecli.engines",)),

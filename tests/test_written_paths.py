@@ -433,6 +433,7 @@ RUN = ("--gamma", GAMMA, "--lambd", LAMBD, "--workers", 1)
 BASES = {  # command → (its inputs, options it needs, whether it takes -o)
     ("recompute",): (rollout_inputs, RUN, True),
     ("diff",): (rollout_inputs, RUN, False),
+    ("identify",): (rollout_inputs, ("--against", "values"), False),
     ("validate",): (rollout_inputs, ("--workers", 1), False),
     ("import", "miles"): (miles_inputs, (), True),
     ("import", "slime"): (slime_inputs, (), True),

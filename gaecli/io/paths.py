@@ -370,3 +370,17 @@ def _check_writable(role: str, item, path: AnyPath) -> None:
         raise GAEUsageError(
             f"{item}: the {role}'s file name is longer than {NAME_MAX} bytes; choose a shorter output name"
         )
+
+
+def input_files(inputs: list) -> list:
+    """Every input file of ``inputs`` (paths, directories, globs; :func:`discover_inputs`)
+    once, in a stable order: a file named twice is read once."""
+    paths: list = []
+    seen: set = set()
+    for item in inputs:
+        found, _ = discover_inputs([str(item)])
+        for path, _root in found:
+            if path.resolve() not in seen:
+                seen.add(path.resolve())
+                paths.append(path)
+    return paths

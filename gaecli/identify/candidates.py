@@ -1,0 +1,111 @@
+"""The computations ``gae identify`` tries as explanations of a stored column: masked GAE and
+every trainer profile (γ and λ fitted), ``reinforce++`` (γ fitted), and the outcome
+estimators that read only each row's score and its group, grpo under each trainer's score
+normalisation (docs/identify.md#the-candidates)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+
+from gaecli.advantages.contract import MASKED, PROFILES
+from gaecli.identify.fit import NORMALIZATIONS
+
+GROUP_KEY = "group"
+"""The name the candidates' specs give the sample's group codes."""
+
+SCORE_PRESETS: tuple[tuple[str, str], ...] = (
+    ("verl", "verl, skyrl"),
+    ("slime", "slime"),
+    ("nemo-rl", "nemo-rl"),
+    ("roll", "roll"),
+    ("areal", "areal"),
+    ("openrlhf", "openrlhf"),
+)
+"""grpo's score normalisations tried: each distinct ``SCORE_NORM_LIKE`` preset (SkyRL's is
+verl's), with the trainers it names."""
+
+OUTCOME_ESTIMATORS = ("dr-grpo", "rloo", "maxrl", "opo", "gpg", "reinforce++-baseline")
+"""The other grouped estimators tried, each with its own normalisation."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One computation with its free parameters: ``estimator`` (``gae`` with ``semantics``,
+    or a critic-free one, grpo's ``score_preset`` a key of
+    :data:`gaecli.advantages.normalization.SCORE_NORM_LIKE`), whether γ and λ are fitted,
+    whether it needs the groups, and the normalisations tried on its output."""
+
+    name: str
+    estimator: str
+    semantics: Optional[str] = None
+    score_preset: Optional[str] = None
+    fits_gamma: bool = False
+    fits_lambda: bool = False
+    needs_groups: bool = False
+    normalizations: tuple[str, ...] = NORMALIZATIONS
+    returns: bool = False
+
+    def compute(
+        self, sample, gamma: Optional[float], lambd: Optional[float]
+    ) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """The raw advantages (float64 ``[N]``, every position as the computation leaves
+        it, before any normalisation tried) and returns (None where the computation has
+        none to compare) of the ``sample``'s rows."""
+        from gaecli.advantages.dispatch import gae_flat
+
+        if self.estimator == "gae":
+            arrays = (sample.values, sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
+            return gae_flat(*arrays, gamma=gamma, lambd=lambd, semantics=self.semantics)
+        if self.estimator == "reinforce++":
+            zeros = np.zeros_like(sample.rewards)
+            arrays = (zeros, sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
+            advantages, _ = gae_flat(*arrays, gamma=gamma, lambd=1.0, semantics=MASKED)
+            return advantages, None
+        return self._outcome(sample), None
+
+    def _outcome(self, sample) -> np.ndarray:
+        from gaecli.advantages.estimators import critic_free_batch
+        from gaecli.advantages.normalization import SCORE_NORM_LIKE
+        from gaecli.advantages.spec import AdvantageSpec
+
+        rule = SCORE_NORM_LIKE[self.score_preset] if self.score_preset is not None else None
+        spec = AdvantageSpec(estimator=self.estimator, group_by=GROUP_KEY, whitening_rule=rule)
+        groups = pa.array(sample.group_codes)
+        arrays = (sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
+        with np.errstate(all="ignore"):
+            advantages, _ = critic_free_batch(spec, *arrays, groups, None, kernel="native")
+        return np.asarray(advantages, dtype=np.float64)
+
+    @property
+    def record(self) -> dict:
+        """What the computation is, for the JSON document."""
+        record = {"name": self.name, "estimator": self.estimator}
+        if self.semantics is not None:
+            record["semantics"] = self.semantics
+        if self.score_preset is not None:
+            record["score_normalization"] = self.score_preset
+        return record
+
+
+def families(with_groups: bool) -> list[Family]:
+    """Every computation tried, in documentation order: masked GAE, the seven profiles,
+    ``reinforce++``, then (``with_groups``) grpo under each score normalisation and the other
+    outcome estimators."""
+    tried = [
+        Family(name, "gae", semantics=name, fits_gamma=True, fits_lambda=True, returns=True)
+        for name in (MASKED, *PROFILES)
+    ]
+    tried.append(Family("reinforce++", "reinforce++", fits_gamma=True, normalizations=("none", "batch")))
+    if with_groups:
+        tried += [
+            Family(f"grpo ({names})", "grpo", score_preset=preset, needs_groups=True, normalizations=("none", "batch"))
+            for preset, names in SCORE_PRESETS
+        ]
+        tried += [
+            Family(name, name, needs_groups=True, normalizations=("none", "batch")) for name in OUTCOME_ESTIMATORS
+        ]
+    return tried

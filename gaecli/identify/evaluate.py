@@ -1,0 +1,139 @@
+"""One candidate judged on every row read: its normalisation fitted there, its residuals at
+trainable tokens, the samples it reproduces and where it first breaks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from gaecli.identify.candidates import Family
+from gaecli.identify.fit import Affine, Target
+from gaecli.identify.sample import Sample
+
+MATCH_TOLERANCE = 1e-3
+"""A fitted whitening is the rows' own when its mean and std are theirs within this relative
+tolerance (the trainers add ε ≤ 1e-5 to the std or 1e-8 to the variance)."""
+
+
+@dataclass
+class Judged:
+    """A candidate on the sample: the computation (``family``), its fitted γ and λ (None where
+    it reads neither) and normalisation with its ``affine`` map, the residual figures at
+    trainable tokens, the samples (rows with a trainable token) and those reproduced, the
+    first break (None when every sample is reproduced) and the raw and normalised outputs at
+    every position (kept for the report on masked positions, then dropped)."""
+
+    family: Family
+    gamma: Optional[float]
+    lambd: Optional[float]
+    normalization: str
+    affine: Affine
+    max_abs: float
+    rms: float
+    samples: int
+    reproduced: int
+    first_break: Optional[dict]
+    returns_max_abs: Optional[float] = None
+    whitening: Optional[dict] = None
+    predicted: Optional[np.ndarray] = field(default=None, repr=False)
+    identifiable: dict = field(default_factory=dict)
+
+    @property
+    def explains(self) -> bool:
+        return self.reproduced == self.samples
+
+    @property
+    def share(self) -> float:
+        return self.reproduced / self.samples if self.samples else 1.0
+
+    @property
+    def parameters(self) -> int:
+        """The rank of the normalisation (none 0, batch 1, group 2): an explanation with fewer ranks higher."""
+        return ("none", "batch", "group").index(self.normalization)
+
+
+def sample_target(sample: Sample) -> Target:
+    """The sample's stored values at trainable tokens and their groups."""
+    groups = None
+    count = 0
+    if sample.group_codes is not None:
+        groups = sample.group_codes[sample.row_of_token[sample.trainable]]
+        count = int(sample.group_codes.max()) + 1 if sample.group_codes.size else 0
+    rows = sample.row_of_token[sample.trainable]
+    return Target(sample.stored[sample.trainable], rows, sample.rows, groups, count)
+
+
+def judge(family: Family, sample: Sample, target: Target, gamma, lambd, normalization: str, tolerance: float) -> Judged:
+    """``family`` with γ, λ and ``normalization`` on every row of ``sample``."""
+    raw, returns = family.compute(sample, gamma, lambd)
+    trainable = sample.trainable
+    predicted_trainable, affine = target.predicted(raw[trainable], normalization)
+    stored = target.stored
+    residual = np.abs(stored - predicted_trainable)
+    bad = residual > tolerance * (1.0 + np.abs(stored))
+    returns_max_abs = None
+    if returns is not None and sample.stored_returns is not None:
+        returns_residual = np.abs(sample.stored_returns[trainable] - returns[trainable])
+        returns_max_abs = float(returns_residual.max()) if returns_residual.size else 0.0
+        bad |= returns_residual > tolerance * (1.0 + np.abs(sample.stored_returns[trainable]))
+    rows_of = sample.row_of_token[trainable]
+    counts = sample.trainable_counts
+    broken = np.bincount(rows_of[bad], minlength=sample.rows) > 0
+    samples = int((counts > 0).sum())
+    judged = Judged(
+        family=family,
+        gamma=gamma,
+        lambd=lambd,
+        normalization=normalization,
+        affine=affine,
+        max_abs=float(residual.max()) if residual.size else 0.0,
+        rms=float(np.sqrt(np.mean(residual * residual))) if residual.size else 0.0,
+        samples=samples,
+        reproduced=samples - int(broken.sum()),
+        first_break=_first_break(sample, bad, stored, predicted_trainable),
+        returns_max_abs=returns_max_abs,
+    )
+    groups = None
+    if normalization == "group":
+        groups = sample.group_codes[sample.row_of_token]
+    judged.predicted = affine.apply(raw, groups) if normalization != "none" else raw
+    if normalization == "batch":
+        judged.whitening = batch_whitening(affine, raw, trainable)
+    return judged
+
+
+def _first_break(sample: Sample, bad: np.ndarray, stored: np.ndarray, predicted: np.ndarray) -> Optional[dict]:
+    if not bad.any():
+        return None
+    index = int(np.flatnonzero(bad)[0])
+    position = int(np.flatnonzero(sample.trainable)[index])
+    row = int(sample.row_of_token[position])
+    return {
+        "sample": row,
+        "where": sample.where(row),
+        "token": position - int(sample.offsets[row]),
+        "stored": float(stored[index]),
+        "computed": float(predicted[index]),
+    }
+
+
+def batch_whitening(affine: Affine, raw: np.ndarray, trainable: np.ndarray) -> dict:
+    """The whitening a batch affine map stands for: ``stored = (raw − mean) / std``, and
+    whose statistics those are: the trainable tokens' of the rows read (``over``
+    ``trainable``), every token's (``response``, SkyRL's), or neither (``null``: a batch
+    other than the rows read, e.g. a larger one of which they are a part)."""
+    if affine.scale == 0:
+        return {"mean": None, "std": None, "over": None}
+    std = 1.0 / affine.scale
+    mean = -affine.shift * std
+    over = None
+    for name, tokens in (("trainable", raw[trainable]), ("response", raw)):
+        if tokens.size > 1:
+            own_mean, own_std = float(tokens.mean()), float(tokens.std(ddof=1))
+            spread = max(abs(own_std), 1e-12)
+            if abs(mean - own_mean) <= MATCH_TOLERANCE * spread and abs(std - own_std) <= MATCH_TOLERANCE * spread:
+                over = name
+                break
+    return {"mean": mean, "std": std, "over": over}

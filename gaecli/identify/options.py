@@ -1,0 +1,102 @@
+"""The options of ``gae identify`` (the CLI options, one to one), checked when they are made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Optional
+
+from gaecli.errors import InvalidOptionError
+from gaecli.io.format import Columns
+from gaecli.options import check_count, check_number
+
+DEFAULT_TOLERANCE = 1e-5
+"""A sample is reproduced when every trainable token's |stored − computed| ≤ tol · (1 + |stored|):
+1e-5 leaves room for a trainer's float32 arithmetic over long responses (docs/identify.md)."""
+
+DEFAULT_SAMPLE_ROWS = 4096
+"""Rows read by default: the first of the input, in input order (0 reads every row)."""
+
+DEFAULT_SAMPLE_TOKENS = 4_000_000
+"""At most this many tokens are read with the sample (the rows that reach it end the sample)."""
+
+FIT_ROWS = 64
+"""γ and λ are fitted on at most this many rows of the sample, each with at least
+:data:`MIN_FIT_TOKENS` trainable tokens, the first in input order."""
+
+FIT_TOKENS = 16_384
+"""…and at most this many tokens of them."""
+
+MIN_FIT_TOKENS = 3
+"""The trainable tokens a row needs to take part in the fit of γ and λ (a one-token row says
+nothing of λ, a two-token row little)."""
+
+
+@dataclass(frozen=True)
+class IdentifyOptions:
+    """What ``gae identify`` reads and how it judges a candidate (the CLI options, one to one).
+
+    ``against``: the stored per-token advantages to explain; ``against_returns``: the stored
+    returns, compared where a candidate has returns (GAE); ``group_col``: the prompt-group id
+    of the grouped estimators and of per-group whitening (None: candidates that need groups
+    are not tried); ``tolerance``: a sample is reproduced when every trainable token's
+    |stored − computed| ≤ tol · (1 + |stored|); ``sample_rows`` (0: every row) and
+    ``sample_tokens``: how much of the input is read, from its start; ``top``: candidates
+    kept in the report beyond the explaining ones."""
+
+    against: str = "advantages"
+    against_returns: Optional[str] = None
+    group_col: Optional[str] = None
+    columns: Columns = field(default_factory=Columns)
+    tolerance: float = DEFAULT_TOLERANCE
+    sample_rows: int = DEFAULT_SAMPLE_ROWS
+    sample_tokens: int = DEFAULT_SAMPLE_TOKENS
+    batch_rows: Optional[int] = None
+    top: int = 20
+    report_paths: tuple = ()
+
+    def __post_init__(self) -> None:
+        check_number("--tol", self.tolerance, 0.0)
+        check_count("--sample-rows", self.sample_rows, 0)
+        check_count("--sample-tokens", self.sample_tokens, 1)
+        check_count("--batch-rows", self.batch_rows, 1)
+        check_count("--top", self.top, 1)
+        if self.columns.kl_coef is not None or self.columns.opd_coef is not None:
+            raise InvalidOptionError("gae identify reads the rewards as stored: --kl-coef and --opd-coef are not taken")
+        self.reading  # noqa: B018 - the reading options built and checked
+
+    @cached_property
+    def reading(self):
+        """What the sample is read and checked with (:class:`gaecli.pipeline.Computation`):
+        the run of ``gae diff --against`` on the same columns, whose batches check every row
+        read as diff's do."""
+        from gaecli.pipeline import describe_run
+
+        return describe_run(_Reading(self))
+
+
+class _Reading:
+    """The run options :func:`gaecli.pipeline.describe_run` reads, for identify's reading:
+    masked GAE (γ = λ = 1, computed once per batch and not used) beside the stored column."""
+
+    normalize = False
+    normalize_by = None
+    group_col = None
+    step_by = None
+    estimator = "gae"
+    gamma = 1.0
+    lambd = 1.0
+    whitening_rule = None
+    advantage_clip = None
+    kernel = "native"
+    device = "cpu"
+    on_invalid = "stop"
+
+    def __init__(self, options: IdentifyOptions) -> None:
+        from gaecli.pipeline import ComparisonSide, EstimatorInputs, VariantOptions
+
+        self.columns = options.columns
+        self.batch_rows = options.batch_rows
+        self.estimator_inputs = EstimatorInputs()
+        self.variants = VariantOptions()
+        self.old_sides = (ComparisonSide.stored(options.against, options.against_returns),)

@@ -1,0 +1,274 @@
+"""gae identify: dumps whose stored advantages the test helpers' own loops computed (every
+profile, masked GAE and the critic-free estimators, with random γ and λ and each
+normalisation) are named first with their γ and λ; a column nothing explains says so."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from gaecli.cli import app
+from gaecli.identify import IdentifyOptions, identify_files, identify_table
+
+from helpers import ORACLES, critic_free_oracle
+
+PROFILES = ("masked", "verl", "openrlhf", "slime", "roll", "areal", "nemo-rl", "skyrl")
+GROUP_SIZE = 4
+
+
+def _rollouts(rows: int, seed: int, values: bool = True):
+    """Random rollouts: lengths 4–30, an observation block in most rows (sometimes at the
+    end), values and small per-token rewards, a 0/1 terminal reward, groups of four."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(rows):
+        n = int(rng.integers(4, 30))
+        mask = np.ones(n, dtype=np.int64)
+        if rng.random() < 0.7:
+            start = int(rng.integers(1, n - 1))
+            mask[start : int(rng.integers(start + 1, n + 1))] = 0
+        samples.append(
+            {
+                "values": list(rng.normal(size=n)) if values else [0.0] * n,
+                "rewards": list(rng.normal(size=n) * 0.1),
+                "loss_mask": list(mask),
+                "terminal_reward": float(rng.choice([0.0, 1.0])),
+            }
+        )
+    return samples
+
+
+def _whitened(advantages, masks, groups=None, over_all=False):
+    """verl's masked whitening written out: (A − mean)/sqrt(var + 1e-8), the Bessel variance
+    over the trainable tokens (every token with ``over_all``), per group with ``groups``."""
+    keys = groups if groups is not None else [0] * len(advantages)
+    out = [list(a) for a in advantages]
+    for key in set(keys):
+        members = [i for i, k in enumerate(keys) if k == key]
+        tokens = [a for i in members for a, m in zip(advantages[i], masks[i]) if m or over_all]
+        mean = math.fsum(tokens) / len(tokens)
+        var = math.fsum((t - mean) ** 2 for t in tokens) / (len(tokens) - 1)
+        for i in members:
+            out[i] = [(a - mean) / math.sqrt(var + 1e-8) for a in advantages[i]]
+    return out
+
+
+def _table(samples, advantages, returns=None, groups=None):
+    columns = {name: [s[name] for s in samples] for name in ("values", "rewards", "loss_mask", "terminal_reward")}
+    columns["advantages"] = [[float(a) for a in row] for row in advantages]
+    if returns is not None:
+        columns["returns"] = [[float(a) for a in row] for row in returns]
+    if groups is not None:
+        columns["group"] = groups
+    return pa.table(columns)
+
+
+def _gae_dump(profile: str, gamma: float, lambd: float, normalization: str, seed: int, rows: int = 96):
+    samples = _rollouts(rows, seed)
+    groups = [i // GROUP_SIZE for i in range(rows)]
+    advantages, returns = [], []
+    for s in samples:
+        a, r = ORACLES[profile](s["values"], s["rewards"], s["loss_mask"], s["terminal_reward"], gamma, lambd)
+        advantages.append(a)
+        returns.append(r)
+    masks = [s["loss_mask"] for s in samples]
+    if normalization == "batch":
+        advantages = _whitened(advantages, masks)
+    elif normalization == "group":
+        advantages = _whitened(advantages, masks, groups)
+    return _table(samples, advantages, groups=groups), samples
+
+
+def _names(candidate: dict) -> set:
+    return {member["name"] for member in candidate["members"]}
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("normalization", ["none", "batch", "group"])
+def test_a_profile_is_named_first_with_its_gamma_and_lambda(profile, normalization):
+    rng = np.random.default_rng(abs(hash((profile, normalization))) % 2**32)
+    gamma, lambd = float(rng.uniform(0.5, 1.0)), float(rng.uniform(0.5, 1.0))
+    table, _ = _gae_dump(profile, gamma, lambd, normalization, seed=int(rng.integers(1 << 30)))
+    document = identify_table(table, group_col="group" if normalization == "group" else None).to_dict()
+    best = document["candidates"][0]
+    assert document["explained"] is True, document["verdict"]
+    assert profile in _names(best)
+    assert best["normalization"] == normalization
+    assert abs(best["gamma"] - gamma) <= 1e-3 and abs(best["lambd"] - lambd) <= 1e-3
+    assert best["share_reproduced"] == 1.0 and best["max_abs_residual"] <= 1e-6
+    if normalization == "batch":
+        assert best["whitening"]["over"] == "trainable"
+
+
+def test_equal_computations_are_one_candidate_and_a_simpler_one_ranks_first():
+    table, _ = _gae_dump("verl", 0.99, 0.9, "none", seed=3)
+    document = identify_table(table).to_dict()
+    first = document["candidates"][0]
+    assert _names(first) == {"verl", "areal"}  # one loop on these rows: the same numbers
+    assert first["normalization"] == "none"
+    explaining = [c for c in document["candidates"] if c["explains"]]
+    assert [c["normalization"] for c in explaining] == ["none"]  # a whitening adds nothing to explain it
+
+
+def test_the_verdict_counts_the_lost_terminal_rewards_and_the_masked_positions():
+    table, samples = _gae_dump("verl", 1.0, 0.95, "batch", seed=5)
+    document = identify_table(table).to_dict()
+    lost = sum(1 for s in samples if s["loss_mask"][-1] == 0)  # verl: a response ending masked loses z
+    assert document["lost_terminal_samples"] == lost > 0
+    assert f"in {lost} samples" in document["verdict"]
+    assert document["verdict"].startswith("computed like verl or areal (γ = 1, λ = 0.95, whitened over the batch)")
+    assert document["masked_positions"]["holds"] == "carry"  # verl whitens its carry at masked positions
+
+
+def test_a_column_zeroed_at_masked_positions_says_zeros():
+    table, samples = _gae_dump("masked", 0.97, 0.8, "none", seed=6)
+    document = identify_table(table).to_dict()
+    assert document["masked_positions"]["holds"] == "zeros"
+    assert document["masked_positions"]["tokens"] == sum(s["loss_mask"].count(0) for s in samples)
+
+
+def test_skyrl_whitening_over_every_response_token_is_named():
+    samples = _rollouts(80, seed=8)
+    advantages = [
+        ORACLES["skyrl"](s["values"], s["rewards"], s["loss_mask"], s["terminal_reward"], 1.0, 0.95)[0] for s in samples
+    ]
+    advantages = _whitened(advantages, [s["loss_mask"] for s in samples], over_all=True)
+    document = identify_table(_table(samples, advantages)).to_dict()
+    best = document["candidates"][0]
+    assert "skyrl" in _names(best) and best["whitening"]["over"] == "response"
+    assert "whitened over every response token" in document["verdict"]
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr-grpo", "rloo", "maxrl", "opo", "reinforce++-baseline"])
+def test_an_outcome_estimator_is_named_first(estimator):
+    samples = _rollouts(96, seed=11)
+    rng = np.random.default_rng(12)
+    for s in samples:  # outcome rewards that differ within groups
+        s["terminal_reward"] = float(rng.integers(0, 4))
+    groups = [i // GROUP_SIZE for i in range(len(samples))]
+    advantages, _ = critic_free_oracle(
+        estimator,
+        [s["rewards"] for s in samples],
+        [s["loss_mask"] for s in samples],
+        [s["terminal_reward"] for s in samples],
+        groups,
+    )
+    document = identify_table(_table(samples, advantages, groups=groups), group_col="group").to_dict()
+    best = document["candidates"][0]
+    assert document["explained"], document["verdict"]
+    assert estimator in {member["estimator"] for member in best["members"]}
+    assert best["gamma"] is None and best["lambd"] is None
+
+
+def test_reinforce_plus_plus_is_named_with_its_gamma():
+    samples = _rollouts(96, seed=13)
+    gamma = 0.913
+    advantages, _ = critic_free_oracle(
+        "reinforce++",
+        [s["rewards"] for s in samples],
+        [s["loss_mask"] for s in samples],
+        [s["terminal_reward"] for s in samples],
+        gamma=gamma,
+    )
+    document = identify_table(_table(samples, advantages)).to_dict()
+    best = document["candidates"][0]
+    assert "reinforce++" in _names(best) and best["normalization"] == "batch"
+    assert abs(best["gamma"] - gamma) <= 1e-3 and best["lambd"] is None
+
+
+def test_a_column_nothing_explains_names_the_closest_and_where_it_breaks():
+    table, samples = _gae_dump("verl", 1.0, 0.95, "none", seed=14)
+    advantages = [list(row) for row in table.column("advantages").to_pylist()]
+    advantages[7][0] += 0.5  # one token off: sample 7 breaks
+    rng = np.random.default_rng(15)
+    advantages[40] = list(rng.normal(size=len(advantages[40])))
+    table = table.set_column(table.schema.get_field_index("advantages"), "advantages", pa.array(advantages))
+    document = identify_table(table).to_dict()
+    assert document["explained"] is False
+    best = document["candidates"][0]
+    assert best["samples_reproduced"] == best["samples"] - 2
+    assert best["first_break"]["sample"] == 7 and best["first_break"]["token"] == 0
+    assert document["verdict"].startswith("nothing gaecli knows explains 'advantages': the closest is verl")
+    assert "row 7, token 0" in document["verdict"]
+
+
+def test_stored_returns_are_compared():
+    samples = _rollouts(64, seed=16)
+    outputs = [
+        ORACLES["openrlhf"](s["values"], s["rewards"], s["loss_mask"], s["terminal_reward"], 0.99, 0.9) for s in samples
+    ]
+    table = _table(samples, [a for a, _ in outputs], returns=[r for _, r in outputs])
+    document = identify_table(table, against_returns="returns").to_dict()
+    best = document["candidates"][0]
+    assert "openrlhf" in _names(best) and best["returns_max_abs_residual"] <= 1e-9
+    wrong = table.set_column(table.schema.get_field_index("returns"), "returns", table.column("advantages"))
+    assert identify_table(wrong, against_returns="returns").to_dict()["explained"] is False
+
+
+def test_one_trainable_token_per_row_leaves_gamma_and_lambda_unidentified():
+    samples = _rollouts(40, seed=17)
+    for s in samples:  # one trainable token, the last: its advantage is r + z − V whatever γ and λ
+        s["loss_mask"] = [0] * (len(s["loss_mask"]) - 1) + [1]
+    advantages = [
+        ORACLES["masked"](s["values"], s["rewards"], s["loss_mask"], s["terminal_reward"], 0.9, 0.9)[0] for s in samples
+    ]
+    document = identify_table(_table(samples, advantages)).to_dict()
+    assert document["explained"]
+    assert any(note.startswith("γ is not identifiable") for note in document["notes"])
+    assert any(note.startswith("λ is not identifiable") for note in document["notes"])
+
+
+def test_the_sample_is_the_first_rows_and_says_so(tmp_path):
+    table, _ = _gae_dump("slime", 0.95, 0.9, "none", seed=18, rows=120)
+    path = tmp_path / "dump.parquet"
+    pq.write_table(table, path, row_group_size=25)
+    report = identify_files([path], IdentifyOptions(sample_rows=50))
+    document = report.to_dict()
+    assert document["rows_read"] == 50 and document["input_rows"] == 120 and document["complete"] is False
+    assert "read the first 50 of 120 rows (--sample-rows)" in document["notes"]
+    assert "slime" in _names(document["candidates"][0])
+
+
+def test_the_command_writes_json_and_exits_zero_either_way(tmp_path):
+    table, _ = _gae_dump("roll", 0.98, 0.93, "batch", seed=19)
+    path = tmp_path / "dump.parquet"
+    pq.write_table(table, path)
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(app, ["identify", str(path), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert document["explained"] and "roll" in _names(document["candidates"][0])
+    for key in ("name", "gamma", "lambd", "normalization", "max_abs_residual", "rms_residual", "share_reproduced"):
+        assert key in document["candidates"][0]
+    assert "computed like roll" in result.output
+    noise = table.set_column(
+        table.schema.get_field_index("advantages"),
+        "advantages",
+        pa.array([list(np.random.default_rng(20).normal(size=len(row))) for row in table.column("values").to_pylist()]),
+    )
+    pq.write_table(noise, path)
+    result = CliRunner().invoke(app, ["identify", str(path), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["explained"] is False
+
+
+def test_bad_input_is_one_line_and_exit_one(tmp_path):
+    table, _ = _gae_dump("verl", 1.0, 1.0, "none", seed=21, rows=20)
+    advantages = table.column("advantages").to_pylist()
+    advantages[3] = advantages[3][:-1]  # one token short
+    table = table.set_column(table.schema.get_field_index("advantages"), "advantages", pa.array(advantages))
+    path = tmp_path / "dump.parquet"
+    pq.write_table(table, path)
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(app, ["identify", str(path), "--json", str(out)])
+    assert result.exit_code == 1
+    assert "row 3" in result.output and "advantages" in result.output and "Traceback" not in result.output
+    assert not out.exists()
+    result = CliRunner().invoke(app, ["identify", str(path), "--against", "stored"])
+    assert result.exit_code == 2 and "'stored' is missing" in result.output
