@@ -22,6 +22,7 @@ HELPS = (
     (),
     ("recompute",),
     ("diff",),
+    ("identify",),
     ("validate",),
     ("kernels",),
     ("import",),

@@ -9,7 +9,7 @@ import typer
 from gaecli.cli import common, option_groups
 from gaecli.cli.common import BatchRowsOption, DebugOption, JsonOption, QuietOption, app
 from gaecli.cli.progress import make_progress, print_closing
-from gaecli.identify.options import DEFAULT_SAMPLE_ROWS, DEFAULT_SAMPLE_TOKENS, DEFAULT_TOLERANCE
+from gaecli.identify.defaults import DEFAULT_SAMPLE_ROWS, DEFAULT_SAMPLE_TOKENS, DEFAULT_TOLERANCE
 
 
 @app.command(epilog=common.EXIT_CODES_HELP)
@@ -46,7 +46,11 @@ def identify(
         int, typer.Option(metavar="N", help="Read at most N tokens (the row that reaches N ends the sample).")
     ] = DEFAULT_SAMPLE_TOKENS,
     top: Annotated[
-        int, typer.Option(metavar="K", help="List at most K candidates (every explanation is listed).")
+        int,
+        typer.Option(
+            metavar="K",
+            help="List at most K candidates (every explanation, and the closest when none explains).",
+        ),
     ] = 20,
     batch_rows: BatchRowsOption = None,
     column_options: dict = option_groups.COLUMN_OPTIONS,

@@ -1,8 +1,18 @@
 """``gae identify``: which computation produced a column of stored advantages — every profile,
-masked GAE and the critic-free estimators fitted to it and ranked (docs/identify.md)."""
+masked GAE and the critic-free estimators fitted to it and ranked (docs/identify.md).
 
-from gaecli.identify.options import IdentifyOptions
-from gaecli.identify.report import IdentifyReport
-from gaecli.identify.run import identify_files, identify_table
+The package's names load on first use, so that the command line's help (which reads the
+defaults in :mod:`.defaults`) loads neither numpy nor pyarrow."""
 
-__all__ = ["IdentifyOptions", "IdentifyReport", "identify_files", "identify_table"]
+from gaecli.lazy import lazy_exports
+
+__getattr__, _LAZY = lazy_exports(
+    __name__,
+    {
+        "gaecli.identify.options": ("IdentifyOptions",),
+        "gaecli.identify.report": ("IdentifyReport",),
+        "gaecli.identify.run": ("identify_files", "identify_table"),
+    },
+)
+
+__all__ = list(_LAZY)

@@ -133,19 +133,35 @@ def grid_search(
     return best
 
 
+RESTARTS = (0.05, 0.01, 0.002)
+"""The simplex steps of the Nelder–Mead searches, each started again from the last one's best
+point: a simplex that collapsed onto an edge of the square (λ near 1) opens again."""
+
+
 def refine(objective: Callable[[float, float], float], start: tuple[float, float], fit_lambda: bool) -> tuple:
-    """The (γ, λ) in [0, 1]² that minimise ``objective`` near ``start``: a Nelder–Mead
-    search from a simplex of the grid's spacing around it, each point clipped into the
-    square; λ held where ``fit_lambda`` is False. Returns ``(objective, γ, λ)``."""
+    """The (γ, λ) in [0, 1]² that minimise ``objective`` near ``start``: Nelder–Mead searches
+    from simplices of :data:`RESTARTS`' steps around the best point so far, each point
+    clipped into the square; λ held where ``fit_lambda`` is False (a golden-section search of
+    γ). Returns ``(objective, γ, λ)``."""
     if not fit_lambda:
         value, gamma = _golden(lambda g: objective(g, start[1]), start[0])
         return value, gamma, start[1]
-    origin = np.array(start, dtype=np.float64)
+    best = (objective(*start), np.array(start, dtype=np.float64))
+    for step in RESTARTS:
+        best = _nelder_mead(objective, best[1], step)
+        if best[0] < 1e-15:
+            break
+    return best[0], float(best[1][0]), float(best[1][1])
+
+
+def _nelder_mead(objective: Callable[[float, float], float], origin: np.ndarray, step: float) -> tuple:
+    """One Nelder–Mead search in [0, 1]² from ``origin`` and a step along each axis (inward
+    where the square ends): ``(objective, point)`` of its best point."""
     points = [origin]
-    for axis in range(2):  # one step along each axis, inward where the square ends
-        step = np.zeros(2)
-        step[axis] = 0.05 if origin[axis] + 0.05 <= 1.0 else -0.05
-        points.append(origin + step)
+    for axis in range(2):
+        offset = np.zeros(2)
+        offset[axis] = step if origin[axis] + step <= 1.0 else -step
+        points.append(origin + offset)
     scores = [objective(*point) for point in points]
     for _ in range(SEARCH_STEPS):
         order = np.argsort(scores)
@@ -170,7 +186,7 @@ def refine(objective: Callable[[float, float], float], start: tuple[float, float
                 points = [points[0]] + [(points[0] + point) / 2 for point in points[1:]]
                 scores = [scores[0]] + [objective(*point) for point in points[1:]]
     best = int(np.argmin(scores))
-    return scores[best], float(points[best][0]), float(points[best][1])
+    return scores[best], points[best]
 
 
 def _golden(objective: Callable[[float], float], start: float) -> tuple[float, float]:

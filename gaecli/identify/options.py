@@ -7,29 +7,9 @@ from functools import cached_property
 from typing import Optional
 
 from gaecli.errors import InvalidOptionError
+from gaecli.identify.defaults import DEFAULT_SAMPLE_ROWS, DEFAULT_SAMPLE_TOKENS, DEFAULT_TOLERANCE
 from gaecli.io.format import Columns
 from gaecli.options import check_count, check_number
-
-DEFAULT_TOLERANCE = 1e-5
-"""A sample is reproduced when every trainable token's |stored − computed| ≤ tol · (1 + |stored|):
-1e-5 leaves room for a trainer's float32 arithmetic over long responses (docs/identify.md)."""
-
-DEFAULT_SAMPLE_ROWS = 4096
-"""Rows read by default: the first of the input, in input order (0 reads every row)."""
-
-DEFAULT_SAMPLE_TOKENS = 4_000_000
-"""At most this many tokens are read with the sample (the rows that reach it end the sample)."""
-
-FIT_ROWS = 64
-"""γ and λ are fitted on at most this many rows of the sample, each with at least
-:data:`MIN_FIT_TOKENS` trainable tokens, the first in input order."""
-
-FIT_TOKENS = 16_384
-"""…and at most this many tokens of them."""
-
-MIN_FIT_TOKENS = 3
-"""The trainable tokens a row needs to take part in the fit of γ and λ (a one-token row says
-nothing of λ, a two-token row little)."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +21,8 @@ class IdentifyOptions:
     of the grouped estimators and of per-group whitening (None: candidates that need groups
     are not tried); ``tolerance``: a sample is reproduced when every trainable token's
     |stored − computed| ≤ tol · (1 + |stored|); ``sample_rows`` (0: every row) and
-    ``sample_tokens``: how much of the input is read, from its start; ``top``: candidates
-    kept in the report beyond the explaining ones."""
+    ``sample_tokens``: how much of the input is read, from its start; ``top``: the candidates
+    listed (every explanation is, and the closest one when none explains, even with 0)."""
 
     against: str = "advantages"
     against_returns: Optional[str] = None
@@ -60,7 +40,7 @@ class IdentifyOptions:
         check_count("--sample-rows", self.sample_rows, 0)
         check_count("--sample-tokens", self.sample_tokens, 1)
         check_count("--batch-rows", self.batch_rows, 1)
-        check_count("--top", self.top, 1)
+        check_count("--top", self.top, 0)
         if self.columns.kl_coef is not None or self.columns.opd_coef is not None:
             raise InvalidOptionError("gae identify reads the rewards as stored: --kl-coef and --opd-coef are not taken")
         self.reading  # noqa: B018 - the reading options built and checked

@@ -230,8 +230,9 @@ def build_report(
 
     best = ranked[0]
     groups = group_candidates(ranked)
-    kept = [group for group in groups if group.first.explains] or []
-    kept += [group for group in groups if not group.first.explains][: max(options.top - len(kept), 1)]
+    kept = [group for group in groups if group.first.explains]
+    others = [group for group in groups if not group.first.explains]
+    kept += others[: max(options.top - len(kept), 0 if kept else 1)]
     lost = None
     if best.family.estimator == "gae":
         arrays = (sample.trainable, sample.offsets, sample.terminal_rewards)

@@ -9,9 +9,10 @@ from typing import Any, Optional
 import numpy as np
 
 from gaecli.identify.candidates import Family, families
+from gaecli.identify.defaults import FIT_ROWS, FIT_TOKENS, MIN_FIT_TOKENS
 from gaecli.identify.evaluate import Judged, judge, sample_target
 from gaecli.identify.fit import GRID, grid_search, refine
-from gaecli.identify.options import FIT_ROWS, FIT_TOKENS, MIN_FIT_TOKENS, IdentifyOptions
+from gaecli.identify.options import IdentifyOptions
 from gaecli.identify.report import IdentifyReport, build_report
 from gaecli.identify.sample import Sample, read_sample
 from gaecli.progress import NoProgress, Progress
