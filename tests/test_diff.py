@@ -569,8 +569,8 @@ def test_usage_errors(tmp_path, monkeypatch):
     def run(*args):
         return gae("diff", path, "--gamma", 1, "--lambd", 1, "--quiet", *args)
 
-    result = run("--against", "trained", "--baseline", "unmasked")
-    assert result.exit_code == 2 and "--against" in result.stderr and "--baseline" in result.stderr
+    result = run("--against", "trained", "--old-estimator", "gae")
+    assert result.exit_code == 2 and "--against" in result.stderr and "--old-estimator" in result.stderr
     result = run("--against", "trained_advantages")
     assert result.exit_code == 2 and "'trained_advantages' is missing" in result.stderr
     result = run("--against-returns", "trained")

@@ -1,9 +1,10 @@
-"""``gae diff --baseline LIST`` and ``gae recompute --baseline``: the old sides chosen (one
-kind only), the ``comparisons`` of the JSON in the order given with the top level mirroring
-the first, every profile's figures, terminal credit and lost terminal rewards against the
-trainers' own float64 loops (``helpers.ORACLES``), a list bitwise equal to separate runs on
-every engine, the per-sample rows per comparison, the side-by-side reports, and recompute's
-baseline columns."""
+"""``gae diff --baseline LIST`` and ``gae recompute --baseline``: the old sides chosen (an
+``--old-estimator`` alone), the ``comparisons`` of the JSON in the order given with the top
+level mirroring the first, every profile's figures, terminal credit and lost terminal
+rewards against the trainers' own float64 loops (``helpers.ORACLES``), a list bitwise equal
+to separate runs on every engine, the per-sample rows per comparison, the side-by-side
+reports, and recompute's baseline columns (a stored column beside the profiles:
+test_diff_against_baselines.py)."""
 
 from __future__ import annotations
 
@@ -56,16 +57,16 @@ def lost_by_perturbation(semantics: str, data: Rollouts, gamma: float, lambd: fl
 # ----------------------------------------------------------------------------- choosing the sides
 
 
-def test_the_old_side_is_one_kind(tmp_path):
+def test_the_old_sides_chosen(tmp_path):
     data = rollouts(rows=8, seed=1)
     path = write_data(tmp_path, data, extra={"trained": pa.array([[0.0] * len(m) for m in data.masks])})
 
     def run(*args):
         return gae("diff", path, "--gamma", 1, "--lambd", 1, "--quiet", *args)
 
-    for args in (("--baseline", "verl", "--against", "trained"), ("--against", "trained", "--baseline", "all")):
+    for args in (("--baseline", "verl", "--old-estimator", "gae"), ("--old-estimator", "gae", "--against", "trained")):
         result = run(*args)
-        assert result.exit_code == 2 and "--baseline and --against" in result.stderr, result.output
+        assert result.exit_code == 2 and "each choose the old advantages" in result.stderr, result.output
     for text, message in (
         ("unmasked,slime", "which name the same profile"),
         ("verl,verl", "'verl' twice"),

@@ -12,6 +12,18 @@ PROFILES: tuple[str, ...] = ("verl", "openrlhf", "slime", "roll", "areal", "nemo
 """The trainer profiles: what each trainer computed at HEAD, at every position
 (docs/semantics.md#the-trainer-profiles), in documentation order."""
 
+PROFILE_SUMMARIES: dict[str, str] = {
+    "verl": "verl's PPO: masked steps skipped, z on the last response token (lost when it is masked)",
+    "openrlhf": "OpenRLHF: V and r zeroed at masked tokens, GAE over every token, z on the last trainable token",
+    "slime": "slime, pre-fix miles: the mask ignored, GAE over every token, z on the last response token",
+    "roll": "ROLL: r masked but not V, GAE over every token, then A·m; z lost when the last token is masked",
+    "areal": "AReaL: verl's loop (masked steps skipped, z on the last response token), no bootstrap value",
+    "nemo-rl": "NeMo-RL: masked steps skipped, z on the last trainable token: the contract on trainable tokens",
+    "skyrl": "SkyRL: slime's recursion (the mask read nowhere); it whitens: add --normalize --norm-like skyrl",
+}
+"""What each profile of :data:`PROFILES` computes, in one line (``gae diff --list-baselines``;
+the whole table: docs/semantics.md#the-trainer-profiles)."""
+
 ALIASES: dict[str, str] = {"unmasked": "slime", "zero-masked": "openrlhf", "skip-masked": "verl"}
 """The generic baseline names of earlier releases, each the profile it now names."""
 
@@ -175,6 +187,18 @@ WHITEN_EPSILON = 1e-8
 def profile_of(semantics: str) -> str:
     """The profile an alias names, or ``semantics`` itself (a profile or ``masked``)."""
     return ALIASES.get(semantics, semantics)
+
+
+def baseline_names() -> tuple[tuple[str, str], ...]:
+    """Every name a list of baselines takes, each with what it names in one line: the
+    profiles (:data:`PROFILE_SUMMARIES`), the aliases (:data:`ALIASES`), ``masked`` (the
+    contract itself) and ``all``, in that order."""
+    return (
+        *PROFILE_SUMMARIES.items(),
+        *((alias, f"= {profile}, the name of earlier releases") for alias, profile in ALIASES.items()),
+        (MASKED, "the contract itself: masked GAE (the old side of a diff of the GAE variants)"),
+        (ALL_PROFILES, f"every profile: {', '.join(PROFILES)}"),
+    )
 
 
 def expand_baselines(text: str, option: str = "--baseline") -> tuple[str, ...]:

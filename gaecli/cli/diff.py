@@ -11,6 +11,20 @@ from gaecli.cli.common import BatchRowsOption, DebugOption, JsonOption, QuietOpt
 from gaecli.cli.progress import make_progress, print_closing
 
 
+def _list_baselines(value: Optional[bool]) -> None:
+    """``--list-baselines``: every name of a list of baselines, one a line with what it names,
+    on stdout; then exit 0 (eager: before INPUT is looked for)."""
+    if not value:
+        return
+    from gaecli.advantages.contract import baseline_names
+
+    names = baseline_names()
+    width = max(len(name) for name, _ in names)
+    for name, description in names:
+        typer.echo(f"{name:<{width}}  {description}")
+    raise typer.Exit()
+
+
 @app.command(epilog=common.EXIT_CODES_HELP)
 @option_groups.with_groups
 def diff(
@@ -25,7 +39,17 @@ def diff(
             show_default=False,
             help="Old advantages recomputed as a trainer computes them, a comma list compared side by side in one "
             "pass: the profiles verl, openrlhf, slime, roll, areal, nemo-rl, skyrl, or all (the seven); aliases "
-            "unmasked (= slime, the default), zero-masked (= openrlhf), skip-masked (= verl). Not with --against.",
+            "unmasked (= slime, the default), zero-masked (= openrlhf), skip-masked (= verl). With --against: "
+            "compared beside the stored column (after it). --list-baselines says what each computes.",
+        ),
+    ] = None,
+    list_baselines: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--list-baselines",
+            callback=_list_baselines,
+            is_eager=True,
+            help="Print every name --baseline takes, with what it computes, and exit (no INPUT needed).",
         ),
     ] = None,
     old_estimator: Annotated[
@@ -42,8 +66,8 @@ def diff(
         Optional[str],
         typer.Option(
             metavar="COLUMN",
-            help="Compare with advantages stored in COLUMN (e.g. what the trainer used) instead of a baseline. "
-            "Not with --baseline.",
+            help="Compare with advantages stored in COLUMN (e.g. what the trainer used); with --baseline LIST, "
+            "beside those baselines (the stored column first), else alone.",
         ),
     ] = None,
     against_returns: Annotated[
@@ -111,8 +135,8 @@ def diff(
     quiet: QuietOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """How far were the old advantages off? Masked GAE against trainer profiles (side by side)
-    or stored advantages, over trainable tokens."""
+    """How far were the old advantages off? Masked GAE against stored advantages and trainer
+    profiles, side by side, over trainable tokens."""
     if json_path == "-" and markdown == "-":
         common.fail("--json and --markdown cannot both write to stdout ('-')", common.EXIT_USAGE)
     progress = make_progress(quiet)

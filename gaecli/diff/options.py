@@ -23,24 +23,25 @@ DEFAULT_BASELINE = "unmasked"
 class DiffOptions(RunOptions):
     """Everything that shapes a diff (the CLI options, one to one).
 
-    New advantages: :attr:`new_spec`. Old advantages, exactly one kind of old side
-    (:attr:`sides`): ``old_estimator`` (another estimator recomputed), ``baseline``, a comma
-    list of trainer profiles (or aliases, or ``all``) each recomputed from the same data
-    (None means ``unmasked`` when no other kind is given), or with ``against`` the stored
-    column (and ``against_returns`` the stored returns); two kinds together are refused.
+    New advantages: :attr:`new_spec`. Old advantages (:attr:`sides`): ``old_estimator``
+    (another estimator recomputed, alone), or ``against``, the stored column (and
+    ``against_returns`` the stored returns), and ``baseline``, a comma list of trainer
+    profiles (or aliases, or ``all``) each recomputed from the same data, either or both
+    (both: the stored column first, then every baseline; neither: ``unmasked``).
     ``normalize`` / ``normalize_by`` whiten new and every old side the same way, each with
     its own statistics. ``groups_out``: a Parquet file to write every ``group_by`` group's
     figures to (every comparison's, with a ``comparison`` column). ``overwrite``: replace
     an existing ``per_sample`` or ``groups_out`` file (refused otherwise, as data outputs are).
     ``report_paths``: files the caller will write reports to, paths or (role, path) pairs
     (refused when one is an input or another output). ``variants``: the GAE variants of
-    the new side only (docs/variants.md); the old side stays the baseline or the stored column.
+    the new side only (docs/variants.md); the old sides stay the baselines and the stored column.
     ``estimator``: the new side's estimator (``gae``, masked GAE, or a critic-free one of
     docs/estimators.md); ``old_estimator``: another estimator recomputed on the same rows as
     the old side (exclusive with ``against`` and ``baseline``); a critic-free new side needs
-    one of ``old_estimator`` and ``against``. ``group_by_id`` / ``step_by``: the prompt-group and
-    step id columns the estimators read; ``gamma`` / ``lambd`` are given exactly where a side
-    reads them (GAE, a GAE baseline, ``reinforce++``).
+    one of ``old_estimator`` and ``against``, and takes no ``baseline`` (the profiles are
+    GAE). ``group_by_id`` / ``step_by``: the prompt-group and step id columns the estimators
+    read; ``gamma`` / ``lambd`` are given exactly where a side reads them (GAE, a GAE
+    baseline, ``reinforce++``).
     Every value is checked when the options are made (:meth:`check`).
     """
 
@@ -76,19 +77,9 @@ class DiffOptions(RunOptions):
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
         choices, a kernel or device not usable here, and contradicting options."""
-        given = [flag for flag, value in self._old_side_options() if value is not None]
-        if len(given) > 1:
-            raise InvalidOptionError(
-                f"{' and '.join(given)} each choose the old advantages (--baseline: recomputed under trainer "
-                f"profiles, --against: stored in a column, --old-estimator: another estimator): give one of them"
-            )
+        self._check_old_side_options()
         if self.groups_out is not None and self.group_by is None:
             raise InvalidOptionError("--groups-out needs --group-by (the column whose groups it lists)")
-        if self.estimator in CRITIC_FREE and self.old_estimator is None and self.against is None:
-            raise InvalidOptionError(
-                f"--estimator {self.estimator}: give --old-estimator NAME or --against COLUMN as the old side "
-                "(the trainer baselines are GAE only)"
-            )
         check_estimators(
             self.side_estimators,
             self.gamma,
@@ -106,9 +97,34 @@ class DiffOptions(RunOptions):
         check_count("--top", self.top, 0)
         self.check_run()
 
-    def _old_side_options(self) -> tuple[tuple[str, Optional[str]], ...]:
-        """The options that each choose a kind of old side, (flag, value)."""
-        return (("--baseline", self.baseline), ("--against", self.against), ("--old-estimator", self.old_estimator))
+    def _check_old_side_options(self) -> None:
+        """Refuse ``old_estimator`` with ``baseline`` or ``against`` (each chooses the old
+        advantages; ``against`` and ``baseline`` go together), a trainer baseline beside a
+        critic-free new side, and a stored column named like a baseline compared with it (the
+        comparisons are told apart by name)."""
+        if self.old_estimator is not None:
+            chosen = (("--baseline", self.baseline), ("--against", self.against))
+            given = [flag for flag, value in chosen if value is not None]
+            if given:
+                raise InvalidOptionError(
+                    f"--old-estimator and {' and '.join(given)} each choose the old advantages (--old-estimator: "
+                    "another estimator; --against: stored in a column, --baseline: recomputed under trainer "
+                    "profiles, these two together or apart): give one of them"
+                )
+        if self.estimator in CRITIC_FREE and (
+            self.baseline is not None or (self.old_estimator is None and self.against is None)
+        ):
+            raise InvalidOptionError(
+                f"--estimator {self.estimator}: give --old-estimator NAME or --against COLUMN as the old side "
+                "(the trainer baselines of --baseline are GAE only)"
+            )
+        if self.against is not None and self.baseline is not None:
+            if self.against in expand_baselines(self.baseline):
+                raise InvalidOptionError(
+                    f"--against column {self.against!r} has the name of a baseline of --baseline "
+                    f"{self.baseline!r}: the comparisons are told apart by name; rename the column or leave that "
+                    "baseline out"
+                )
 
     @property
     def new_spec(self) -> AdvantageSpec:
@@ -133,17 +149,18 @@ class DiffOptions(RunOptions):
     def side_estimators(self) -> tuple[str, ...]:
         """The estimators computed: the new side's, then the old sides' when recomputed
         (``gae`` for a GAE baseline)."""
-        if self.against is not None:
+        if self.against is not None and self.baseline is None:
             return (self.estimator,)
         return (self.estimator, self.old_estimator or "gae")
 
     @property
     def sides(self) -> tuple[ComparisonSide, ...]:
-        """The old sides, in the order given: the stored columns of ``against``, another
-        estimator (``old_estimator``), or each name of the ``baseline`` list (``all``
-        expanded) recomputed."""
-        if self.against is not None:
-            return (ComparisonSide.stored(self.against, self.against_returns),)
+        """The old sides, in the order given: another estimator (``old_estimator``), or the
+        stored columns of ``against`` first, then each name of the ``baseline`` list (``all``
+        expanded) recomputed (``unmasked`` alone when neither is given)."""
         if self.old_estimator is not None:
             return (ComparisonSide.from_estimator(self.old_estimator),)
-        return tuple(ComparisonSide.baseline(name) for name in expand_baselines(self.baseline or DEFAULT_BASELINE))
+        stored = () if self.against is None else (ComparisonSide.stored(self.against, self.against_returns),)
+        baseline = self.baseline if self.baseline is not None or stored else DEFAULT_BASELINE
+        baselines = () if baseline is None else expand_baselines(baseline)
+        return (*stored, *(ComparisonSide.baseline(name) for name in baselines))

@@ -380,10 +380,10 @@ def diff_files(
 
     ``inputs``: file paths, directories (read recursively for ``*.parquet``) or globs; a
     file named twice is read once. New advantages: ``options.new_spec`` (masked GAE, the
-    contract). Old: ``options.sides``, each name of the ``options.baseline`` list recomputed
-    from the same values, rewards and mask, or the stored ``options.against`` column; every
-    comparison in one pass over the data, each giving the figures a run with that side alone
-    gives, bit for bit. Only trainable tokens are compared. With ``options.per_sample`` one
+    contract). Old: ``options.sides``, the stored ``options.against`` column, then each name
+    of the ``options.baseline`` list recomputed from the same values, rewards and mask (or
+    another estimator); every comparison in one pass over the data, each giving the figures a
+    run with that side alone gives, bit for bit. Only trainable tokens are compared. With ``options.per_sample`` one
     Parquet row per sample and comparison is written (atomically).
 
     ``engine``: where the files are processed, one work unit per file (default: in this

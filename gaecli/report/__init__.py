@@ -51,19 +51,25 @@ def comparisons(document: dict) -> list[dict]:
 
 
 def old_label(document: dict) -> str:
-    """What the old advantages are, in words (a baseline beside masked GAE over episodes: each
-    row computed as its own episode, as the trainers that treat a row as an episode do)."""
+    """What the old advantages are, in words: the stored column, the estimator or the
+    baselines, or the stored column and then the baselines compared beside it (a baseline
+    beside masked GAE over episodes: each row computed as its own episode, as the trainers
+    that treat a row as an episode do)."""
     old = document["old"]
-    if old["source"] == "stored":
-        returns = f", returns {old['returns_column']!r}" if old["returns_column"] else ""
-        return f"stored column {old['advantages_column']!r}{returns}"
     if old["source"] == "estimator":
         return f"the {old['estimator']} estimator"
     names = [comparison["name"] for comparison in comparisons(document)]
+    stored = ""
+    if old["source"] == "stored":
+        returns = f", returns {old['returns_column']!r}" if old["returns_column"] else ""
+        stored, names = f"stored column {old['advantages_column']!r}{returns}", names[1:]
+        if not names:
+            return stored
+        stored += " and "
     rows = ", each row its own episode" if (document.get("new_spec") or {}).get("episode_by") else ""
     if len(names) > 1:
-        return f"the baselines {', '.join(names)}{rows}"
-    return f"the {old['baseline']} baseline{rows}"
+        return f"{stored}the baselines {', '.join(names)}{rows}"
+    return f"{stored}the {names[0]} baseline{rows}"
 
 
 def new_label(document: dict) -> str:
@@ -135,7 +141,7 @@ def _summary_entries(s: dict) -> list[tuple[str, str, str]]:
         ("advantage_std", f"  ÷ σ of the new advantages (σ = {sigma})", _four(s, "advantage", "_over_std")),
     ]
     if s["max_abs_delta_return"] is None:
-        rows.append(("return", "|Δ return|", "— (no old returns)"))
+        rows.append(("return", "|Δ return| mean / median / p99 / max", "— (no old returns)"))
     else:
         rows.append(("return", "|Δ return| mean / median / p99 / max", _four(s, "return")))
         rows.append(("return_std", f"  ÷ σ of the new advantages (σ = {sigma})", _four(s, "return", "_over_std")))
@@ -156,7 +162,7 @@ def _summary_entries(s: dict) -> list[tuple[str, str, str]]:
         )
         rows.append(("tail_length", "  tail length mean / median / p99 / max", tail))
         if s["mean_terminal_credit"] is None:
-            rows.append(("credit", "  old terminal credit", "— (defined for a GAE baseline only)"))
+            rows.append(("credit", "  old terminal credit (mean / min)", "— (defined for a GAE baseline only)"))
         else:
             rows.append(
                 (
@@ -200,17 +206,23 @@ def summary_rows(document: dict) -> list[tuple[str, str]]:
 def summary_table(document: dict) -> tuple[list[str], list[list[str]]]:
     """Headers and rows of the summary table: one column per comparison, side by side, headed
     by its name (``value`` when there is one comparison); a figure a comparison does not
-    have is "—"."""
+    have is "—", its row where the comparisons that have it put it (a stored column has
+    no return spread without returns, nor the credit's details)."""
     listed = comparisons(document)
     headers = ["figure", *(comparison["name"] for comparison in listed)] if len(listed) > 1 else ["figure", "value"]
     labels: dict[str, str] = {}
+    order: list[str] = []
     values: list[dict[str, str]] = []
     for comparison in listed:
         entries = _summary_entries(comparison["summary"])
+        position = 0
         for key, label, _ in entries:
-            labels.setdefault(key, label)
+            if key not in labels:
+                labels[key] = label
+                order.insert(position, key)
+            position = order.index(key) + 1
         values.append({key: value for key, _, value in entries})
-    rows = [[label, *(column.get(key, "—") for column in values)] for key, label in labels.items()]
+    rows = [[labels[key], *(column.get(key, "—") for column in values)] for key in order]
     return headers, rows
 
 
