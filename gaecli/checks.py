@@ -151,7 +151,7 @@ class BatchCheck:
         return not any(f.severity == ERROR for f in self.findings)
 
 
-class _Flagged:
+class Flagged:
     """The rows each rule flags in one batch (rows in the batch), the invalid rows (those
     with an error) and the count per rule code; messages are built only for the findings
     listed (:meth:`findings`)."""
@@ -191,7 +191,7 @@ class _Flagged:
         return findings
 
 
-def _flag_nulls(flagged: _Flagged, batch: pa.RecordBatch, columns: Columns) -> tuple[dict, np.ndarray]:
+def _flag_nulls(flagged: Flagged, batch: pa.RecordBatch, columns: Columns) -> tuple[dict, np.ndarray]:
     """``null`` rule: null lists, nulls in a list, null terminal rewards (from Arrow's null
     counts: no token read where there is none). Returns the token columns' parts (role →
     (array, zero-based offsets, flat values)) and the rows with a null list."""
@@ -215,7 +215,7 @@ def _flag_nulls(flagged: _Flagged, batch: pa.RecordBatch, columns: Columns) -> t
 
 
 def _flag_lengths(
-    flagged: _Flagged, batch: pa.RecordBatch, columns: Columns, lists: dict, null_rows: np.ndarray
+    flagged: Flagged, batch: pa.RecordBatch, columns: Columns, lists: dict, null_rows: np.ndarray
 ) -> np.ndarray:
     """``length-mismatch`` (a token column's length is not the mask's) and
     ``response-length-mismatch`` (the declared length is not the mask's), rows with a null
@@ -255,7 +255,7 @@ def _mask_numbers(mask_flat: pa.Array) -> np.ndarray:
     return numeric_numpy(mask_flat.fill_null(mask_fill) if mask_flat.null_count else mask_flat)
 
 
-def _mask_trainable(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> np.ndarray:
+def _mask_trainable(flagged: Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> np.ndarray:
     """The trainable tokens (bool ``[N]``) of the mask as stored, made in the read that
     applies the ``mask-value`` rule (:func:`gaecli.stats.mask_trainable`): a mask value other
     than 0 or 1, the first per row named."""
@@ -269,7 +269,7 @@ def _mask_trainable(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarra
     return trainable
 
 
-def _flag_mask_values(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> None:
+def _flag_mask_values(flagged: Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> None:
     """``mask-value`` rule: a mask value other than 0 or 1 (the first per row named)."""
     faults = bad_mask_values(mask, mask_offsets)
     if faults is not None:
@@ -283,7 +283,7 @@ def _flag_mask_values(flagged: _Flagged, mask: np.ndarray, mask_offsets: np.ndar
         flagged.flag(mask_rows, mask_name, "mask-value", bad_mask_message)
 
 
-def _flag_non_finite(flagged: _Flagged, columns: Columns, lists: dict, screened: Collection[str]) -> tuple[dict, dict]:
+def _flag_non_finite(flagged: Flagged, columns: Columns, lists: dict, screened: Collection[str]) -> tuple[dict, dict]:
     """``non-finite`` rule on the token columns other than the mask, but those ``screened``
     (the first NaN or ±Inf per row named). Returns column name → flat numbers (nulls as 0),
     and column name → their largest |x| (:func:`gaecli.stats.largest_magnitude`: NaN or
@@ -313,7 +313,7 @@ def _flag_non_finite(flagged: _Flagged, columns: Columns, lists: dict, screened:
     return flat_numbers, magnitudes
 
 
-def _terminal_numbers(flagged: _Flagged, batch: pa.RecordBatch, columns: Columns) -> np.ndarray:
+def _terminal_numbers(flagged: Flagged, batch: pa.RecordBatch, columns: Columns) -> np.ndarray:
     """The terminal rewards ``[B]`` (nulls as 0), a NaN or ±Inf flagged ``non-finite``."""
     terminal = batch.column(columns.terminal_reward)
     terminal_numbers = numeric_numpy(terminal.fill_null(0) if terminal.null_count else terminal)
@@ -328,7 +328,7 @@ def _terminal_numbers(flagged: _Flagged, batch: pa.RecordBatch, columns: Columns
 
 
 def _flag_overflow(
-    flagged: _Flagged,
+    flagged: Flagged,
     batch: pa.RecordBatch,
     columns: Columns,
     lists: dict,
@@ -361,7 +361,7 @@ def _flag_overflow(
 
 
 def _flag_warnings(
-    flagged: _Flagged, trainable: np.ndarray, mask_offsets: np.ndarray, mask_lengths: np.ndarray, mask_name: str
+    flagged: Flagged, trainable: np.ndarray, mask_offsets: np.ndarray, mask_lengths: np.ndarray, mask_name: str
 ) -> None:
     """The warnings (on rows without an error): empty-response, fully-masked, masked-tail."""
     invalid = flagged.invalid.copy()
@@ -416,7 +416,7 @@ def check_batch(
     a few vectorised passes over the flat buffers; messages are built only for the findings
     listed.
     """
-    flagged = _Flagged(batch.num_rows)
+    flagged = Flagged(batch.num_rows)
     lists, null_rows = _flag_nulls(flagged, batch, columns)
     mask_lengths = _flag_lengths(flagged, batch, columns, lists, null_rows)
     mask_name = columns.loss_mask

@@ -169,5 +169,38 @@ RULES: dict[str, Rule] = {
             "the id appears more than once in the file",
             "deduplicate the rows or name the right id column with --id-col",
         ),
+        Rule(
+            "whitened-over-masked",
+            WARNING,
+            "stored advantages whitened with the masked tokens in the statistics: mean 0 and std 1 over every "
+            "token, a mean clearly off 0 over the trainable ones",
+            "whiten over the trainable tokens only (loss_mask == 1), or recompute them with gae recompute --normalize",
+        ),
+        Rule(
+            "normalised-twice",
+            WARNING,
+            "stored advantages normalised in their groups (--group-col) and then whitened again over the batch",
+            "normalise once: drop the batch whitening after the group normalisation, or the group step before it",
+        ),
+        Rule(
+            "group-mean-batch-std",
+            WARNING,
+            "stored advantages centred on each group's mean (--group-col) but scaled by one batch std",
+            "if the estimator is meant to be GRPO, divide each group by its own std; REINFORCE++-baseline scales "
+            "so by design",
+        ),
+        Rule(
+            "equal-rewards-nonzero",
+            WARNING,
+            "a group (--group-col) whose rows' rewards all agree carries non-zero stored advantages",
+            "give such groups zero advantages or drop them; look for a batch shift or a std epsilon applied after "
+            "the group normalisation",
+        ),
+        Rule(
+            "nonzero-at-masked",
+            WARNING,
+            "stored advantages non-zero at masked tokens (loss_mask == 0)",
+            "make sure the policy loss masks these positions, or zero the advantages at masked tokens",
+        ),
     )
 }

@@ -2,9 +2,10 @@
 (:mod:`gaecli.checks`) and collect every finding — file, row, id, column, rule, severity,
 message — with exact counts per rule, plus duplicate ids within each file.
 
-Memory stays bounded by the batch size, except for two things that grow with the data: the
-findings listed (capped by ``max_findings``) and, with ``id_columns``, the id values of the
-file being checked (duplicates are found once the file has been read).
+Memory stays bounded by the batch size, except for what grows with the data: the findings
+listed (capped by ``max_findings``), with ``id_columns`` the id values of the file being
+checked (duplicates are found once the file has been read), and with ``group_col`` a few
+figures per group of it (:mod:`gaecli.pipeline.stored_advantages`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from gaecli.io.format import Columns, list_parts
 from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_writes
 from gaecli.io.reader import RolloutFile
 from gaecli.options import check_count
+from gaecli.pipeline.stored_advantages import DEFAULT_STORED, StoredAdvantages
 from gaecli.pipeline.turn_rows import add_turn_rows, episode_findings, turn_column_findings, turn_row_findings
 from gaecli.progress import NoProgress, Progress
 from gaecli.rules import ERROR, RULES, WARNING
@@ -338,6 +340,7 @@ def _validate_file(
     progress: Progress,
     row_inputs: Sequence[RowInput] = (),
     turns=None,
+    stored: StoredAdvantages = DEFAULT_STORED,
 ) -> Optional[TurnRows]:
     file = result.file
     schema_findings = check_schema(rollout.schema, columns, file) + check_row_input_schema(
@@ -346,7 +349,8 @@ def _validate_file(
     if turns is not None:
         schema_findings += turn_column_findings(rollout.schema, file, turns)
     id_findings = check_id_columns(rollout.schema, id_columns, file)
-    file_findings = schema_findings + id_findings
+    stored_findings, stored_checks = stored.file_checks(rollout.schema, file, columns)
+    file_findings = schema_findings + id_findings + stored_findings
     counts: dict[str, int] = {}
     for finding in file_findings:
         counts[finding.code] = counts.get(finding.code, 0) + 1
@@ -363,6 +367,7 @@ def _validate_file(
         *usable_ids,
         *(needed.name for needed in row_inputs),
         *(() if turns is None else turns.names()),
+        *(() if stored_checks is None else stored_checks.names()),
     }
     read = [name for name in rollout.schema.names if name in wanted]
     id_batches: list[pa.RecordBatch] = []
@@ -380,7 +385,10 @@ def _validate_file(
                 max_findings=report.room(),
                 row_inputs=row_inputs,
             )
-            report._add(result, check.findings, check.counts)
+            findings, counts = check.findings, check.counts
+            if stored_checks is not None:  # the rules on stored advantages, merged in row order
+                findings, counts = stored_checks.add(batch, check, first_row, ids, report.room(), findings, counts)
+            report._add(result, findings, counts)
             if rows is not None:
                 _add_turn_rows(rows, batch, check, result, report, first_row, turns, columns.terminal_reward)
             if usable_ids:
@@ -398,6 +406,9 @@ def _validate_file(
         duplicates, findings = duplicate_id_findings(pa.Table.from_batches(id_batches), file, report.room())
         if duplicates:
             report._add(result, findings, {"duplicate-id": duplicates})
+    if stored_checks is not None and result.message is None:
+        row_ids = _RowIds(pa.Table.from_batches(id_batches), usable_ids) if id_batches else None
+        report._add(result, *stored_checks.finish(row_ids, report.room()))
     return rows
 
 
@@ -429,6 +440,8 @@ def validate_files(
     report_paths: Sequence[ReportPath] = (),
     variants: Optional[VariantOptions] = None,
     turn_rows=None,
+    against: Optional[str] = None,
+    group_col: Optional[str] = None,
 ) -> ValidationReport:
     """Check rollout files against every rule in :data:`gaecli.rules.RULES`.
 
@@ -456,7 +469,11 @@ def validate_files(
     ``bootstrap-invalid``; docs/variants.md). ``turn_rows``: the columns of turn rows
     (:class:`gaecli.pipeline.description.TurnColumns`, docs/episodes.md) to check: their
     types, null ids, turn indices and turn rewards, and over every file the episodes' rules
-    ``duplicate-turn`` and ``episode-mismatch``. Raises
+    ``duplicate-turn`` and ``episode-mismatch``. ``against``: the stored per-token advantages
+    (:class:`gaecli.pipeline.stored_advantages.StoredAdvantages`; None: ``advantages`` where a
+    file has it, ``'none'``: none) for the rules ``whitened-over-masked``, ``nonzero-at-masked``
+    and, with ``group_col`` (the prompt-group ids, rows compared within each file),
+    ``normalised-twice``, ``group-mean-batch-std`` and ``equal-rewards-nonzero``. Raises
     :class:`gaecli.errors.InvalidOptionError` (a :class:`GAEUsageError`) for a bad option
     value, before any file is read, and :class:`GAEUsageError` for refused report paths;
     never for bad data.
@@ -468,6 +485,7 @@ def validate_files(
     if any(not name for name in id_columns):
         raise InvalidOptionError("--id-col: a column name is empty")
     row_inputs = variant_row_inputs(variants)
+    stored = StoredAdvantages(against, group_col)
     footers: dict = {}
     report = ValidationReport(files=_discover(inputs, footers), max_findings=max_findings)
     check_writes([result.file for result in report.files], report_writes(report_paths))
@@ -478,7 +496,8 @@ def validate_files(
 
     def task(index: int, _moments, _scores) -> tuple:
         return (
-            readable[index], columns, id_columns, max_findings, batch_rows, row_inputs, run.footers[index], turn_rows
+            readable[index], columns, id_columns, max_findings, batch_rows, row_inputs, run.footers[index], turn_rows,
+            stored,
         )  # fmt: skip
 
     parts = run.execute(_validate_unit, task, stop_on_failure=False)
@@ -536,6 +555,7 @@ def _validate_unit(
     row_inputs: tuple = (),
     footer=None,
     turns=None,
+    stored: StoredAdvantages = DEFAULT_STORED,
     progress: Optional[Progress] = None,
 ) -> _FilePart:
     """Validate one file on its own (the work unit of every engine; ``footer``: the file's,
@@ -550,8 +570,9 @@ def _validate_unit(
         return _FilePart(result, [], {})
     try:
         rows = _validate_file(
-            rollout, result, report, columns, id_columns, batch_rows, progress or NoProgress(), row_inputs, turns
-        )
+            rollout, result, report, columns, id_columns, batch_rows, progress or NoProgress(), row_inputs, turns,
+            stored,
+        )  # fmt: skip
     finally:
         rollout.close()
     return _FilePart(result, report.findings, {code: n for code, n in report.counts.items() if n}, rows)

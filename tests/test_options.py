@@ -23,8 +23,9 @@ from gaecli.validate import validate_files
 
 from rollout_files import files_under, gae, random_rollouts, rollout_table, sha256, write_table
 
-RECOMPUTE, DIFF, VALIDATE = "recompute", "diff", "validate"
-ALL = (RECOMPUTE, DIFF, VALIDATE)
+RECOMPUTE, DIFF, IDENTIFY, VALIDATE = "recompute", "diff", "identify", "validate"
+ALL = (RECOMPUTE, DIFF, IDENTIFY, VALIDATE)
+ON_ENGINES = (RECOMPUTE, DIFF, VALIDATE)  # the commands with --workers, --engine and the KL rewards
 WITH_DISCOUNT = (RECOMPUTE, DIFF)
 
 # (what, the options given, the commands that have them, a word the message must hold)
@@ -38,16 +39,18 @@ MISTAKES = [
     ("unknown device", ["--device", "tpu"], WITH_DISCOUNT, "tpu"),
     ("unknown baseline", ["--baseline", "sometimes-masked"], (DIFF,), "--baseline"),
     ("unknown KL estimator", ["--kl-estimator", "k4"], ALL, "--kl-estimator"),
-    ("KL coefficient nan", ["--kl-coef", "nan"], ALL, "--kl-coef"),
-    ("KL coefficient inf", ["--kl-coef", "inf"], ALL, "--kl-coef"),
-    ("workers 0", ["--workers", "0"], ALL, "--workers"),
-    ("unknown engine", ["--engine", "spark"], ALL, "--engine"),
-    ("tolerance inf", ["--tol", "inf"], WITH_DISCOUNT, "--tol"),
-    ("tolerance below 0", ["--tol", "-1"], WITH_DISCOUNT, "--tol"),
+    ("KL coefficient nan", ["--kl-coef", "nan"], ON_ENGINES, "--kl-coef"),
+    ("KL coefficient inf", ["--kl-coef", "inf"], ON_ENGINES, "--kl-coef"),
+    ("workers 0", ["--workers", "0"], ON_ENGINES, "--workers"),
+    ("unknown engine", ["--engine", "spark"], ON_ENGINES, "--engine"),
+    ("tolerance inf", ["--tol", "inf"], (*WITH_DISCOUNT, IDENTIFY), "--tol"),
+    ("tolerance below 0", ["--tol", "-1"], (*WITH_DISCOUNT, IDENTIFY), "--tol"),
     ("unknown on-invalid", ["--on-invalid", "ignore"], (RECOMPUTE,), "--on-invalid"),
     ("skip-existing with overwrite", ["--skip-existing", "--overwrite"], (RECOMPUTE,), "--skip-existing"),
-    ("top below 0", ["--top", "-1"], (DIFF,), "--top"),
-    ("against with baseline", ["--against", "values", "--baseline", "unmasked"], (DIFF,), "--against"),
+    ("top below 0", ["--top", "-1"], (DIFF, IDENTIFY), "--top"),
+    ("KL rewards to identify", ["--kl-coef", "0.1"], (IDENTIFY,), "--kl-coef"),
+    ("sample rows below 0", ["--sample-rows", "-1"], (IDENTIFY,), "--sample-rows"),
+    ("against with old estimator", ["--against", "values", "--old-estimator", "gae"], (DIFF,), "--old-estimator"),
     ("max findings below 0", ["--max-findings", "-1"], (VALIDATE,), "--max-findings"),
     ("empty id column", ["--id-col", "a,,b"], (VALIDATE,), "--id-col"),
 ]
@@ -88,6 +91,8 @@ def command_line(command: str, source, out, args: list[str]) -> list:
             out / "samples.parquet",
             *args,
         ]
+    if command == IDENTIFY:
+        return [IDENTIFY, source, "--against", "values", *json_report, *args]
     return [VALIDATE, source, *json_report, *args]
 
 
@@ -111,7 +116,8 @@ def test_the_table_options_are_fine_when_valid(tmp_path, source, command):
     bad values, not from the command line around them)."""
     out = tmp_path / "out"
     out.mkdir()
-    result = gae(*command_line(command, source, out, ["--batch-rows", "5", "--workers", "1", "--quiet"]))
+    workers = ["--workers", "1"] if command in ON_ENGINES else []
+    result = gae(*command_line(command, source, out, ["--batch-rows", "5", *workers, "--quiet"]))
     assert result.exit_code == 0, result.output  # (validate: the data has warnings, no errors)
     assert (out / "report.json").exists()
 
@@ -135,7 +141,7 @@ LIBRARY_MISTAKES = {
     "workers": lambda: EngineOptions(workers=0),
     "engine": lambda: EngineOptions(engine="spark"),
     "top": lambda: DiffOptions(gamma=1.0, lambd=0.9, top=-1),
-    "against with baseline": lambda: DiffOptions(gamma=1.0, lambd=0.9, against="trained", baseline="unmasked"),
+    "against with old estimator": lambda: DiffOptions(gamma=1.0, lambd=0.9, against="trained", old_estimator="gae"),
     "validate batch rows": lambda: validate_files([], batch_rows=0),
     "validate max findings": lambda: validate_files([], max_findings=-1),
 }
@@ -191,7 +197,14 @@ def test_short_version_flag():
 
 # The smallest value of each option that takes a whole number; every such option of every
 # command must have a row (test_every_integer_option_is_in_the_table), so a new one is tried too.
-INTEGER_MINIMUMS = {"--batch-rows": 1, "--workers": 1, "--top": 0, "--max-findings": 0}
+INTEGER_MINIMUMS = {
+    "--batch-rows": 1,
+    "--workers": 1,
+    "--top": 0,
+    "--max-findings": 0,
+    "--sample-rows": 0,
+    "--sample-tokens": 1,
+}
 
 
 def integer_options() -> list[tuple[str, str]]:

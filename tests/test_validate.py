@@ -412,6 +412,11 @@ def test_list_rules(tmp_path):
         "masked-tail",
         "empty-response",
         "duplicate-id",
+        "whitened-over-masked",
+        "normalised-twice",
+        "group-mean-batch-std",
+        "equal-rewards-nonzero",
+        "nonzero-at-masked",
     } == set(RULES)
 
 

@@ -10,6 +10,31 @@ from gaecli.cli import common, computation_options, option_groups
 from gaecli.cli.common import EXIT_USAGE, BatchRowsOption, DebugOption, JsonOption, QuietOption, app, fail
 from gaecli.cli.progress import make_progress, print_closing
 
+_STORED = "Stored advantages"
+AgainstOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--against",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel=_STORED,
+        help="The stored per-token advantages column the rules on stored advantages read (whitened-over-masked, "
+        "nonzero-at-masked; with --group-col normalised-twice, group-mean-batch-std, equal-rewards-nonzero): "
+        "default 'advantages' where a file has it; a named column every file must have; 'none' runs none.",
+    ),
+]
+GroupColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--group-col",
+        metavar="COLUMN",
+        show_default=False,
+        rich_help_panel=_STORED,
+        help="The prompt-group id column: with --episode-col the turn rows' group; without it the groups of the "
+        "rules on stored advantages, rows compared within each file (a null id is invalid data).",
+    ),
+]
+
 
 @app.command(
     epilog="Exit codes: 0 no errors (warnings allowed unless --strict) · 1 errors (or warnings under --strict) · "
@@ -47,7 +72,8 @@ def validate(
     episode_col: computation_options.EpisodeColOption = None,
     turn_col: computation_options.TurnColOption = None,
     state_col: computation_options.StateColOption = None,
-    group_col: computation_options.GroupColOption = None,
+    group_col: GroupColOption = None,
+    against: AgainstOption = None,
     column_options: dict = option_groups.COLUMN_OPTIONS,
     row_input_options: dict = option_groups.ROW_INPUT_OPTIONS,
     engine_options: dict = option_groups.ENGINE_OPTIONS,
@@ -76,8 +102,9 @@ def validate(
     with common.errors_to_exit(debug):
         id_columns = [name.strip() for name in id_col.split(",")] if id_col is not None else None
         turn_rows = computation_options.validated_turn_rows(
-            episode_col, turn_col, group_col, state_col, row_input_options["turn_rewards_col"]
-        )
+            episode_col, turn_col, group_col if episode_col is not None else None, state_col,
+            row_input_options["turn_rewards_col"],
+        )  # fmt: skip
         if turn_rows is not None:  # on turn rows the turn reward is a number per row, not a list
             row_input_options = {**row_input_options, "turn_rewards_col": None}
         report = validate_files(
@@ -91,6 +118,8 @@ def validate(
             report_paths=common.reports(JSON=json_path),
             variants=computation_options.validated_row_inputs(**row_input_options),
             turn_rows=turn_rows,
+            against=against,
+            group_col=group_col if episode_col is None else None,
         )
     document = report.to_dict()
     common.write_json(document, json_path)

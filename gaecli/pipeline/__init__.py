@@ -10,7 +10,7 @@ engines (:mod:`gaecli.engines`) can run it in other processes or on other machin
 The package: :mod:`.options` (the shared options), :mod:`.description` (what a run
 computes, built from any command's options), :mod:`.packing` (one batch as flat
 buffers), :mod:`.batches` (a file's computed batches), :mod:`.passes` (the passes before the
-computing one)."""
+computing one), :mod:`.stored_advantages` (``gae validate``'s rules on stored advantages)."""
 
 from gaecli.advantages.whiten import whiten_rows
 from gaecli.pipeline.batches import (
