@@ -22,7 +22,7 @@ from gaecli.diff.per_sample import per_sample_batch, per_sample_schema
 from gaecli.diff.report import ComparisonResult, DiffReport
 from gaecli.engines import EngineOptions
 from gaecli.io.filesystem import to_path, total_size
-from gaecli.io.paths import check_writes, discover_inputs, report_writes
+from gaecli.io.paths import check_writes, input_files, report_writes
 from gaecli.io.reader import RolloutFile
 from gaecli.pipeline import check_file, check_scalar_column, computed_batches, whitened_sides
 from gaecli.pipeline.description import ComparisonSide
@@ -341,19 +341,6 @@ class _Outputs:
             writer.abort()
 
 
-def _input_files(inputs: list[str | Path]) -> list[Path]:
-    """Every input file once, in a stable order."""
-    paths: list[Path] = []
-    seen: set[Path] = set()
-    for item in inputs:
-        found, _ = discover_inputs([str(item)])
-        for path, _root in found:
-            if path.resolve() not in seen:
-                seen.add(path.resolve())
-                paths.append(path)
-    return paths
-
-
 def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
     """The report paths, ``--per-sample`` and ``--groups-out`` through the one rule of
     :func:`gaecli.io.paths.check_writes` (none may be an input or another report; no
@@ -397,7 +384,7 @@ def diff_files(
     break the format. Bad option values raise :class:`gaecli.errors.InvalidOptionError` (a
     :class:`GAEInputError` too) when the options are made, before any work.
     """
-    paths = _input_files(list(inputs))
+    paths = input_files(list(inputs))
     _check_outputs(paths, options)
     return _run(paths, options, progress or NoProgress(), engine or EngineOptions(workers=1))
 
