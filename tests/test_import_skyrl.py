@@ -112,17 +112,112 @@ def test_the_cut_keeps_the_last_response_length_columns_and_an_empty_response(tm
     assert table.column("values")[0].as_py() == batch.arrays["values"][0].tolist()  # a response of all R columns
 
 
-def test_pad_rows_are_flagged_and_groups_come_from_the_boundaries(tmp_path):
-    batch = skyrl_batch(5, prompts=3, per_prompt=2, pad=2)
+def with_boundaries(batch, boundaries):
+    """``batch`` with its metadata's ``policy_prompt_boundaries`` set to ``boundaries``."""
+    batch.boundaries = boundaries
+    batch.state["metadata"]["policy_prompt_boundaries"] = list(boundaries)
+    return batch
+
+
+def test_pad_rows_are_flagged_and_each_gets_a_group_of_its_own(tmp_path):
+    batch = skyrl_batch(5, prompts=3, per_prompt=2, pad=3)
     source = write_batch(tmp_path / dump_name(4), batch.state)
     report = import_skyrl([source], tmp_path / "out.parquet")
     table = pq.read_table(tmp_path / "out.parquet")
-    assert table.column("group_index").to_pylist() == [0, 0, 1, 1, 2, 2, None, None]
-    assert table.column("is_batch_pad").to_pylist() == [False] * 6 + [True] * 2
-    assert table.column("loss_mask").to_pylist()[6:] == [[0.0] * batch.lengths[0]] * 2
-    assert table.column("values").to_pylist()[6:] == [batch.arrays["values"][0].tolist()] * 2  # copies of row 0
+    # prompts 0, 1, 2 from the boundaries (0, 2), (2, 4), (4, 6); the pad rows 3, 4, 5 (SkyRL's pad0, pad1, pad2)
+    assert table.column("group_index").to_pylist() == [0, 0, 1, 1, 2, 2, 3, 4, 5]
+    assert table.column("group_index").null_count == 0 and str(table.schema.field("group_index").type) == "int64"
+    assert table.column("is_batch_pad").to_pylist() == [False] * 6 + [True] * 3
+    assert table.column("loss_mask").to_pylist()[6:] == [[0.0] * batch.lengths[0]] * 3
+    assert table.column("values").to_pylist()[6:] == [batch.arrays["values"][0].tolist()] * 3  # copies of row 0
     assert table.column_names[:5] == ["step", "row", "group_index", "is_batch_pad", "response_length"]
-    assert any("2 batch-padding row(s)" in note for note in report.notes)
+    assert any("3 batch-padding row(s)" in note and "a group_index of its own" in note for note in report.notes)
+
+
+def test_group_ids_are_unique_across_steps_and_stable(tmp_path):
+    batches = {
+        12: with_boundaries(skyrl_batch(31, prompts=2, per_prompt=2, pad=1), [(0, 3), (3, 4)]),
+        3: with_boundaries(skyrl_batch(32, prompts=3, per_prompt=2, pad=2), [(0, 1), (1, 4), (4, 6)]),
+        7: with_boundaries(skyrl_batch(33, prompts=2, per_prompt=3), [(0, 2), (2, 3), (3, 6)]),
+    }
+    for step, batch in batches.items():
+        write_batch(tmp_path / "dumps" / dump_name(step), batch.state)
+    report = import_skyrl([tmp_path / "dumps"], tmp_path / "out.parquet")
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.column("step").to_pylist() == [3] * 8 + [7] * 6 + [12] * 5
+    by_hand = [
+        *[0, 1, 1, 1, 2, 2, 3, 4],  # step 3: (0, 1), (1, 4), (4, 6), then its two pad rows
+        *[5, 5, 6, 7, 7, 7],  # step 7: (0, 2), (2, 3), (3, 6), after step 3's five groups
+        *[8, 8, 8, 9, 10],  # step 12: (0, 3), (3, 4), then its pad row
+    ]
+    assert table.column("group_index").to_pylist() == by_hand
+    per_step = {}
+    for step, group in zip(table.column("step").to_pylist(), by_hand):
+        per_step.setdefault(step, set()).add(group)
+    assert sum(len(groups) for groups in per_step.values()) == len(set().union(*per_step.values()))
+    assert any("no two steps share a group id" in note for note in report.notes)
+    # the same dumps, named one by one in another order, give the same ids
+    import_skyrl([tmp_path / "dumps" / dump_name(step) for step in (12, 7, 3)], tmp_path / "again.parquet")
+    assert pq.read_table(tmp_path / "again.parquet").column("group_index").to_pylist() == by_hand
+
+
+def grpo_by_hand(table, groups: list) -> list[list[float]]:
+    """grpo as docs/estimators.md defines it, one row at a time: the score ``s`` =
+    ``terminal_reward`` + the rewards at trainable tokens (token order, float64); per group
+    ``(s − μ) / (σ + 1e-6)`` with the Bessel σ, a group of one ``s / (1 + 1e-6)``; that value
+    at every trainable token, 0 at the masked ones. ``groups``: each row's group, any key."""
+    masks = table.column("loss_mask").to_pylist()
+    scores = []
+    for rewards, mask, terminal in zip(table.column("rewards").to_pylist(), masks, table.column("terminal_reward")):
+        score = terminal.as_py()
+        for reward, trainable in zip(rewards, mask):
+            if trainable:
+                score += reward
+        scores.append(score)
+    members = {}
+    for score, group in zip(scores, groups):
+        members.setdefault(group, []).append(score)
+    advantages = []
+    for score, group, mask in zip(scores, groups, masks):
+        group_scores = members[group]
+        if len(group_scores) == 1:
+            value = score / (1 + 1e-6)
+        else:
+            mean = sum(group_scores) / len(group_scores)
+            std = (sum((x - mean) ** 2 for x in group_scores) / (len(group_scores) - 1)) ** 0.5
+            value = (score - mean) / (std + 1e-6)
+        advantages.append([value if trainable else 0.0 for trainable in mask])
+    return advantages
+
+
+def test_grpo_recomputes_on_an_import_with_pad_rows_over_the_boundaries_groups(tmp_path):
+    """The groups by hand from the boundaries, keyed by step (two steps' groups stay apart),
+    each pad row alone: what ``gae recompute --estimator grpo --group-col group_index``
+    (the default --norm-like, grpo's own rule) must give on the import."""
+    boundaries = {1: [(0, 3), (3, 5), (5, 6)], 2: [(0, 2), (2, 4), (4, 6)]}
+    pads = {1: 2, 2: 1}
+    for step in (1, 2):
+        batch = skyrl_batch(40 + step, pad=pads[step], estimator="reinforce++", gamma=1.0, critic=False)
+        write_batch(tmp_path / "dumps" / dump_name(step), with_boundaries(batch, boundaries[step]).state)
+    imported = tmp_path / "out.parquet"
+    assert import_dumps(tmp_path / "dumps", "-o", imported, "--estimator", "reinforce++", "--gamma", 1).exit_code == 0
+    options = ("--estimator", "grpo", "--group-col", "group_index", "-q")
+    result = gae("recompute", imported, "-o", tmp_path / "r.parquet", *options)
+    assert result.exit_code == 0, result.output
+    groups = []
+    for step in (1, 2):
+        for prompt, (start, end) in enumerate(boundaries[step]):
+            groups += [(step, prompt)] * (end - start)
+        groups += [(step, "pad", i) for i in range(pads[step])]
+    table = pq.read_table(imported)
+    expected = grpo_by_hand(table, groups)
+    got = pq.read_table(tmp_path / "r.parquet").column("advantages").to_pylist()
+    assert len(got) == len(expected) == 6 + 2 + 6 + 1
+    for row, (want, have) in enumerate(zip(expected, got)):
+        assert np.allclose(have, want, rtol=1e-6, atol=1e-7), row
+    pad_rows = [row for row, pad in enumerate(table.column("is_batch_pad").to_pylist()) if pad]
+    assert pad_rows == [6, 7, 14] and all(not any(got[row]) for row in pad_rows)  # loss_mask all 0: zeros
+    assert all(any(got[row]) for row in (5, 13))  # row 5 a group of one, row 13 a pair: not zero
 
 
 def test_without_boundaries_there_is_no_group_index_and_a_note(tmp_path):
@@ -132,13 +227,6 @@ def test_without_boundaries_there_is_no_group_index_and_a_note(tmp_path):
     assert "group_index" not in table.column_names and table.column("is_batch_pad").to_pylist()[-1]
     assert any("no policy_prompt_boundaries" in note and "drops the uids" in note for note in report.notes)
     assert any("1 batch-padding row(s)" in note and "group_index" not in note for note in report.notes)
-
-
-def test_several_steps_with_boundaries_say_group_index_is_per_step(tmp_path):
-    for step in (1, 2):
-        write_batch(tmp_path / dump_name(step), skyrl_batch(step).state)
-    report = import_skyrl([tmp_path], tmp_path / "out.parquet")
-    assert any("group_index numbers the prompts within each step" in note for note in report.notes)
 
 
 def test_without_a_critic_there_is_no_values_column_and_gae_recovery_is_refused(tmp_path):

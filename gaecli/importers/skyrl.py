@@ -82,18 +82,21 @@ class _Dump:
     rows: int
     tokens: int
     pad_rows: int
+    groups: int  # the group ids the dump takes: its prompts, then one per padding row (0 without boundaries)
     keys: frozenset[str]  # the TOKEN_FIELDS keys present (and GROUPS_KEY when it has boundaries)
     other_keys: frozenset[str]
     dtypes: dict[str, np.dtype]
 
     def place(self) -> tuple:
-        return (self.step, self.rows, self.tokens, self.pad_rows, self.keys, self.dtypes)
+        return (self.step, self.rows, self.tokens, self.pad_rows, self.groups, self.keys, self.dtypes)
 
 
 @dataclass
 class _Arrays:
     """A dump's data: the response columns of each row (bool ``[B, R]``), its lengths, the
-    ``[B, R]`` arrays by key, the batch-padding rows and the prompt of each other row."""
+    ``[B, R]`` arrays by key, the batch-padding rows and the group of every row within the
+    dump (``[B]``: the prompts 0 … P−1, then P, P+1, … one per padding row; None without
+    boundaries)."""
 
     response: np.ndarray
     lengths: np.ndarray
@@ -124,7 +127,7 @@ def inspect_dump(path: AnyPath, loaded: Any, recovery: Optional[Recovery]) -> tu
     pad_rows = _pad_rows(path, metadata, rows)
     pad = np.arange(rows) >= rows - pad_rows
     bounds = metadata.get(BOUNDARIES)
-    groups = None if bounds is None else _groups(path, bounds, rows - pad_rows)
+    groups = None if bounds is None else _groups(path, bounds, rows - pad_rows, pad_rows)
     if recovery is not None:
         recovery.check(path, arrays, response)
     keys = frozenset(arrays) | (frozenset() if groups is None else {GROUPS_KEY})
@@ -132,7 +135,8 @@ def inspect_dump(path: AnyPath, loaded: Any, recovery: Optional[Recovery]) -> tu
         str(key) for key, entry in batch_dict.items() if entry is not None and key not in (RESPONSE_MASK, *arrays)
     )
     dtypes = {key: array.dtype for key, array in arrays.items()}
-    dump = _Dump(path, step, rows, int(lengths.sum()), pad_rows, keys, other, dtypes)
+    group_count = 0 if groups is None or not groups.size else int(groups[-1]) + 1
+    dump = _Dump(path, step, rows, int(lengths.sum()), pad_rows, group_count, keys, other, dtypes)
     return dump, _Arrays(response, lengths, arrays, pad, groups)
 
 
@@ -236,11 +240,12 @@ def _pad_rows(path: AnyPath, metadata: dict, rows: int) -> int:
     return pad_rows
 
 
-def _groups(path: AnyPath, bounds: Any, samples: int) -> np.ndarray:
-    """The prompt of each of the first ``samples`` rows (the batch less its padding) from
-    ``policy_prompt_boundaries``: consecutive ``(start, end)`` pairs from row 0 to
-    ``samples``, the k-th giving its rows k. The types are collected by ``map`` (no Python
-    loop over the prompts)."""
+def _groups(path: AnyPath, bounds: Any, samples: int, pad_rows: int) -> np.ndarray:
+    """The group of each row of the batch within the dump: k for the rows of the k-th
+    ``(start, end)`` pair of ``policy_prompt_boundaries`` (consecutive pairs from row 0 to
+    ``samples``, the batch less its padding), then P, P+1, … for the ``pad_rows`` padding
+    rows after the P prompts, a group each (as SkyRL gives each its own uid, ``pad{i}``).
+    The types are collected by ``map`` (no Python loop over the prompts)."""
     where = f"{path}: metadata[{BOUNDARIES!r}]"
     expected = "expected a list of (start, end) row pairs"
     if not isinstance(bounds, (list, tuple)) or not set(map(type, bounds)) <= {tuple, list}:
@@ -269,7 +274,8 @@ def _groups(path: AnyPath, bounds: Any, samples: int) -> np.ndarray:
             f"{where} covers rows 0 to {covered}, but the batch has {samples} rows before its padding "
             f"(pad_size): the boundaries cover every prompt's rows"
         )
-    return np.repeat(np.arange(starts.size, dtype=np.int64), ends - starts)
+    prompts = np.repeat(np.arange(starts.size, dtype=np.int64), ends - starts)
+    return np.concatenate([prompts, starts.size + np.arange(pad_rows, dtype=np.int64)])
 
 
 # ----------------------------------------------------------------------------- the output
@@ -311,9 +317,12 @@ def dump_batch(
     schema: pa.Schema,
     value_types: dict[str, np.dtype],
     recovery: Optional[Recovery],
+    first_group: int,
 ) -> tuple[pa.RecordBatch, int]:
     """One dump as a record batch of ``schema`` (and its token count): every ``[B, R]``
-    array cut to its rows' response columns at once (a boolean index: no loop over rows)."""
+    array cut to its rows' response columns at once (a boolean index: no loop over rows);
+    ``group_index`` is ``first_group`` plus each row's group within the dump (the groups
+    the earlier dumps of the file took)."""
     response, lengths = arrays.response, arrays.lengths
     offsets = list_offsets(
         lengths,
@@ -335,9 +344,7 @@ def dump_batch(
         "response_length": pa.array(lengths),
     }
     if arrays.groups is not None:
-        groups = np.zeros(dump.rows, dtype=np.int64)
-        groups[: arrays.groups.size] = arrays.groups
-        columns["group_index"] = pa.array(groups, mask=arrays.pad)
+        columns["group_index"] = pa.array(first_group + arrays.groups)
     for key, matrix in arrays.tokens.items():
         columns[FIELDS_BY_KEY[key].column] = token_list(matrix, value_types[key])
     if recovery is not None:
@@ -410,20 +417,17 @@ def _notes(facts: list[_Dump], keys: frozenset[str], recovery: Optional[Recovery
         )
     elif len(facts) > 1:
         notes.append(
-            "group_index numbers the prompts within each step, and --group-col joins equal ids across the whole "
-            "file: recompute a grouped estimator on one step's import at a time"
+            f"group_index numbers the groups of the {len(facts)} steps in one sequence, in step order: no two steps "
+            f"share a group id, so --group-col never joins them"
         )
     pad_rows = sum(dump.pad_rows for dump in facts)
     if pad_rows:
-        grouped = (
-            " and a null group_index; they train nothing (a grouped estimator refuses a null group id: drop them, "
-            "or recompute with --on-invalid skip)"
-            if GROUPS_KEY in keys
-            else "; they train nothing"
-        )
+        grouped = " and a group_index of its own each (SkyRL's pad{i} uids)" if GROUPS_KEY in keys else ""
         notes.append(
             f"{pad_rows} batch-padding row(s) (metadata pad_size: copies of row 0 with loss_mask 0, added by SkyRL's "
-            f"pad_training_input_batch) imported with is_batch_pad true{grouped}"
+            f"pad_training_input_batch) imported with is_batch_pad true{grouped}; they train "
+            f"nothing (every estimator gives them 0) but count where a statistic spans the batch (gpg's α, a batch "
+            f"--norm-mean or --norm-std, --norm-tokens response): drop them (is_batch_pad) to leave them out"
         )
     return notes
 
@@ -449,8 +453,9 @@ def import_skyrl(
     every dump, ordered by step N (numerically), then file name, then batch row; each
     holds the response columns of its row (``response_mask`` 1: the last
     ``response_length`` columns). Columns: ``step``, ``row``, ``group_index`` (the prompt,
-    from the metadata's ``policy_prompt_boundaries``; null on padding rows; left out
-    without boundaries), ``is_batch_pad`` (the last ``pad_size`` rows), ``response_length``,
+    from the metadata's ``policy_prompt_boundaries``, numbered across the whole file in
+    row order so that no two steps share one; each padding row a group of its own; left
+    out without boundaries), ``is_batch_pad`` (the last ``pad_size`` rows), ``response_length``,
     then ``values``, ``loss_mask``, ``log_probs``, ``ref_log_probs``, ``rollout_log_probs``,
     ``kl``, ``trained_advantages``, ``trained_returns`` as the dumps have them.
 
@@ -498,10 +503,12 @@ def _plan(sources: list[AnyPath], output: str, recovery: Optional[Recovery]) -> 
     )
 
     def batches() -> Iterator[tuple[pa.RecordBatch, int]]:
+        first_group = 0  # the groups the earlier dumps took: group ids are unique over the file
         for dump in facts:
             again, arrays = inspect_dump(dump.path, load_training_input(dump.path), recovery)
             check_unchanged(dump.path, again.place() == dump.place())
-            batch, tokens = dump_batch(dump, arrays, schema, value_types, recovery)
+            batch, tokens = dump_batch(dump, arrays, schema, value_types, recovery, first_group)
+            first_group += dump.groups
             del arrays
             yield batch, tokens
             report.files.append(ImportedFile(str(dump.path), dump.step, None, dump.rows, tokens))
