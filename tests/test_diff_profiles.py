@@ -64,9 +64,12 @@ def test_the_old_sides_chosen(tmp_path):
     def run(*args):
         return gae("diff", path, "--gamma", 1, "--lambd", 1, "--quiet", *args)
 
-    for args in (("--baseline", "verl", "--old-estimator", "gae"), ("--old-estimator", "gae", "--against", "trained")):
-        result = run(*args)
-        assert result.exit_code == 2 and "each choose the old advantages" in result.stderr, result.output
+    result = run("--old-estimator", "gae", "--against", "trained")
+    assert result.exit_code == 2 and "each choose the old advantages" in result.stderr, result.output
+    profiles = run("--baseline", "verl", "--old-estimator", "gae", "--json", "-")  # GAE's profiles, as --baseline alone
+    assert profiles.exit_code == 0 and json.loads(profiles.stdout) == json.loads(
+        run("--baseline", "verl", "--json", "-").stdout
+    )
     for text, message in (
         ("unmasked,slime", "which name the same profile"),
         ("verl,verl", "'verl' twice"),

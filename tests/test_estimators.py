@@ -349,7 +349,7 @@ def test_diff_compares_two_estimators(tmp_path):
         (("--estimator", "grpo", "--group-col", "prompt_id"), "give --old-estimator NAME or --against COLUMN"),
         (
             ("--estimator", "grpo", "--group-col", "prompt_id", "--old-estimator", "rloo", "--baseline", "verl"),
-            "give one",
+            "rloo has no trainer profiles",
         ),
         (("--estimator", "grpo", "--group-col", "prompt_id", "--old-estimator", "rloo", "--against", "x"), "give one"),
         (("--estimator", "grpo", "--group-col", "prompt_id", "--old-estimator", "gae"), "--gamma is required"),

@@ -201,30 +201,50 @@ def baseline_names() -> tuple[tuple[str, str], ...]:
     )
 
 
-def expand_baselines(text: str, option: str = "--baseline") -> tuple[str, ...]:
+def expand_baselines(text: str, option: str = "--baseline", estimator: str = "gae") -> tuple[str, ...]:
     """The baselines of a comma list such as ``verl,openrlhf`` or ``all``: the names in the
     order given, as written, with ``all`` expanded in place to :data:`PROFILES`; ``masked``
-    (the contract itself: the old side of a diff of the GAE variants) is accepted too.
+    (the contract itself: the old side of a diff of the GAE variants) is accepted too. For a
+    critic-free ``estimator`` the names are its trainer profiles
+    (:func:`gaecli.advantages.estimator_profiles.profile_names`), ``all`` the newest of each
+    trainer.
 
     Raises :class:`InvalidOptionError` (a usage error, exit 2; the message starts with
     ``option``) for an empty item, an unknown name, a name given twice, or an alias listed
-    with its target (``unmasked,slime``, or ``all,skip-masked``)."""
+    with its target (``unmasked,slime``, or ``all,skip-masked``; ``verl,verl@2026-08``)."""
+    from gaecli.advantages.estimator_profiles import NEWEST, newest_profiles, profile_names
+
+    gae = estimator == "gae"
+    if not gae and not profile_names(estimator):
+        from gaecli.advantages.estimator_profiles import ESTIMATOR_PROFILES
+
+        raise InvalidOptionError(
+            f"{option}: {estimator} has no trainer profiles (the estimators that have: "
+            f"{', '.join(ESTIMATOR_PROFILES)}); give --old-estimator NAME or --against COLUMN as the old side"
+        )
+    known = (*BASELINES, MASKED) if gae else (*profile_names(estimator), MASKED)
+    everything = PROFILES if gae else newest_profiles(estimator)
     names: list[str] = []
     for item in str(text).split(","):
         name = item.strip()
         if not name:
             raise InvalidOptionError(f"{option}: empty name in {text!r}; give names separated by commas")
         if name == ALL_PROFILES:
-            names.extend(PROFILES)
-        elif name in BASELINES or name == MASKED:
+            names.extend(everything)
+        elif name in known:
             names.append(name)
-        else:
+        elif gae:
             raise InvalidOptionError(
                 f"{option}: unknown baseline {name!r}; choose one of: {ALL_PROFILES}, {MASKED}, {', '.join(BASELINES)}"
             )
+        else:
+            raise InvalidOptionError(
+                f"{option}: {name!r} is no trainer profile of {estimator}; choose one of: {ALL_PROFILES}, "
+                f"{', '.join(known)}"
+            )
     seen: dict[str, str] = {}
     for name in names:
-        profile = profile_of(name)
+        profile = profile_of(name) if gae else NEWEST.get(name, name)
         if profile in seen:
             earlier = seen[profile]
             what = f"{name!r} twice" if earlier == name else f"{earlier!r} and {name!r}, which name the same profile"

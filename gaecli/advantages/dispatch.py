@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 
 from gaecli.advantages.baselines import apply_semantics
+from gaecli.advantages.contract import MASKED
 from gaecli.advantages.kernels import KERNELS, device_type, resolve_kernel
 from gaecli.advantages.spec import VARIANT_INPUTS, AdvantageSpec
 from gaecli.errors import GAEInputError, KernelUnavailableError
@@ -130,6 +131,9 @@ def variant_keywords(spec: AdvantageSpec, row_inputs=None) -> dict:
 
 
 def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs):
+    if spec.estimator == "reinforce++" and spec.semantics != MASKED:
+        returns = _profile_returns(spec, rewards, trainable, offsets, terminal_rewards)
+        return returns, returns
     if spec.estimator in ("reinforce++", "remax"):
         returns_spec = AdvantageSpec(spec.gamma if spec.estimator == "reinforce++" else 1.0, 1.0)
         zeros = np.zeros_like(rewards) if isinstance(rewards, np.ndarray) else rewards.new_zeros(rewards.shape)
@@ -153,6 +157,21 @@ def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewa
     row_values = _row_input(spec, row_inputs, ROW_ADVANTAGE, "each row's advantage")
     advantages = _spread(rewards, row_values, trainable, offsets)
     return advantages, advantages
+
+
+def _profile_returns(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards):
+    """A trainer profile's ``reinforce++`` returns (:func:`gaecli.advantages.estimator_profiles.reinforce_returns`,
+    on numpy buffers: tensors go to the host and come back on their device)."""
+    from gaecli.advantages.estimator_profiles import reinforce_returns
+
+    arrays = (rewards, trainable, offsets, terminal_rewards)
+    if isinstance(rewards, np.ndarray):
+        return reinforce_returns(spec.semantics, *arrays, spec.gamma)
+    import torch
+
+    host = [array.detach().cpu().numpy() for array in arrays]
+    returns = reinforce_returns(spec.semantics, *host, spec.gamma)
+    return torch.from_numpy(returns).to(rewards.device)
 
 
 def _turn_returns(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs):

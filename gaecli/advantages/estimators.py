@@ -19,6 +19,7 @@ from gaecli.advantages.statistics import (
     COMPONENT,
     PATH_BASELINES,
     PATHS,
+    RESPONSE_MOMENTS,
     SCORES,
     TOP_SCORES,
     TRAINABLE_MOMENTS,
@@ -77,6 +78,7 @@ GROUP_TOP_SCORES = Need(TOP_SCORES, "scores", "group_by")
 GROUP_COMPONENTS = Need(SCORES, "components", "group_by")
 STEP_SCORES = Need(SCORES, "scores", "step_by")
 STEP_MOMENTS = Need(TRAINABLE_MOMENTS, "advantages", "step_by")
+STEP_RESPONSE_MOMENTS = Need(RESPONSE_MOMENTS, "advantages", "step_by")
 GROUP_PATHS = Need(PATH_BASELINES, "paths", "group_by")
 EPISODE_TURNS = Need(TURN_ROWS, "turns", "episode_by")
 
@@ -120,9 +122,24 @@ def row_needs(spec) -> tuple[Need, ...]:
     from gaecli.advantages.spec import reads_steps
 
     needs = ESTIMATOR_STATISTICS.get(spec.estimator, ())
+    profile = trainer_profile(spec)
+    if profile is not None and profile.statistics == "response":  # whitened over every token
+        needs = tuple(STEP_RESPONSE_MOMENTS if need == STEP_MOMENTS else need for need in needs)
     if spec.estimator in SCORE_NORMALISED and reads_steps(spec.estimator, spec.whitening_rule):
         needs = (*needs, STEP_SCORES)
     return needs
+
+
+def trainer_profile(spec):
+    """The trainer profile ``spec``'s estimator runs under
+    (:class:`gaecli.advantages.estimator_profiles.EstimatorProfile`), None under the masked contract."""
+    from gaecli.advantages.contract import MASKED
+
+    if not spec.critic_free or spec.semantics == MASKED:
+        return None
+    from gaecli.advantages.estimator_profiles import estimator_profile
+
+    return estimator_profile(spec.estimator, spec.semantics)
 
 
 def declared_statistics(spec, operand: str = "new") -> tuple[Statistic, ...]:
@@ -275,16 +292,24 @@ def keys_array(keys, rows: int, what: str) -> pa.Array:
 
 
 def whiten_trainable(
-    advantages: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, moments, keys: Optional[pa.Array]
+    advantages: np.ndarray,
+    trainable: np.ndarray,
+    offsets: np.ndarray,
+    moments,
+    keys: Optional[pa.Array],
+    spec=None,
 ) -> np.ndarray:
     """The ``reinforce++`` estimators' whitening: ``(A − mean) / sqrt(var + ε)`` with the
     statistics of each row's step (``moments``, :class:`gaecli.advantages.statistics.Moments` over
-    trainable tokens, per ``keys`` or the whole input), 0 at masked positions, in the
-    advantages' dtype (:func:`gaecli.advantages.whiten.whiten_rows`)."""
+    trainable tokens, per ``keys`` or the whole input; over every token where ``spec``'s
+    trainer profile takes them so), 0 at masked positions (at every position where the
+    profile writes them there), in the advantages' dtype (:func:`gaecli.advantages.whiten.whiten_rows`)."""
     from gaecli.advantages.whiten import whiten_rows
 
+    profile = None if spec is None else trainer_profile(spec)
+    zeroed = trainable if profile is None or profile.written == "trainable" else None
     # a step without a trainable token has no statistics (NaN) and no position that reads them
-    return whiten_rows(advantages, offsets, moments, keys, trainable=trainable, dtype=advantages.dtype)
+    return whiten_rows(advantages, offsets, moments, keys, trainable=zeroed, dtype=advantages.dtype)
 
 
 def critic_free_batch(
@@ -341,7 +366,7 @@ def critic_free_batch(
     if whitening:
         moments = KeyedStatistics(whitening)
         moments.add({"new": advantages}, trainable, offsets, keys)
-        advantages = whiten_trainable(advantages, trainable, offsets, moments[whitening[0]], step_keys)
+        advantages = whiten_trainable(advantages, trainable, offsets, moments[whitening[0]], step_keys, spec)
         if spec.estimator in WHITENED_RETURNS:
             returns = advantages
     return advantages, returns

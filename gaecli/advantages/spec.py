@@ -94,7 +94,10 @@ class AdvantageSpec:
     - ``semantics``: ``"masked"`` (the contract) or a name of
       :data:`gaecli.advantages.contract.BASELINES` (what a trainer computed): a trainer
       profile (``verl``, ``openrlhf``, ``slime``, ``roll``, ``areal``, ``nemo-rl``, ``skyrl``) or an
-      alias of one (``unmasked``, ``skip-masked``, ``zero-masked``), kept as given.
+      alias of one (``unmasked``, ``skip-masked``, ``zero-masked``), kept as given; with a
+      critic-free estimator that has trainer profiles, one of them
+      (:data:`gaecli.advantages.estimator_profiles.ESTIMATOR_PROFILES`: ``reinforce++``'s
+      ``verl``, ``verl@2026-08``, ``verl@2026-07``, ``slime``, ``skyrl``).
     - ``normalize``: ``"none"``, ``"all"`` (whiten over every trainable token of the input) or
       ``"by"`` (per group of rows with equal ``normalize_by`` key; ``normalize_by`` names that
       per-row input); ``whitening_rule`` (a
@@ -178,7 +181,7 @@ class AdvantageSpec:
             if isinstance(getattr(self, field), list):
                 object.__setattr__(self, field, tuple(getattr(self, field)))
         self._check_estimator()
-        if self.semantics not in SEMANTICS:
+        if self.semantics not in SEMANTICS and not self.critic_free:
             refuse(f"unknown semantics {self.semantics!r}; choose one of: {MASKED}, {', '.join(BASELINES)}")
         if self.normalize not in NORMALIZATIONS:
             refuse(f"unknown normalize {self.normalize!r}; choose one of: {', '.join(NORMALIZATIONS)}")
@@ -240,7 +243,15 @@ class AdvantageSpec:
         values = {name: getattr(self, name) for name in (*ESTIMATOR_FIELDS, "whitening_rule")}
         check_estimator_values((self.estimator,), values, self.normalize != "none")
         if self.estimator in CRITIC_FREE and self.semantics != MASKED:
-            refuse(f"estimator {self.estimator!r} runs under the masked contract only (semantics {self.semantics!r})")
+            from gaecli.advantages.estimator_profiles import profile_names
+
+            profiles = profile_names(self.estimator)
+            if self.semantics not in profiles:
+                choices = f"the masked contract or a trainer profile: {MASKED}, {', '.join(profiles)}"
+                refuse(
+                    f"estimator {self.estimator!r} runs under "
+                    f"{choices if profiles else 'the masked contract only'} (semantics {self.semantics!r})"
+                )
 
     @property
     def critic_free(self) -> bool:

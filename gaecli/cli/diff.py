@@ -17,11 +17,14 @@ def _list_baselines(value: Optional[bool]) -> None:
     if not value:
         return
     from gaecli.advantages.contract import baseline_names
+    from gaecli.advantages.estimator_profiles import profile_listing
 
     names = baseline_names()
     width = max(len(name) for name, _ in names)
     for name, description in names:
         typer.echo(f"{name:<{width}}  {description}")
+    for line in ("", *profile_listing()):
+        typer.echo(line)
     raise typer.Exit()
 
 
@@ -49,7 +52,8 @@ def diff(
             "--list-baselines",
             callback=_list_baselines,
             is_eager=True,
-            help="Print every name --baseline takes, with what it computes, and exit (no INPUT needed).",
+            help="Print every name --baseline takes (of GAE, then of the estimators with trainer profiles), "
+            "with what it computes, and exit (no INPUT needed).",
         ),
     ] = None,
     old_estimator: Annotated[

@@ -98,33 +98,38 @@ class DiffOptions(RunOptions):
         self.check_run()
 
     def _check_old_side_options(self) -> None:
-        """Refuse ``old_estimator`` with ``baseline`` or ``against`` (each chooses the old
-        advantages; ``against`` and ``baseline`` go together), a trainer baseline beside a
-        critic-free new side, and a stored column named like a baseline compared with it (the
-        comparisons are told apart by name)."""
-        if self.old_estimator is not None:
-            chosen = (("--baseline", self.baseline), ("--against", self.against))
-            given = [flag for flag, value in chosen if value is not None]
-            if given:
-                raise InvalidOptionError(
-                    f"--old-estimator and {' and '.join(given)} each choose the old advantages (--old-estimator: "
-                    "another estimator; --against: stored in a column, --baseline: recomputed under trainer "
-                    "profiles, these two together or apart): give one of them"
-                )
-        if self.estimator in CRITIC_FREE and (
-            self.baseline is not None or (self.old_estimator is None and self.against is None)
-        ):
+        """Refuse ``old_estimator`` with ``against`` (each chooses the old advantages;
+        ``against`` and ``baseline`` go together, and ``old_estimator`` with ``baseline`` is
+        that estimator under those trainers' profiles), a critic-free new side with no old
+        side, and a stored column named like a baseline compared with it (the comparisons are
+        told apart by name)."""
+        if self.old_estimator is not None and self.against is not None:
             raise InvalidOptionError(
-                f"--estimator {self.estimator}: give --old-estimator NAME or --against COLUMN as the old side "
-                "(the trainer baselines of --baseline are GAE only)"
+                "--old-estimator and --against each choose the old advantages (--old-estimator: another "
+                "estimator, with --baseline under trainer profiles; --against: stored in a column): give one of them"
             )
+        if self.estimator in CRITIC_FREE and self.old_estimator is None and self.against is None:
+            if self.baseline is None:
+                from gaecli.advantages.estimator_profiles import profile_names
+
+                profiles = ", --baseline PROFILE (its trainer profiles)" if profile_names(self.estimator) else ""
+                raise InvalidOptionError(
+                    f"--estimator {self.estimator}: give --old-estimator NAME{profiles} or --against COLUMN as the "
+                    "old side"
+                )
         if self.against is not None and self.baseline is not None:
-            if self.against in expand_baselines(self.baseline):
+            if self.against in expand_baselines(self.baseline, estimator=self.baseline_estimator):
                 raise InvalidOptionError(
                     f"--against column {self.against!r} has the name of a baseline of --baseline "
                     f"{self.baseline!r}: the comparisons are told apart by name; rename the column or leave that "
                     "baseline out"
                 )
+
+    @property
+    def baseline_estimator(self) -> str:
+        """The estimator the ``baseline`` profiles compute: ``old_estimator`` when given, else
+        the new side's (GAE's profiles for ``gae``)."""
+        return self.old_estimator or self.estimator
 
     @property
     def new_spec(self) -> AdvantageSpec:
@@ -151,16 +156,18 @@ class DiffOptions(RunOptions):
         (``gae`` for a GAE baseline)."""
         if self.against is not None and self.baseline is None:
             return (self.estimator,)
-        return (self.estimator, self.old_estimator or "gae")
+        return (self.estimator, self.baseline_estimator if self.baseline is not None else self.old_estimator or "gae")
 
     @property
     def sides(self) -> tuple[ComparisonSide, ...]:
         """The old sides, in the order given: another estimator (``old_estimator``), or the
         stored columns of ``against`` first, then each name of the ``baseline`` list (``all``
         expanded) recomputed (``unmasked`` alone when neither is given)."""
-        if self.old_estimator is not None:
+        if self.old_estimator is not None and self.baseline is None:
             return (ComparisonSide.from_estimator(self.old_estimator),)
         stored = () if self.against is None else (ComparisonSide.stored(self.against, self.against_returns),)
         baseline = self.baseline if self.baseline is not None or stored else DEFAULT_BASELINE
-        baselines = () if baseline is None else expand_baselines(baseline)
-        return (*stored, *(ComparisonSide.baseline(name) for name in baselines))
+        estimator = self.baseline_estimator
+        baselines = () if baseline is None else expand_baselines(baseline, estimator=estimator)
+        profiled = None if estimator == "gae" else estimator
+        return (*stored, *(ComparisonSide.baseline(name, profiled) for name in baselines))

@@ -67,12 +67,12 @@ class ComparisonPart:
             accumulator=DiffAccumulator(
                 options.gamma,
                 options.lambd,
-                side.semantics,
+                side.gae_semantics,
                 options.tolerance,
                 quantiles=True,
                 new_semantics=options.new_spec.semantics,
             ),
-            groups=GroupedFigures(side.semantics) if options.group_by is not None else None,
+            groups=GroupedFigures(side.gae_semantics) if options.group_by is not None else None,
             top=TopSamples(options.top),
             sample=TokenSample(options.scatter_sample),
         )

@@ -47,9 +47,10 @@ class ComparisonSide:
     estimator: Optional[str] = None
 
     @classmethod
-    def baseline(cls, semantics: str) -> "ComparisonSide":
-        """A trainer profile (or an alias of one) recomputed, named as given."""
-        return cls(BASELINE, semantics, semantics=semantics)
+    def baseline(cls, semantics: str, estimator: Optional[str] = None) -> "ComparisonSide":
+        """A trainer profile (or an alias of one) recomputed, named as given: of GAE, or with
+        ``estimator`` that critic-free estimator's profile (docs/estimators.md#trainer-profiles-of-the-estimators)."""
+        return cls(BASELINE, semantics, semantics=semantics, estimator=estimator)
 
     @classmethod
     def stored(cls, advantages_column: str, returns_column: Optional[str] = None) -> "ComparisonSide":
@@ -62,6 +63,12 @@ class ComparisonSide:
         return cls(ESTIMATOR, estimator, estimator=estimator)
 
     @property
+    def gae_semantics(self) -> Optional[str]:
+        """The GAE profile this side recomputes (the terminal-credit and lost-reward figures
+        read it), None for a stored side, an estimator or an estimator's trainer profile."""
+        return self.semantics if self.estimator is None else None
+
+    @property
     def recomputed(self) -> bool:
         return self.kind != STORED
 
@@ -70,7 +77,7 @@ class ComparisonSide:
         """``advantages_<name>``, ``returns_<name>`` (``-`` turned into ``_``, ``+`` into ``p``): the columns a
         recomputed side is written to (``gae recompute --keep-baseline``) and named by in
         messages."""
-        suffix = self.name.replace("-", "_").replace("+", "p")
+        suffix = self.name.replace("-", "_").replace("+", "p").replace("@", "_")
         return f"advantages_{suffix}", f"returns_{suffix}"
 
     def to_dict(self) -> dict:
@@ -82,7 +89,7 @@ class ComparisonSide:
             "advantages_column": self.advantages_column,
             "returns_column": self.returns_column,
         }
-        if self.kind == ESTIMATOR:
+        if self.estimator is not None:
             record["estimator"] = self.estimator
         return record
 
@@ -104,6 +111,8 @@ def old_side_spec(
     reads (:func:`gaecli.advantages.spec.estimator_spec`: one set of options serves every side)."""
     if side.kind == ESTIMATOR:
         return estimator_spec(side.estimator, gamma, lambd, *ids, **inputs)
+    if side.kind == BASELINE and side.estimator is not None:  # a trainer's profile of a critic-free estimator
+        return estimator_spec(side.estimator, gamma, lambd, *ids, semantics=side.semantics, **inputs)
     return AdvantageSpec(gamma, lambd, side.semantics) if side.recomputed else None
 
 

@@ -171,7 +171,9 @@ def _whitened(computed: ComputedBatch, computation: Computation, moments, cast: 
     sides = [(new, new_returns), *olds]
     for index, (spec, whitens) in enumerate(zip(specs, computation.estimator_whitened)):
         if whitens:
-            advantages = whiten_trainable(sides[index][0], packed.trainable, packed.offsets, moments[index], keys)
+            advantages = whiten_trainable(
+                sides[index][0], packed.trainable, packed.offsets, moments[index], keys, spec
+            )
             sides[index] = (advantages, advantages if spec.estimator in WHITENED_RETURNS else sides[index][1])
     if not computation.old_sides:  # the new side stands in for the old one
         sides[1:] = [sides[0]]

@@ -1,0 +1,160 @@
+"""The trainer profiles of the critic-free estimators: what each trainer's own ``reinforce++``
+computes at every position (docs/estimators.md#trainer-profiles-of-the-estimators), on flat
+numpy buffers, through the masked-GAE kernel on rearranged inputs. The names load nothing
+heavy (numpy is imported where the returns are computed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EstimatorProfile:
+    """How one trainer computes an estimator: its returns (``returns``: the recursion, a key
+    of :data:`RETURNS`), the tokens its whitening statistics are taken over (``trainable``, or
+    ``response``: every token) and where the whitened advantages are written (``trainable``:
+    0 elsewhere; ``every``: every position, as the trainer leaves them)."""
+
+    returns: str
+    summary: str
+    statistics: str = "trainable"
+    written: str = "trainable"
+
+
+REINFORCE_PROFILES: dict[str, EstimatorProfile] = {
+    "verl@2026-08": EstimatorProfile(
+        "skip-masked-lose-last", "verl after #7300: masked steps skipped, z lost when the last token is masked"
+    ),
+    "verl@2026-07": EstimatorProfile(
+        "reset-at-masked", "verl before #7300: the return reset at every masked token (each run its own)"
+    ),
+    "slime": EstimatorProfile(
+        "every-token-to-last-trainable",
+        "slime: masked rewards zeroed, z on the last trainable token, γ over every token, whitened everywhere",
+        written="every",
+    ),
+    "skyrl": EstimatorProfile(
+        "every-token",
+        "SkyRL: every token's reward, z on the last token, whitened over every token and written everywhere",
+        statistics="response",
+        written="every",
+    ),
+}
+"""``reinforce++`` as each trainer computes it (every name a ``--baseline`` takes with
+``--estimator reinforce++``; the sources: docs/estimators.md#trainer-profiles-of-the-estimators):
+
+- ``verl@2026-08`` (verl ``verl/trainer/ppo/core_algos.py``
+  ``compute_reinforce_plus_plus_outcome_advantage`` after #7300): masked tokens skipped
+  (their reward dropped, the running return carried past them undiscounted), the outcome
+  reward on the response's last token and lost when that token is masked; whitened over the
+  trainable tokens, 0 at masked positions;
+- ``verl@2026-07`` (the same function before #7300): the running return reset to 0 at every
+  masked token, so a trainable run sees only the rewards of its own run (and the outcome
+  reward only in the last run, when the response ends trainable); whitened as above;
+- ``slime`` (``slime/utils/ppo_utils.py`` ``get_reinforce_plus_plus_returns``, whitened by
+  ``distributed_masked_whiten``): the rewards at masked tokens zeroed, the outcome reward on
+  the last trainable token, the return discounted over every token up to it (a masked token
+  is a step of γ); whitened over the trainable tokens and written at every position;
+- ``skyrl`` (``skyrl/backends/skyrl_train/utils/ppo_utils.py``
+  ``compute_reinforce_plus_plus_outcome_advantage``): every token's reward, the outcome reward
+  on the response's last token, discounted over every token; whitened over every token of the
+  response (its ``response_mask``) and written at every position."""
+
+ESTIMATOR_PROFILES: dict[str, dict[str, EstimatorProfile]] = {"reinforce++": REINFORCE_PROFILES}
+"""The estimators with trainer profiles, each its profiles by name."""
+
+NEWEST: dict[str, str] = {"verl": "verl@2026-08"}
+"""A bare trainer name where a profile carries versions: its newest."""
+
+
+def profile_listing() -> tuple[str, ...]:
+    """The lines ``gae diff --list-baselines`` prints for the estimators' profiles: each
+    estimator, then each of its names with what it computes."""
+    lines = []
+    for estimator, profiles in ESTIMATOR_PROFILES.items():
+        names = profile_names(estimator)
+        width = max(len(name) for name in names)
+        lines.append(f"with --estimator {estimator} (or --old-estimator {estimator}):")
+        for name in names:
+            summary = profiles[name].summary if name in profiles else f"= {NEWEST[name]}, the newest"
+            lines.append(f"  {name:<{width}}  {summary}")
+        lines.append(f"  {'all':<{width}}  the newest of each trainer: {', '.join(newest_profiles(estimator))}")
+    return tuple(lines)
+
+
+def estimator_profile(estimator: str, semantics: str) -> EstimatorProfile:
+    """The profile ``semantics`` (a name of :data:`ESTIMATOR_PROFILES`, or a bare name of
+    :data:`NEWEST`) of ``estimator``."""
+    return ESTIMATOR_PROFILES[estimator][NEWEST.get(semantics, semantics)]
+
+
+def profile_names(estimator: str) -> tuple[str, ...]:
+    """Every name the profiles of ``estimator`` take: each profile, then the bare names of
+    :data:`NEWEST` that name one of them."""
+    profiles = tuple(ESTIMATOR_PROFILES.get(estimator, {}))
+    return (*profiles, *(bare for bare, newest in NEWEST.items() if newest in profiles))
+
+
+def newest_profiles(estimator: str) -> tuple[str, ...]:
+    """The newest profile of each trainer of ``estimator`` (what ``--baseline all`` names),
+    by its bare name where the trainer's profiles carry versions."""
+    bare = {newest: name for name, newest in NEWEST.items()}
+    profiles = ESTIMATOR_PROFILES.get(estimator, {})
+    return tuple(bare.get(name, name) for name in profiles if "@" not in name or name in bare)
+
+
+def reinforce_returns(semantics: str, rewards, trainable, offsets, terminal_rewards, gamma: float):
+    """The returns of ``reinforce++`` under the trainer profile ``semantics``, before its
+    whitening, at every position (flat ``[N]`` in the rewards' dtype): masked GAE with V = 0
+    and λ = 1 (the ``native`` kernel) on inputs laid out so that its recursion is the
+    trainer's (:data:`REINFORCE_PROFILES`). Shapes as :func:`gaecli.advantages.dispatch.compute`."""
+    import numpy as np
+
+    from gaecli.advantages.contract import MASKED
+    from gaecli.advantages.dispatch import gae_flat
+    from gaecli.advantages.layout import ends_trainable, last_trainable_index
+
+    kind = estimator_profile("reinforce++", semantics).returns
+    offsets = np.asarray(offsets, dtype=np.int64)
+    zeros = np.zeros_like(rewards)
+    if kind == "skip-masked-lose-last":
+        kept = np.where(ends_trainable(trainable, offsets), terminal_rewards, 0).astype(rewards.dtype)
+        return gae_flat(zeros, rewards, trainable, offsets, kept, gamma=gamma, lambd=1.0, semantics=MASKED)[0]
+    if kind == "reset-at-masked":
+        return _run_returns(rewards, trainable, offsets, terminal_rewards, gamma)
+    every = np.ones(rewards.size, dtype=bool)
+    shaped = rewards.copy()
+    rows = offsets.size - 1
+    nonempty = offsets[1:] > offsets[:-1]
+    if kind == "every-token":
+        np.add.at(shaped, offsets[1:][nonempty] - 1, terminal_rewards[nonempty].astype(rewards.dtype))
+    else:  # every-token-to-last-trainable
+        shaped = np.where(trainable, rewards, 0).astype(rewards.dtype)
+        last = last_trainable_index(trainable, offsets)
+        np.add.at(shaped, last[last >= 0], terminal_rewards[last >= 0].astype(rewards.dtype))
+    no_terminal = np.zeros(rows, dtype=rewards.dtype)
+    return gae_flat(zeros, shaped, every, offsets, no_terminal, gamma=gamma, lambd=1.0, semantics=MASKED)[0]
+
+
+def _run_returns(rewards, trainable, offsets, terminal_rewards, gamma):
+    """verl's returns before #7300 at trainable tokens (0 elsewhere: the trainer's values
+    there are masked out after its whitening): each maximal run of trainable tokens its own
+    discounted sum, the outcome reward in the run that ends the response."""
+    import numpy as np
+
+    from gaecli.advantages.dispatch import gae_flat
+
+    positions = np.flatnonzero(trainable)
+    rows = np.repeat(np.arange(offsets.size - 1, dtype=np.int64), np.diff(offsets))[positions]
+    breaks = (np.diff(positions) != 1) | (np.diff(rows) != 0)
+    starts = np.concatenate(([0], np.flatnonzero(breaks) + 1)) if positions.size else np.zeros(0, np.int64)
+    run_offsets = np.append(starts, positions.size).astype(np.int64)
+    run_ends = positions[run_offsets[1:] - 1]
+    ends_response = run_ends == offsets[1:][rows[run_offsets[1:] - 1]] - 1
+    run_terminal = np.where(ends_response, terminal_rewards[rows[run_offsets[1:] - 1]], 0).astype(rewards.dtype)
+    values = np.zeros(positions.size, dtype=rewards.dtype)
+    every = np.ones(positions.size, dtype=bool)
+    returns = gae_flat(values, rewards[positions], every, run_offsets, run_terminal, gamma=gamma, lambd=1.0)[0]
+    result = np.zeros_like(rewards)
+    result[positions] = returns
+    return result
