@@ -417,3 +417,27 @@ def test_diff_gae_with_a_variant_against_an_estimator(tmp_path):
     assert document["summary"]["max_abs_delta_advantage"] == pytest.approx(max(deltas), rel=1e-5)
     refused = gae("diff", *map(str, inputs), "--estimator", "grpo", "--timestep", "turn", *common[:4])
     assert refused.exit_code == 2 and "need estimator 'gae'" in refused.output
+
+
+def test_a_critic_free_output_takes_the_rewards_type_when_values_are_another(tmp_path):
+    """float32 values (not read) beside float64 rewards: the outputs are float64 lists, as
+    computed, and hold grpo's numbers worked out by hand."""
+    table = pa.table(
+        {
+            "values": pa.array([[0.1, 0.2], [0.3]], pa.list_(pa.float32())),
+            "rewards": pa.array([[0.0, 1.0], [0.5]], pa.list_(pa.float64())),
+            "loss_mask": [[1, 1], [1]],
+            "terminal_reward": [1.0, 0.0],
+            "g": [0, 0],
+        }
+    )
+    pq.write_table(table, tmp_path / "in.parquet")
+    result = gae("recompute", tmp_path / "in.parquet", "-o", tmp_path / "out.parquet", "--estimator", "grpo",
+                 "--group-col", "g", "--quiet")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = pq.read_table(tmp_path / "out.parquet")
+    assert out.schema.field("advantages").type == pa.list_(pa.float64())
+    std = (2 * 0.75**2) ** 0.5  # scores 2 and 0.5 around 1.25, the Bessel std
+    expected = [[0.75 / (std + 1e-6)] * 2, [-0.75 / (std + 1e-6)]]
+    for got, want in zip(out.column("advantages").to_pylist(), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-12)

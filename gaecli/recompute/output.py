@@ -54,8 +54,10 @@ def output_schema(
 ) -> tuple[pa.Schema, pa.DataType]:
     """The output's schema (the input's, the new columns added or replaced) with the
     metadata recording the computation and ``identity`` (:func:`identity_record`), and the
-    list type of the new columns."""
-    columns = options.columns
+    list type of the new columns: the float type the advantages are computed in
+    (:func:`gaecli.io.format.output_float_type` of the columns the run reads: a critic-free
+    estimator reads no values, so its outputs take the rewards' type)."""
+    columns = options.computation.columns
     float_type = output_float_type(rollout.schema, columns)
     list_type = list_type_like(rollout.schema, columns, float_type)
     schema = rollout.schema
