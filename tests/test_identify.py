@@ -273,3 +273,21 @@ def test_bad_input_is_one_line_and_exit_one(tmp_path):
     assert not out.exists()
     result = CliRunner().invoke(app, ["identify", str(path), "--against", "stored"])
     assert result.exit_code == 2 and "'stored' is missing" in result.output
+
+
+@pytest.mark.parametrize("profile", ["verl@2026-08", "verl@2026-07", "slime", "skyrl"])
+def test_a_trainer_profile_of_reinforce_plus_plus_is_named_with_its_gamma(profile):
+    from test_estimator_profiles import _expected
+    from test_estimator_profiles import _samples as profile_samples
+
+    gamma = 0.937
+    samples = profile_samples(seed=31, rows=60)
+    advantages, _ = _expected(profile, samples, gamma)
+    rows = [{"values": [0.0] * len(m), "rewards": r, "loss_mask": m, "terminal_reward": z} for r, m, z in samples]
+    document = identify_table(_table(rows, advantages)).to_dict()
+    best = document["candidates"][0]
+    assert document["explained"], document["verdict"]
+    member = next(m for m in best["members"] if m["name"] == f"reinforce++ {profile}")
+    assert abs(member["gamma"] - gamma) <= 1e-3 and member["lambd"] is None
+    holds = "zeros" if profile.startswith("verl") else "carry"  # verl masks its advantages, slime and SkyRL do not
+    assert document["masked_positions"]["holds"] == holds

@@ -1,5 +1,5 @@
 """The computations ``gae identify`` tries as explanations of a stored column: masked GAE and
-every trainer profile (γ and λ fitted), ``reinforce++`` (γ fitted), and the outcome
+every trainer profile (γ and λ fitted), ``reinforce++`` and its trainer profiles (γ fitted), and the outcome
 estimators that read only each row's score and its group, grpo under each trainer's score
 normalisation (docs/identify.md#the-candidates)."""
 
@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from gaecli.advantages.contract import MASKED, PROFILES
+from gaecli.advantages.estimator_profiles import REINFORCE_PROFILES
 from gaecli.identify.fit import NORMALIZATIONS
 
 GROUP_KEY = "group"
@@ -60,6 +61,11 @@ class Family:
         if self.estimator == "gae":
             arrays = (sample.values, sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
             return gae_flat(*arrays, gamma=gamma, lambd=lambd, semantics=self.semantics)
+        if self.estimator == "reinforce++" and self.semantics is not None:
+            from gaecli.advantages.estimator_profiles import reinforce_returns
+
+            arrays = (sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
+            return reinforce_returns(self.semantics, *arrays, gamma), None
         if self.estimator == "reinforce++":
             zeros = np.zeros_like(sample.rewards)
             arrays = (zeros, sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
@@ -93,13 +99,17 @@ class Family:
 
 def families(with_groups: bool) -> list[Family]:
     """Every computation tried, in documentation order: masked GAE, the seven profiles,
-    ``reinforce++``, then (``with_groups``) grpo under each score normalisation and the other
+    ``reinforce++`` and its trainer profiles, then (``with_groups``) grpo under each score normalisation and the other
     outcome estimators."""
     tried = [
         Family(name, "gae", semantics=name, fits_gamma=True, fits_lambda=True, returns=True)
         for name in (MASKED, *PROFILES)
     ]
     tried.append(Family("reinforce++", "reinforce++", fits_gamma=True, normalizations=("none", "batch")))
+    tried += [
+        Family(f"reinforce++ {name}", "reinforce++", semantics=name, fits_gamma=True, normalizations=("none", "batch"))
+        for name in REINFORCE_PROFILES
+    ]
     if with_groups:
         tried += [
             Family(f"grpo ({names})", "grpo", score_preset=preset, needs_groups=True, normalizations=("none", "batch"))

@@ -20,7 +20,7 @@ SAME_FIGURES = 1e-9
 @dataclass
 class CandidateGroup:
     """Computations that give the same numbers on the rows read, reported as one: the members
-    in rank order (the first fixes the figures)."""
+    in rank order, each with its own fitted γ and λ (the first fixes the figures)."""
 
     members: list[Judged]
 
@@ -36,7 +36,9 @@ class CandidateGroup:
         first = self.first
         return {
             "name": self.name,
-            "members": [member.family.record for member in self.members],
+            "members": [
+                {**member.family.record, "gamma": member.gamma, "lambd": member.lambd} for member in self.members
+            ],
             "gamma": first.gamma,
             "lambd": first.lambd,
             "normalization": first.normalization,

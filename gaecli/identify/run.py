@@ -62,11 +62,14 @@ def _fitted(family: Family, fit: Sample, normalizations: tuple[str, ...]) -> dic
 
 
 def rank_key(judged: Judged, order: int) -> tuple:
-    """Explanations first, the simplest normalisation first among them; then the share of
-    samples reproduced, then the RMS residual; ties in documentation order."""
+    """Explanations first, the simplest first among them (the normalisation with fewer free
+    numbers, then fewer fitted parameters: an outcome estimator none, ``reinforce++`` γ, GAE
+    γ and λ); then the share of samples reproduced, then the RMS residual; ties in
+    documentation order."""
     if judged.explains:
-        return (0, judged.parameters, 0.0, 0.0, order)
-    return (1, 0, -judged.share, judged.rms, order)
+        family = judged.family
+        return (0, judged.parameters, int(family.fits_gamma) + int(family.fits_lambda), 0.0, 0.0, order)
+    return (1, 0, 0, -judged.share, judged.rms, order)
 
 
 def identify_sample(sample: Sample, options: IdentifyOptions, column: Optional[str] = None) -> IdentifyReport:
