@@ -292,5 +292,7 @@ def test_refusals(tmp_path):
     assert result.exit_code == 2 and "needs --against" in result.stderr
     grpo = ("--estimator", "grpo", "--group-col", "step", "--against", STORED)
     assert gae("diff", path, "--quiet", *grpo).exit_code == 0  # a critic-free new side against the stored column
-    result = gae("diff", path, "--quiet", *grpo, "--baseline", "verl")
-    assert result.exit_code == 2 and "grpo has no trainer profiles" in result.stderr, result.output
+    assert gae("diff", path, "--quiet", *grpo, "--baseline", "verl").exit_code == 0  # grpo has verl's profile
+    opo = ("--estimator", "opo", "--group-col", "step", "--against", STORED, "--baseline", "verl")
+    result = gae("diff", path, "--quiet", *opo)
+    assert result.exit_code == 2 and "opo has no trainer profiles" in result.stderr, result.output

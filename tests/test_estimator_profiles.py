@@ -148,7 +148,9 @@ def test_an_unknown_profile_of_an_estimator_is_refused_with_the_choices():
     with pytest.raises(InvalidOptionError, match="verl@2026-07"):
         AdvantageSpec(1.0, estimator="reinforce++", semantics="openrlhf")
     with pytest.raises(InvalidOptionError, match="masked contract only"):
-        AdvantageSpec(estimator="grpo", group_by="g", semantics="verl")
+        AdvantageSpec(estimator="gpg", group_by="g", semantics="verl")
+    with pytest.raises(InvalidOptionError, match="verl, skyrl"):
+        AdvantageSpec(estimator="grpo", group_by="g", semantics="slime")
 
 
 def _dump(path, samples):
@@ -218,3 +220,82 @@ def test_old_estimator_with_a_baseline_is_that_trainers_estimator(tmp_path):
          "--baseline", "roll"],
     )  # fmt: skip
     assert result.exit_code == 2 and "verl@2026-07" in result.output
+
+
+# ----------------------------------------------------------------------------- the outcome estimators
+
+OUTCOME = [("grpo", "verl"), ("grpo", "skyrl"), ("dr-grpo", "verl"), ("dr-grpo", "skyrl"), ("rloo", "verl"),
+           ("rloo", "skyrl"), ("maxrl", "skyrl")]  # fmt: skip
+
+
+def _outcome_loop(estimator, trainer, samples, groups):
+    """verl's and SkyRL's loops over the batch: the score sums every token's reward (the
+    outcome on the last token), grouped by index; verl writes through the loss mask, SkyRL
+    through its response mask (every token)."""
+    scores = [math.fsum(r) + z for r, _, z in samples]
+    members = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    values = []
+    for i, s in enumerate(scores):
+        group = [scores[j] for j in members[groups[i]]]
+        n = len(group)
+        mean = math.fsum(group) / n if n > 1 else 0.0
+        std = math.sqrt(math.fsum((x - mean) ** 2 for x in group) / (n - 1)) if n > 1 else 1.0
+        if estimator == "grpo":
+            value = (s - mean) / (std + 1e-6)
+        elif estimator == "dr-grpo":
+            value = s - mean
+        elif estimator == "rloo":
+            value = (s - mean) * n / (n - 1) if n > 1 else (0.0 if trainer == "skyrl" else s)
+        else:  # maxrl
+            value = (s - mean) / (mean + 1e-6) if n > 1 else s - mean
+        values.append(value)
+    return [[v * (1 if trainer == "skyrl" else m) for m in mask] for v, (_, mask, _) in zip(values, samples)]
+
+
+@pytest.mark.parametrize("estimator, trainer", OUTCOME)
+def test_each_outcome_profile_is_its_trainer_loop_at_every_position(estimator, trainer):
+    samples = _samples(seed=7, rows=23)
+    groups = [i // 4 for i in range(len(samples))]  # the last group has three rows
+    groups[-1] = 99  # and one group of one
+    rewards, mask, offsets, terminal = _packed(samples)
+    spec = AdvantageSpec(estimator=estimator, group_by="g", semantics=trainer)
+    advantages, _ = compute_advantages_packed(
+        None, rewards, mask, offsets, terminal, spec=spec, row_inputs={"g": groups}
+    )
+    expected = _outcome_loop(estimator, trainer, samples, groups)
+    np.testing.assert_allclose(advantages.numpy(), [x for row in expected for x in row], rtol=1e-12, atol=1e-12)
+
+
+def test_diff_puts_grpo_beside_verls_and_skyrls(tmp_path):
+    samples = _samples(seed=8, rows=24)
+    groups = [i // 4 for i in range(len(samples))]
+    table = pa.table(
+        {
+            "rewards": [r for r, _, _ in samples],
+            "loss_mask": [m for _, m, _ in samples],
+            "terminal_reward": [z for _, _, z in samples],
+            "g": groups,
+        }
+    )
+    pq.write_table(table, tmp_path / "d.parquet", row_group_size=7)  # groups across batches
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(
+        app,
+        ["diff", str(tmp_path / "d.parquet"), "--estimator", "grpo", "--group-col", "g", "--values-col", "none",
+         "--baseline", "all", "--batch-rows", "5", "--json", str(out), "--quiet", "--workers", "1"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert [c["name"] for c in document["comparisons"]] == ["verl", "skyrl"]
+    rewards, mask, offsets, terminal = _packed(samples)
+    new = compute_advantages_packed(
+        None, rewards, mask, offsets, terminal, spec=AdvantageSpec(estimator="grpo", group_by="g"),
+        row_inputs={"g": groups},
+    )[0].numpy()  # fmt: skip
+    trainable = mask.numpy()
+    for comparison in document["comparisons"]:
+        old = np.array([x for row in _outcome_loop("grpo", comparison["name"], samples, groups) for x in row])
+        delta = np.abs(new - old)[trainable]
+        assert comparison["summary"]["max_abs_delta_advantage"] == pytest.approx(delta.max(), rel=1e-9, abs=1e-12)

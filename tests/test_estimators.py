@@ -346,10 +346,11 @@ def test_diff_compares_two_estimators(tmp_path):
 @pytest.mark.parametrize(
     "options, message",
     [
-        (("--estimator", "grpo", "--group-col", "prompt_id"), "give --old-estimator NAME or --against COLUMN"),
+        (("--estimator", "grpo", "--group-col", "prompt_id"), "give --old-estimator NAME, --baseline PROFILE"),
+        (("--estimator", "opo", "--group-col", "prompt_id"), "give --old-estimator NAME or --against COLUMN"),
         (
-            ("--estimator", "grpo", "--group-col", "prompt_id", "--old-estimator", "rloo", "--baseline", "verl"),
-            "rloo has no trainer profiles",
+            ("--estimator", "grpo", "--group-col", "prompt_id", "--old-estimator", "opo", "--baseline", "verl"),
+            "opo has no trainer profiles",
         ),
         (("--estimator", "grpo", "--group-col", "prompt_id", "--old-estimator", "rloo", "--against", "x"), "give one"),
         (("--estimator", "grpo", "--group-col", "prompt_id", "--old-estimator", "gae"), "--gamma is required"),

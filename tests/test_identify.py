@@ -291,3 +291,17 @@ def test_a_trainer_profile_of_reinforce_plus_plus_is_named_with_its_gamma(profil
     assert abs(member["gamma"] - gamma) <= 1e-3 and member["lambd"] is None
     holds = "zeros" if profile.startswith("verl") else "carry"  # verl masks its advantages, slime and SkyRL do not
     assert document["masked_positions"]["holds"] == holds
+
+
+def test_skyrls_grpo_written_at_every_token_is_told_from_the_contracts():
+    from test_estimator_profiles import _outcome_loop
+    from test_estimator_profiles import _samples as profile_samples
+
+    samples = profile_samples(seed=33, rows=48)
+    groups = [i // 4 for i in range(len(samples))]
+    advantages = _outcome_loop("grpo", "skyrl", samples, groups)
+    rows = [{"values": [0.0] * len(m), "rewards": r, "loss_mask": m, "terminal_reward": z} for r, m, z in samples]
+    document = identify_table(_table(rows, advantages, groups=groups), group_col="group").to_dict()
+    best = document["candidates"][0]
+    assert document["explained"] and "grpo skyrl" in _names(best), document["verdict"]
+    assert document["masked_positions"]["holds"] == "carry"  # the row's advantage at its tool tokens too

@@ -155,8 +155,23 @@ def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewa
         returns = _row_input(spec, row_inputs, TOKEN_RETURN, "each token's return")
         return _like_rewards(rewards, advantages, trainable), _like_rewards(rewards, returns, trainable)
     row_values = _row_input(spec, row_inputs, ROW_ADVANTAGE, "each row's advantage")
-    advantages = _spread(rewards, row_values, trainable, offsets)
+    advantages = _spread(rewards, row_values, _written_tokens(spec, trainable), offsets)
     return advantages, advantages
+
+
+def _written_tokens(spec: AdvantageSpec, trainable):
+    """Where an outcome estimator writes each row's advantage: the trainable tokens, or every
+    token where its trainer profile writes there
+    (:class:`gaecli.advantages.estimator_profiles.EstimatorProfile`)."""
+    if spec.semantics == MASKED:
+        return trainable
+    from gaecli.advantages.estimators import trainer_profile
+
+    if trainer_profile(spec).written == "trainable":
+        return trainable
+    if isinstance(trainable, np.ndarray):
+        return np.ones_like(trainable)
+    return trainable.new_ones(trainable.shape)
 
 
 def _profile_returns(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards):

@@ -6,19 +6,25 @@ heavy (numpy is imported where the returns are computed)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
 class EstimatorProfile:
-    """How one trainer computes an estimator: its returns (``returns``: the recursion, a key
-    of :data:`RETURNS`), the tokens its whitening statistics are taken over (``trainable``, or
-    ``response``: every token) and where the whitened advantages are written (``trainable``:
-    0 elsewhere; ``every``: every position, as the trainer leaves them)."""
+    """How one trainer computes an estimator: ``reinforce++``'s returns (``returns``: the
+    recursion, read by :func:`reinforce_returns`; None for an outcome estimator), the tokens
+    its whitening statistics are taken over (``trainable``, or ``response``: every token), where
+    the advantages are written (``trainable``: 0 elsewhere; ``every``: every position, as the
+    trainer leaves them), an outcome estimator's score (``scores``: ``trainable``, the rewards
+    at trainable tokens and ``z``, the contract's; ``every``, every token's reward and ``z``)
+    and its value for a group of one (``single``: None, the estimator's own; ``zero``)."""
 
-    returns: str
+    returns: Optional[str]
     summary: str
     statistics: str = "trainable"
     written: str = "trainable"
+    scores: str = "trainable"
+    single: Optional[str] = None
 
 
 REINFORCE_PROFILES: dict[str, EstimatorProfile] = {
@@ -60,7 +66,39 @@ REINFORCE_PROFILES: dict[str, EstimatorProfile] = {
   on the response's last token, discounted over every token; whitened over every token of the
   response (its ``response_mask``) and written at every position."""
 
-ESTIMATOR_PROFILES: dict[str, dict[str, EstimatorProfile]] = {"reinforce++": REINFORCE_PROFILES}
+_VERL_OUTCOME = EstimatorProfile(
+    None, "verl: the score sums every token's reward and z; written at trainable tokens", scores="every"
+)
+_SKYRL_OUTCOME = EstimatorProfile(
+    None, "SkyRL: the score sums every token's reward and z; written at every token", scores="every", written="every"
+)
+OUTCOME_PROFILES: dict[str, dict[str, EstimatorProfile]] = {
+    "grpo": {"verl": _VERL_OUTCOME, "skyrl": _SKYRL_OUTCOME},
+    "dr-grpo": {"verl": _VERL_OUTCOME, "skyrl": _SKYRL_OUTCOME},
+    "rloo": {
+        "verl": _VERL_OUTCOME,
+        "skyrl": EstimatorProfile(
+            None,
+            "SkyRL: the score sums every token's reward and z; a group of one gives 0; written at every token",
+            scores="every",
+            written="every",
+            single="zero",
+        ),
+    },
+    "maxrl": {"skyrl": _SKYRL_OUTCOME},
+}
+"""The outcome estimators as verl and SkyRL compute them (the sources:
+docs/estimators.md#trainer-profiles-of-the-estimators): verl's ``compute_grpo_outcome_advantage``
+(``norm_adv_by_std_in_grpo=False`` for dr-grpo) and ``compute_rloo_outcome_advantage``
+(``verl/trainer/ppo/core_algos.py``) sum the response's token rewards, every token, and write
+the row's advantage through its ``response_mask``, the trainable tokens; SkyRL's
+``compute_grpo_outcome_advantage`` (``grpo_norm_by_std=False`` for dr-grpo),
+``compute_rloo_outcome_advantage`` (a group of one: 0) and ``compute_maxrl_advantage``
+(``skyrl/backends/skyrl_train/utils/ppo_utils.py``) sum the same and write through its
+``response_mask``, every token of the response. Their normalisations are the estimators' own
+(verl's and SkyRL's grpo rule is gaecli's default: ``SCORE_NORM_LIKE``)."""
+
+ESTIMATOR_PROFILES: dict[str, dict[str, EstimatorProfile]] = {"reinforce++": REINFORCE_PROFILES, **OUTCOME_PROFILES}
 """The estimators with trainer profiles, each its profiles by name."""
 
 NEWEST: dict[str, str] = {"verl": "verl@2026-08"}
@@ -85,7 +123,8 @@ def profile_listing() -> tuple[str, ...]:
 def estimator_profile(estimator: str, semantics: str) -> EstimatorProfile:
     """The profile ``semantics`` (a name of :data:`ESTIMATOR_PROFILES`, or a bare name of
     :data:`NEWEST`) of ``estimator``."""
-    return ESTIMATOR_PROFILES[estimator][NEWEST.get(semantics, semantics)]
+    profiles = ESTIMATOR_PROFILES[estimator]
+    return profiles[semantics] if semantics in profiles else profiles[NEWEST[semantics]]
 
 
 def profile_names(estimator: str) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from gaecli.advantages.statistics import (
     PATH_BASELINES,
     PATHS,
     RESPONSE_MOMENTS,
+    RESPONSE_SCORES,
     SCORES,
     TOP_SCORES,
     TRAINABLE_MOMENTS,
@@ -44,6 +45,21 @@ def row_scores(rewards: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, 
     return terminal_rewards.astype(np.float64) + sums, counts
 
 
+def response_scores(rewards: np.ndarray, offsets: np.ndarray, terminal_rewards: np.ndarray) -> np.ndarray:
+    """Each row's score over every token, ``z + Σ r`` with the rewards at masked tokens too
+    (float64 ``[B]``): what verl and SkyRL sum (:data:`gaecli.advantages.statistics.RESPONSE_SCORES`)."""
+    return row_scores(rewards, np.ones(rewards.size, dtype=bool), offsets, terminal_rewards)[0]
+
+
+def side_scores(spec, scores: np.ndarray, rewards, offsets, terminal_rewards) -> np.ndarray:
+    """The scores ``spec``'s estimator reads: ``scores`` (the contract's, over trainable
+    tokens), or every token's where its trainer profile sums them so."""
+    profile = trainer_profile(spec)
+    if profile is None or profile.scores == "trainable":
+        return scores
+    return response_scores(rewards, offsets, terminal_rewards)
+
+
 @dataclass(frozen=True)
 class Need:
     """A statistic an estimator needs, declared: the per-row ``quantity`` (a key of
@@ -66,6 +82,8 @@ class Need:
             return (Statistic(self.quantity, PATHS, key),)
         if self.of == "turns":
             return (Statistic(self.quantity, TURNS, key),)
+        if self.of == "response-scores":
+            return (Statistic(self.quantity, RESPONSE_SCORES, key),)
         return (Statistic(self.quantity, operand if self.of == "advantages" else SCORES, key),)
 
     def statistic(self, spec, operand: str = "new") -> Statistic:
@@ -74,6 +92,7 @@ class Need:
 
 
 GROUP_SCORES = Need(SCORES, "scores", "group_by")
+GROUP_RESPONSE_SCORES = Need(SCORES, "response-scores", "group_by")
 GROUP_TOP_SCORES = Need(TOP_SCORES, "scores", "group_by")
 GROUP_COMPONENTS = Need(SCORES, "components", "group_by")
 STEP_SCORES = Need(SCORES, "scores", "step_by")
@@ -125,6 +144,8 @@ def row_needs(spec) -> tuple[Need, ...]:
     profile = trainer_profile(spec)
     if profile is not None and profile.statistics == "response":  # whitened over every token
         needs = tuple(STEP_RESPONSE_MOMENTS if need == STEP_MOMENTS else need for need in needs)
+    if profile is not None and profile.scores == "every":  # scored over every token
+        needs = tuple(GROUP_RESPONSE_SCORES if need == GROUP_SCORES else need for need in needs)
     if spec.estimator in SCORE_NORMALISED and reads_steps(spec.estimator, spec.whitening_rule):
         needs = (*needs, STEP_SCORES)
     return needs
@@ -163,11 +184,14 @@ def statistics_row_advantages(
     rows = scores.size
     if spec.estimator == "gdpo":
         return component_row_values(statistics, spec, inputs, group_keys, rows)
-    groups = statistics[GROUP_SCORES.statistic(spec)]
+    groups = statistics[group_scores_need(spec).statistic(spec)]
     codes = groups.known_codes(group_keys, rows, "group")
     if spec.estimator in SCORE_NORMALISED and spec.whitening_rule is not None:
         return rule_normalized_scores(statistics, spec, scores, codes, step_keys)
     n, means, stds, baselines = (values[codes] for values in groups.group_statistics())
+    profile = trainer_profile(spec)
+    if profile is not None and profile.single == "zero":  # a group of one gives 0
+        return np.where(n > 1, row_advantages(spec.estimator, scores, n, means, stds, baselines, None), 0.0)
     if spec.estimator == "grpo-passk":
         best, second = (values[codes] for values in statistics[GROUP_TOP_SCORES.statistic(spec)].best_two())
         return passk_advantages(scores, n, stds, best, second)
@@ -178,6 +202,12 @@ def statistics_row_advantages(
     return row_advantages(spec.estimator, scores, n, means, stds, baselines, alphas)
 
 
+def group_scores_need(spec) -> Need:
+    """The need of ``spec``'s group statistics of the scores: the contract's, or every token's
+    where its trainer profile scores so."""
+    return GROUP_RESPONSE_SCORES if GROUP_RESPONSE_SCORES in estimator_needs(spec) else GROUP_SCORES
+
+
 def rule_normalized_scores(statistics: KeyedStatistics, spec, scores: np.ndarray, codes: np.ndarray, step_keys):
     """The scores normalised by ``spec.whitening_rule`` (float64 ``[B]``,
     :func:`gaecli.advantages.normalization.rule_center_scale`): the group's moments by the
@@ -186,7 +216,7 @@ def rule_normalized_scores(statistics: KeyedStatistics, spec, scores: np.ndarray
     from gaecli.advantages.normalization import rule_center_scale
 
     rows = scores.size
-    group = tuple(values[codes] for values in statistics[GROUP_SCORES.statistic(spec)].moments())
+    group = tuple(values[codes] for values in statistics[group_scores_need(spec).statistic(spec)].moments())
     batch = None
     if STEP_SCORES in estimator_needs(spec):
         steps = statistics[STEP_SCORES.statistic(spec)]
@@ -355,8 +385,13 @@ def critic_free_batch(
         )
     elif spec.estimator in GROUPED_ESTIMATORS:
         scores, _ = row_scores(rewards, trainable, offsets, terminal_rewards)
+        scores = side_scores(spec, scores, rewards, offsets, terminal_rewards)
         statistics = KeyedStatistics(tuple(need for need in needs if not need.reads_sides))
-        operands = {SCORES: scores, **{COMPONENT + name: values for name, values in inputs.items()}}
+        operands = {
+            SCORES: scores,
+            RESPONSE_SCORES: scores,
+            **{COMPONENT + name: values for name, values in inputs.items()},
+        }
         statistics.add(operands, trainable, offsets, keys)
         row_inputs[ROW_ADVANTAGE] = statistics_row_advantages(statistics, spec, scores, group_keys, step_keys, inputs)
     advantages, returns = compute(

@@ -199,6 +199,9 @@ class RowQuantity(NamedTuple):
 TRAINABLE_MOMENTS = "trainable-moments"
 RESPONSE_MOMENTS = "response-moments"
 SCORES = "scores"
+RESPONSE_SCORES = "response-scores"
+"""The per-row operand of a trainer profile that scores a row by every token's reward and ``z``
+(:func:`gaecli.advantages.estimators.response_scores`), where :data:`SCORES` sums the trainable tokens'."""
 TOP_SCORES = "top-scores"
 PATH_BASELINES = "path-baselines"
 TURN_ROWS = "turn-rows"
@@ -233,7 +236,7 @@ gdpo's), read from the rows as float64."""
 
 def is_row_operand(operand: str) -> bool:
     """Whether ``operand`` is read from the rows (the scores, a reward component), not a side."""
-    return operand in (SCORES, PATHS, TURNS) or operand.startswith(COMPONENT)
+    return operand in (SCORES, RESPONSE_SCORES, PATHS, TURNS) or operand.startswith(COMPONENT)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from gaecli.advantages.contract import MASKED, PROFILES
-from gaecli.advantages.estimator_profiles import REINFORCE_PROFILES
+from gaecli.advantages.estimator_profiles import OUTCOME_PROFILES, REINFORCE_PROFILES
 from gaecli.identify.fit import NORMALIZATIONS
 
 GROUP_KEY = "group"
@@ -79,7 +79,9 @@ class Family:
         from gaecli.advantages.spec import AdvantageSpec
 
         rule = SCORE_NORM_LIKE[self.score_preset] if self.score_preset is not None else None
-        spec = AdvantageSpec(estimator=self.estimator, group_by=GROUP_KEY, whitening_rule=rule)
+        spec = AdvantageSpec(
+            estimator=self.estimator, group_by=GROUP_KEY, whitening_rule=rule, semantics=self.semantics or MASKED
+        )
         groups = pa.array(sample.group_codes)
         arrays = (sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
         with np.errstate(all="ignore"):
@@ -99,8 +101,8 @@ class Family:
 
 def families(with_groups: bool) -> list[Family]:
     """Every computation tried, in documentation order: masked GAE, the seven profiles,
-    ``reinforce++`` and its trainer profiles, then (``with_groups``) grpo under each score normalisation and the other
-    outcome estimators."""
+    ``reinforce++`` and its trainer profiles, then (``with_groups``) grpo under each score
+    normalisation, the other outcome estimators, and the outcome estimators' trainer profiles."""
     tried = [
         Family(name, "gae", semantics=name, fits_gamma=True, fits_lambda=True, returns=True)
         for name in (MASKED, *PROFILES)
@@ -117,5 +119,10 @@ def families(with_groups: bool) -> list[Family]:
         ]
         tried += [
             Family(name, name, needs_groups=True, normalizations=("none", "batch")) for name in OUTCOME_ESTIMATORS
+        ]
+        tried += [
+            Family(f"{estimator} {trainer}", estimator, semantics=trainer, needs_groups=True, normalizations=("none",))
+            for estimator, profiles in OUTCOME_PROFILES.items()
+            for trainer in profiles
         ]
     return tried

@@ -88,16 +88,41 @@ def identify_sample(sample: Sample, options: IdentifyOptions, column: Optional[s
             key = rank_key(entry, order)
             if best_predicted is None or key < best_predicted[0]:
                 best_predicted = (key, entry.predicted)
-            entry.predicted = None
+            if not entry.explains:  # an explanation keeps its outputs: the masked positions may order the ties
+                entry.predicted = None
             judged.append((key, entry))
             if entry.explains:
                 break  # a simpler normalisation explains it: the others add nothing
     judged.sort(key=lambda pair: pair[0])
-    ranked = [entry for _, entry in judged]
+    ranked = _masked_positions_first([entry for _, entry in judged], sample, options.tolerance)
     best = ranked[0]
-    best.predicted = best_predicted[1]
+    if best.predicted is None:
+        best.predicted = best_predicted[1]
+    for entry in ranked[1:]:
+        entry.predicted = None
     best.identifiable = _identifiable(best, sample, target, options.tolerance)
     return build_report(ranked, sample, options, column or options.against, fit.rows, enough)
+
+
+def _masked_positions_first(ranked: list[Judged], sample: Sample, tolerance: float) -> list[Judged]:
+    """The ranking with the explanations tied for first (the same normalisation and number of
+    fitted parameters) ordered by the share of masked positions they reproduce too, most
+    first (stable): of computations equal at trainable tokens, the one that also wrote what the
+    column holds at masked ones leads."""
+    first = ranked[0]
+    if not first.explains:
+        return ranked
+    tied = [entry for entry in ranked if entry.explains and rank_key(entry, 0)[:3] == rank_key(first, 0)[:3]]
+    masked = ~sample.trainable
+    stored = sample.stored[masked]
+
+    def share(entry: Judged) -> float:
+        if stored.size == 0:
+            return 1.0
+        return float(np.mean(np.abs(stored - entry.predicted[masked]) <= tolerance * (1.0 + np.abs(stored))))
+
+    ordered = sorted(tied, key=lambda entry: -share(entry))
+    return ordered + ranked[len(tied) :]
 
 
 def _identifiable(best: Judged, sample: Sample, target, tolerance: float) -> dict:

@@ -20,7 +20,7 @@ from gaecli.advantages.dispatch import (
 )
 from gaecli.advantages.distillation import with_distillation
 from gaecli.advantages.spec import AdvantageSpec
-from gaecli.advantages.statistics import COMPONENT
+from gaecli.advantages.statistics import COMPONENT, RESPONSE_SCORES
 from gaecli.checks import (
     ROW_INPUT_TYPES,
     BatchCheck,
@@ -144,6 +144,10 @@ class ComputedBatch:
             return self.olds[int(name[4:])][0]
         if name.startswith(COMPONENT):
             return row_numbers(self.valid, name[len(COMPONENT) :])
+        if name == RESPONSE_SCORES:
+            from gaecli.advantages.estimators import response_scores
+
+            return response_scores(self.packed.rewards, self.packed.offsets, self.packed.terminal_rewards)
         return getattr(self, name)
 
 
@@ -235,9 +239,10 @@ def _side(
         return compute_packed(packed, spec, computation.kernel, computation.device, inputs)
     if statistics is None:
         raise ValueError(f"estimator {spec.estimator!r}: the score statistics of the input are needed")
-    from gaecli.advantages.estimators import statistics_row_advantages
+    from gaecli.advantages.estimators import side_scores, statistics_row_advantages
 
     step_keys = valid.column(spec.step_by) if spec.step_by is not None else None
+    scores = side_scores(spec, scores, packed.rewards, packed.offsets, packed.terminal_rewards)
     advantages = statistics_row_advantages(statistics, spec, scores, valid.column(spec.group_by), step_keys, inputs)
     row_inputs = {ROW_ADVANTAGE: advantages}
     return compute_packed(packed, spec, computation.kernel, computation.device, row_inputs)
