@@ -299,3 +299,18 @@ def test_diff_puts_grpo_beside_verls_and_skyrls(tmp_path):
         old = np.array([x for row in _outcome_loop("grpo", comparison["name"], samples, groups) for x in row])
         delta = np.abs(new - old)[trainable]
         assert comparison["summary"]["max_abs_delta_advantage"] == pytest.approx(delta.max(), rel=1e-9, abs=1e-12)
+
+
+def test_recompute_keeps_a_trainer_profile_of_the_estimator(tmp_path):
+    samples = _samples(seed=10)
+    _dump(tmp_path / "d.parquet", samples)
+    out = tmp_path / "o.parquet"
+    args = ["recompute", str(tmp_path / "d.parquet"), "-o", str(out), "--estimator", "reinforce++", "--gamma", "0.9",
+            "--values-col", "none", "--quiet", "--workers", "1"]  # fmt: skip
+    result = CliRunner().invoke(app, [*args, "--baseline", "verl@2026-07", "--keep-baseline"])
+    assert result.exit_code == 0, result.output
+    kept = pq.read_table(out).column("advantages_verl_2026_07").to_pylist()
+    expected, _ = _expected("verl@2026-07", samples, 0.9)
+    np.testing.assert_allclose([x for row in kept for x in row], [x for row in expected for x in row], atol=1e-12)
+    result = CliRunner().invoke(app, [*args, "--keep-baseline", "--overwrite"])  # the default names no profile
+    assert result.exit_code == 2 and "give --baseline PROFILE" in result.output and "verl@2026-07" in result.output

@@ -44,14 +44,15 @@ def recompute(
             metavar="NAME",
             help="What the summary compares against (and --keep-baseline writes): a trainer profile, verl, openrlhf, "
             "slime, roll, areal, nemo-rl or skyrl, or an alias: unmasked (= slime), zero-masked (= openrlhf), "
-            "skip-masked (= verl).",
+            "skip-masked (= verl); with a critic-free --estimator, one of its trainer profiles (gae diff "
+            "--list-baselines), else none.",
         ),
     ] = "unmasked",
     keep_baseline: Annotated[
         bool,
         typer.Option(
             "--keep-baseline",
-            help="Also write the baseline's advantages_NAME and returns_NAME ('-' in NAME becomes '_').",
+            help="Also write the baseline's advantages_NAME and returns_NAME ('-' and '@' in NAME become '_').",
         ),
     ] = False,
     on_invalid: Annotated[

@@ -37,7 +37,9 @@ class RecomputeOptions(RunOptions):
     ``estimator``: ``gae`` or a critic-free estimator (docs/estimators.md), with ``group_by``
     (the prompt-group id column) and ``step_by`` (the step id column) where it reads them;
     ``gamma`` / ``lambd`` are given exactly where the estimator reads them. A critic-free run
-    computes no baseline (its summary compares the new advantages with themselves).
+    computes no baseline (its summary compares the new advantages with themselves) unless
+    ``baseline`` names one of the estimator's trainer profiles, which ``keep_baseline`` then
+    writes too.
     """
 
     gamma: Optional[float] = None
@@ -78,9 +80,20 @@ class RecomputeOptions(RunOptions):
             self.whitening_rule,
             self.variants.turn_rewards_col,
         )
-        if self.critic_free and self.keep_baseline:
-            raise InvalidOptionError(f"--keep-baseline: --estimator {self.estimator} has no GAE baseline to keep")
-        if len(expand_baselines(self.baseline, "baseline")) != 1:
+        if self.critic_free and self.keep_baseline and not self.profiled:
+            from gaecli.advantages.estimator_profiles import profile_names
+
+            profiles = profile_names(self.estimator)
+            if not profiles:
+                raise InvalidOptionError(
+                    f"--keep-baseline: --estimator {self.estimator} has no trainer profile to keep"
+                )
+            raise InvalidOptionError(
+                f"--keep-baseline: give --baseline PROFILE, the trainer profile of {self.estimator} to keep: "
+                f"one of {', '.join(profiles)}"
+            )
+        estimator = self.estimator if self.profiled else "gae"
+        if len(expand_baselines(self.baseline, "baseline", estimator=estimator)) != 1:
             raise InvalidOptionError(f"baseline: {self.baseline!r} names several baselines; recompute takes one")
         check_choice("--on-invalid", self.on_invalid, ON_INVALID_MODES, "mode")
         self.check_run()
@@ -96,9 +109,22 @@ class RecomputeOptions(RunOptions):
         return self.group_by
 
     @property
+    def profiled(self) -> bool:
+        """Whether ``baseline`` names a trainer profile of the critic-free estimator
+        (docs/estimators.md#trainer-profiles-of-the-estimators): the old side is then that."""
+        if not self.critic_free:
+            return False
+        from gaecli.advantages.estimator_profiles import profile_names
+
+        return self.baseline in profile_names(self.estimator)
+
+    @property
     def old_sides(self) -> tuple[ComparisonSide, ...]:
-        """The old side the summary compares with: the ``baseline`` recomputed (none for a
-        critic-free estimator, which has no GAE baseline)."""
+        """The old side the summary compares with: the ``baseline`` recomputed — a GAE profile,
+        or for a critic-free estimator its trainer profile (none when ``baseline`` names none of
+        its profiles, as the default does)."""
+        if self.profiled:
+            return (ComparisonSide.baseline(self.baseline, self.estimator),)
         return () if self.critic_free else (ComparisonSide.baseline(self.baseline),)
 
     @property
