@@ -305,3 +305,30 @@ def test_skyrls_grpo_written_at_every_token_is_told_from_the_contracts():
     best = document["candidates"][0]
     assert document["explained"] and "grpo skyrl" in _names(best), document["verdict"]
     assert document["masked_positions"]["holds"] == "carry"  # the row's advantage at its tool tokens too
+
+
+def test_an_outcome_estimator_whitened_again_over_the_batch_is_named_with_that_whitening():
+    samples = _rollouts(96, seed=35)
+    rng = np.random.default_rng(36)
+    for s in samples:
+        s["terminal_reward"] = float(rng.integers(0, 4))
+    groups = [i // GROUP_SIZE for i in range(len(samples))]
+    masks = [s["loss_mask"] for s in samples]
+    advantages, _ = critic_free_oracle(
+        "grpo", [s["rewards"] for s in samples], masks, [s["terminal_reward"] for s in samples], groups
+    )
+    whitened = [[a if m else 0.0 for a, m in zip(row, mask)] for row, mask in zip(_whitened(advantages, masks), masks)]
+    document = identify_table(_table(samples, whitened, groups=groups), group_col="group").to_dict()
+    best = document["candidates"][0]
+    assert document["explained"] and "grpo" in {m["estimator"] for m in best["members"]}, document["verdict"]
+    assert best["normalization"] == "batch" and best["whitening"]["over"] == "trainable"
+    # rloo whitened over the batch is reinforce++-baseline (the group's scale whitened away): that one needs no
+    # whitening of its own, so it ranks first
+    advantages, _ = critic_free_oracle(
+        "rloo", [s["rewards"] for s in samples], masks, [s["terminal_reward"] for s in samples], groups
+    )
+    whitened = [[a if m else 0.0 for a, m in zip(row, mask)] for row, mask in zip(_whitened(advantages, masks), masks)]
+    document = identify_table(_table(samples, whitened, groups=groups), group_col="group").to_dict()
+    explaining = [c for c in document["candidates"] if c["explains"]]
+    assert _names(explaining[0]) == {"reinforce++-baseline"} and explaining[0]["normalization"] == "none"
+    assert any(c["normalization"] == "batch" and "rloo" in _names(c) for c in explaining[1:])
