@@ -17,6 +17,7 @@ from gaecli.advantages.faults import (
     bad_mask_values,
     first_per_row,
     non_finite,
+    outside_response,
     rows_of_positions,
     truncated_without_bootstrap,
     turn_counts,
@@ -25,6 +26,7 @@ from gaecli.advantages.faults import (
 from gaecli.advantages.layout import masked_tail_lengths, trainable_counts
 from gaecli.advantages.spec import RowInput
 from gaecli.io.format import (
+    MASK_ROLES,
     Columns,
     is_list_type,
     is_mask_element_type,
@@ -90,40 +92,26 @@ def check_schema(schema: pa.Schema, columns: Columns, file: str) -> list[Finding
         if name not in schema.names:
             findings.append(missing_column(file, name, schema.names, why=why))
         elif not ok(schema.field(name).type):
-            findings.append(
-                Finding(
-                    file, None, name, "wrong-type", f"column {name!r} is {schema.field(name).type}, expected {expected}"
-                )
-            )
+            message = f"column {name!r} is {schema.field(name).type}, expected {expected}"
+            findings.append(Finding(file, None, name, "wrong-type", message))
 
     for role, name in columns.token_columns():
-        if role == "loss_mask":
+        if role in MASK_ROLES:
             require(
                 name, lambda t: is_list_type(t) and is_mask_element_type(t.value_type), "a list of bool, int or float"
             )
         else:
-            why = (
-                (
-                    "; GAE needs a critic's values: a file without them (critic-free runs) takes --values-col none "
-                    "(values taken as 0)"
-                )
-                if role == "values"
-                else ""
-            )
+            why = NO_VALUES_HINT if role == "values" else ""
             require(name, lambda t: is_list_type(t) and is_real_type(t.value_type), "a list of float32 or float64", why)
     require(columns.terminal_reward, is_scalar_number_type, "a float or int")
-    if columns.response_length in schema.names and not pa.types.is_integer(schema.field(columns.response_length).type):
-        findings.append(
-            Finding(
-                file,
-                None,
-                columns.response_length,
-                "wrong-type",
-                f"column {columns.response_length!r} is {schema.field(columns.response_length).type}, expected "
-                "an integer",
-            )
-        )
+    if columns.response_length in schema.names:
+        require(columns.response_length, pa.types.is_integer, "an integer")
     return findings
+
+
+NO_VALUES_HINT = (
+    "; GAE needs a critic's values: a file without them (critic-free runs) takes --values-col none (values taken as 0)"
+)
 
 
 @dataclass
@@ -255,21 +243,43 @@ def _mask_numbers(mask_flat: pa.Array) -> np.ndarray:
     return numeric_numpy(mask_flat.fill_null(mask_fill) if mask_flat.null_count else mask_flat)
 
 
-def _mask_trainable(flagged: Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> np.ndarray:
+def _mask_trainable(flagged: Flagged, mask: np.ndarray, mask_offsets, mask_name: str, what="loss_mask") -> np.ndarray:
     """The trainable tokens (bool ``[N]``) of the mask as stored, made in the read that
     applies the ``mask-value`` rule (:func:`gaecli.stats.mask_trainable`): a mask value other
-    than 0 or 1, the first per row named."""
+    than 0 or 1, the first per row named (``what``: the mask in the message)."""
     if mask.dtype == np.bool_:
         return mask
     from gaecli.stats import mask_trainable
 
     trainable, binary = mask_trainable(mask)
     if not binary:
-        _flag_mask_values(flagged, mask, mask_offsets, mask_name)
+        _flag_mask_values(flagged, mask, mask_offsets, mask_name, what)
     return trainable
 
 
-def _flag_mask_values(flagged: Flagged, mask: np.ndarray, mask_offsets: np.ndarray, mask_name: str) -> None:
+def _flag_response_mask(flagged: Flagged, lists: dict, mask: np.ndarray, trainable, null_rows: np.ndarray, name: str):
+    """The response mask's rules (``--response-mask-col``; its nulls and length are the token
+    columns'): ``mask-value``, and ``outside-response``, a trainable token (of the loss mask
+    ``mask`` as stored; ``trainable``, None where not made yet) whose response mask is 0, on the
+    rows whose lists are the loss mask's length. Returns the response mask as bool ``[N]``."""
+    trainable = (mask if mask.dtype == np.bool_ else mask != 0) if trainable is None else trainable
+    _, offsets, flat = lists["response_mask"]
+    response = _mask_trainable(flagged, _mask_numbers(flat), offsets, name, "response mask")
+    mask_offsets = lists["loss_mask"][1]
+    aligned = (np.diff(offsets) == np.diff(mask_offsets)) & ~null_rows
+    faults = outside_response(trainable, mask_offsets, response, offsets, None if aligned.all() else aligned)
+    if faults is not None:
+        rows, first = faults
+
+        def outside_message(row: int) -> str:
+            token = int(first[np.searchsorted(rows, row)] - mask_offsets[row])
+            return f"trainable token {token} has response mask 0 (the loss mask must lie inside {name!r})"
+
+        flagged.flag(rows, name, "outside-response", outside_message)
+    return response
+
+
+def _flag_mask_values(flagged: Flagged, mask: np.ndarray, mask_offsets, mask_name: str, what="loss_mask") -> None:
     """``mask-value`` rule: a mask value other than 0 or 1 (the first per row named)."""
     faults = bad_mask_values(mask, mask_offsets)
     if faults is not None:
@@ -278,7 +288,7 @@ def _flag_mask_values(flagged: Flagged, mask: np.ndarray, mask_offsets: np.ndarr
         def bad_mask_message(row: int) -> str:
             position = mask_first[np.searchsorted(mask_rows, row)]
             value, token = mask[position].item(), position - mask_offsets[row]
-            return f"loss_mask value {value!r} at token {token} is not 0 or 1"
+            return f"{what} value {value!r} at token {token} is not 0 or 1"
 
         flagged.flag(mask_rows, mask_name, "mask-value", bad_mask_message)
 
@@ -293,7 +303,7 @@ def _flag_non_finite(flagged: Flagged, columns: Columns, lists: dict, screened: 
 
     flat_numbers, magnitudes = {}, {}
     for role, name in columns.token_columns():
-        if role == "loss_mask":
+        if role in MASK_ROLES:
             continue
         _, offsets, flat = lists[role]
         numbers = numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat)
@@ -399,8 +409,9 @@ def check_batch(
 ) -> BatchCheck:
     """Check every row of ``batch`` (rows numbered from ``first_row`` in the file).
 
-    Errors: null, length-mismatch, response-length-mismatch, mask-value, non-finite,
-    overflow (:func:`gaecli.overflow.overflow_bounds`, on rows without another error).
+    Errors: null, length-mismatch, response-length-mismatch, mask-value, outside-response
+    (``columns.response_mask``: :func:`_flag_response_mask`), non-finite, overflow
+    (:func:`gaecli.overflow.overflow_bounds`, on rows without another error).
     ``row_inputs``: the per-row inputs of the GAE variants to check too
     (:func:`check_row_inputs`). With ``warnings``: fully-masked, masked-tail, empty-response
     too (only on rows without an error). A row with a null list is not compared for lengths; a null response_length
@@ -427,6 +438,9 @@ def check_batch(
         trainable = _mask_trainable(flagged, mask, mask_offsets, mask_name)
     numbers, magnitudes = _flag_non_finite(flagged, columns, lists, screened)
     flat_numbers = {mask_name: mask, **numbers}
+    if columns.response_mask is not None:
+        response_args = (lists, mask, trainable, null_rows, columns.response_mask)
+        flat_numbers[columns.response_mask] = _flag_response_mask(flagged, *response_args)
     terminal_numbers = _terminal_numbers(flagged, batch, columns)
     if row_inputs:
         if trainable is None:
@@ -507,14 +521,8 @@ def check_row_inputs(
             found.append((at_fault, name, "turn-rewards-null", "the turn-rewards list holds a null"))
         turns = turn_counts(trainable, mask_offsets, ids)
         given = np.diff(offsets)
-        found.append(
-            (
-                (given != turns) & ~null_list,
-                name,
-                "turn-rewards-length",
-                lambda row: f"{name!r} has {given[row]} rewards, the row has {turns[row]} turns",
-            )
-        )
+        length_message = lambda row: f"{name!r} has {given[row]} rewards, the row has {turns[row]} turns"  # noqa: E731
+        found.append(((given != turns) & ~null_list, name, "turn-rewards-length", length_message))
         numbers = numeric_numpy(flat.fill_null(0.0) if flat.null_count else flat)
         faults = non_finite(numbers, offsets)
         if faults is not None:
@@ -536,14 +544,8 @@ def check_row_inputs(
         values = batch.column(value_name)
         numbers = np.asarray(values.cast(pa.float64()).fill_null(np.nan))
         bad = truncated_without_bootstrap(truncated, numbers)
-        found.append(
-            (
-                bad,
-                value_name,
-                "bootstrap-invalid",
-                lambda row: f"the row is truncated but {value_name!r} is {numbers[row]}",
-            )
-        )
+        bootstrap_message = lambda row: f"the row is truncated but {value_name!r} is {numbers[row]}"  # noqa: E731
+        found.append((bad, value_name, "bootstrap-invalid", bootstrap_message))
     return found
 
 

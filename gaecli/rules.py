@@ -53,7 +53,7 @@ RULES: dict[str, Rule] = {
         Rule(
             "length-mismatch",
             ERROR,
-            "values, rewards, log-probs and loss_mask lists of a row differ in length",
+            "values, rewards, log-probs, loss_mask (and --response-mask-col) lists of a row differ in length",
             "the mask was cut or padded apart from the response: rebuild it to the response length",
         ),
         Rule(
@@ -65,8 +65,15 @@ RULES: dict[str, Rule] = {
         Rule(
             "mask-value",
             ERROR,
-            "a loss_mask value other than 0 or 1",
+            "a loss_mask (or --response-mask-col) value other than 0 or 1",
             "masks must be 0/1 (bool, int or float); threshold or rebuild the mask",
+        ),
+        Rule(
+            "outside-response",
+            ERROR,
+            "a trainable token (loss_mask 1) whose response mask (--response-mask-col) is 0",
+            "the loss mask lies inside the response mask (SkyRL's does): rebuild the one that is off, "
+            "or leave --response-mask-col out",
         ),
         Rule(
             "non-finite",

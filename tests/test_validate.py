@@ -395,6 +395,7 @@ def test_list_rules(tmp_path):
         "length-mismatch",
         "response-length-mismatch",
         "mask-value",
+        "outside-response",
         "non-finite",
         "overflow",
         "turn-rewards-length",

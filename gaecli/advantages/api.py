@@ -35,10 +35,12 @@ from gaecli.advantages.inputs import (
     check_contents,
     check_packed,
     check_terminal,
+    checked_response_mask,
     flat_outputs,
     half_precision,
     narrowed,
     pack_lists,
+    packed_response_mask,
     prepare_packed,
     sample_buffers,
     split,
@@ -73,6 +75,7 @@ def compute_advantages_packed(
     truncated=None,
     bootstrap_values=None,
     turn_ids=None,
+    response_mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns of ``spec`` on packed input: flat ``[N]`` ``values``,
     ``rewards``, ``loss_mask`` (bool, integer or float 0/1), ``offsets`` ``[B + 1]``,
@@ -100,6 +103,13 @@ def compute_advantages_packed(
     truncated sample...), for a missing per-row input, and for complex values or rewards
     and ``meta`` tensors (naming the argument). float16 and bfloat16 input is computed in
     float32 and returned in its dtype.
+
+    ``response_mask``: SkyRL's response mask, flat ``[N]`` (bool, integer or float 0/1; None:
+    every token of each sample), holding every trainable token: the tokens the whitening counts
+    under a rule whose ``tokens`` are ``response`` (``NORM_LIKE["skyrl"]``), and what the
+    ``reinforce++`` profile ``skyrl`` reads (its recursion, statistics and writing,
+    docs/estimators.md#trainer-profiles-of-the-estimators); checked whenever given (its length,
+    its values, no trainable token outside it: :class:`gaecli.GAEInputError` naming the sample).
     """
     narrow = half_precision(values if values is not None else rewards)
     values, rewards = widened(values), widened(rewards)
@@ -116,7 +126,7 @@ def compute_advantages_packed(
         raise GAEInputError(f"spec reads per-row input {missing[0]!r}: pass row_inputs={{{missing[0]!r}: ...}}")
     if spec.critic_free:
         advantages, returns = _critic_free_packed(
-            spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate
+            spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate, response_mask
         )
         return narrowed((clipped(advantages, spec.advantage_clip), returns), narrow)
     values, rewards, loss_mask, offsets, terminal = check_packed(values, rewards, loss_mask, offsets, terminal_rewards)
@@ -139,11 +149,22 @@ def compute_advantages_packed(
         elif validate:
             check_terminal(terminal)
         mask = loss_mask if loss_mask.dtype == torch.bool or spec.normalize == "none" else loss_mask != 0
-    if spec.normalize == "all":
-        advantages = whiten(advantages, mask, spec.whitening_rule)
-    elif spec.normalize == "by":
-        advantages = whiten_by_group(advantages, mask, offsets, row_inputs[spec.normalize_by], spec.whitening_rule)
+    advantages = _whitened(spec, advantages, mask, offsets, row_inputs, response_mask)
     return narrowed((clipped(advantages, spec.advantage_clip), returns), narrow)
+
+
+def _whitened(spec, advantages, mask, offsets, row_inputs, response_mask):
+    """The advantages whitened as ``spec.normalize`` says (``mask``: the loss mask, bool where
+    they are whitened), over the checked ``response_mask`` where the rule counts its tokens; the
+    response mask is checked whenever given."""
+    if response_mask is not None:
+        response_mask = checked_response_mask(response_mask, mask if mask.dtype == torch.bool else mask != 0, offsets)
+    if spec.normalize == "all":
+        return whiten(advantages, mask, spec.whitening_rule, response_mask=response_mask)
+    if spec.normalize == "by":
+        keys, rule = row_inputs[spec.normalize_by], spec.whitening_rule
+        return whiten_by_group(advantages, mask, offsets, keys, rule, response_mask=response_mask)
+    return advantages
 
 
 def _over_episodes(spec, values, rewards, loss_mask, offsets, terminal, kernel, row_inputs, validate):
@@ -175,7 +196,9 @@ def _zeros_like_rewards(sample) -> torch.Tensor:
     return torch.zeros(tensor.shape, dtype=dtype, device=tensor.device)
 
 
-def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate):
+def _critic_free_packed(
+    spec, values, rewards, loss_mask, offsets, terminal_rewards, kernel, row_inputs, validate, response_mask=None
+):
     from gaecli.advantages.estimators import critic_free_batch, keys_array
     from gaecli.advantages.row_inputs import estimator_input_numbers, estimator_token_numbers, turn_row_inputs
 
@@ -204,9 +227,11 @@ def _critic_free_packed(spec, values, rewards, loss_mask, offsets, terminal_rewa
         inputs[spec.turn_rewards] = check_variant_inputs(spec, row_inputs, mask, offsets)[spec.turn_rewards]
     arrays = [tensor.detach().cpu().numpy() for tensor in (rewards, mask, offsets, terminal)]
     inputs.update(estimator_token_numbers(spec, row_inputs, arrays[1], arrays[2]))
+    response = checked_response_mask(response_mask, mask, offsets)
     advantages, returns = critic_free_batch(
-        spec, *arrays, ids.get(spec.group_by), ids.get(spec.step_by), kernel=kernel, device=values.device, inputs=inputs
-    )
+        spec, *arrays, ids.get(spec.group_by), ids.get(spec.step_by), kernel=kernel, device=values.device,
+        inputs=inputs, response=None if response is None else response.detach().cpu().numpy(),
+    )  # fmt: skip
     same = returns is advantages
     advantages = torch.from_numpy(advantages).to(values.device)
     return advantages, advantages if same else torch.from_numpy(returns).to(values.device)
@@ -225,13 +250,14 @@ def compute_advantages(
     truncated=None,
     bootstrap_values=None,
     turn_ids=None,
+    response_mask=None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """List form of :func:`compute_advantages_packed`: one 1-D tensor of length R_i per
     sample for values, rewards and loss_mask, one terminal reward per sample (and one value
     per sample in each ``row_inputs`` entry); ``turn_rewards``: one list per sample (one
     reward per turn, empty for a sample without a trainable token); ``turn_ids``: one list
-    per sample (one id per token). Returns lists of
-    ``[R_i]`` tensors. ``values`` may be None for a critic-free estimator."""
+    per sample (one id per token); ``response_mask``: one list per sample (one 0/1 per token).
+    Returns lists of ``[R_i]`` tensors. ``values`` may be None for a critic-free estimator."""
     spec, row_inputs = _with_variant_keywords(spec, row_inputs, turn_rewards, truncated, bootstrap_values, turn_ids)
     if (
         isinstance(spec, AdvantageSpec)
@@ -241,6 +267,7 @@ def compute_advantages(
         and not spec.variants
         and not spec.over_episodes
         and values is not None
+        and response_mask is None
     ):
         in_place = _in_place(spec, values, rewards, loss_mask, terminal_rewards, kernel)
         if in_place is not None:
@@ -250,8 +277,9 @@ def compute_advantages(
     packed = pack_lists(values, rewards, loss_mask, terminal_rewards)
     flat_values, flat_rewards, flat_mask, offsets, terminal, lengths = packed
     advantages, returns = compute_advantages_packed(
-        flat_values, flat_rewards, flat_mask, offsets, terminal, spec=spec, kernel=kernel, row_inputs=row_inputs
-    )
+        flat_values, flat_rewards, flat_mask, offsets, terminal, spec=spec, kernel=kernel, row_inputs=row_inputs,
+        response_mask=packed_response_mask(response_mask, lengths),
+    )  # fmt: skip
     return split(advantages, lengths), split(returns, lengths)
 
 

@@ -43,6 +43,12 @@ ROW_ADVANTAGE = "row-advantage"
 ``[B]``, :func:`gaecli.advantages.estimators.statistics_row_advantages`)."""
 
 
+RESPONSE_MASK = "response-mask"
+"""The per-token input of a trainer profile that reads its trainer's response mask (SkyRL's
+``reinforce++``: ``G = G·response_mask_t``): bool ``[N]`` (``--response-mask-col``; absent: every
+token of the row)."""
+
+
 TOKEN_ADVANTAGE = "token-advantage"
 TOKEN_RETURN = "token-return"
 """The per-token inputs of optimal-token-baseline's pass: each token's advantage and return
@@ -132,7 +138,8 @@ def variant_keywords(spec: AdvantageSpec, row_inputs=None) -> dict:
 
 def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs):
     if spec.estimator == "reinforce++" and spec.semantics != MASKED:
-        returns = _profile_returns(spec, rewards, trainable, offsets, terminal_rewards)
+        response = (row_inputs or {}).get(RESPONSE_MASK)
+        returns = _profile_returns(spec, rewards, trainable, offsets, terminal_rewards, response)
         return returns, returns
     if spec.estimator in ("reinforce++", "remax"):
         returns_spec = AdvantageSpec(spec.gamma if spec.estimator == "reinforce++" else 1.0, 1.0)
@@ -174,18 +181,20 @@ def _written_tokens(spec: AdvantageSpec, trainable):
     return trainable.new_ones(trainable.shape)
 
 
-def _profile_returns(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards):
+def _profile_returns(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards, response=None):
     """A trainer profile's ``reinforce++`` returns (:func:`gaecli.advantages.estimator_profiles.reinforce_returns`,
-    on numpy buffers: tensors go to the host and come back on their device)."""
+    on numpy buffers: tensors go to the host and come back on their device); ``response``: the
+    response mask (:data:`RESPONSE_MASK`), None without one."""
     from gaecli.advantages.estimator_profiles import reinforce_returns
 
     arrays = (rewards, trainable, offsets, terminal_rewards)
+    response = None if response is None else _numpy(response)
     if isinstance(rewards, np.ndarray):
-        return reinforce_returns(spec.semantics, *arrays, spec.gamma)
+        return reinforce_returns(spec.semantics, *arrays, spec.gamma, response)
     import torch
 
     host = [array.detach().cpu().numpy() for array in arrays]
-    returns = reinforce_returns(spec.semantics, *host, spec.gamma)
+    returns = reinforce_returns(spec.semantics, *host, spec.gamma, response)
     return torch.from_numpy(returns).to(rewards.device)
 
 

@@ -142,11 +142,14 @@ def newest_profiles(estimator: str) -> tuple[str, ...]:
     return tuple(bare.get(name, name) for name in profiles if "@" not in name or name in bare)
 
 
-def reinforce_returns(semantics: str, rewards, trainable, offsets, terminal_rewards, gamma: float):
+def reinforce_returns(semantics: str, rewards, trainable, offsets, terminal_rewards, gamma: float, response=None):
     """The returns of ``reinforce++`` under the trainer profile ``semantics``, before its
     whitening, at every position (flat ``[N]`` in the rewards' dtype): masked GAE with V = 0
     and λ = 1 (the ``native`` kernel) on inputs laid out so that its recursion is the
-    trainer's (:data:`REINFORCE_PROFILES`). Shapes as :func:`gaecli.advantages.dispatch.compute`."""
+    trainer's (:data:`REINFORCE_PROFILES`). Shapes as :func:`gaecli.advantages.dispatch.compute`.
+    ``response``: the response mask (bool ``[N]``, ``--response-mask-col``; None: every token),
+    which SkyRL's recursion reads (``G = G·response_mask_t``: a token outside it starts a new
+    sum, so the tokens before it see none of the rewards after it)."""
     import numpy as np
 
     from gaecli.advantages.contract import MASKED
@@ -171,6 +174,9 @@ def reinforce_returns(semantics: str, rewards, trainable, offsets, terminal_rewa
         shaped = np.where(trainable, rewards, 0).astype(rewards.dtype)
         last = last_trainable_index(trainable, offsets)
         np.add.at(shaped, last[last >= 0], terminal_rewards[last >= 0].astype(rewards.dtype))
+    if kind == "every-token" and response is not None:  # a sum of its own from each token outside the response
+        offsets = np.union1d(offsets, np.flatnonzero(~np.asarray(response, dtype=bool))).astype(np.int64)
+        rows = offsets.size - 1
     no_terminal = np.zeros(rows, dtype=rewards.dtype)
     return gae_flat(zeros, shaped, every, offsets, no_terminal, gamma=gamma, lambd=1.0, semantics=MASKED)[0]
 

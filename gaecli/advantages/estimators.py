@@ -328,16 +328,22 @@ def whiten_trainable(
     moments,
     keys: Optional[pa.Array],
     spec=None,
+    response: Optional[np.ndarray] = None,
 ) -> np.ndarray:
     """The ``reinforce++`` estimators' whitening: ``(A − mean) / sqrt(var + ε)`` with the
     statistics of each row's step (``moments``, :class:`gaecli.advantages.statistics.Moments` over
-    trainable tokens, per ``keys`` or the whole input; over every token where ``spec``'s
+    trainable tokens, per ``keys`` or the whole input; over the response's tokens where ``spec``'s
     trainer profile takes them so), 0 at masked positions (at every position where the
-    profile writes them there), in the advantages' dtype (:func:`gaecli.advantages.whiten.whiten_rows`)."""
+    profile writes them there; a profile whose statistics are the response's writes them
+    through the ``response`` mask, bool ``[N]``, as SkyRL's ``advantages * response_mask``
+    does: 0 outside it, every position without one), in the advantages' dtype
+    (:func:`gaecli.advantages.whiten.whiten_rows`)."""
     from gaecli.advantages.whiten import whiten_rows
 
     profile = None if spec is None else trainer_profile(spec)
     zeroed = trainable if profile is None or profile.written == "trainable" else None
+    if profile is not None and profile.statistics == "response" and zeroed is None:
+        zeroed = response
     # a step without a trainable token has no statistics (NaN) and no position that reads them
     return whiten_rows(advantages, offsets, moments, keys, trainable=zeroed, dtype=advantages.dtype)
 
@@ -354,6 +360,7 @@ def critic_free_batch(
     kernel: str = "auto",
     device=None,
     inputs: Optional[Mapping[str, np.ndarray]] = None,
+    response: Optional[np.ndarray] = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A critic-free ``spec`` on one batch that is the whole input (the Python API): its
     statistics from these rows alone, the per-token pass by the dispatch, then the whitening
@@ -362,10 +369,11 @@ def critic_free_batch(
     estimator's own per-row inputs (``inputs``: remax's baseline rewards, gdpo's components,
     float64 ``[B]`` by name, checked; a turn-row estimator's episode and state ids as Arrow
     arrays, turn indices int64 and turn rewards float64); returns flat
-    ``(advantages, returns)`` in the rewards' dtype. The commands run the same steps with
-    statistics gathered over every file (:mod:`gaecli.pipeline`)."""
+    ``(advantages, returns)`` in the rewards' dtype; ``response``: the response mask (bool
+    ``[N]``; None: every token), read by the trainer profiles that take it (SkyRL's reinforce++).
+    The commands run the same steps with statistics gathered over every file (:mod:`gaecli.pipeline`)."""
     from gaecli.advantages.contract import GROUPED_ESTIMATORS
-    from gaecli.advantages.dispatch import ROW_ADVANTAGE, compute
+    from gaecli.advantages.dispatch import RESPONSE_MASK, ROW_ADVANTAGE, compute
 
     needs = declared_statistics(spec)
     keys = {name: ids for name, ids in ((spec.group_by, group_keys), (spec.step_by, step_keys)) if name is not None}
@@ -394,14 +402,16 @@ def critic_free_batch(
         }
         statistics.add(operands, trainable, offsets, keys)
         row_inputs[ROW_ADVANTAGE] = statistics_row_advantages(statistics, spec, scores, group_keys, step_keys, inputs)
+    if response is not None:
+        row_inputs[RESPONSE_MASK] = response
     advantages, returns = compute(
         spec, None, rewards, trainable, offsets, terminal_rewards, kernel=kernel, device=device, row_inputs=row_inputs
     )
     whitening = tuple(need for need in needs if need.reads_sides)
     if whitening:
         moments = KeyedStatistics(whitening)
-        moments.add({"new": advantages}, trainable, offsets, keys)
-        advantages = whiten_trainable(advantages, trainable, offsets, moments[whitening[0]], step_keys, spec)
+        moments.add({"new": advantages}, trainable, offsets, keys, response=response)
+        advantages = whiten_trainable(advantages, trainable, offsets, moments[whitening[0]], step_keys, spec, response)
         if spec.estimator in WHITENED_RETURNS:
             returns = advantages
     return advantages, returns

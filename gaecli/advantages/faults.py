@@ -54,6 +54,24 @@ def bad_mask_values(mask: np.ndarray, offsets: np.ndarray) -> Optional[tuple[np.
     return first_per_row(offsets, bad_positions) if bad_positions.size else None
 
 
+def outside_response(
+    trainable: np.ndarray, offsets: np.ndarray, response: np.ndarray, response_offsets: np.ndarray, rows=None
+) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """The rows with a trainable token (bool ``trainable`` ``[N]``, ``offsets`` ``[B + 1]``)
+    whose response mask (bool ``response``, its own ``response_offsets``) is 0, and the first
+    such trainable position in each (:func:`first_per_row`), or None. Only the rows ``rows``
+    (bool ``[B]``; None: every row) are read, each as long as its response mask."""
+    lengths = np.diff(offsets)
+    if rows is None and np.array_equal(offsets, response_offsets):
+        bad = np.flatnonzero(trainable & ~response)
+    else:
+        kept = trainable if rows is None else trainable & np.repeat(rows, lengths)
+        candidates = np.flatnonzero(kept)
+        shift = np.repeat(response_offsets[:-1] - offsets[:-1], lengths)[candidates]
+        bad = candidates[~response[candidates + shift]]
+    return first_per_row(offsets, bad) if bad.size else None
+
+
 def turn_counts(trainable: np.ndarray, offsets: np.ndarray, turn_ids: Optional[np.ndarray] = None) -> np.ndarray:
     """The number of turns (runs of trainable tokens, or the distinct ids of ``turn_ids``
     ``[N]`` at trainable tokens) of each row ``[B]``: the length a turn-rewards list must have."""

@@ -34,22 +34,67 @@ def _first_fault(tensor: torch.Tensor, find, bad) -> int | None:
     return None if faults is None else int(faults[1][0])
 
 
-def as_mask(loss_mask: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """A bool mask from a bool, integer or float 0/1 tensor; other values name their sample."""
+def as_mask(loss_mask: torch.Tensor, offsets: torch.Tensor, name: str = "loss_mask") -> torch.Tensor:
+    """A bool mask from a bool, integer or float 0/1 tensor; other values name their sample
+    (``name``: the argument, in the message)."""
     from gaecli.advantages.faults import bad_mask_values
 
     if loss_mask.dtype == torch.bool:
         return loss_mask
     if loss_mask.is_complex():
-        raise GAEInputError("loss_mask must be bool, integer or float 0/1, got a complex tensor")
+        raise GAEInputError(f"{name} must be bool, integer or float 0/1, got a complex tensor")
     position = _first_fault(loss_mask, bad_mask_values, lambda mask: (mask != 0) & (mask != 1))
     if position is not None:
         sample = _sample_of(offsets, position)
         within = position - int(offsets[sample])
         raise GAEInputError(
-            f"sample {sample}: loss_mask value {loss_mask[position].item()!r} at token {within} is not 0 or 1"
+            f"sample {sample}: {name} value {loss_mask[position].item()!r} at token {within} is not 0 or 1"
         )
     return loss_mask != 0
+
+
+def checked_response_mask(response_mask, trainable: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor | None:
+    """The response mask given to the API (``response_mask=``: flat ``[N]``, a tensor or an
+    array of bool, integer or float 0/1; None: every token, returned as None) as a bool tensor
+    on the device of ``trainable`` (the loss mask's trainable tokens, bool ``[N]``), checked as
+    the commands check ``--response-mask-col``: the loss mask's length, values 0 or 1, and
+    every trainable token inside it (SkyRL's loss mask lies inside its response mask); a
+    fault raises :class:`GAEInputError` naming the sample and token (``offsets`` ``[B + 1]``)."""
+    if response_mask is None:
+        return None
+    response_mask = as_sample_tensor(response_mask)
+    check_has_data("response_mask", response_mask)
+    if response_mask.dim() != 1 or response_mask.numel() != trainable.numel():
+        raise GAEInputError(
+            f"response_mask must be flat with the loss mask's {trainable.numel()} tokens, "
+            f"got shape {tuple(response_mask.shape)}"
+        )
+    response = as_mask(response_mask.to(trainable.device), offsets, "response_mask")
+    outside = _first_offending(trainable & ~response)
+    if outside is not None:
+        sample = _sample_of(offsets, outside)
+        raise GAEInputError(
+            f"sample {sample}: trainable token {outside - int(offsets[sample])} has response_mask 0 "
+            "(the loss mask must lie inside the response mask)"
+        )
+    return response
+
+
+def packed_response_mask(response_mask, lengths: list[int]):
+    """The list form's response mask (one 1-D tensor or array per sample, each as long as its
+    sample: ``lengths``; None stays None) as one flat tensor for :func:`checked_response_mask`;
+    a sample of another length raises :class:`GAEInputError` naming it."""
+    if response_mask is None:
+        return None
+    if len(response_mask) != len(lengths):
+        raise GAEInputError(f"response_mask has {len(response_mask)} samples, loss_mask has {len(lengths)}")
+    tensors = _as_tensors("response_mask", response_mask)
+    for index, (tensor, length) in enumerate(zip(tensors, lengths)):
+        if tensor.dim() != 1 or tensor.numel() != length:
+            raise GAEInputError(f"sample {index}: response_mask has {tensor.numel()} tokens, loss_mask has {length}")
+    if not tensors:
+        return torch.zeros(0, dtype=torch.bool)
+    return _concatenate(tensors, _promoted(tensors), tensors[0].device)
 
 
 def _first_non_finite(tensor: torch.Tensor) -> int | None:

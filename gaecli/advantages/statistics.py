@@ -154,12 +154,6 @@ def moment_rows(advantages: np.ndarray, trainable: np.ndarray, offsets: np.ndarr
     return {"counts": counts, "sums": sums, "squares": squares}
 
 
-def response_moment_rows(advantages: np.ndarray, trainable: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray]:
-    """:func:`moment_rows` over every token of each row, loss-masked ones included (the
-    whitening statistics of a rule whose ``tokens`` are the response's: SkyRL's)."""
-    return moment_rows(advantages, np.ones(advantages.size, dtype=np.bool_), offsets)
-
-
 def score_rows(scores: np.ndarray, trainable: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray]:
     """What a row adds to :class:`Scores`: its score ``s`` (float64 ``[B]``,
     :func:`gaecli.advantages.estimators.row_scores`) and its trainable token count ``K``."""
@@ -189,11 +183,24 @@ def top_score_rows(scores: np.ndarray, trainable: np.ndarray, offsets: np.ndarra
 
 class RowQuantity(NamedTuple):
     """What a row adds for one quantity: the per-row function (the operand's values —
-    per-token ``[N]`` or per-row ``[B]`` —, trainable ``[N]``, offsets ``[B + 1]`` → the
-    accumulator's quantities by name) and the accumulator (a :class:`KeyedSums` class)."""
+    per-token ``[N]`` or per-row ``[B]`` —, the tokens counted ``[N]``, offsets ``[B + 1]`` →
+    the accumulator's quantities by name), the accumulator (a :class:`KeyedSums` class) and
+    which tokens the function is given as counted (``counted``: ``trainable``, the trainable
+    ones; ``response``, those of the response mask, every token of the row without one:
+    :func:`counted_tokens`)."""
 
     rows: Callable[[np.ndarray, np.ndarray, np.ndarray], dict[str, np.ndarray]]
     accumulator: type
+    counted: str = "trainable"
+
+
+def counted_tokens(counted: str, trainable: np.ndarray, response: Optional[np.ndarray]) -> np.ndarray:
+    """The tokens (bool ``[N]``) a quantity counts (:attr:`RowQuantity.counted`): ``trainable``,
+    or for ``response`` the response mask (``--response-mask-col``: SkyRL's ``response_mask``,
+    which holds the trainable tokens) or, None, every token."""
+    if counted == "trainable":
+        return trainable
+    return np.ones(trainable.size, dtype=np.bool_) if response is None else response
 
 
 TRAINABLE_MOMENTS = "trainable-moments"
@@ -214,7 +221,7 @@ cumulative path weight (:func:`gaecli.advantages.token_baseline.path_operand`), 
 
 ROW_QUANTITIES: dict[str, RowQuantity] = {
     TRAINABLE_MOMENTS: RowQuantity(moment_rows, Moments),
-    RESPONSE_MOMENTS: RowQuantity(response_moment_rows, Moments),
+    RESPONSE_MOMENTS: RowQuantity(moment_rows, Moments, "response"),
     SCORES: RowQuantity(score_rows, Scores),
     TOP_SCORES: RowQuantity(top_score_rows, TopScores),
     PATH_BASELINES: RowQuantity(path_rows, PathSums),
@@ -222,7 +229,8 @@ ROW_QUANTITIES: dict[str, RowQuantity] = {
 }
 """What a statistic can gather per row. ``trainable-moments``: count, sum and sum of squares
 over the row's trainable tokens of a per-token operand (a side's advantages);
-``response-moments``: the same over every token of the row; ``scores``: a
+``response-moments``: the same over the tokens of the response mask (every token of the row
+without one: SkyRL's whitening statistics); ``scores``: a
 per-row operand's values (a row's score, or a reward component) and the row's trainable
 count; ``top-scores``: the two highest of a per-row operand; ``path-baselines``: per trainable
 token of the ``paths`` operand, its ``G·W`` and ``W`` at its (group, position); ``turn-rows``:
@@ -270,8 +278,8 @@ def side_operands(sides: int) -> tuple[str, ...]:
 
 def whitening_statistics(key: Optional[str], sides: int = 1, tokens: str = "trainable") -> tuple[Statistic, ...]:
     """The ``--normalize`` statistics: moments of the new and every old side's advantages
-    over trainable tokens (``tokens="response"``: over every token), per value of ``key``
-    (``--normalize-by``) or over the whole input."""
+    over trainable tokens (``tokens="response"``: over the response mask's, every token
+    without one), per value of ``key`` (``--normalize-by``) or over the whole input."""
     quantity = TRAINABLE_MOMENTS if tokens == "trainable" else RESPONSE_MOMENTS
     return tuple(Statistic(quantity, operand, key) for operand in side_operands(sides))
 
@@ -310,16 +318,19 @@ class KeyedStatistics:
         trainable: np.ndarray,
         offsets: np.ndarray,
         keys: Mapping[str, pa.Array],
+        response: Optional[np.ndarray] = None,
     ) -> None:
         """Add one batch: ``operands`` maps each operand to its array (flat ``[N]``, or
         ``[B]`` for ``scores``), ``trainable`` bool ``[N]``, ``offsets`` ``[B + 1]``, ``keys``
-        each key column to the batch's ``[B]`` values (an Arrow array)."""
+        each key column to the batch's ``[B]`` values (an Arrow array), ``response`` the
+        response mask (bool ``[N]``; None: every token), read by the quantities that count it."""
         per_row: dict[tuple[str, str], dict[str, np.ndarray]] = {}
         for statistic in self.statistics:
             figures = (statistic.quantity, statistic.operand)
             if figures not in per_row:  # each quantity of an operand once, however many keys
-                function = ROW_QUANTITIES[statistic.quantity].rows
-                per_row[figures] = function(operands[statistic.operand], trainable, offsets)
+                quantity = ROW_QUANTITIES[statistic.quantity]
+                counted = counted_tokens(quantity.counted, trainable, response)
+                per_row[figures] = quantity.rows(operands[statistic.operand], counted, offsets)
             self.sums[statistic].add(None if statistic.key is None else keys[statistic.key], per_row[figures])
 
     def merge(self, other: "KeyedStatistics") -> dict[Statistic, np.ndarray]:

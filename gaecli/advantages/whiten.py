@@ -37,7 +37,7 @@ def whitened(advantage, mean, scale):
 _whitened_token = numba.njit(cache=True, nogil=True)(whitened)
 
 
-def whiten(advantages, loss_mask, rule=None):
+def whiten(advantages, loss_mask, rule=None, written: str = "trainable", *, response_mask=None):
     """Whiten advantages over all trainable tokens: ``(A − mean) / sqrt(var + 1e-8)`` with
     the mask-weighted mean and Bessel-corrected variance (statistics in float64).
 
@@ -47,11 +47,25 @@ def whiten(advantages, loss_mask, rule=None):
     non-finite advantage (named by its sample and token, or its position in a flat tensor), a
     complex or ``meta`` tensor raise :class:`gaecli.GAEInputError`. ``rule``: a
     :class:`gaecli.advantages.normalization.WhiteningRule` (None: today's; its ``tokens``
-    ``response`` takes the statistics over every token, SkyRL's).
+    ``response`` takes the statistics over every token, SkyRL's). ``written``: ``trainable``
+    (masked positions 0) or ``every`` (every position whitened, as verl's ``masked_whiten``
+    leaves them). ``response_mask``: of the loss mask's form (bool, integer or float 0/1;
+    None: every token of the response), holding every trainable token: the tokens a rule
+    whose ``tokens`` are ``response`` counts (SkyRL's ``response_mask``); checked whenever
+    given (:func:`gaecli.advantages.inputs.checked_response_mask`).
     """
     import torch
 
-    from gaecli.advantages.inputs import as_mask, check_finite, check_has_data, check_real, pack_lists, split
+    from gaecli.advantages.inputs import (
+        as_mask,
+        check_finite,
+        check_has_data,
+        check_real,
+        checked_response_mask,
+        pack_lists,
+        packed_response_mask,
+        split,
+    )
 
     if isinstance(advantages, torch.Tensor):
         flat_advantages, flat_mask, lengths, sample_offsets = advantages, loss_mask, None, None
@@ -61,23 +75,28 @@ def whiten(advantages, loss_mask, rule=None):
         terminal = [0.0] * len(advantages)
         packed = pack_lists(advantages, advantages, loss_mask, terminal)
         flat_advantages, _, flat_mask, sample_offsets, _, lengths = packed
+        response_mask = packed_response_mask(response_mask, lengths)
     check_real("advantages", flat_advantages)
     check_has_data("loss_mask", flat_mask)
     check_finite("advantages", flat_advantages, sample_offsets)
     offsets = torch.tensor([0, flat_mask.numel()], device=flat_advantages.device)
     mask = as_mask(flat_mask.to(flat_advantages.device), offsets)
+    response = checked_response_mask(response_mask, mask, offsets if sample_offsets is None else sample_offsets)
     result = _whitened_tensor(
-        flat_advantages, mask, None, 1, lambda _: "whiten: no trainable token (loss_mask is all zeros)", rule
-    )
+        flat_advantages, mask, None, 1, lambda _: "whiten: no trainable token (loss_mask is all zeros)", rule, written,
+        response,
+    )  # fmt: skip
     return result if lengths is None else split(result, lengths)
 
 
-def whiten_by_group(advantages, trainable, offsets, keys, rule=None):
+def whiten_by_group(advantages, trainable, offsets, keys, rule=None, *, response_mask=None):
     """Whiten flat advantages ``[N]`` per group of rows: rows with equal ``keys`` (``[B]``: a
     tensor or a sequence of scalars) share a mean and a Bessel variance over their trainable
     tokens (``trainable`` bool ``[N]``, ``offsets`` ``[B + 1]``), in float64; masked positions
     stay 0. A group without a trainable token raises :class:`gaecli.GAEInputError`.
-    ``rule``: a :class:`gaecli.advantages.normalization.WhiteningRule` (None: today's)."""
+    ``rule``: a :class:`gaecli.advantages.normalization.WhiteningRule` (None: today's);
+    ``response_mask``: the checked response mask (bool ``[N]``; None: every token), the tokens
+    a rule whose ``tokens`` are ``response`` counts."""
     import torch
 
     from gaecli.advantages.layout import segment_ids
@@ -101,22 +120,34 @@ def whiten_by_group(advantages, trainable, offsets, keys, rule=None):
         len(uniques),
         lambda code: f"cannot normalize: group {uniques[code]!r} has no trainable token",
         rule,
+        response=response_mask,
     )
 
 
 def _whitened_tensor(
-    advantages, trainable, token_group, groups: int, empty_message: Callable[[int], str], rule=None
+    advantages,
+    trainable,
+    token_group,
+    groups: int,
+    empty_message: Callable[[int], str],
+    rule=None,
+    written="trainable",
+    response=None,
 ):
     """The one torch whitening: per group (``token_group``, the group code of each token,
     ``groups`` codes; None: one group, the whole input, reduced by ``sum``) the count, mean and
     Bessel variance in float64 of the advantages at the tokens the rule counts (the trainable
-    ones, or with ``tokens="response"`` every token), then :func:`whitened` at the trainable
-    positions and 0 elsewhere, in the advantages' dtype. A group without a counted token raises
+    ones, or with ``tokens="response"`` those of the ``response`` mask, every token without one),
+    then :func:`whitened` at the trainable
+    positions and 0 elsewhere (``written="every"``: at every position), in the advantages' dtype.
+    A group without a counted token raises
     :class:`gaecli.GAEInputError` with ``empty_message(code)``."""
     import torch
 
     as_double = advantages.double()
-    counted = trainable if rule is None or rule.tokens == "trainable" else torch.ones_like(trainable)
+    counted = trainable
+    if rule is not None and rule.tokens == "response":
+        counted = torch.ones_like(trainable) if response is None else response.to(trainable.device)
     chosen = as_double[counted]
     if token_group is None:
         total, per_token = (lambda numbers: numbers.sum().reshape(1)), (lambda per_group, _: per_group)
@@ -142,6 +173,9 @@ def _whitened_tensor(
             variance = ((chosen - mean) ** 2).sum() / max(count - 1, 1) if count > 1 else mean * 0.0
             batch = tuple(torch.full_like(means, float(value)) for value in (count, mean, variance))
         centers, scales = rule_center_scale(rule, counts, means, variances, torch, batch=batch)
+    if written == "every":
+        every = torch.ones_like(trainable)
+        return whitened(as_double, per_token(centers, every), per_token(scales, every)).to(advantages.dtype)
     result = torch.zeros_like(as_double)
     at_trainable = as_double[trainable]
     result[trainable] = whitened(at_trainable, per_token(centers, trainable), per_token(scales, trainable))

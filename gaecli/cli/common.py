@@ -249,6 +249,18 @@ RewardsColOption = Annotated[
 MaskColOption = Annotated[
     str, typer.Option("--mask-col", help="Column of the 0/1 loss mask.", rich_help_panel="Columns")
 ]
+ResponseMaskColOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--response-mask-col",
+        metavar="COLUMN",
+        show_default=False,
+        help="Column of a 0/1 response mask (SkyRL's response_mask; default: every token): the tokens whitening "
+        "over the response counts (--norm-tokens response, --norm-like skyrl; reinforce++ --baseline skyrl). "
+        "Checked like the loss mask, which it must hold.",
+        rich_help_panel="Columns",
+    ),
+]
 TerminalColOption = Annotated[
     str, typer.Option("--terminal-col", help="Column of the scalar terminal reward.", rich_help_panel="Columns")
 ]
@@ -316,10 +328,12 @@ def make_columns(
     teacher_logprobs_col: str = "teacher_log_probs",
     opd_stage: str = "before-whiten",
     old_opd_coef: Optional[float] = None,
+    response_mask_col: Optional[str] = None,
     **outputs,
 ):
     """The Columns of the shared column and KL options. ``rewards_col`` None: ``rewards``,
-    or no rewards column when ``kl_coef`` is given; 'none': no rewards column."""
+    or no rewards column when ``kl_coef`` is given; 'none': no rewards column.
+    ``response_mask_col``: ``--response-mask-col`` (None: none, every token)."""
     from gaecli.io.format import Columns
 
     none = lambda name: None if name.lower() == "none" else name  # noqa: E731
@@ -337,6 +351,7 @@ def make_columns(
         opd_coef=opd_coef,
         opd_stage=opd_stage,
         old_opd_coef=old_opd_coef,
+        response_mask=response_mask_col,
         **outputs,
     )
 

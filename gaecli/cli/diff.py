@@ -106,7 +106,7 @@ def diff(
     tol: Annotated[float, typer.Option(help="A sample changed when some |Δ advantage| > tol · (1 + |A|).")] = 1e-6,
     kernel_options: dict = option_groups.KERNEL_OPTIONS,
     batch_rows: BatchRowsOption = None,
-    column_options: dict = option_groups.COLUMN_OPTIONS,
+    column_options: dict = option_groups.RESPONSE_COLUMN_OPTIONS,
     old_opd_coef: computation_options.OldOPDCoefOption = None,
     variant_options: dict = option_groups.VARIANT_OPTIONS,
     json_path: JsonOption = None,

@@ -71,6 +71,12 @@ COLUMN_OPTIONS = OptionGroup(
 )
 """The input columns and the KL rewards (:func:`gaecli.cli.common.make_columns`; every command that reads rollouts)."""
 
+RESPONSE_COLUMN_OPTIONS = COLUMN_OPTIONS + OptionGroup(
+    (("response_mask_col", common.ResponseMaskColOption, None),)
+)
+"""The input columns with ``--response-mask-col`` (recompute, diff and validate, which checks it;
+not identify, whose fits take the response to be every token)."""
+
 ROW_INPUT_OPTIONS = OptionGroup(
     (
         ("turn_rewards_col", computation_options.TurnRewardsColOption, None),

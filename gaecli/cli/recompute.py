@@ -29,7 +29,7 @@ def recompute(
     ] = None,
     whitening_options: dict = option_groups.WHITENING_OPTIONS,
     advantage_clip: computation_options.AdvantageClipOption = None,
-    column_options: dict = option_groups.COLUMN_OPTIONS,
+    column_options: dict = option_groups.RESPONSE_COLUMN_OPTIONS,
     variant_options: dict = option_groups.VARIANT_OPTIONS,
     advantages_col: Annotated[
         str, typer.Option(help="Name of the advantages column written.", rich_help_panel="Columns")

@@ -74,7 +74,7 @@ def validate(
     state_col: computation_options.StateColOption = None,
     group_col: GroupColOption = None,
     against: AgainstOption = None,
-    column_options: dict = option_groups.COLUMN_OPTIONS,
+    column_options: dict = option_groups.RESPONSE_COLUMN_OPTIONS,
     row_input_options: dict = option_groups.ROW_INPUT_OPTIONS,
     engine_options: dict = option_groups.ENGINE_OPTIONS,
     json_path: JsonOption = None,

@@ -3,7 +3,8 @@
 One row per sample. List columns may be ``list`` or ``large_list``:
 ``values`` list<float32|float64>, ``rewards`` list<float32|float64>, ``loss_mask``
 list<bool|int|float> of 0/1, ``terminal_reward`` float or int, and optionally
-``response_length`` (int, checked against the lists). With a KL coefficient
+``response_length`` (int, checked against the lists) and, with ``--response-mask-col``, a
+response mask list<bool|int|float> of 0/1 (SkyRL's ``response_mask``). With a KL coefficient
 (``--kl-coef``) also ``log_probs`` and ``ref_log_probs`` list<float32|float64>. Every other
 column passes through.
 """
@@ -26,6 +27,10 @@ whitening (``--normalize``, the whitening of ``reinforce++`` and gdpo), as slime
 ROLL add it, or after it."""
 
 
+MASK_ROLES: tuple[str, ...] = ("loss_mask", "response_mask")
+"""The roles of the token columns that hold a 0/1 mask (the loss mask, ``--response-mask-col``'s)."""
+
+
 @dataclass(frozen=True)
 class Columns:
     """Names of the columns gaecli reads and writes. ``values`` or ``rewards`` set to None
@@ -41,7 +46,12 @@ class Columns:
     added before the whitening or after it (``opd_stage``); ``old_opd_coef`` set, the same
     term with its own coefficient on every recomputed old side (``gae diff``); ``opd_kl`` True
     (a side is the pure ``opd`` estimator): the teacher's KL is read without a term. Each
-    reads and checks both columns like the other token columns."""
+    reads and checks both columns like the other token columns.
+
+    ``response_mask`` set (``--response-mask-col``): a per-token 0/1 list column, checked like
+    the loss mask and holding it (a trainable token has response mask 1), whose 1s are the
+    tokens whitening counts where its statistics are the response's (``tokens="response"``,
+    SkyRL's reinforce++; docs/semantics.md#whitening-rules); None: every token of the row."""
 
     values: Optional[str] = "values"
     rewards: Optional[str] = "rewards"
@@ -59,6 +69,7 @@ class Columns:
     opd_stage: str = OPD_STAGES[0]
     opd_kl: bool = False
     old_opd_coef: Optional[float] = None
+    response_mask: Optional[str] = None
 
     def __post_init__(self) -> None:
         check_kl_options(self.kl_coef, self.kl_estimator)
@@ -80,10 +91,15 @@ class Columns:
             roles.append(("ref_log_probs", self.ref_log_probs))
         if self.reads_teacher:
             roles.append(("teacher_log_probs", self.teacher_log_probs))
+        if self.response_mask is not None:
+            roles.append(("response_mask", self.response_mask))
         return [(role, name) for role, name in roles if name is not None]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        document = asdict(self)
+        if self.response_mask is None:  # recorded only when set: outputs written before stay current
+            del document["response_mask"]
+        return json.dumps(document, sort_keys=True)
 
 
 def is_list_type(arrow_type: pa.DataType) -> bool:

@@ -9,7 +9,14 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.dispatch import as_numpy, compute, compute_screened_flat, device_tensors, runs_on_tensors
+from gaecli.advantages.dispatch import (
+    RESPONSE_MASK,
+    as_numpy,
+    compute,
+    compute_screened_flat,
+    device_tensors,
+    runs_on_tensors,
+)
 from gaecli.advantages.kl import kl_estimate, kl_rewards
 from gaecli.advantages.spec import AdvantageSpec
 from gaecli.checks import (
@@ -51,7 +58,9 @@ class PackedBatch:
     columns), None when the rows were filtered; ``row_inputs``: the per-row inputs of the
     new side's GAE variants (:func:`row_input_arrays`), empty without them; ``teacher_kl``:
     the per-token KL of the student's log-probs from the teacher's (float64 ``[N]``, the
-    on-policy distillation term before its coefficient), None unless the teacher is read."""
+    on-policy distillation term before its coefficient), None unless the teacher is read;
+    ``response``: the response mask (``--response-mask-col``, bool ``[N]``: the tokens whitening
+    over the response's tokens counts, SkyRL's), None without it (every token)."""
 
     values: np.ndarray
     rewards: np.ndarray
@@ -62,6 +71,7 @@ class PackedBatch:
     row_inputs: dict = field(default_factory=dict)
     uploaded: dict = field(default_factory=dict, repr=False)
     teacher_kl: Optional[np.ndarray] = None
+    response: Optional[np.ndarray] = None
 
     @property
     def tokens(self) -> int:
@@ -126,6 +136,9 @@ def pack_batch(
         packed.teacher_kl = kl_estimate(
             stored(columns.log_probs), stored(columns.teacher_log_probs), columns.kl_estimator
         )
+    if columns.response_mask is not None:
+        response = stored(columns.response_mask)
+        packed.response = response if response.dtype == np.bool_ else response != 0
     return packed
 
 
@@ -137,8 +150,11 @@ def compute_packed(
     ``native`` kernel on the CPU runs without torch, every other kernel and device on
     tensors, the same bits where both can run; the buffers go to a device once per batch
     (:meth:`PackedBatch.tensors`). ``row_inputs``: the per-row inputs of a critic-free
-    estimator (each row's advantage)."""
+    estimator (each row's advantage); a critic-free one is given the response mask too
+    (:data:`gaecli.advantages.dispatch.RESPONSE_MASK`, where the batch has one)."""
     row_inputs = row_inputs if row_inputs is not None else packed.row_inputs if spec.variants else None
+    if spec.critic_free and packed.response is not None:
+        row_inputs = {**(row_inputs or {}), RESPONSE_MASK: packed.response}
     if not spec.critic_free and runs_on_tensors(spec, kernel, device):
         return as_numpy(compute(spec, *packed.tensors(device), kernel=kernel, row_inputs=row_inputs))
     arrays = (packed.values, packed.rewards, packed.trainable, packed.offsets, packed.terminal_rewards)
@@ -197,4 +213,5 @@ def drop_rows(packed: PackedBatch, keep: np.ndarray, tokens: np.ndarray) -> Pack
         packed.values[tokens], packed.rewards[tokens], packed.trainable[tokens], offsets, packed.terminal_rewards[keep]
     )
     kept.teacher_kl = None if packed.teacher_kl is None else packed.teacher_kl[tokens]
+    kept.response = None if packed.response is None else packed.response[tokens]
     return kept

@@ -81,7 +81,8 @@ def rollout_statistics(
     for computed in computed_batches(rollout, computation, read, scores, compute_sides=sides):
         packed = computed.packed
         operands = {operand: computed.operand(operand) for operand in result.operands}
-        result.add(operands, packed.trainable, packed.offsets, {key: computed.keys(key) for key in result.keys})
+        keys = {key: computed.keys(key) for key in result.keys}
+        result.add(operands, packed.trainable, packed.offsets, keys, response=packed.response)
         result.rows += computed.batch.num_rows
         result.tokens += packed.tokens
         if progress is not None:
@@ -172,7 +173,7 @@ def _whitened(computed: ComputedBatch, computation: Computation, moments, cast: 
     for index, (spec, whitens) in enumerate(zip(specs, computation.estimator_whitened)):
         if whitens:
             advantages = whiten_trainable(
-                sides[index][0], packed.trainable, packed.offsets, moments[index], keys, spec
+                sides[index][0], packed.trainable, packed.offsets, moments[index], keys, spec, packed.response
             )
             sides[index] = (advantages, advantages if spec.estimator in WHITENED_RETURNS else sides[index][1])
     if not computation.old_sides:  # the new side stands in for the old one
