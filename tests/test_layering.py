@@ -25,7 +25,7 @@ LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     5: ("comparison", ("gaecli.comparison",)),
     6: ("engines", ("gaecli.engines",)),
     7: ("data path", ("gaecli.pipeline", "gaecli.checks", "gaecli.io", "gaecli.stats", "gaecli.overflow")),
-    8: ("the numbers", ("gaecli.advantages", "gaecli.flat")),
+    8: ("the numbers", ("gaecli.advantages", "gaecli.flat", "gaecli.trainers")),
     9: (
         "foundation",
         (

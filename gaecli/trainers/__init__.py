@@ -1,0 +1,10 @@
+"""Drop-in functions with each trainer's own signature (docs/trainers.md): one module per
+trainer, importable without the trainer installed, computing the masked contract by default
+(``semantics="masked"``) or, on request, that trainer's own profile, on the tensors' device.
+
+- :mod:`gaecli.trainers.verl`: ``compute_gae_advantage_return``, the outcome estimators,
+  ``register``, ``patch`` / ``unpatch``;
+- :mod:`gaecli.trainers.openrlhf`: ``get_advantages_and_returns``, ``get_cumulative_returns``.
+
+What they share (the padded layout, the outcome reward's move, the checks of ``semantics``)
+is :mod:`gaecli.trainers.padded`."""

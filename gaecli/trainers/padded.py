@@ -1,0 +1,85 @@
+"""What the drop-ins share: a trainer's padded ``[B, T]`` batch as gaecli's packed rows (views,
+no copy), the outcome reward moved to the last trainable token, and the choice of semantics."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from gaecli.advantages.contract import MASKED, SEMANTICS
+from gaecli.errors import GAEInputError, InvalidOptionError
+
+
+def check_semantics(semantics: str, allowed: Optional[tuple[str, ...]] = None) -> str:
+    """``semantics`` if it is ``masked`` or a profile gaecli knows (``allowed``: the names this
+    function takes, by default every GAE semantics); else :class:`InvalidOptionError`."""
+    names = allowed if allowed is not None else SEMANTICS
+    if semantics not in names:
+        raise InvalidOptionError(f"semantics={semantics!r}: choose one of {', '.join(names)}")
+    return semantics
+
+
+def check_batch(what: str, *tensors) -> None:
+    """Every tensor ``[B, T]`` of one shape, on one device; else :class:`GAEInputError`."""
+    shape, device = tensors[0].shape, tensors[0].device
+    if len(shape) != 2:
+        raise GAEInputError(f"{what}: expected [batch, response_length] tensors, got shape {tuple(shape)}")
+    for tensor in tensors[1:]:
+        if tensor.shape != shape:
+            raise GAEInputError(f"{what}: shapes {tuple(shape)} and {tuple(tensor.shape)} differ")
+        if tensor.device != device:
+            raise GAEInputError(f"{what}: tensors on {device} and {tensor.device}")
+
+
+def row_offsets(batch: int, length: int, device):
+    """The offsets ``[B + 1]`` of ``B`` rows of ``length`` tokens each (int64, on ``device``)."""
+    import torch
+
+    return torch.arange(batch + 1, device=device, dtype=torch.int64) * length
+
+
+def outcome_split(rewards, trainable):
+    """The rewards of a padded batch as the contract reads them: ``(kept, terminal)``, where
+    ``kept`` holds the rewards at trainable tokens (0 elsewhere: a reward at a masked token
+    between trainable ones is dropped) and ``terminal`` ``[B]`` the rewards after each row's
+    last trainable token summed — the outcome reward, which the trainer's layout puts on the
+    response's last token, masked or not (padding holds none). A row with no trainable token
+    keeps its outcome in ``terminal`` (the contract then drops it)."""
+    import torch
+
+    length = rewards.shape[1]
+    positions = torch.arange(length, device=rewards.device)
+    last = torch.where(trainable, positions, -1).amax(dim=1)
+    tail = positions.unsqueeze(0) > last.unsqueeze(1)
+    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    kept = torch.where(trainable, rewards, zero)
+    terminal = torch.where(tail, rewards, zero).sum(dim=1)
+    return kept, terminal
+
+
+def as_trainable(mask):
+    """A 0/1 mask (bool, integer or float) as bool."""
+    return mask if mask.dtype == __import__("torch").bool else mask != 0
+
+
+def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str):
+    """GAE of a padded batch ``[B, T]`` under ``semantics``, as ``[B, T]`` advantages and
+    returns in the values' dtype and device. ``masked``: the contract on the trainable tokens,
+    the outcome reward moved to the last of them (:func:`outcome_split`), 0 at every masked and
+    padding position; a profile: that trainer's computation at every position
+    (:func:`gaecli.baseline_gae_packed`, the rewards as given, padding as masked tokens)."""
+    import torch
+
+    from gaecli.advantages.api import baseline_gae_packed
+
+    batch, length = values.shape
+    trainable = as_trainable(mask)
+    offsets = row_offsets(batch, length, values.device)
+    if semantics == MASKED:
+        kept, terminal = outcome_split(rewards.to(values.dtype), trainable)
+    else:
+        kept, terminal = rewards.to(values.dtype), torch.zeros(batch, dtype=values.dtype, device=values.device)
+    advantages, returns = baseline_gae_packed(
+        values.reshape(-1), kept.reshape(-1), trainable.reshape(-1), offsets, terminal,
+        gamma=float(gamma), lambd=float(lambd), semantics=semantics,
+    )  # fmt: skip
+    return advantages.reshape(batch, length), returns.reshape(batch, length)
