@@ -384,3 +384,28 @@ def test_validate_checks_the_response_mask_like_the_loss_mask(tmp_path):
     found = [(f["row"], f["column"], f["code"]) for f in findings if f["severity"] == "error"]
     assert found == [(3, "rm", "outside-response"), (4, "rm", "length-mismatch")]
     assert gae("validate", source, "--json", "-").exit_code == 0  # the column is read only when named
+
+
+def test_skyrls_grpo_writes_through_the_response_mask():
+    """SkyRL's compute_grpo_outcome_advantage: ``scores.unsqueeze(-1) * response_mask``: the row's
+    advantage at every response token and 0 at padding (the score sums every token's reward)."""
+    rows = skyrl_rows(7)
+    rewards, loss_mask, offsets, terminal = packed(rows)
+    response = torch.tensor(flat([r["rm"] for r in rows]), dtype=torch.int64)
+    groups = [i // 3 for i in range(len(rows))]
+    spec = AdvantageSpec(estimator="grpo", group_by="g", semantics="skyrl")
+    got = compute_advantages_packed(
+        None, rewards, loss_mask, offsets, terminal, spec=spec, row_inputs={"g": groups}, response_mask=response
+    )[0]
+    scores = [math.fsum(r["rewards"]) + r["terminal_reward"] for r in rows]
+    members = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(scores[i])
+    expected = []
+    for s, g, row in zip(scores, groups, rows):
+        group = members[g]
+        n = len(group)
+        mean = math.fsum(group) / n if n > 1 else 0.0
+        std = math.sqrt(math.fsum((x - mean) ** 2 for x in group) / (n - 1)) if n > 1 else 1.0
+        expected.append([(s - mean) / (std + 1e-6) * m for m in row["rm"]])
+    np.testing.assert_allclose(got.numpy(), flat(expected), rtol=1e-12, atol=1e-12)

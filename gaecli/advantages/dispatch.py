@@ -162,23 +162,36 @@ def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewa
         returns = _row_input(spec, row_inputs, TOKEN_RETURN, "each token's return")
         return _like_rewards(rewards, advantages, trainable), _like_rewards(rewards, returns, trainable)
     row_values = _row_input(spec, row_inputs, ROW_ADVANTAGE, "each row's advantage")
-    advantages = _spread(rewards, row_values, _written_tokens(spec, trainable), offsets)
+    written = _written_tokens(spec, trainable, (row_inputs or {}).get(RESPONSE_MASK))
+    advantages = _spread(rewards, row_values, written, offsets)
     return advantages, advantages
 
 
-def _written_tokens(spec: AdvantageSpec, trainable):
-    """Where an outcome estimator writes each row's advantage: the trainable tokens, or every
-    token where its trainer profile writes there
-    (:class:`gaecli.advantages.estimator_profiles.EstimatorProfile`)."""
+def _written_tokens(spec: AdvantageSpec, trainable, response=None):
+    """Where an outcome estimator writes each row's advantage: the trainable tokens, or the
+    response's tokens where its trainer profile writes there
+    (:class:`gaecli.advantages.estimator_profiles.EstimatorProfile`): those of ``response``,
+    the response mask, or every token without one."""
     if spec.semantics == MASKED:
         return trainable
     from gaecli.advantages.estimators import trainer_profile
 
     if trainer_profile(spec).written == "trainable":
         return trainable
+    if response is not None:
+        return response if isinstance(trainable, np.ndarray) else torch_like(response, trainable)
     if isinstance(trainable, np.ndarray):
         return np.ones_like(trainable)
     return trainable.new_ones(trainable.shape)
+
+
+def torch_like(array, like):
+    """``array`` (numpy or a tensor) as a tensor on ``like``'s device."""
+    if isinstance(array, np.ndarray):
+        import torch
+
+        return torch.from_numpy(array).to(like.device)
+    return array.to(like.device)
 
 
 def _profile_returns(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewards, response=None):
