@@ -195,6 +195,7 @@ def test_a_column_nothing_explains_names_the_closest_and_where_it_breaks():
     best = document["candidates"][0]
     assert best["samples_reproduced"] == best["samples"] - 2
     assert best["first_break"]["sample"] == 7 and best["first_break"]["token"] == 0
+    assert [entry["sample"] for entry in best["breaks"]] == [7, 40]
     assert document["verdict"].startswith("nothing gaecli knows explains 'advantages': the closest is verl")
     assert "row 7, token 0" in document["verdict"]
 

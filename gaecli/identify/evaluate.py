@@ -22,8 +22,9 @@ class Judged:
     """A candidate on the sample: the computation (``family``), its fitted γ and λ (None where
     it reads neither) and normalisation with its ``affine`` map, the residual figures at
     trainable tokens, the samples (rows with a trainable token) and those reproduced, the
-    first break (None when every sample is reproduced) and the raw and normalised outputs at
-    every position (kept for the report on masked positions, then dropped)."""
+    first samples it breaks on (``breaks``, each at its first token; empty when it reproduces
+    all) and the normalised outputs at every position (kept for the report on masked
+    positions, then dropped)."""
 
     family: Family
     gamma: Optional[float]
@@ -34,11 +35,15 @@ class Judged:
     rms: float
     samples: int
     reproduced: int
-    first_break: Optional[dict]
+    breaks: list
     returns_max_abs: Optional[float] = None
     whitening: Optional[dict] = None
     predicted: Optional[np.ndarray] = field(default=None, repr=False)
     identifiable: dict = field(default_factory=dict)
+
+    @property
+    def first_break(self) -> Optional[dict]:
+        return self.breaks[0] if self.breaks else None
 
     @property
     def explains(self) -> bool:
@@ -92,7 +97,7 @@ def judge(family: Family, sample: Sample, target: Target, gamma, lambd, normaliz
         rms=float(np.sqrt(np.mean(residual * residual))) if residual.size else 0.0,
         samples=samples,
         reproduced=samples - int(broken.sum()),
-        first_break=_first_break(sample, bad, stored, predicted_trainable),
+        breaks=_breaks(sample, bad, stored, predicted_trainable),
         returns_max_abs=returns_max_abs,
     )
     groups = None
@@ -104,19 +109,32 @@ def judge(family: Family, sample: Sample, target: Target, gamma, lambd, normaliz
     return judged
 
 
-def _first_break(sample: Sample, bad: np.ndarray, stored: np.ndarray, predicted: np.ndarray) -> Optional[dict]:
-    if not bad.any():
-        return None
-    index = int(np.flatnonzero(bad)[0])
-    position = int(np.flatnonzero(sample.trainable)[index])
-    row = int(sample.row_of_token[position])
-    return {
-        "sample": row,
-        "where": sample.where(row),
-        "token": position - int(sample.offsets[row]),
-        "stored": float(stored[index]),
-        "computed": float(predicted[index]),
-    }
+BREAKS_LISTED = 5
+"""The samples a candidate breaks on that the report names (the first, in row order)."""
+
+
+def _breaks(sample: Sample, bad: np.ndarray, stored: np.ndarray, predicted: np.ndarray) -> list[dict]:
+    """The first :data:`BREAKS_LISTED` samples the candidate does not reproduce, each at its
+    first token beyond the tolerance: ``sample``, ``where``, ``token``, ``stored``, ``computed``."""
+    indices = np.flatnonzero(bad)
+    if indices.size == 0:
+        return []
+    positions = np.flatnonzero(sample.trainable)[indices]
+    rows = sample.row_of_token[positions]
+    _, first = np.unique(rows, return_index=True)  # each broken row's first bad token (rows ascend)
+    listed = []
+    for index in first[:BREAKS_LISTED].tolist():
+        row, position = int(rows[index]), int(positions[index])
+        listed.append(
+            {
+                "sample": row,
+                "where": sample.where(row),
+                "token": position - int(sample.offsets[row]),
+                "stored": float(stored[indices[index]]),
+                "computed": float(predicted[indices[index]]),
+            }
+        )
+    return listed
 
 
 def batch_whitening(affine: Affine, raw: np.ndarray, trainable: np.ndarray) -> dict:

@@ -51,6 +51,7 @@ class CandidateGroup:
             "samples_reproduced": first.reproduced,
             "share_reproduced": first.share,
             "first_break": first.first_break,
+            "breaks": first.breaks,
         }
 
 
