@@ -4,7 +4,9 @@ trainer, importable without the trainer installed, computing the masked contract
 
 - :mod:`gaecli.trainers.verl`: ``compute_gae_advantage_return``, the outcome estimators,
   ``register``, ``patch`` / ``unpatch``;
-- :mod:`gaecli.trainers.openrlhf`: ``get_advantages_and_returns``, ``get_cumulative_returns``.
+- :mod:`gaecli.trainers.openrlhf`: ``get_advantages_and_returns``, ``get_cumulative_returns``;
+- :mod:`gaecli.trainers.slime`, :mod:`gaecli.trainers.miles`: ``get_advantages_and_returns_batch``
+  (lists of per-sample response tensors, not padded).
 
 What they share (the padded layout, the outcome reward's move, the checks of ``semantics``)
 is :mod:`gaecli.trainers.padded`."""
