@@ -6,7 +6,12 @@ trainer, importable without the trainer installed, computing the masked contract
   ``register``, ``patch`` / ``unpatch``;
 - :mod:`gaecli.trainers.openrlhf`: ``get_advantages_and_returns``, ``get_cumulative_returns``;
 - :mod:`gaecli.trainers.slime`, :mod:`gaecli.trainers.miles`: ``get_advantages_and_returns_batch``
-  (lists of per-sample response tensors, not padded).
+  (lists of per-sample response tensors, not padded);
+- :mod:`gaecli.trainers.skyrl`: ``compute_gae_advantage_return``, ``register``;
+- :mod:`gaecli.trainers.areal`: ``compute_token_level_gae``, ``compute_turn_level_gae``;
+- :mod:`gaecli.trainers.nemo_rl`: ``GeneralizedAdvantageEstimator``;
+- :mod:`gaecli.trainers.roll`: ``compute_gae_advantage_return``. A λ per row (AReaL,
+  NeMo-RL) is :mod:`gaecli.trainers.row_lambda`'s.
 
 What they share (the padded layout, the outcome reward's move, the checks of ``semantics``)
 is :mod:`gaecli.trainers.padded`."""
