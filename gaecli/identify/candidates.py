@@ -48,7 +48,6 @@ class Family:
     fits_lambda: bool = False
     needs_groups: bool = False
     normalizations: tuple[str, ...] = NORMALIZATIONS
-    returns: bool = False
 
     def compute(
         self, sample, gamma: Optional[float], lambd: Optional[float]
@@ -61,16 +60,13 @@ class Family:
         if self.estimator == "gae":
             arrays = (sample.values, sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
             return gae_flat(*arrays, gamma=gamma, lambd=lambd, semantics=self.semantics)
-        if self.estimator == "reinforce++" and self.semantics is not None:
-            from gaecli.advantages.estimator_profiles import reinforce_returns
+        if self.estimator == "reinforce++":  # its returns by the one dispatch, before its whitening
+            from gaecli.advantages.dispatch import compute
+            from gaecli.advantages.spec import AdvantageSpec
 
+            spec = AdvantageSpec(gamma, estimator="reinforce++", semantics=self.semantics or MASKED)
             arrays = (sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
-            return reinforce_returns(self.semantics, *arrays, gamma), None
-        if self.estimator == "reinforce++":
-            zeros = np.zeros_like(sample.rewards)
-            arrays = (zeros, sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
-            advantages, _ = gae_flat(*arrays, gamma=gamma, lambd=1.0, semantics=MASKED)
-            return advantages, None
+            return compute(spec, None, *arrays, kernel="native", device="cpu")[0], None
         return self._outcome(sample), None
 
     def _outcome(self, sample) -> np.ndarray:
@@ -103,10 +99,7 @@ def families(with_groups: bool) -> list[Family]:
     """Every computation tried, in documentation order: masked GAE, the seven profiles,
     ``reinforce++`` and its trainer profiles, then (``with_groups``) grpo under each score
     normalisation, the other outcome estimators, and the outcome estimators' trainer profiles."""
-    tried = [
-        Family(name, "gae", semantics=name, fits_gamma=True, fits_lambda=True, returns=True)
-        for name in (MASKED, *PROFILES)
-    ]
+    tried = [Family(name, "gae", semantics=name, fits_gamma=True, fits_lambda=True) for name in (MASKED, *PROFILES)]
     tried.append(Family("reinforce++", "reinforce++", fits_gamma=True, normalizations=("none", "batch")))
     tried += [
         Family(f"reinforce++ {name}", "reinforce++", semantics=name, fits_gamma=True, normalizations=("none", "batch"))

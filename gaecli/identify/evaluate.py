@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 
 from gaecli.identify.candidates import Family
-from gaecli.identify.fit import Affine, Target
+from gaecli.identify.fit import NORMALIZATIONS, Affine, Target
 from gaecli.identify.sample import Sample
 
 MATCH_TOLERANCE = 1e-3
@@ -56,7 +56,7 @@ class Judged:
     @property
     def parameters(self) -> int:
         """The rank of the normalisation (none 0, batch 1, group 2): an explanation with fewer ranks higher."""
-        return ("none", "batch", "group").index(self.normalization)
+        return NORMALIZATIONS.index(self.normalization)
 
 
 def sample_target(sample: Sample) -> Target:

@@ -58,7 +58,9 @@ def outcome_split(rewards, trainable):
 
 def as_trainable(mask):
     """A 0/1 mask (bool, integer or float) as bool."""
-    return mask if mask.dtype == __import__("torch").bool else mask != 0
+    import torch
+
+    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str):
