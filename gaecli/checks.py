@@ -5,7 +5,7 @@ column, a stable rule code and a message."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Collection, Optional, Sequence
 
 import numpy as np
@@ -37,37 +37,7 @@ from gaecli.io.format import (
     output_float_type,
 )
 from gaecli.overflow import cannot_overflow, overflow_bounds
-from gaecli.rules import ERROR, RULES
-
-
-@dataclass
-class Finding:
-    """One fault: ``row`` is 0-based in the file, None for file-level findings."""
-
-    file: str
-    row: Optional[int]
-    column: Optional[str]
-    code: str
-    message: str
-    id: Optional[object] = None
-
-    @property
-    def severity(self) -> str:
-        return RULES[self.code].severity
-
-    def to_dict(self) -> dict:
-        document = asdict(self)
-        document["severity"] = self.severity
-        return {key: document[key] for key in ("file", "row", "id", "column", "code", "severity", "message")}
-
-    def line(self) -> str:
-        """One line for a human: ``file, row N, column C: message``."""
-        where = [self.file]
-        if self.row is not None:
-            where.append(f"row {self.row}")
-        if self.column is not None:
-            where.append(f"column {self.column!r}")
-        return f"{', '.join(where)}: {self.message} [{self.code}]"
+from gaecli.rules import ERROR, RULES, Finding, first_error  # noqa: F401 (the checks' findings)
 
 
 def missing_column(file: str, name: str, names: Sequence[str], label: str = "column", why: str = "") -> Finding:
@@ -547,12 +517,6 @@ def check_row_inputs(
         bootstrap_message = lambda row: f"the row is truncated but {value_name!r} is {numbers[row]}"  # noqa: E731
         found.append((bad, value_name, "bootstrap-invalid", bootstrap_message))
     return found
-
-
-def first_error(findings: list[Finding]) -> Optional[Finding]:
-    """The error with the lowest row (file-level errors first), or None."""
-    errors = [f for f in findings if f.severity == ERROR]
-    return min(errors, key=lambda f: -1 if f.row is None else f.row) if errors else None
 
 
 def row_reasons(check: BatchCheck) -> dict[int, str]:

@@ -1,10 +1,12 @@
 """The validation rules: each fault a rollout row or file can have, with its stable code,
-its severity, what it finds and how to fix it (``gae validate --list-rules``); the checks
-that find them are in :mod:`gaecli.checks`."""
+its severity, what it finds and how to fix it (``gae validate --list-rules``), and a finding
+of one; the checks that find them are in :mod:`gaecli.checks` (files) and
+:mod:`gaecli.trainers.monitor` (a trainer's tensors)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Optional
 
 ERROR = "error"
 WARNING = "warning"
@@ -211,3 +213,39 @@ RULES: dict[str, Rule] = {
         ),
     )
 }
+
+
+@dataclass
+class Finding:
+    """One fault: ``row`` is 0-based in the file, None for file-level findings."""
+
+    file: str
+    row: Optional[int]
+    column: Optional[str]
+    code: str
+    message: str
+    id: Optional[object] = None
+
+    @property
+    def severity(self) -> str:
+        return RULES[self.code].severity
+
+    def to_dict(self) -> dict:
+        document = asdict(self)
+        document["severity"] = self.severity
+        return {key: document[key] for key in ("file", "row", "id", "column", "code", "severity", "message")}
+
+    def line(self) -> str:
+        """One line for a human: ``file, row N, column C: message``."""
+        where = [self.file]
+        if self.row is not None:
+            where.append(f"row {self.row}")
+        if self.column is not None:
+            where.append(f"column {self.column!r}")
+        return f"{', '.join(where)}: {self.message} [{self.code}]"
+
+
+def first_error(findings: list[Finding]) -> Optional[Finding]:
+    """The error with the lowest row (file-level errors first), or None."""
+    errors = [f for f in findings if f.severity == ERROR]
+    return min(errors, key=lambda f: -1 if f.row is None else f.row) if errors else None

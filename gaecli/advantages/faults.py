@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numba
 import numpy as np
 
 from gaecli.advantages.layout import id_turn_table, turn_table
@@ -52,6 +53,25 @@ def bad_mask_values(mask: np.ndarray, offsets: np.ndarray) -> Optional[tuple[np.
         return None
     bad_positions = np.flatnonzero((mask != 0) & (mask != 1))
     return first_per_row(offsets, bad_positions) if bad_positions.size else None
+
+
+def all_binary(mask: np.ndarray) -> bool:
+    """Whether every value of a flat mask is 0 or 1 (one compiled pass for a float mask)."""
+    if mask.dtype == np.bool_ or not mask.size:
+        return True
+    if mask.dtype.kind in "iu":
+        return bool(mask.min() >= 0 and mask.max() <= 1)
+    return bool(_all_binary(mask))
+
+
+@numba.njit(cache=True, nogil=True)
+def _all_binary(mask):
+    # integer flags, no early exit: the loop vectorises (4x a boolean one)
+    bad = 0
+    for i in range(mask.shape[0]):
+        value = mask[i]
+        bad |= np.int32(value != 0) & np.int32(value != 1)
+    return bad == 0
 
 
 def outside_response(

@@ -14,4 +14,17 @@ trainer, importable without the trainer installed, computing the masked contract
   NeMo-RL) is :mod:`gaecli.trainers.row_lambda`'s.
 
 What they share (the padded layout, the outcome reward's move, the checks of ``semantics``)
-is :mod:`gaecli.trainers.padded`."""
+is :mod:`gaecli.trainers.padded`. :func:`check` and :func:`credit_metrics` take a batch as a
+drop-in does (:mod:`gaecli.trainers.monitor`)."""
+
+__all__ = ["check", "credit_metrics", "CreditMetrics"]
+
+
+def __getattr__(name: str):
+    """:func:`check`, :func:`credit_metrics` and :class:`CreditMetrics` of
+    :mod:`gaecli.trainers.monitor`, imported when first asked for."""
+    if name in __all__:
+        from gaecli.trainers import monitor
+
+        return getattr(monitor, name)
+    raise AttributeError(f"module 'gaecli.trainers' has no attribute {name!r}")

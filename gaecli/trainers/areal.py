@@ -8,12 +8,10 @@ whitens (AReaL's actor normalises afterwards). Importing this module does not im
 
 from __future__ import annotations
 
-from numbers import Real
-
 from gaecli.advantages.contract import MASKED
 from gaecli.errors import GAEInputError
-from gaecli.trainers.padded import as_trainable, check_batch, check_semantics, outcome_split, packed_gae
-from gaecli.trainers.row_lambda import row_lambda_gae
+from gaecli.trainers.padded import as_trainable, check_batch, check_semantics, outcome_split
+from gaecli.trainers.row_lambda import padded_lambda_gae
 
 PROFILE = "areal"
 """gaecli's profile of AReaL (docs/semantics.md#the-baselines)."""
@@ -43,7 +41,7 @@ def compute_token_level_gae(
     values, steps, rewards = _steps(values, loss_mask, rewards)
     if semantics == PROFILE:
         rewards = rewards + _bootstrap(values, steps, seq_no_eos_mask, discount)
-    return _gae(values, rewards, steps, discount, gae_lambda, semantics)
+    return padded_lambda_gae(values, rewards, steps, discount, gae_lambda, semantics)
 
 
 def compute_turn_level_gae(
@@ -86,7 +84,8 @@ def compute_turn_level_gae(
     turn_values = torch.where(valid_turn, values.gather(1, first.clamp(max=length - 1)), zero)
     if semantics == PROFILE:
         turn_rewards = turn_rewards + _bootstrap(values, valid_turn, seq_no_eos_mask, discount)
-    turn_advantages, turn_returns = _gae(turn_values, turn_rewards, valid_turn, discount, gae_lambda, MASKED)
+    turn_gae = padded_lambda_gae(turn_values, turn_rewards, valid_turn, discount, gae_lambda, MASKED)
+    turn_advantages, turn_returns = turn_gae
     advantages = torch.where(valid, turn_advantages.gather(1, safe_ids), zero)
     returns = torch.where(valid, turn_returns.gather(1, safe_ids), values if semantics == PROFILE else zero)
     return advantages, returns
@@ -127,13 +126,6 @@ def _bootstrap(values, steps, seq_no_eos_mask, discount):
     next_values = values[:, -1] * no_eos
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     return torch.where(_last_of(steps), (discount * next_values).unsqueeze(1), zero)
-
-
-def _gae(values, rewards, steps, discount, gae_lambda, semantics):
-    """:func:`packed_gae` for a number λ, :func:`row_lambda_gae` for a tensor of them."""
-    if isinstance(gae_lambda, Real):
-        return packed_gae(values, rewards, steps, float(discount), float(gae_lambda), semantics)
-    return row_lambda_gae(values, rewards, steps, float(discount), gae_lambda, semantics)
 
 
 def _check_turn_ids(loss_mask, turn_ids) -> None:

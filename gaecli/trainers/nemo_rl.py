@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from gaecli.advantages.contract import MASKED
 from gaecli.errors import GAEInputError
-from gaecli.trainers.padded import as_trainable, check_batch, check_semantics, packed_gae
-from gaecli.trainers.row_lambda import row_lambda_gae
+from gaecli.trainers.padded import as_trainable, check_batch, check_semantics
+from gaecli.trainers.row_lambda import padded_lambda_gae
 
 PROFILE = "nemo-rl"
 """gaecli's profile of NeMo-RL (docs/semantics.md#the-baselines)."""
@@ -121,8 +121,4 @@ class GeneralizedAdvantageEstimator:
 
     def _gae(self, values, token_rewards, mask, lambd):
         """GAE under this estimator's semantics with ``lambd`` (a number or a tensor per row)."""
-        import torch
-
-        if isinstance(lambd, torch.Tensor):
-            return row_lambda_gae(values, token_rewards, mask, float(self.gae_gamma), lambd, self.semantics)
-        return packed_gae(values, token_rewards, mask, float(self.gae_gamma), float(lambd), self.semantics)
+        return padded_lambda_gae(values, token_rewards, mask, self.gae_gamma, lambd, self.semantics)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from gaecli.advantages.contract import MASKED
 from gaecli.errors import GAEInputError
-from gaecli.trainers.padded import as_trainable, outcome_split
+from gaecli.trainers.padded import as_trainable, outcome_split, packed_gae
 
 SKIP_PROFILES: tuple[str, ...] = ("verl", "areal", "nemo-rl")
 """The profiles whose recursion skips masked steps (docs/semantics.md#the-recursions), the ones
@@ -88,3 +88,13 @@ def row_lambda_gae(values, rewards, mask, gamma: float, lambd, semantics: str):
     if semantics == "nemo-rl":
         return torch.where(trainable, carried, zero), carried + values
     return carried, carried + values
+
+
+def padded_lambda_gae(values, rewards, mask, gamma: float, lambd, semantics: str):
+    """GAE of a padded batch with ``lambd`` a number (:func:`gaecli.trainers.padded.packed_gae`)
+    or a tensor of them, one per row (:func:`row_lambda_gae`)."""
+    from numbers import Real
+
+    if isinstance(lambd, Real):
+        return packed_gae(values, rewards, mask, float(gamma), float(lambd), semantics)
+    return row_lambda_gae(values, rewards, mask, float(gamma), lambd, semantics)
