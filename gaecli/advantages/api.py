@@ -35,6 +35,7 @@ from gaecli.advantages.inputs import (
     check_contents,
     check_packed,
     check_terminal,
+    checked_outputs,
     checked_response_mask,
     flat_outputs,
     half_precision,
@@ -45,6 +46,7 @@ from gaecli.advantages.inputs import (
     sample_buffers,
     split,
     widened,
+    written_into,
 )
 from gaecli.advantages.normalization import clipped
 from gaecli.advantages.row_inputs import FlatLists, check_variant_inputs
@@ -76,6 +78,7 @@ def compute_advantages_packed(
     bootstrap_values=None,
     turn_ids=None,
     response_mask=None,
+    out: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns of ``spec`` on packed input: flat ``[N]`` ``values``,
     ``rewards``, ``loss_mask`` (bool, integer or float 0/1), ``offsets`` ``[B + 1]``,
@@ -110,7 +113,26 @@ def compute_advantages_packed(
     ``reinforce++`` profile ``skyrl`` reads (its recursion, statistics and writing,
     docs/estimators.md#trainer-profiles-of-the-estimators); checked whenever given (its length,
     its values, no trainable token outside it: :class:`gaecli.GAEInputError` naming the sample).
+
+    ``out``: ``(advantages, returns)``, two distinct ``[N]`` tensors of the outputs' dtype on
+    their device, written and returned (a trainer's reused buffers: on the host's masked fast
+    path the kernel writes into them, elsewhere the result is copied in; after an error their
+    contents are undefined).
     """
+    out = checked_outputs(out, values if values is not None else rewards, rewards.numel())
+    advantages, returns = _packed_outputs(
+        values, rewards, loss_mask, offsets, terminal_rewards, spec, kernel, row_inputs, validate, turn_rewards,
+        turn_offsets, truncated, bootstrap_values, turn_ids, response_mask, out,
+    )  # fmt: skip
+    return written_into(out, advantages, returns)
+
+
+def _packed_outputs(
+    values, rewards, loss_mask, offsets, terminal_rewards, spec, kernel, row_inputs, validate, turn_rewards,
+    turn_offsets, truncated, bootstrap_values, turn_ids, response_mask, out,
+):  # fmt: skip
+    """:func:`compute_advantages_packed`'s computation; ``out`` is given to the kernel where it
+    writes into buffers (the host's screened path), else left to the caller."""
     narrow = half_precision(values if values is not None else rewards)
     values, rewards = widened(values), widened(rewards)
     if not isinstance(spec, AdvantageSpec):
@@ -131,7 +153,8 @@ def compute_advantages_packed(
         return narrowed((clipped(advantages, spec.advantage_clip), returns), narrow)
     values, rewards, loss_mask, offsets, terminal = check_packed(values, rewards, loss_mask, offsets, terminal_rewards)
     spec, terminal = _over_episodes(spec, values, rewards, loss_mask, offsets, terminal, kernel, row_inputs, validate)
-    screened = compute_screened(spec, values, rewards, loss_mask, offsets, terminal, kernel=kernel)
+    kernel_out = out if out is not None and narrow is None and _kernel_writes(out, values) else None
+    screened = compute_screened(spec, values, rewards, loss_mask, offsets, terminal, kernel=kernel, out=kernel_out)
     if screened is None:
         mask = check_contents(values, rewards, loss_mask, offsets, terminal, validate)
         if spec.variants:
@@ -151,6 +174,11 @@ def compute_advantages_packed(
         mask = loss_mask if loss_mask.dtype == torch.bool or spec.normalize == "none" else loss_mask != 0
     advantages = _whitened(spec, advantages, mask, offsets, row_inputs, response_mask)
     return narrowed((clipped(advantages, spec.advantage_clip), returns), narrow)
+
+
+def _kernel_writes(out, values) -> bool:
+    """Whether the kernel may write into ``out``: contiguous, of the values' dtype and device."""
+    return all(o.is_contiguous() and o.dtype == values.dtype and o.device == values.device for o in out)
 
 
 def _whitened(spec, advantages, mask, offsets, row_inputs, response_mask):
@@ -335,6 +363,7 @@ def masked_gae_packed(
     lambd: float,
     kernel: str = "auto",
     validate: bool = True,
+    out: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked GAE (the contract of docs/semantics.md) on packed ragged input.
 
@@ -346,6 +375,7 @@ def masked_gae_packed(
 
     ``validate=False`` skips the finiteness scan (for callers that checked already); mask
     values are always checked. Raises :class:`gaecli.GAEInputError` naming the sample.
+    ``out``: two ``[N]`` tensors to write the outputs into, as :func:`compute_advantages_packed`.
     """
     return baseline_gae_packed(
         values,
@@ -358,6 +388,7 @@ def masked_gae_packed(
         semantics="masked",
         kernel=kernel,
         validate=validate,
+        out=out,
     )
 
 
@@ -395,15 +426,16 @@ def baseline_gae_packed(
     semantics: Semantics = "unmasked",
     kernel: str = "auto",
     validate: bool = True,
+    out: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE under ``semantics``, packed form (shapes as :func:`masked_gae_packed`):
     ``masked`` (the contract) or one of the trainers' baselines ``unmasked``,
     ``skip-masked``, ``zero-masked``, defined in docs/semantics.md#the-baselines. Returns
     what that semantics computes at every position (non-zero at masked positions where it
-    makes them so)."""
+    makes them so). ``out``: as :func:`compute_advantages_packed`."""
     spec = AdvantageSpec(gamma, lambd, semantics)
     return compute_advantages_packed(
-        values, rewards, loss_mask, offsets, terminal_rewards, spec=spec, kernel=kernel, validate=validate
+        values, rewards, loss_mask, offsets, terminal_rewards, spec=spec, kernel=kernel, validate=validate, out=out
     )
 
 

@@ -318,17 +318,22 @@ def screened_kernel(spec: AdvantageSpec, kernel: str = "auto", device="cpu"):
     return None if entry is None else entry.screened_function
 
 
-def compute_screened_flat(screened, spec: AdvantageSpec, values, rewards, loss_mask, offsets, terminal_rewards):
+def compute_screened_flat(
+    screened, spec: AdvantageSpec, values, rewards, loss_mask, offsets, terminal_rewards, out=None
+):
     """``screened`` (:func:`screened_kernel`) on flat numpy buffers: values and rewards of one
     dtype among :data:`SCREENED_VALUE_DTYPES`, the mask as stored (bool, integer or float 0/1:
     :data:`SCREENED_MASK_DTYPES`), int64 offsets, terminal rewards in the values' dtype.
     Returns ``(advantages, returns, clean)``: ``clean`` False when a value or reward was not
-    finite or a mask value not 0 or 1 (which row is at fault is for the caller to find)."""
-    return screened(values, rewards, loss_mask, offsets, terminal_rewards, gamma=spec.gamma, lambd=spec.lambd)
+    finite or a mask value not 0 or 1 (which row is at fault is for the caller to find).
+    ``out``: two arrays the kernel writes the outputs into (None: new ones)."""
+    keywords = {} if out is None else {"out": out}
+    return screened(values, rewards, loss_mask, offsets, terminal_rewards, gamma=spec.gamma, lambd=spec.lambd,
+                    **keywords)  # fmt: skip
 
 
 def compute_screened(
-    spec: AdvantageSpec, values, rewards, loss_mask, offsets, terminal_rewards, *, kernel: str = "auto"
+    spec: AdvantageSpec, values, rewards, loss_mask, offsets, terminal_rewards, *, kernel: str = "auto", out=None
 ):
     """:func:`compute` on CPU tensors by a kernel that screens its input in its own pass (the
     API's fast path: the checks that read every token cost nothing more). Returns
@@ -337,7 +342,8 @@ def compute_screened(
     when this input cannot take that path: not on the CPU, ``kernel`` not resolved to a
     kernel with a screened form, a semantics other than ``masked``, or dtypes it does not
     read (values float32/float64, rewards the same, mask bool, integer or float). The tensors
-    (mask: bool, integer or float 0/1 as given) are read in place and not modified."""
+    (mask: bool, integer or float 0/1 as given) are read in place and not modified. ``out``:
+    two contiguous CPU tensors ``[N]`` of the values' dtype the kernel writes into."""
     if str(values.dtype) not in SCREENED_VALUES or rewards.dtype != values.dtype:
         return None
     if str(loss_mask.dtype) not in SCREENED_MASKS:
@@ -351,7 +357,10 @@ def compute_screened(
     arrays = [
         tensor.detach().resolve_neg().numpy() for tensor in (values, rewards, loss_mask, offsets, terminal_rewards)
     ]
-    advantages, returns, clean = compute_screened_flat(screened, spec, *arrays)
+    buffers = None if out is None else tuple(tensor.detach().numpy() for tensor in out)
+    advantages, returns, clean = compute_screened_flat(screened, spec, *arrays, out=buffers)
+    if out is not None:
+        return out[0], out[1], clean
     return torch.from_numpy(advantages), torch.from_numpy(returns), clean
 
 

@@ -445,6 +445,37 @@ def flat_outputs(total: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Te
     return torch.from_numpy(advantages), torch.from_numpy(np.empty_like(advantages))
 
 
+def checked_outputs(out, like: torch.Tensor, total: int):
+    """``out`` (None, or the caller's ``(advantages, returns)`` buffers) checked: two distinct
+    ``[N]`` tensors on ``like``'s device; else :class:`GAEInputError` naming the fault."""
+    if out is None:
+        return None
+    if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(isinstance(o, torch.Tensor) for o in out):
+        raise GAEInputError("out must be two tensors, (advantages, returns)")
+    for name, tensor in zip(("out[0]", "out[1]"), out):
+        if tuple(tensor.shape) != (total,):
+            raise GAEInputError(f"{name} has shape {tuple(tensor.shape)}, expected ({total},)")
+        if tensor.device != like.device:
+            raise GAEInputError(f"{name} is on {tensor.device}, the inputs on {like.device}")
+    if total and out[0].data_ptr() == out[1].data_ptr():
+        raise GAEInputError("out[0] and out[1] are one buffer: give two")
+    return tuple(out)
+
+
+def written_into(out, advantages: torch.Tensor, returns: torch.Tensor):
+    """``(advantages, returns)``, or with ``out`` given those buffers holding them (copied in
+    unless the kernel wrote there); :class:`GAEInputError` when a buffer's dtype is not the
+    output's."""
+    if out is None:
+        return advantages, returns
+    for name, buffer, result in (("out[0]", out[0], advantages), ("out[1]", out[1], returns)):
+        if buffer.dtype != result.dtype:
+            raise GAEInputError(f"{name} is {buffer.dtype}, the outputs {result.dtype}")
+        if buffer.data_ptr() != result.data_ptr() or buffer.stride() != result.stride():
+            buffer.copy_(result)
+    return out
+
+
 def split(flat: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
     """Pieces of ``flat`` ``[sum(lengths)]``, one per length, in order, sharing its memory.
     Not tracked by autograd as views of ``flat`` (``unsafe_split_with_sizes``, a quarter

@@ -11,19 +11,22 @@ from gaecli.advantages.contract import MASKED
 from gaecli.trainers.padded import check_batch, check_semantics, packed_gae
 
 
-def get_advantages_and_returns(values, rewards, action_mask, gamma: float, lambd: float, *, semantics: str = MASKED):
+def get_advantages_and_returns(
+    values, rewards, action_mask, gamma: float, lambd: float, *, semantics: str = MASKED, out=None
+):
     """OpenRLHF's ``get_advantages_and_returns``: ``(advantages, returns)`` ``[B, T]``, not
     whitened. ``semantics="masked"``: the masked contract over the ``action_mask`` tokens, the
     outcome reward (on the last action token in OpenRLHF's layout, or after it) on the last
     trainable token, 0 at every masked and padding position; ``"openrlhf"``: OpenRLHF's loop (V and
     r zeroed at masked tokens, GAE over every token) as :func:`gaecli.baseline_gae_packed` gives
-    it. ``action_mask`` None: every token is an action."""
+    it. ``action_mask`` None: every token is an action. ``out``: two contiguous ``[B, T]``
+    tensors of the values' dtype to write into (a trainer's reused buffers), returned."""
     import torch
 
     mask = torch.ones_like(rewards, dtype=torch.bool) if action_mask is None else action_mask
     check_batch("get_advantages_and_returns", values, rewards, mask)
     check_semantics(semantics)
-    return packed_gae(values, rewards, mask, gamma, lambd, semantics)
+    return packed_gae(values, rewards, mask, gamma, lambd, semantics, out=out)
 
 
 def get_cumulative_returns(rewards, action_mask, gamma: float, *, semantics: str = MASKED):

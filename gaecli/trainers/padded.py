@@ -63,12 +63,23 @@ def as_trainable(mask):
     return mask if mask.dtype == torch.bool else mask != 0
 
 
-def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str):
+def flat_out(out, shape):
+    """A drop-in's ``out`` (None, or its ``(advantages, returns)`` buffers ``[B, T]``,
+    contiguous) as flat ``[N]`` views; else :class:`GAEInputError`."""
+    if out is None:
+        return None
+    if len(out) != 2 or any(tuple(o.shape) != tuple(shape) or not o.is_contiguous() for o in out):
+        raise GAEInputError(f"out: two contiguous {list(shape)} tensors, (advantages, returns)")
+    return out[0].view(-1), out[1].view(-1)
+
+
+def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str, out=None):
     """GAE of a padded batch ``[B, T]`` under ``semantics``, as ``[B, T]`` advantages and
     returns in the values' dtype and device. ``masked``: the contract on the trainable tokens,
     the outcome reward moved to the last of them (:func:`outcome_split`), 0 at every masked and
     padding position; a profile: that trainer's computation at every position
-    (:func:`gaecli.baseline_gae_packed`, the rewards as given, padding as masked tokens)."""
+    (:func:`gaecli.baseline_gae_packed`, the rewards as given, padding as masked tokens).
+    ``out``: ``[B, T]`` buffers to write into (:func:`flat_out`), returned."""
     import torch
 
     from gaecli.advantages.api import baseline_gae_packed
@@ -82,6 +93,8 @@ def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str
         kept, terminal = rewards.to(values.dtype), torch.zeros(batch, dtype=values.dtype, device=values.device)
     advantages, returns = baseline_gae_packed(
         values.reshape(-1), kept.reshape(-1), trainable.reshape(-1), offsets, terminal,
-        gamma=float(gamma), lambd=float(lambd), semantics=semantics,
+        gamma=float(gamma), lambd=float(lambd), semantics=semantics, out=flat_out(out, values.shape),
     )  # fmt: skip
+    if out is not None:
+        return out[0], out[1]
     return advantages.reshape(batch, length), returns.reshape(batch, length)

@@ -15,7 +15,9 @@ PROFILE = "roll"
 """gaecli's profile of ROLL (docs/semantics.md#the-baselines)."""
 
 
-def compute_gae_advantage_return(token_level_rewards, values, gamma, lambd, *, response_mask=None, semantics=MASKED):
+def compute_gae_advantage_return(
+    token_level_rewards, values, gamma, lambd, *, response_mask=None, semantics=MASKED, out=None
+):
     """ROLL's ``compute_gae_advantage_return``: ``(advantages, returns)`` ``[B, T]``, not
     whitened; ``gamma``, ``lambd`` numbers (or one-element tensors). Tensors stay on their
     device, in the values' dtype.
@@ -28,10 +30,11 @@ def compute_gae_advantage_return(token_level_rewards, values, gamma, lambd, *, r
     values not masked) as :func:`gaecli.baseline_gae_packed` gives it, with what ROLL's
     ``compute_advantage`` does around the call: the rewards times ``response_mask`` before it,
     the advantages times ``response_mask`` after it, the returns left as computed; without a
-    mask, ROLL's function alone."""
+    mask, ROLL's function alone. ``out``: two contiguous ``[B, T]`` tensors of the values' dtype
+    to write into (a trainer's reused buffers), returned."""
     import torch
 
     mask = torch.ones_like(values, dtype=torch.bool) if response_mask is None else response_mask
     check_batch("compute_gae_advantage_return", token_level_rewards, values, mask)
     check_semantics(semantics, (MASKED, PROFILE))
-    return packed_gae(values, token_level_rewards, mask, float(gamma), float(lambd), semantics)
+    return packed_gae(values, token_level_rewards, mask, float(gamma), float(lambd), semantics, out=out)

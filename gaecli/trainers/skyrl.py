@@ -20,12 +20,22 @@ then that of the older ``skyrl-train`` one."""
 
 
 def compute_gae_advantage_return(
-    token_level_rewards, values, response_mask, gamma, lambd, *, loss_mask=None, semantics: str = MASKED, **kwargs
+    token_level_rewards,
+    values,
+    response_mask,
+    gamma,
+    lambd,
+    *,
+    loss_mask=None,
+    semantics: str = MASKED,
+    out=None,
+    **kwargs,
 ):
     """SkyRL's ``compute_gae_advantage_return``: ``(advantages, returns)`` ``[B, T]``, the
     advantages whitened (SkyRL's ``masked_whiten``: ``(A − mean)·rsqrt(var + 1e-8)``, the mean
     and Bessel variance over its mask). Other keywords (SkyRL passes ``index``, ``config``...)
-    are not read. Tensors stay on their device, in the values' dtype.
+    are not read. Tensors stay on their device, in the values' dtype; ``out``: two contiguous
+    ``[B, T]`` tensors of the values' dtype to write into (a trainer's reused buffers), returned.
 
     ``loss_mask`` (a keyword SkyRL's function does not have): the trainable tokens, ``[B, T]``
     0/1 within ``response_mask``; None: every response token (``response_mask``). SkyRL's
@@ -43,13 +53,14 @@ def compute_gae_advantage_return(
     trainable = response_mask if loss_mask is None else loss_mask
     check_batch("compute_gae_advantage_return", token_level_rewards, values, response_mask, trainable)
     check_semantics(semantics, (MASKED, PROFILE))
-    advantages, returns = packed_gae(values, token_level_rewards, trainable, gamma, lambd, semantics)
+    advantages, returns = packed_gae(values, token_level_rewards, trainable, gamma, lambd, semantics, out=out)
     flat = advantages.reshape(-1)
     if semantics == MASKED:
         whitened = whiten(flat, as_trainable(trainable).reshape(-1), written="trainable")
     else:
         whitened = whiten(flat, as_trainable(response_mask).reshape(-1), written="every")
-    return whitened.reshape(advantages.shape), returns
+    whitened = whitened.reshape(advantages.shape)
+    return (advantages.copy_(whitened), returns) if out is not None else (whitened, returns)
 
 
 def _ppo_utils():

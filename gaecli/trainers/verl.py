@@ -18,7 +18,9 @@ CORE_ALGOS = "verl.trainer.ppo.core_algos"
 _SAVED: dict[str, Any] = {}
 
 
-def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma, lam, *, semantics: str = MASKED):
+def compute_gae_advantage_return(
+    token_level_rewards, values, response_mask, gamma, lam, *, semantics: str = MASKED, out=None
+):
     """verl's ``compute_gae_advantage_return``: ``(advantages, returns)`` ``[B, T]``, the
     advantages whitened as verl whitens them (``masked_whiten`` over ``response_mask``: the
     mean and Bessel variance of its tokens, ``(A − mean)·rsqrt(var + 1e-8)``).
@@ -29,15 +31,17 @@ def compute_gae_advantage_return(token_level_rewards, values, response_mask, gam
     dropped; advantages (whitened) and returns exactly 0 at every masked and padding position.
     ``semantics="verl"`` (or another profile): that computation at every position, as
     :func:`gaecli.baseline_gae_packed` gives it, then verl's whitening, written everywhere as
-    verl leaves it. Tensors stay on their device, in the values' dtype."""
+    verl leaves it. Tensors stay on their device, in the values' dtype. ``out``: two contiguous
+    ``[B, T]`` tensors of the values' dtype (a trainer's reused buffers), written and returned."""
     from gaecli.advantages.whiten import whiten
 
     check_batch("compute_gae_advantage_return", token_level_rewards, values, response_mask)
     check_semantics(semantics)
-    advantages, returns = packed_gae(values, token_level_rewards, response_mask, gamma, lam, semantics)
+    advantages, returns = packed_gae(values, token_level_rewards, response_mask, gamma, lam, semantics, out=out)
     flat, mask = advantages.reshape(-1), as_trainable(response_mask).reshape(-1)
     written = "trainable" if semantics == MASKED else "every"
-    return whiten(flat, mask, written=written).reshape(advantages.shape), returns
+    whitened = whiten(flat, mask, written=written).reshape(advantages.shape)
+    return (advantages.copy_(whitened), returns) if out is not None else (whitened, returns)
 
 
 def compute_grpo_outcome_advantage(

@@ -26,6 +26,7 @@ thread computes a sample changes nothing in its arithmetic.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import numpy as np
 
@@ -347,15 +348,18 @@ def native_gae_flat(batch: FlatBatch, *, gamma: float, lambd: float, **variants)
 
 
 @flat_kernel
-def native_gae_screened(batch: FlatBatch, *, gamma: float, lambd: float) -> tuple[np.ndarray, np.ndarray, bool]:
+def native_gae_screened(
+    batch: FlatBatch, *, gamma: float, lambd: float, out: Optional[tuple[np.ndarray, np.ndarray]] = None
+) -> tuple[np.ndarray, np.ndarray, bool]:
     """:func:`native_gae_flat` that also screens its input in the same pass: returns
     ``(advantages, returns, clean)``, ``clean`` False when a value or reward it read was not
     finite (at masked positions too) or a mask value was neither 0 nor 1. ``loss_mask`` may
     then be bool, integer or float (trainable: ``!= 0``). Which sample and token is at fault
-    is for the caller to find (an error path: :mod:`gaecli.advantages.inputs`)."""
+    is for the caller to find (an error path: :mod:`gaecli.advantages.inputs`). ``out``: two
+    contiguous ``[N]`` arrays of the values' dtype, written and returned (a caller's reused
+    buffers: fresh outputs cost a page fault per 4 KiB on first touch)."""
     values, rewards, loss_mask = (np.ascontiguousarray(array) for array in batch[:3])
-    advantages = np.empty_like(values)
-    returns = np.empty_like(values)
+    advantages, returns = (np.empty_like(values), np.empty_like(values)) if out is None else out
     offsets = np.asarray(batch.offsets, dtype=np.int64)
     starts = offsets[:-1]
     addresses = np.stack(
