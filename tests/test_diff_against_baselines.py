@@ -194,7 +194,10 @@ def test_reports_show_the_stored_column_beside_the_profiles(tmp_path, dump):
         assert f"## By `step` — against {name}" in text
     headline = "stored column 'trained', returns 'trained_returns' and the baselines verl, openrlhf"
     assert headline in text and headline in " ".join(result.stderr.split())
-    assert "against trained, the first of 3 comparisons" in text
+    verdict = re.compile(
+        r"Of 40 samples, \d+ changed against trained, \d+ against verl, \d+ against openrlhf; the most "
+    )
+    assert verdict.search(text), text.splitlines()[2]  # the verdict names each comparison
     credit = next(line for line in text.splitlines() if line.startswith("| ↳ old terminal credit"))
     assert credit.split("|")[2].strip().startswith("—")  # not defined for the stored column, defined for the rest
     assert all(cell.strip()[0].isdigit() for cell in credit.split("|")[3:5])

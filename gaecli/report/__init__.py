@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import pyarrow as pa
@@ -116,91 +117,145 @@ def headline(document: dict) -> str:
     )
 
 
-def _four(summary: dict, quantity: str, suffix: str = "") -> str:
-    values = [summary[f"{stat}_abs_delta_{quantity}{suffix}"] for stat in ("mean", "median", "p99", "max")]
-    return " / ".join(number(value) for value in values)
+@dataclass(frozen=True)
+class SummaryRow:
+    """One row of a comparison's summary table. ``key`` tells apart rows that read the same;
+    ``label`` is the row's label (indented when it details the row above, :func:`nesting`);
+    ``value`` its cell; ``parts`` the figures the cell holds, each ``(header, text)``: what a
+    layout with one column per figure shows (the terminal's comparisons-as-rows tables,
+    under ``title``, the figures' name without the list of parts)."""
+
+    key: str
+    label: str
+    value: str
+    parts: tuple[tuple[str, str], ...]
+    title: str
+
+    @classmethod
+    def single(cls, key: str, label: str, value: str, header: str) -> "SummaryRow":
+        """A row of one figure, headed ``header`` where each figure has its own column."""
+        return cls(key, label, value, ((header, value),), label.strip())
+
+    @classmethod
+    def listed(cls, key: str, label: str, title: str, parts: list[tuple[str, str]], value: str = "") -> "SummaryRow":
+        """A row of several figures, its cell the figures joined by `` / `` (or ``value``)."""
+        return cls(key, label, value or " / ".join(text for _, text in parts), tuple(parts), title)
 
 
-def _lost(samples: Optional[int], abs_sum: Optional[float], whole: int) -> str:
+QUANTITY_PARTS = ("mean", "median", "p99", "max")
+
+
+def _four(summary: dict, quantity: str, suffix: str = "") -> list[tuple[str, str]]:
+    return [(stat, number(summary[f"{stat}_abs_delta_{quantity}{suffix}"])) for stat in QUANTITY_PARTS]
+
+
+def _lost(key: str, label: str, samples: Optional[int], abs_sum: Optional[float], whole: int) -> SummaryRow:
+    title = label.split(" (")[0]
     if samples is None:
-        return "— (not defined for stored advantages)"
-    return f"{share(samples, whole)}, Σ|z| {number(abs_sum)}"
+        return SummaryRow.listed(
+            key, label, title, [("lost", "—"), ("Σ|z|", "—")], "— (not defined for stored advantages)"
+        )
+    parts = [("lost", share(samples, whole)), ("Σ|z|", number(abs_sum))]
+    return SummaryRow.listed(key, label, title, parts, f"{parts[0][1]}, Σ|z| {parts[1][1]}")
 
 
-def _summary_entries(s: dict) -> list[tuple[str, str, str]]:
-    """(key, figure, value) rows of one comparison's summary (the key tells apart rows that
-    read the same)."""
-    samples, trainable = s["samples"], s["trainable_tokens"]
-    sigma = number(s["new_advantage_std"])
+def _spread_rows(s: dict) -> list[SummaryRow]:
+    """The |Δ advantage| and |Δ return| rows, each with its rows in σ of the new advantages."""
+    over_sigma = f"  ÷ σ of the new advantages (σ = {number(s['new_advantage_std'])})"
+    listed = " mean / median / p99 / max"
     rows = [
-        ("samples", "samples", f"{samples:,}"),
-        ("tokens", "tokens (trainable)", f"{s['tokens']:,} ({trainable:,}, {percent(s['trainable_share'])})"),
-        ("changed", f"samples changed (tol {s['tolerance']:g})", share(s["changed_samples"], samples)),
-        ("changed_tokens", "trainable tokens changed", share(s["changed_tokens"], trainable)),
-        ("advantage", "|Δ advantage| mean / median / p99 / max", _four(s, "advantage")),
-        ("advantage_std", f"  ÷ σ of the new advantages (σ = {sigma})", _four(s, "advantage", "_over_std")),
+        SummaryRow.listed("advantage", "|Δ advantage|" + listed, "|Δ advantage|", _four(s, "advantage")),
+        SummaryRow.listed(
+            "advantage_std", over_sigma, "|Δ advantage|" + over_sigma[1:], _four(s, "advantage", "_over_std")
+        ),
     ]
     if s["max_abs_delta_return"] is None:
-        rows.append(("return", "|Δ return| mean / median / p99 / max", "— (no old returns)"))
-    else:
-        rows.append(("return", "|Δ return| mean / median / p99 / max", _four(s, "return")))
-        rows.append(("return_std", f"  ÷ σ of the new advantages (σ = {sigma})", _four(s, "return", "_over_std")))
-    rows += [
-        ("flips", "tokens whose advantage changed sign", share(s["sign_flip_tokens"], trainable)),
-        ("correlation", "correlation old vs new", number(s["correlation"])),
-        ("tails", "samples with a masked tail", share(s["masked_tail_samples"], samples)),
+        parts = [(stat, "—") for stat in QUANTITY_PARTS]
+        return rows + [SummaryRow.listed("return", "|Δ return|" + listed, "|Δ return|", parts, "— (no old returns)")]
+    return rows + [
+        SummaryRow.listed("return", "|Δ return|" + listed, "|Δ return|", _four(s, "return")),
+        SummaryRow.listed("return_std", over_sigma, "|Δ return|" + over_sigma[1:], _four(s, "return", "_over_std")),
+    ]
+
+
+def _tail_rows(s: dict) -> list[SummaryRow]:
+    """The rows that detail the samples with a masked tail: their lengths, the old terminal
+    credit, the samples whose terminal reward was lost."""
+    stats = ("mean_masked_tail_length", "median_masked_tail_length", "p99_masked_tail_length", "longest_masked_tail")
+    parts = [(header, number(s[key])) for header, key in zip(QUANTITY_PARTS, stats)]
+    rows = [SummaryRow.listed("tail_length", "  tail length mean / median / p99 / max", "tail length", parts)]
+    label = "  old terminal credit (mean / min)"
+    if s["mean_terminal_credit"] is None:
+        parts = [("mean credit", "—"), ("min credit", "—")]
+        return rows + [
+            SummaryRow.listed("credit", label, "old terminal credit", parts, "— (defined for a GAE baseline only)")
+        ]
+    parts = [("mean credit", number(s["mean_terminal_credit"])), ("min credit", number(s["min_terminal_credit"]))]
+    lost = share(s["zero_credit_samples"], s["masked_tail_samples"])
+    return rows + [
+        SummaryRow.listed("credit", label, "old terminal credit", parts),
+        SummaryRow.single("zero_credit", "  samples whose terminal reward was lost", lost, "kept none"),
+    ]
+
+
+def _summary_entries(s: dict) -> list[SummaryRow]:
+    """The rows of one comparison's summary, in the table's order."""
+    samples, trainable = s["samples"], s["trainable_tokens"]
+    tokens = f"{s['tokens']:,} ({trainable:,}, {percent(s['trainable_share'])})"
+    rows = [
+        SummaryRow.single("samples", "samples", f"{samples:,}", "samples"),
+        SummaryRow.single("tokens", "tokens (trainable)", tokens, "tokens"),
+        SummaryRow.single(
+            "changed",
+            f"samples changed (tol {s['tolerance']:g})",
+            share(s["changed_samples"], samples),
+            "samples changed",
+        ),
+        SummaryRow.single(
+            "changed_tokens", "trainable tokens changed", share(s["changed_tokens"], trainable), "tokens changed"
+        ),
+        *_spread_rows(s),
+        SummaryRow.single(
+            "flips", "tokens whose advantage changed sign", share(s["sign_flip_tokens"], trainable), "sign flips"
+        ),
+        SummaryRow.single("correlation", "correlation old vs new", number(s["correlation"]), "correlation"),
+        SummaryRow.single("tails", "samples with a masked tail", share(s["masked_tail_samples"], samples), "tails"),
     ]
     if s["masked_tail_samples"]:
-        tail = " / ".join(
-            number(s[k])
-            for k in (
-                "mean_masked_tail_length",
-                "median_masked_tail_length",
-                "p99_masked_tail_length",
-                "longest_masked_tail",
-            )
-        )
-        rows.append(("tail_length", "  tail length mean / median / p99 / max", tail))
-        if s["mean_terminal_credit"] is None:
-            rows.append(("credit", "  old terminal credit (mean / min)", "— (defined for a GAE baseline only)"))
-        else:
-            rows.append(
-                (
-                    "credit",
-                    "  old terminal credit (mean / min)",
-                    f"{number(s['mean_terminal_credit'])} / {number(s['min_terminal_credit'])}",
-                )
-            )
-            rows.append(
-                (
-                    "zero_credit",
-                    "  samples whose terminal reward was lost",
-                    share(s["zero_credit_samples"], s["masked_tail_samples"]),
-                )
-            )
+        rows += _tail_rows(s)
     if s.get("new_lost_terminal_samples") is not None:
         rows += [
-            (
+            _lost(
                 "lost",
                 "terminal rewards lost (reach no trainable token), old side",
-                _lost(s["lost_terminal_samples"], s["lost_terminal_abs_sum"], samples),
+                s["lost_terminal_samples"],
+                s["lost_terminal_abs_sum"],
+                samples,
             ),
-            (
+            _lost(
                 "new_lost",
                 "terminal rewards lost, new side",
-                _lost(s["new_lost_terminal_samples"], s["new_lost_terminal_abs_sum"], samples),
+                s["new_lost_terminal_samples"],
+                s["new_lost_terminal_abs_sum"],
+                samples,
             ),
         ]
-    rows += [
-        ("fully_masked", "fully masked samples", share(s["fully_masked_samples"], samples)),
-        ("empty", "empty samples", share(s["empty_samples"], samples)),
+    return rows + [
+        SummaryRow.single(
+            "fully_masked", "fully masked samples", share(s["fully_masked_samples"], samples), "fully masked"
+        ),
+        SummaryRow.single("empty", "empty samples", share(s["empty_samples"], samples), "empty"),
     ]
-    return rows
 
 
 def summary_rows(document: dict) -> list[tuple[str, str]]:
     """(figure, value) rows of the summary table of the first comparison."""
-    return [(label, value) for _, label, value in _summary_entries(document["summary"])]
+    return [(row.label, row.value) for row in _summary_entries(document["summary"])]
+
+
+def comparison_rows(document: dict) -> list[tuple[str, list[SummaryRow]]]:
+    """Each comparison's name and its summary rows (:class:`SummaryRow`), in the order given."""
+    return [(comparison["name"], _summary_entries(comparison["summary"])) for comparison in comparisons(document)]
 
 
 def summary_table(document: dict) -> tuple[list[str], list[list[str]]]:
@@ -208,20 +263,19 @@ def summary_table(document: dict) -> tuple[list[str], list[list[str]]]:
     by its name (``value`` when there is one comparison); a figure a comparison does not
     have is "—", its row where the comparisons that have it put it (a stored column has
     no return spread without returns, nor the credit's details)."""
-    listed = comparisons(document)
-    headers = ["figure", *(comparison["name"] for comparison in listed)] if len(listed) > 1 else ["figure", "value"]
+    listed = comparison_rows(document)
+    headers = ["figure", *(name for name, _ in listed)] if len(listed) > 1 else ["figure", "value"]
     labels: dict[str, str] = {}
     order: list[str] = []
     values: list[dict[str, str]] = []
-    for comparison in listed:
-        entries = _summary_entries(comparison["summary"])
+    for _, entries in listed:
         position = 0
-        for key, label, _ in entries:
-            if key not in labels:
-                labels[key] = label
-                order.insert(position, key)
-            position = order.index(key) + 1
-        values.append({key: value for key, _, value in entries})
+        for entry in entries:
+            if entry.key not in labels:
+                labels[entry.key] = entry.label
+                order.insert(position, entry.key)
+            position = order.index(entry.key) + 1
+        values.append({entry.key: entry.value for entry in entries})
     rows = [[labels[key], *(column.get(key, "—") for column in values)] for key in order]
     return headers, rows
 
@@ -240,40 +294,73 @@ def nesting(label: str) -> tuple[int, str]:
     return level, label[len(SUB_ROW_INDENT) * level :]
 
 
-def verdict(document: dict) -> str:
-    """The report's answer in one sentence (of the first comparison): how many samples
-    changed, the largest |Δ advantage| (in σ of the new advantages when defined), and what
-    masked tails did to the terminal reward: ``52 of 92 samples changed; largest |Δ
-    advantage| 0.918 σ; 27 samples end in a masked tail, where the old advantages kept 0.85
-    of the terminal reward on average.``"""
-    s = document["summary"]
-    samples, changed = s["samples"], s["changed_samples"]
-    if not changed:
-        return f"No sample changed (of {samples:,}, tol {s['tolerance']:g})."
-    parts = [f"{changed:,} of {samples:,} samples changed"]
+def _details(s: dict) -> list[str]:
+    """What the verdict says of one comparison that changed samples: the largest |Δ
+    advantage| (in σ of the new advantages when defined), and what masked tails did to the
+    terminal reward."""
     in_sigma = s["max_abs_delta_advantage_over_std"]
     if in_sigma is not None and math.isfinite(in_sigma):
-        parts.append(f"largest |Δ advantage| {in_sigma:.3g} σ")
+        parts = [f"largest |Δ advantage| {in_sigma:.3g} σ"]
     else:
-        parts.append(f"largest |Δ advantage| {number(s['max_abs_delta_advantage'])}")
+        parts = [f"largest |Δ advantage| {number(s['max_abs_delta_advantage'])}"]
     tails = s["masked_tail_samples"]
     if not tails:
-        parts.append("no sample ends in a masked tail")
-    else:
-        ending = f"{tails:,} sample{'s' if tails != 1 else ''} end{'s' if tails == 1 else ''} in a masked tail"
-        credit, lost = s["mean_terminal_credit"], s["zero_credit_samples"] or 0
-        if credit is not None and lost == tails:
-            ending += ", where the old advantages lost the terminal reward"
-        elif credit is not None and credit < 1.0:
-            ending += f", where the old advantages kept {credit:.2f} of the terminal reward on average"
-            ending += f" ({lost:,} kept none of it)" if lost else ""
-        elif credit is not None:
-            ending += ", where the old advantages kept all of the terminal reward"
-        parts.append(ending)
+        return parts + ["no sample ends in a masked tail"]
+    ending = f"{tails:,} sample{'s' if tails != 1 else ''} end{'s' if tails == 1 else ''} in a masked tail"
+    credit, lost = s["mean_terminal_credit"], s["zero_credit_samples"] or 0
+    if credit is not None and lost == tails:
+        ending += ", where the old advantages lost the terminal reward"
+    elif credit is not None and credit < 1.0:
+        ending += f", where the old advantages kept {credit:.2f} of the terminal reward on average"
+        ending += f" ({lost:,} kept none of it)" if lost else ""
+    elif credit is not None:
+        ending += ", where the old advantages kept all of the terminal reward"
+    return parts + [ending]
+
+
+def _severity(s: dict) -> tuple[int, float]:
+    """How hard a comparison is hit, for the verdict's worst: samples changed, then the
+    largest |Δ advantage| (in σ when defined)."""
+    largest = s["max_abs_delta_advantage_over_std"]
+    if largest is None or not math.isfinite(largest):
+        largest = s["max_abs_delta_advantage"]
+    return s["changed_samples"], largest if largest is not None and math.isfinite(largest) else -1.0
+
+
+def verdict(document: dict) -> str:
+    """The report's answer in one sentence: how many samples changed, the largest |Δ
+    advantage| (in σ of the new advantages when defined), and what masked tails did to the
+    terminal reward: ``52 of 92 samples changed; largest |Δ advantage| 0.918 σ; 27 samples
+    end in a masked tail, where the old advantages kept 0.85 of the terminal reward on
+    average.`` With several comparisons it names each with its changed samples, then the
+    worst (most samples changed, then the largest |Δ advantage|; those tied with it and
+    described alike named with it) and its figures: ``Of 92 samples, 8 changed against
+    verl, 72 against slime; the most against slime: largest |Δ advantage| …``."""
     listed = document.get("comparisons") or []
-    if len(listed) > 1:
-        parts.append(f"against {listed[0]['name']}, the first of {len(listed)} comparisons")
-    return "; ".join(parts) + "."
+    if len(listed) <= 1:
+        s = document["summary"]
+        samples, changed = s["samples"], s["changed_samples"]
+        if not changed:
+            return f"No sample changed (of {samples:,}, tol {s['tolerance']:g})."
+        return "; ".join([f"{changed:,} of {samples:,} samples changed", *_details(s)]) + "."
+    first = listed[0]["summary"]
+    if not any(comparison["summary"]["changed_samples"] for comparison in listed):
+        return (
+            f"No sample changed against any of the {len(listed)} comparisons "
+            f"(of {first['samples']:,}, tol {first['tolerance']:g})."
+        )
+    counts = [f"{comparison['summary']['changed_samples']:,} against {comparison['name']}" for comparison in listed]
+    worst = max(listed, key=lambda comparison: _severity(comparison["summary"]))  # the first of the hardest hit
+    described = _details(worst["summary"])
+    tied = [
+        comparison["name"]
+        for comparison in listed
+        if _severity(comparison["summary"]) == _severity(worst["summary"])
+        and _details(comparison["summary"]) == described
+    ]
+    names = tied[0] if len(tied) == 1 else ", ".join(tied[:-1]) + " and " + tied[-1]
+    counts[0] = counts[0].replace(" against ", " changed against ", 1)
+    return f"Of {first['samples']:,} samples, {', '.join(counts)}; the most against {names}: {'; '.join(described)}."
 
 
 def top_table(document: dict, comparison: Optional[dict] = None) -> tuple[list[str], list[list[str]]]:
