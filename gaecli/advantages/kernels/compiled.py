@@ -1,8 +1,12 @@
 """What the native kernel's two compiled passes (:mod:`.native`, plain GAE, and
-:mod:`.native_variants`, the GAE variants) share: numba, when it is installed, and the split
-of a batch's samples into token-balanced groups, one per thread."""
+:mod:`.native_variants`, the GAE variants) share: numba, when it is installed, its threads
+(started as a good neighbour to the caller's torch), and the split of a batch's samples into
+token-balanced groups, one per thread."""
 
 from __future__ import annotations
+
+import os
+import threading
 
 import numpy as np
 
@@ -12,6 +16,45 @@ except ImportError:  # pragma: no cover - exercised only without the dependency
     numba = None
 
 AVAILABLE = numba is not None
+
+WAIT_POLICY_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+"""The OpenMP runtimes' settings of how long an idle worker spins before it sleeps; one set by
+the user is left as it is."""
+
+_launch = threading.Lock()
+_launched = False
+
+
+def thread_count() -> int:
+    """numba's number of threads, its thread pool started first if it is not yet.
+
+    numba's OpenMP pool links the system's ``libgomp``, torch ships its own: two runtimes, two
+    pools of one thread per core in one process. By default an OpenMP worker spins for a while
+    after each parallel region, so right after a gaecli kernel the trainer's next torch op
+    found its cores taken by gaecli's idle workers (20 % slower on two cores, many times on
+    16). The pool is therefore started with ``OMP_WAIT_POLICY=PASSIVE`` (workers sleep at once;
+    the runtime reads it when it loads), and the variable removed again, so that torch's
+    runtime and child processes see the environment as it was. A policy the user set wins."""
+    global _launched
+    if not _launched:
+        with _launch:
+            if not _launched:
+                _start_threads()
+                _launched = True
+    return numba.get_num_threads()
+
+
+def _start_threads() -> None:
+    chosen = any(name in os.environ for name in WAIT_POLICY_VARIABLES)
+    if not chosen:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        from numba.np.ufunc import parallel
+
+        parallel._launch_threads()
+    finally:
+        if not chosen:
+            os.environ.pop("OMP_WAIT_POLICY", None)
 
 
 def plan_groups(offsets: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,7 @@ from typing import Optional
 
 import numpy as np
 
-from gaecli.advantages.kernels.compiled import AVAILABLE, numba, plan_groups
+from gaecli.advantages.kernels.compiled import AVAILABLE, numba, plan_groups, thread_count
 from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
 from gaecli.advantages.kernels.native_variants import native_variant_flat
 
@@ -311,7 +311,7 @@ def native_gae_samples(
     batch = offsets.size - 1
     if batch <= 0:
         return True
-    threads = numba.get_num_threads()
+    threads = thread_count()
     serial = int(offsets[-1] - offsets[0]) < SERIAL_TOKENS or threads == 1
     groups = 1 if serial else max(1, min(threads, batch))
     order, group_bounds = plan_groups(offsets, groups)

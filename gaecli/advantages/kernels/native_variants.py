@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gaecli.advantages.kernels.compiled import AVAILABLE, numba, plan_groups
+from gaecli.advantages.kernels.compiled import AVAILABLE, numba, plan_groups, thread_count
 from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
 
 
@@ -129,7 +129,7 @@ def native_variant_flat(batch: FlatBatch, *, gamma: float, lambd: float, **varia
     count = offsets.size - 1
     if count <= 0:
         return advantages, returns
-    groups = max(1, min(numba.get_num_threads(), count))
+    groups = max(1, min(thread_count(), count))
     order, group_bounds = plan_groups(offsets, groups)
     lambdas = (plan.advantage_lambd, plan.return_lambd, plan.split, plan.turn_mode)
     plan_arrays = (
