@@ -81,3 +81,27 @@ def test_the_skip_profiles_carry_in_one_backward_pass_on_numpy_with_the_bits_of_
         assert advantages.tobytes() == on_torch[0].numpy().tobytes()
         assert returns.tobytes() == on_torch[1].numpy().tobytes()
     assert len(calls) == 3  # torch: the gather of verl, areal and nemo-rl
+
+
+def test_trainable_sums_and_spread_match_loops_with_empty_and_fully_masked_rows():
+    rng = np.random.default_rng(3)
+    lengths = np.array([0, 5, 3, 0, 7, 1])
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    rewards = rng.normal(size=offsets[-1]).astype(np.float32)
+    trainable = rng.random(offsets[-1]) < 0.6
+    trainable[offsets[2] : offsets[3]] = False  # a fully masked row
+    sums, counts = layout.trainable_sums(rewards, trainable, offsets)
+    every, every_counts = layout.trainable_sums(rewards, None, offsets)
+    row_values = rng.normal(size=lengths.size)
+    spread = layout.spread_to_trainable(row_values, trainable, offsets, np.float32)
+    for row in range(lengths.size):
+        total, count, whole = 0.0, 0, 0.0
+        for t in range(offsets[row], offsets[row + 1]):
+            whole += float(rewards[t])
+            if trainable[t]:
+                total += float(rewards[t])
+                count += 1
+            assert spread[t] == (np.float32(row_values[row]) if trainable[t] else 0.0)
+        assert sums[row] == total and counts[row] == count
+        assert every[row] == whole and every_counts[row] == lengths[row]
+    assert sums.dtype == np.float64 and counts.dtype == np.int64 and spread.dtype == np.float32

@@ -293,8 +293,9 @@ def _like_rewards(rewards, per_token: np.ndarray, trainable):
 def spread_rows(row_values: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, dtype) -> np.ndarray:
     """The per-token pass of the outcome estimators: each row's value at its trainable tokens,
     0 at masked positions; flat ``[N]`` in ``dtype``."""
-    per_token = np.repeat(row_values.astype(np.float64, copy=False), np.diff(offsets))
-    return np.where(trainable, per_token, 0.0).astype(dtype, copy=False)
+    from gaecli.advantages.layout import spread_to_trainable
+
+    return spread_to_trainable(row_values, trainable, offsets, dtype)
 
 
 def _screening_kernel(spec: AdvantageSpec, kernel: str, device):

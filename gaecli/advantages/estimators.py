@@ -37,18 +37,18 @@ def row_scores(rewards: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, 
     added in token order, then ``z``; a fully masked or empty row scores ``z``) and its trainable
     token count ``K`` (int64 ``[B]``). Flat ``rewards`` and bool ``trainable`` ``[N]``,
     ``offsets`` ``[B + 1]``, ``terminal_rewards`` ``[B]``."""
-    rows = offsets.size - 1
-    segments = np.repeat(np.arange(rows, dtype=np.int64), np.diff(offsets))
-    kept = np.where(trainable, rewards.astype(np.float64, copy=False), 0.0)
-    sums = np.bincount(segments, weights=kept, minlength=rows)  # added serially in token order
-    counts = np.bincount(segments[trainable], minlength=rows).astype(np.int64)
+    from gaecli.advantages.layout import trainable_sums
+
+    sums, counts = trainable_sums(rewards, trainable, offsets)
     return terminal_rewards.astype(np.float64) + sums, counts
 
 
 def response_scores(rewards: np.ndarray, offsets: np.ndarray, terminal_rewards: np.ndarray) -> np.ndarray:
     """Each row's score over every token, ``z + Σ r`` with the rewards at masked tokens too
     (float64 ``[B]``): what verl and SkyRL sum (:data:`gaecli.advantages.statistics.RESPONSE_SCORES`)."""
-    return row_scores(rewards, np.ones(rewards.size, dtype=bool), offsets, terminal_rewards)[0]
+    from gaecli.advantages.layout import trainable_sums
+
+    return terminal_rewards.astype(np.float64) + trainable_sums(rewards, None, offsets)[0]
 
 
 def side_scores(spec, scores: np.ndarray, rewards, offsets, terminal_rewards) -> np.ndarray:

@@ -51,6 +51,48 @@ def trainable_counts(trainable, offsets):
     return torch.diff(torch.searchsorted(trainable.nonzero().flatten(), offsets))
 
 
+def trainable_sums(rewards: np.ndarray, trainable, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's sum of ``rewards`` over its trainable tokens, added in token order in
+    float64, and its trainable token count: ``(float64 [B], int64 [B])``; ``trainable`` None:
+    every token. One compiled pass (flat numpy ``rewards`` ``[N]``, bool ``trainable``)."""
+    every = trainable is None
+    flags = np.ones(1, dtype=np.bool_) if every else trainable
+    return _trainable_sums(rewards, flags, np.asarray(offsets, dtype=np.int64), every)
+
+
+@numba.njit(cache=True, nogil=True)
+def _trainable_sums(rewards, trainable, offsets, every):
+    rows = offsets.shape[0] - 1
+    sums = np.zeros(rows, dtype=np.float64)
+    counts = np.zeros(rows, dtype=np.int64)
+    for row in range(rows):
+        total = 0.0
+        count = 0
+        for t in range(offsets[row], offsets[row + 1]):
+            if every or trainable[t]:
+                total += np.float64(rewards[t])
+                count += 1
+        sums[row] = total
+        counts[row] = count
+    return sums, counts
+
+
+def spread_to_trainable(row_values: np.ndarray, trainable: np.ndarray, offsets: np.ndarray, dtype) -> np.ndarray:
+    """Each sample's value (float64 ``[B]``) at its trainable tokens, 0 elsewhere: flat ``[N]``
+    in ``dtype``, rounded once from float64. One compiled pass."""
+    out = np.empty(trainable.shape[0], dtype=dtype)
+    _spread(np.asarray(row_values, dtype=np.float64), trainable, np.asarray(offsets, dtype=np.int64), out)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _spread(row_values, trainable, offsets, out):
+    for row in range(offsets.shape[0] - 1):
+        value = row_values[row]
+        for t in range(offsets[row], offsets[row + 1]):
+            out[t] = value if trainable[t] else 0.0
+
+
 def last_trainable_index(trainable, offsets):
     """Flat index of each sample's last trainable token, -1 when it has none. int64 ``[B]``."""
     if isinstance(trainable, np.ndarray):
