@@ -26,6 +26,12 @@ EVERY_TOKEN = ("slime", "skyrl")
 last trainable token, lost only when the decay γλ is 0."""
 
 
+INERT_AFTER_THE_END = ("verl", "areal", "openrlhf")
+"""The profiles to which the masked positions after a response's end (no reward there) add
+exactly nothing (verl and AReaL skip them; OpenRLHF zeroes their values and rewards): the Δ
+window stops at the end. The others read the values there (ROLL, slime, SkyRL run every
+position as a transition), so their window runs to the row's end."""
+
 HOST_MASKS = ("torch.float32", "torch.float64", "torch.int64", "torch.int32", "torch.int16", "torch.int8",
               "torch.uint8")
 """The mask dtypes whose 0/1 check runs compiled on the host (others: torch)."""
@@ -201,11 +207,14 @@ def _mean_abs_delta(batch: TrainerBatch, rows: dict, delta_rows: Optional[int], 
 def _window_sides(batch: TrainerBatch, rows: dict, picked, window: int):
     """Both sides' advantages ``[k, W]`` on the ``picked`` rows from ``window`` tokens before
     each response's end to the row's end (a padded row's padding included: some profiles read
-    its values), right-aligned, a shorter row preceded by masked zeros; and their trainable
+    its values; for :data:`INERT_AFTER_THE_END` to the response's end), right-aligned, a
+    shorter row preceded by masked zeros; and their trainable
     tokens. A terminal reward given apart is read on the response's last token."""
     import torch
 
     starts, row_ends, ends = batch.offsets[:-1][picked], batch.offsets[1:][picked], rows["ends"][picked]
+    if profile_of(batch.profile) in INERT_AFTER_THE_END:
+        row_ends = ends
     begins = torch.maximum(starts, ends - window)
     width = max(1, int((row_ends - begins).max()))
     positions = row_ends.unsqueeze(1) - width + torch.arange(width, device=ends.device)
@@ -274,7 +283,7 @@ def _error_findings(batch: TrainerBatch, limit: int) -> list[Finding]:
         found += _findings(batch, "mask-value", batch.names["mask"], bad, limit, "is {value}, not 0 or 1", mask)
     for role in ("values", "rewards"):
         tensor = getattr(batch, role)
-        if not bool(torch.isfinite(tensor.sum())):
+        if not _finite(tensor):
             bad = ~torch.isfinite(tensor)
             found += _findings(batch, "non-finite", batch.names[role], bad, limit, "is {value}", tensor)
     if batch.terminal is not None and not bool(torch.isfinite(batch.terminal.sum())):
@@ -282,6 +291,18 @@ def _error_findings(batch: TrainerBatch, limit: int) -> list[Finding]:
         found += [_finding(batch, "non-finite", "terminal_rewards", row, f"terminal_rewards[{row}] is not finite")
                   for row in rows]  # fmt: skip
     return found
+
+
+def _finite(tensor) -> bool:
+    """Whether a tensor holds no NaN or ±Inf: one reduction (numpy's, single-threaded, on the
+    host: torch's two-thread reduction waits on a busy core), the exact check only when it is not."""
+    import torch
+
+    from gaecli.advantages.faults import all_finite
+
+    if tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64):
+        return all_finite(tensor.reshape(-1).numpy())
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
 def _findings(batch: TrainerBatch, code: str, name: str, bad, limit: int, wording: str, tensor) -> list[Finding]:
