@@ -1,20 +1,35 @@
 """Benchmark of the drop-ins of ``gaecli.trainers`` against each trainer's own algorithm, written
-out in this script as the trainer writes it (a vectorised step per column, right to left), on
-trainer-shaped padded batches, in one run; the table shows best-of-N milliseconds and the
-speed-up of the drop-in over the trainer's function.
+out independently (a vectorised step per column, right to left, as the trainers write it; the
+chunked form of ``gaecli/advantages/kernels/chunked.py``, the fastest torch form a trainer
+uses; a per-sample Python loop for the outcome estimators), on trainer-shaped padded batches,
+in one run; the tables show best-of-N milliseconds and the drop-in's speed-up over each.
 
     python scripts/bench_trainers.py [--repeat 5] [--device cpu] [--workload micro,agentic,long]
 
 Workloads (float32, right-padded ``[B, T]``): ``micro`` 64 × 2,048 (single turn, a short masked
 tail on some rows), ``agentic`` 256 × 4,608 (tool blocks, 40–60 % of each response masked),
-``long`` 8 × 131,072. Rows: verl's ``compute_gae_advantage_return`` (its loop and its
-``masked_whiten``) beside the drop-in in both modes (``masked``, ``verl``), OpenRLHF's
-``get_advantages_and_returns`` beside the drop-in. Each call runs once untimed first.
+``long`` 8 × 131,072. Tables, per workload:
+
+1. GAE: verl's ``compute_gae_advantage_return`` (its loop and ``masked_whiten``) beside the
+   drop-in in both modes (``masked``, ``verl``) and the drop-in into preallocated buffers
+   (``out=``); OpenRLHF's ``get_advantages_and_returns``; the speed-up is given over the
+   column loop and over the chunked form (the chunked scan plus the same whitening).
+2. The outcome estimators (verl's GRPO and RLOO, groups of 8) against a loop over samples, as
+   verl writes them.
+3. ``gaecli.trainers.check`` and ``credit_metrics`` on the verl batch, as a share of the
+   verl drop-in's time (timed in turns with it, call by call: the median of the rounds'
+   ratios is given, the ceiling being 10 %).
+
+Then a good-neighbour table: a torch op (the chunked scan) timed alone, then right after a
+gaecli call in the same process, and after a serial torch op of the same length as a control
+(what a cold cache alone costs); the ceiling is 10 % over the control. Each call runs once
+untimed first.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,12 +39,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gaecli.trainers import openrlhf, verl  # noqa: E402
+from gaecli.advantages.kernels.chunked import chunked_scan  # noqa: E402
+from gaecli.trainers import check, credit_metrics, openrlhf, verl  # noqa: E402
 
 WORKLOADS = {"micro": (64, 2048, 0.0), "agentic": (256, 4608, 0.5), "long": (8, 131_072, 0.5)}
 """name: (rows, columns, share of each response in tool blocks)."""
 
 GAMMA, LAMBD = 1.0, 0.95
+GROUP_SIZE = 8
+MONITOR_CEILING = 0.10
+NEIGHBOUR_CEILING = 0.10
 
 
 def padded_batch(rows: int, width: int, masked: float, device: str, seed: int = 0):
@@ -55,9 +74,17 @@ def padded_batch(rows: int, width: int, masked: float, device: str, seed: int = 
     return as_tensor(rewards), as_tensor(values), as_tensor(mask.astype(np.float32))
 
 
+def masked_whiten(advantages, response_mask):
+    """verl's ``masked_whiten``: the Bessel variance over the mask, rsqrt(var + 1e-8)."""
+    count = response_mask.sum()
+    mean = (advantages * response_mask).sum() / count
+    variance = (((advantages - mean) ** 2) * response_mask).sum() / count * (count / (count - 1))
+    return (advantages - mean) * torch.rsqrt(variance + 1e-8)
+
+
 def verls_gae(token_level_rewards, values, response_mask, gamma, lam):
     """verl's ``compute_gae_advantage_return`` as verl writes it: one step per column, then
-    ``masked_whiten`` (the Bessel variance over the mask, rsqrt(var + 1e-8))."""
+    ``masked_whiten``."""
     next_values, last, reversed_advantages = 0, 0, []
     for t in reversed(range(token_level_rewards.shape[-1])):
         delta = token_level_rewards[:, t] + gamma * next_values - values[:, t]
@@ -66,11 +93,14 @@ def verls_gae(token_level_rewards, values, response_mask, gamma, lam):
         last = candidate * response_mask[:, t] + (1 - response_mask[:, t]) * last
         reversed_advantages.append(last)
     advantages = torch.stack(reversed_advantages[::-1], dim=1)
-    returns = advantages + values
-    mean = (advantages * response_mask).sum() / response_mask.sum()
-    count = response_mask.sum()
-    variance = (((advantages - mean) ** 2) * response_mask).sum() / count * (count / (count - 1))
-    return (advantages - mean) * torch.rsqrt(variance + 1e-8), returns
+    return masked_whiten(advantages, response_mask), advantages + values
+
+
+def chunked_form(token_level_rewards, values, response_mask, gamma, lam):
+    """The trainer's GAE in its fastest torch form: the chunked scan over the padded rows
+    (``kernels/chunked.py``), then the same whitening."""
+    advantages = chunked_scan(values * response_mask, token_level_rewards * response_mask, gamma, lam)
+    return masked_whiten(advantages, response_mask), advantages + values
 
 
 def openrlhfs_gae(values, rewards, action_mask, gamma, lambd):
@@ -85,30 +115,139 @@ def openrlhfs_gae(values, rewards, action_mask, gamma, lambd):
     return advantages, advantages + values
 
 
-def cases(r, v, m):
-    """(label, the trainer's call, the drop-in's call) on one batch."""
-    return [
-        ("verl compute_gae_advantage_return (masked)", lambda: verls_gae(r, v, m, GAMMA, LAMBD),
-         lambda: verl.compute_gae_advantage_return(r, v, m, GAMMA, LAMBD)),
-        ("verl compute_gae_advantage_return (verl)", lambda: verls_gae(r, v, m, GAMMA, LAMBD),
-         lambda: verl.compute_gae_advantage_return(r, v, m, GAMMA, LAMBD, semantics="verl")),
-        ("openrlhf get_advantages_and_returns (masked)", lambda: openrlhfs_gae(v, r, m, GAMMA, LAMBD),
-         lambda: openrlhf.get_advantages_and_returns(v, r, m, GAMMA, LAMBD)),
-    ]  # fmt: skip
+def looped_outcome(token_level_rewards, response_mask, index, rloo: bool, epsilon: float = 1e-6):
+    """verl's GRPO / RLOO as verl writes them: each sample's score appended to its group's
+    list in a loop over samples, the groups' statistics in a loop over groups, then a loop over
+    samples to normalise."""
+    scores = token_level_rewards.sum(dim=-1)
+    members: dict = {}
+    for sample in range(scores.shape[0]):
+        members.setdefault(int(index[sample]), []).append(scores[sample])
+    mean, std, count = {}, {}, {}
+    for group, group_scores in members.items():
+        stacked = torch.stack(group_scores)
+        count[group] = len(group_scores)
+        mean[group] = stacked.mean() if len(group_scores) > 1 else torch.tensor(0.0)
+        std[group] = stacked.std() if len(group_scores) > 1 else torch.tensor(1.0)
+    normalised = scores.clone()
+    for sample in range(scores.shape[0]):
+        group = int(index[sample])
+        if rloo:
+            n = count[group]
+            normalised[sample] = scores[sample] * n / (n - 1) - mean[group] * n / (n - 1) if n > 1 else scores[sample]
+        else:
+            normalised[sample] = (scores[sample] - mean[group]) / (std[group] + epsilon)
+    advantages = normalised.unsqueeze(-1) * response_mask
+    return advantages, advantages
 
 
 def best_ms(call, repeat: int, device: str) -> float:
     call()
     best = float("inf")
     for _ in range(repeat):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        call()
-        if device != "cpu":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, timed(call, device))
     return best * 1e3
+
+
+def timed(call, device: str) -> float:
+    if device != "cpu":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    call()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def gae_rows(r, v, m, repeat: int, device: str, long: bool):
+    """(label, loop ms, chunked ms or None, drop-in ms) for the GAE drop-ins."""
+    adv, ret = torch.empty_like(v), torch.empty_like(v)
+    loop_repeat = max(1, repeat // (5 if long else 1))
+    verl_loop = best_ms(lambda: verls_gae(r, v, m, GAMMA, LAMBD), loop_repeat, device)
+    chunked = best_ms(lambda: chunked_form(r, v, m, GAMMA, LAMBD), repeat, device)
+    openrlhf_loop = best_ms(lambda: openrlhfs_gae(v, r, m, GAMMA, LAMBD), loop_repeat, device)
+    drop_ins = [
+        ("verl compute_gae_advantage_return (masked)", verl_loop, chunked,
+         lambda: verl.compute_gae_advantage_return(r, v, m, GAMMA, LAMBD)),
+        ("verl compute_gae_advantage_return (verl)", verl_loop, chunked,
+         lambda: verl.compute_gae_advantage_return(r, v, m, GAMMA, LAMBD, semantics="verl")),
+        ("verl … (masked, out=)", verl_loop, chunked,
+         lambda: verl.compute_gae_advantage_return(r, v, m, GAMMA, LAMBD, out=(adv, ret))),
+        ("openrlhf get_advantages_and_returns (masked)", openrlhf_loop, None,
+         lambda: openrlhf.get_advantages_and_returns(v, r, m, GAMMA, LAMBD)),
+    ]  # fmt: skip
+    return [(label, loop, chunk, best_ms(call, repeat, device)) for label, loop, chunk, call in drop_ins]
+
+
+def outcome_rows(r, m, repeat: int, device: str):
+    """(label, loop ms, drop-in ms) for verl's GRPO and RLOO on groups of GROUP_SIZE."""
+    index = np.arange(r.shape[0]) // GROUP_SIZE
+    rows = []
+    for label, rloo, drop_in in (
+        ("verl compute_grpo_outcome_advantage", False, verl.compute_grpo_outcome_advantage),
+        ("verl compute_rloo_outcome_advantage", True, verl.compute_rloo_outcome_advantage),
+    ):
+        loop = best_ms(lambda rloo=rloo: looped_outcome(r, m, index, rloo), repeat, device)
+        call = lambda drop_in=drop_in: drop_in(r, m, index, semantics="verl")  # noqa: E731
+        rows.append((label, loop, best_ms(call, repeat, device)))
+    return rows
+
+
+def paired_shares(calls: dict, base, repeat: int, device: str) -> dict:
+    """Each call's time over ``base``'s in the same round, timed in turns; the median per call."""
+    for call in (base, *calls.values()):
+        call()
+    ratios = {name: [] for name in calls}
+    for _ in range(max(repeat, 7)):
+        base_time = timed(base, device)
+        for name, call in calls.items():
+            ratios[name].append(timed(call, device) / base_time)
+    return {name: statistics.median(values) for name, values in ratios.items()}
+
+
+def monitor_rows(r, v, m, repeat: int, device: str):
+    """(label, share of the verl drop-in) for check and credit_metrics."""
+    base = lambda: verl.compute_gae_advantage_return(r, v, m, GAMMA, LAMBD)  # noqa: E731
+    calls = {
+        'check(…, layout="verl")': lambda: check(r, v, m, GAMMA, LAMBD, layout="verl"),
+        'credit_metrics(…, layout="verl")': lambda: credit_metrics(r, v, m, GAMMA, LAMBD, layout="verl").lost.sum(),
+    }
+    return list(paired_shares(calls, base, repeat, device).items())
+
+
+def neighbour_rows(repeat: int, device: str):
+    """A torch op's median time alone, after a serial torch op (the control) and after a gaecli
+    call, in turns; the gaecli case's ratio over the control."""
+    r, v, m = padded_batch(*WORKLOADS["agentic"], device)
+    op = lambda: chunked_scan(v, r, GAMMA, LAMBD)  # noqa: E731
+    gaecli_call = lambda: verl.compute_gae_advantage_return(r, v, m, GAMMA, LAMBD)  # noqa: E731
+    control = lambda: verls_gae(r[:, :256], v[:, :256], m[:, :256], GAMMA, LAMBD)  # noqa: E731
+    op(), gaecli_call(), control()
+    cases = {"alone": [], "after a serial torch op (control)": [], "after a gaecli call": []}
+    for _ in range(max(repeat, 9)):
+        cases["alone"].append(timed(op, device))
+        control()
+        cases["after a serial torch op (control)"].append(timed(op, device))
+        gaecli_call()
+        cases["after a gaecli call"].append(timed(op, device))
+    return {name: statistics.median(times) * 1e3 for name, times in cases.items()}
+
+
+def print_tables(name: str, batch, repeat: int, device: str) -> None:
+    r, v, m = batch
+    print(f"\n{name}: {r.shape[0]} × {r.shape[1]}, {float(m.mean()):.0%} of the positions trainable")
+    print(f"| {'function':<44} | {'loop ms':>9} | {'chunked ms':>10} | {'drop-in ms':>10} | {'× loop':>7} | "
+          f"{'× chunked':>9} |")  # fmt: skip
+    print(f"|{'-' * 46}|{'-' * 11}|{'-' * 12}|{'-' * 12}|{'-' * 9}|{'-' * 11}|")
+    for label, loop, chunk, drop_in in gae_rows(r, v, m, repeat, device, name == "long"):
+        chunk_cells = (f"{chunk:10.1f}", f"{chunk / drop_in:8.1f}x") if chunk else (f"{'':>10}", f"{'':>9}")
+        print(f"| {label:<44} | {loop:9.1f} | {chunk_cells[0]} | {drop_in:10.2f} | {loop / drop_in:6.1f}x | "
+              f"{chunk_cells[1]} |")  # fmt: skip
+    for label, loop, drop_in in outcome_rows(r, m, repeat, device):
+        print(f"| {label:<44} | {loop:9.1f} | {'':>10} | {drop_in:10.2f} | {loop / drop_in:6.1f}x | {'':>9} |")
+    for label, share in monitor_rows(r, v, m, repeat, device):
+        verdict = "meets" if share <= MONITOR_CEILING else "MISSES"
+        print(f"| {label:<44} | {share:>8.1%} of the verl drop-in ({verdict} the {MONITOR_CEILING:.0%} ceiling)")
 
 
 def main() -> None:
@@ -118,17 +257,17 @@ def main() -> None:
     parser.add_argument("--workload", default=",".join(WORKLOADS))
     arguments = parser.parse_args()
     print(f"device {arguments.device}, torch {torch.__version__}, {torch.get_num_threads()} threads; best of "
-          f"{arguments.repeat}; speed-up = the trainer's function / the drop-in")  # fmt: skip
-    print(f"| {'workload':<8} | {'function':<44} | {'trainer ms':>10} | {'drop-in ms':>10} | {'speed-up':>8} |")
-    print(f"|{'-' * 10}|{'-' * 46}|{'-' * 12}|{'-' * 12}|{'-' * 10}|")
+          f"{arguments.repeat}; × = the trainer's form's time over the drop-in's")  # fmt: skip
     for name in arguments.workload.split(","):
-        rows, width, masked = WORKLOADS[name]
-        batch = padded_batch(rows, width, masked, arguments.device)
-        for label, trainer, drop_in in cases(*batch):
-            trainer_ms = best_ms(trainer, max(1, arguments.repeat // (5 if name == "long" else 1)), arguments.device)
-            drop_in_ms = best_ms(drop_in, arguments.repeat, arguments.device)
-            speed_up = trainer_ms / drop_in_ms
-            print(f"| {name:<8} | {label:<44} | {trainer_ms:10.1f} | {drop_in_ms:10.1f} | {speed_up:7.1f}x |")
+        print_tables(name, padded_batch(*WORKLOADS[name], arguments.device), arguments.repeat, arguments.device)
+    medians = neighbour_rows(arguments.repeat, arguments.device)
+    print("\ngood neighbour: torch's chunked scan on the agentic batch, median ms")
+    for label, ms in medians.items():
+        print(f"| {label:<34} | {ms:8.2f} |")
+    over = medians["after a gaecli call"] / medians["after a serial torch op (control)"] - 1
+    verdict = "meets" if over <= NEIGHBOUR_CEILING else "MISSES"
+    print(f"after a gaecli call: {over:+.1%} over the control ({verdict} the {NEIGHBOUR_CEILING:.0%} ceiling)")
+
 
 if __name__ == "__main__":
     main()
