@@ -1,7 +1,8 @@
 """Benchmark of the drop-ins of ``gaecli.trainers`` against each trainer's own algorithm, written
 out independently (a vectorised step per column, right to left, as the trainers write it; the
-chunked form of ``gaecli/advantages/kernels/chunked.py``, the fastest torch form a trainer
-uses; a per-sample Python loop for the outcome estimators), on trainer-shaped padded batches,
+masked GAE in the chunked form of ``gaecli/advantages/kernels/chunked.py``, compressed to the
+trainable tokens, the fastest torch form a trainer uses; a per-sample Python loop for the
+outcome estimators), on trainer-shaped padded batches,
 in one run; the tables show best-of-N milliseconds and the drop-in's speed-up over each.
 
     python scripts/bench_trainers.py [--repeat 5] [--device cpu] [--workload micro,agentic,long]
@@ -13,7 +14,7 @@ tail on some rows), ``agentic`` 256 × 4,608 (tool blocks, 40–60 % of each res
 1. GAE: verl's ``compute_gae_advantage_return`` (its loop and ``masked_whiten``) beside the
    drop-in in both modes (``masked``, ``verl``) and the drop-in into preallocated buffers
    (``out=``); OpenRLHF's ``get_advantages_and_returns``; the speed-up is given over the
-   column loop and over the chunked form (the chunked scan plus the same whitening).
+   column loop and over the chunked form (of the masked GAE, then the same whitening).
 2. The outcome estimators (verl's GRPO and RLOO, groups of 8) against a loop over samples, as
    verl writes them.
 3. ``gaecli.trainers.check`` and ``credit_metrics`` on the verl batch, as a share of the
@@ -39,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gaecli.advantages.kernels.chunked import chunked_scan  # noqa: E402
+from gaecli.advantages.kernels.chunked import chunked_gae, chunked_scan  # noqa: E402
 from gaecli.trainers import check, credit_metrics, openrlhf, verl  # noqa: E402
 
 WORKLOADS = {"micro": (64, 2048, 0.0), "agentic": (256, 4608, 0.5), "long": (8, 131_072, 0.5)}
@@ -97,10 +98,17 @@ def verls_gae(token_level_rewards, values, response_mask, gamma, lam):
 
 
 def chunked_form(token_level_rewards, values, response_mask, gamma, lam):
-    """The trainer's GAE in its fastest torch form: the chunked scan over the padded rows
-    (``kernels/chunked.py``), then the same whitening."""
-    advantages = chunked_scan(values * response_mask, token_level_rewards * response_mask, gamma, lam)
-    return masked_whiten(advantages, response_mask), advantages + values
+    """The same masked GAE in the fastest torch form a trainer writes (``kernels/chunked.py``:
+    each row's trainable tokens compressed and padded, the chunked scan, scattered back),
+    then verl's whitening."""
+    rows, width = values.shape
+    offsets = torch.arange(rows + 1, device=values.device) * width
+    terminal = values.new_zeros(rows)
+    mask = response_mask.reshape(-1) != 0
+    advantages, returns = chunked_gae(values.reshape(-1), token_level_rewards.reshape(-1), mask, offsets, terminal,
+                                      gamma=gamma, lambd=lam)  # fmt: skip
+    advantages = advantages.view(rows, width)
+    return masked_whiten(advantages, response_mask), returns.view(rows, width)
 
 
 def openrlhfs_gae(values, rewards, action_mask, gamma, lambd):
