@@ -50,7 +50,8 @@ def _run(environment: dict) -> dict:
 
 
 def _environment(**changes) -> dict:
-    environment = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")}
+    policies = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+    environment = {name: value for name, value in os.environ.items() if name not in policies}
     environment.update(changes)
     return environment
 
