@@ -62,26 +62,16 @@ def _padded(layout, values, rewards, mask, gamma, lambd, profile, names, **more)
 
 def _lists(layout, response_lengths, values_list, rewards_list, loss_masks, terminal_rewards, gamma, lambd, profile):
     """Per-sample lists (slime's and miles' layouts) as a :class:`TrainerBatch` (one copy)."""
-    from itertools import accumulate
-
-    import torch
-
-    from gaecli.trainers.slime import _check_counts, _packed, _terminal
+    from gaecli.trainers.slime import _check_counts, packed_lists
 
     what = "get_advantages_and_returns_batch"
     lengths = [int(length) for length in response_lengths]
     _check_counts(what, len(lengths), values_list=values_list, rewards_list=rewards_list, loss_masks=loss_masks)
     if not lengths:
         raise InvalidOptionError(f"{layout}: the batch has no sample")
-    device, dtype = values_list[0].device, values_list[0].dtype
-    values = _packed(what, "values_list", values_list, lengths).to(device=device, dtype=dtype)
-    rewards = _packed(what, "rewards_list", rewards_list, lengths).to(device=device, dtype=dtype)
-    if loss_masks is None:
-        mask = torch.ones(values.shape[0], dtype=torch.bool, device=device)
-    else:
-        mask = _packed(what, "loss_masks", loss_masks, lengths).to(device=device)
-    offsets = torch.tensor([0, *accumulate(lengths)], dtype=torch.int64, device=device)
-    terminal = None if terminal_rewards is None else _terminal(what, terminal_rewards, len(lengths), device, dtype)
+    values, rewards, mask, offsets, terminal = packed_lists(
+        what, lengths, values_list, rewards_list, loss_masks, terminal_rewards
+    )
     names = {"values": "values_list", "rewards": "rewards_list", "mask": "loss_masks"}
     return TrainerBatch(layout, values, rewards, mask, offsets, rewards, terminal, float(gamma), float(lambd),
                         profile, names)  # fmt: skip

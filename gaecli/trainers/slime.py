@@ -85,20 +85,13 @@ def list_gae(
     if not lengths:
         return [], []
     with torch.no_grad():
-        device, dtype = values_list[0].device, values_list[0].dtype
-        values = _packed(what, "values_list", values_list, lengths).to(device=device, dtype=dtype)
-        rewards = _packed(what, "rewards_list", rewards_list, lengths).to(device=device, dtype=dtype)
-        if loss_masks is None:
-            mask = torch.ones(values.shape[0], dtype=torch.bool, device=device)
-        else:
-            mask = _packed(what, "loss_masks", loss_masks, lengths).to(device=device)
-        offsets = torch.tensor([0, *accumulate(lengths)], dtype=torch.int64, device=device)
-        if terminal_rewards is not None:
-            terminal = _terminal(what, terminal_rewards, len(lengths), device, dtype)
-        elif semantics == MASKED:
+        values, rewards, mask, offsets, terminal = packed_lists(
+            what, lengths, values_list, rewards_list, loss_masks, terminal_rewards
+        )
+        if terminal is None and semantics == MASKED:
             rewards, terminal = outcome_moved(rewards, mask != 0, lengths)
-        else:
-            terminal = torch.zeros(len(lengths), dtype=dtype, device=device)
+        elif terminal is None:
+            terminal = torch.zeros(len(lengths), dtype=values.dtype, device=values.device)
         advantages, returns = baseline_gae_packed(
             values, rewards, mask, offsets, terminal, gamma=float(gamma), lambd=float(lambd), semantics=semantics
         )
@@ -131,6 +124,25 @@ def _check_counts(what: str, batch: int, **lists) -> None:
     for name, entries in lists.items():
         if entries is not None and len(entries) != batch:
             raise GAEInputError(f"{what}: {name} has {len(entries)} samples, response_lengths {batch}")
+
+
+def packed_lists(what: str, lengths: list[int], values_list, rewards_list, loss_masks, terminal_rewards):
+    """The per-sample lists of a batch of ``lengths`` (counted already, at least one) packed
+    once: flat values and rewards in the first values tensor's device and dtype, the mask
+    (None: every token trainable, bool), offsets ``[B + 1]``, the terminal rewards ``[B]`` (None
+    when not given); :class:`GAEInputError` naming the list and sample at fault."""
+    import torch
+
+    device, dtype = values_list[0].device, values_list[0].dtype
+    values = _packed(what, "values_list", values_list, lengths).to(device=device, dtype=dtype)
+    rewards = _packed(what, "rewards_list", rewards_list, lengths).to(device=device, dtype=dtype)
+    if loss_masks is None:
+        mask = torch.ones(values.shape[0], dtype=torch.bool, device=device)
+    else:
+        mask = _packed(what, "loss_masks", loss_masks, lengths).to(device=device)
+    offsets = torch.tensor([0, *accumulate(lengths)], dtype=torch.int64, device=device)
+    terminal = None if terminal_rewards is None else _terminal(what, terminal_rewards, len(lengths), device, dtype)
+    return values, rewards, mask, offsets, terminal
 
 
 def _packed(what: str, name: str, tensors, lengths: list[int]):
