@@ -18,6 +18,7 @@ COMMAND_MODULES = {
     "recompute": "gaecli.recompute",
     "diff": "gaecli.diff",
     "validate": "gaecli.validate",
+    "inspect": "gaecli.inspection",
     "import": "gaecli.importers",
 }
 

@@ -19,8 +19,18 @@ PACKAGE = Path(gaecli.__file__).resolve().parent
 # it (higher numbers). ``gaecli`` itself (the lazy public API) is the package's face.
 LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     1: ("command line", ("gaecli", "gaecli.__main__", "gaecli.cli")),
-    2: ("reports", ("gaecli.report",)),
-    3: ("commands", ("gaecli.recompute", "gaecli.diff", "gaecli.identify", "gaecli.validate", "gaecli.importers")),
+    2: ("reports", ("gaecli.report", "gaecli.view")),
+    3: (
+        "commands",
+        (
+            "gaecli.recompute",
+            "gaecli.diff",
+            "gaecli.identify",
+            "gaecli.inspection",
+            "gaecli.validate",
+            "gaecli.importers",
+        ),
+    ),
     4: ("the run driver", ("gaecli.run",)),
     5: ("comparison", ("gaecli.comparison",)),
     6: ("engines", ("gaecli.engines",)),

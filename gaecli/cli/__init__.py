@@ -15,7 +15,7 @@ from gaecli.cli.memory import reuse_freed_memory
 from gaecli.cli.streams import run_guarded
 
 # The modules that register the commands, in the order `gae --help` lists them.
-COMMAND_MODULES = ("recompute", "diff", "identify", "validate", "imports", "kernels")
+COMMAND_MODULES = ("recompute", "diff", "identify", "inspect", "validate", "imports", "kernels", "view")
 for _module in COMMAND_MODULES:
     importlib.import_module(f"gaecli.cli.{_module}")
 
