@@ -72,8 +72,11 @@ def import_after_a_bad_line(tmp_path: Path, line: str):
     return path, gae("import", "nemo-rl", path, "-o", tmp_path / "out.parquet", "--quiet")
 
 
-def expected_rows(step: int, samples: list[dict]) -> list[dict]:
-    """The import, one row at a time: response = [s, L) with s the first trainable token."""
+def expected_rows(step: int, samples: list[dict], groups: dict | None = None) -> list[dict]:
+    """The import, one row at a time: response = [s, L) with s the first trainable token;
+    ``prompt_group`` the place of (step, token_ids[:s]) among the distinct ones met so far
+    (``groups``, shared by the steps in import order)."""
+    groups = {} if groups is None else groups
     rows = []
     for i, sample in enumerate(samples):
         length = sample["input_lengths"][0]
@@ -90,6 +93,7 @@ def expected_rows(step: int, samples: list[dict]) -> list[dict]:
                 "total_length": length,
                 "log_probs": sample["prev_logprobs"][0][start:length],
                 "trained_advantages": sample["advantages"][0][start:length],
+                "prompt_group": groups.setdefault((step, tuple(sample["token_ids"][0][:start])), len(groups)),
             }
         )
     return rows
@@ -102,14 +106,15 @@ def test_rows_columns_and_numeric_step_order(tmp_path):
     result = gae("import", "nemo-rl", tmp_path / "logs", "-o", tmp_path / "out.parquet", "--json", "-", "--quiet")
     assert result.exit_code == 0, result.output
     table = pq.read_table(tmp_path / "out.parquet")
-    expected = [row for step in (2, 9, 10) for row in expected_rows(step, steps[step])]
+    groups: dict = {}
+    expected = [row for step in (2, 9, 10) for row in expected_rows(step, steps[step], groups)]
     assert table.to_pylist() == expected
     assert table.schema.metadata[b"gaecli.imported_from"] == b"nemo-rl"
     report = json.loads(result.stdout)
     assert [(f["rollout_id"], f["rows"]) for f in report["files"]] == [(2, 5), (9, 4), (10, 6)]
     assert report["tokens"] == sum(row["response_length"] for row in expected)
     assert "filtered_rewards" in " ".join(report["notes"])
-    assert set(report["ignored_keys"]) == {"content", "token_ids", "generation_logprobs"}
+    assert set(report["ignored_keys"]) == {"content", "generation_logprobs"}
     empty = [row for row in table.to_pylist() if row["response_length"] == 0]
     assert empty and all(row["loss_mask"] == [] for row in empty)
 
@@ -166,6 +171,7 @@ def sample_line(drop: str = "", **changes) -> str:
         (sample_line(rewards=["x"]), "'rewards' holds 'x', expected a number"),
         (sample_line(prev_logprobs=[[None] * 40]), "'prev_logprobs' holds null, expected numbers"),
         (sample_line(drop="idx"), "key 'idx' is missing"),
+        (sample_line(drop="token_ids"), "key 'token_ids' is missing"),
     ],
     ids=[
         "not-json",
@@ -176,6 +182,7 @@ def sample_line(drop: str = "", **changes) -> str:
         "reward-string",
         "null-token",
         "no-idx",
+        "no-token-ids",
     ],
 )
 def test_bad_lines_are_named_with_file_line_and_key(tmp_path, line, expected):
@@ -201,3 +208,60 @@ def test_lines_across_chunk_boundaries(chunk_bytes):
     text = b'{"a": 1}\n\n{"bb": [1, 2, 3]}\nlast'
     assert list(_lines(io.BytesIO(text), chunk_bytes)) == text.split(b"\n")
     assert list(_lines(io.BytesIO(text + b"\n"), chunk_bytes)) == text.split(b"\n")
+
+
+def prompted_batch(prompts: list[list[int]], rewards: list[float]) -> list[dict]:
+    """A GRPO batch of the given prompts (token ids), each followed by a response of three
+    trainable tokens and a masked tool output, then padding."""
+    samples = []
+    for row, (prompt, reward) in enumerate(zip(prompts, rewards)):
+        response = [100 + row, 101, 102, 7, 103]
+        mask = [0] * len(prompt) + [1, 1, 0, 1, 1]
+        padded = len(mask) + PAD
+        samples.append(
+            {
+                "rewards": [reward],
+                "input_lengths": [len(mask)],
+                "token_ids": [prompt + response + [0] * PAD],
+                "token_loss_mask": [mask + [0] * PAD],
+                "sample_loss_mask": [1.0],
+                "advantages": [[0.0] * padded],
+                "prev_logprobs": [[-0.5] * padded],
+            }
+        )
+    return samples
+
+
+def test_repeated_prompts_of_a_step_share_a_group_and_grpo_runs_on_them(tmp_path):
+    a, b, c = [1, 2, 3], [1, 2, 4], [1, 2]  # b and c share a's first tokens: only whole prompts match
+    write_step(tmp_path / "logs", 1, prompted_batch([a, b, a, c, b, a], [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]))
+    write_step(tmp_path / "logs", 2, prompted_batch([a, a, b, b], [0.0, 1.0, 1.0, 0.0]))
+    imported = tmp_path / "out.parquet"
+    result = gae("import", "nemo-rl", tmp_path / "logs", "-o", imported, "--quiet")
+    assert result.exit_code == 0, result.output
+    groups = pq.read_table(imported).column("prompt_group").to_pylist()
+    # step 1: a → 0, b → 1, c → 2; step 2 starts its own groups: a → 3, b → 4
+    assert groups == [0, 1, 0, 2, 1, 0, 3, 3, 4, 4]
+    out = tmp_path / "grpo.parquet"
+    result = gae("recompute", imported, "-o", out, "--estimator", "grpo", "--group-col", "prompt_group",
+                 "--rewards-col", "none", "-q")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out)
+    first = [row[0] for row in table.column("advantages").to_pylist()]  # the first token is trainable
+    rewards = table.column("terminal_reward").to_pylist()
+    for group in set(groups) - {2}:  # c (group 2) is alone in its group
+        members = [row for row, g in enumerate(groups) if g == group]
+        group_rewards = np.array([rewards[row] for row in members])
+        # GRPO within the group alone: (r − mean) / (unbiased std + ε)
+        expected = (group_rewards - group_rewards.mean()) / (group_rewards.std(ddof=1) + 1e-6)
+        assert [first[row] for row in members] == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_a_dump_without_token_ids_has_no_groups_and_says_so(tmp_path):
+    samples = [{k: v for k, v in sample.items() if k != "token_ids"} for sample in batch(8, 3)]
+    write_step(tmp_path, 4, samples)
+    result = gae("import", "nemo-rl", tmp_path / "train_data_step4.jsonl", "-o", tmp_path / "o.parquet",
+                 "--json", "-", "-q")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "prompt_group" not in pq.read_schema(tmp_path / "o.parquet").names
+    assert "no prompt_group column" in " ".join(json.loads(result.stdout)["notes"])

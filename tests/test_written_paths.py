@@ -435,13 +435,14 @@ BASES = {  # command → (its inputs, options it needs, whether it takes -o)
     ("diff",): (rollout_inputs, RUN, False),
     ("identify",): (rollout_inputs, ("--against", "values"), False),
     ("validate",): (rollout_inputs, ("--workers", 1), False),
+    ("inspect",): (rollout_inputs, (), False),
     ("import", "miles"): (miles_inputs, (), True),
     ("import", "slime"): (slime_inputs, (), True),
     ("import", "nemo-rl"): (nemo_inputs, (), True),
     ("import", "skyrl"): (skyrl_inputs, (), True),
     ("kernels",): (lambda directory: [], (), False),
 }
-NEEDS = {"--groups-out": ("--group-by", "id")}  # what an option needs beside it
+NEEDS = {"--groups-out": ("--group-by", "id"), "--rejects": ("--on-invalid", "skip")}  # what an option needs beside it
 
 
 def invocation(work: Path, path: tuple[str, ...], option: str):
@@ -462,7 +463,8 @@ def test_every_written_path_goes_through_the_check(tmp_path, path, option):
     is no input (a data output exists; a report is named like an input) exit 2 with one
     line, every file byte-identical, nothing else written."""
     assert path in BASES, f"gae {' '.join(path)}: add its inputs and needed options to BASES"
-    fresh = tmp_path / "fresh" / ("o.parquet" if option in ("--output", "--per-sample", "--groups-out") else "r.txt")
+    data = ("--output", "--per-sample", "--groups-out", "--rejects")
+    fresh = tmp_path / "fresh" / ("o.parquet" if option in data else "r.txt")
     fresh.parent.mkdir()
     _, args = invocation(tmp_path / "ok", path, option)
     result = gae(*args(fresh))

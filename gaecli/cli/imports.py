@@ -44,7 +44,7 @@ def _run_import(
     import_function, inputs: list[str], output: str, overwrite: bool, json_path: Optional[str], quiet: bool, debug: bool
 ) -> None:
     """What every ``gae import FORMAT`` does: call the importer, write the JSON, print the summary."""
-    progress = make_progress(quiet)
+    progress = make_progress(quiet, compiles=False)  # an import runs no compiled kernel
     with errors_to_exit(debug):
         report = import_function(
             inputs, output, overwrite=overwrite, progress=progress, report_paths=reports(JSON=json_path)
@@ -106,7 +106,8 @@ _import_command(
     "import_nemo_rl",
     "JSONL...",
     "train_data_step{N}.jsonl files, directories (recursive), globs or URIs.",
-    "Import NeMo-RL's train_data_step{N}.jsonl (streamed) into one rollout file; no values column: recompute with "
+    "Import NeMo-RL's train_data_step{N}.jsonl (streamed) into one rollout file, with the prompt groups from the "
+    "token ids (prompt_group: --estimator grpo --group-col prompt_group); no values column: gae takes "
     "--values-col none.",
 )
 

@@ -48,7 +48,9 @@ TOKEN_KEYS = ("token_loss_mask", "advantages", "prev_logprobs")
 SCALAR_KEYS = ("rewards", "input_lengths", "sample_loss_mask")
 REQUIRED_KEYS = (*SCALAR_KEYS, *TOKEN_KEYS, "idx")
 FILTERED_REWARDS = "filtered_rewards"  # with dynamic sampling: the rewards the trainer used
-KNOWN_KEYS = (*REQUIRED_KEYS, FILTERED_REWARDS)
+PROMPT_KEY = "token_ids"  # prompt + response token ids: the prompt groups come from it
+KNOWN_KEYS = (*REQUIRED_KEYS, FILTERED_REWARDS, PROMPT_KEY)
+PROMPT_GROUP = pa.field("prompt_group", pa.int64())
 SCHEMA_FIELDS = (
     pa.field("rollout_id", pa.int64()),
     pa.field("sample_index", pa.int64()),
@@ -118,6 +120,28 @@ class _Line:
     filtered: bool  # the reward is filtered_rewards
 
 
+class PromptGroups:
+    """The prompt-group id of each row: rows of one step whose prompt token ids (``token_ids[:s]``,
+    the tokens before the first trainable one) are identical share an id; ids count the distinct
+    (step, prompt) pairs in row order from 0, so that no two steps share one."""
+
+    def __init__(self) -> None:
+        self.step: Optional[int] = None
+        self.seen: dict[bytes, int] = {}
+        self.count = 0
+
+    def ids(self, step: int, prompts: list[bytes]) -> np.ndarray:
+        if step != self.step:
+            self.step, self.seen = step, {}
+        found = np.empty(len(prompts), dtype=np.int64)
+        for row, prompt in enumerate(prompts):  # one dict look-up per row, as the row's JSON parse is
+            if prompt not in self.seen:
+                self.seen[prompt] = self.count
+                self.count += 1
+            found[row] = self.seen[prompt]
+        return found
+
+
 def _one(record: dict, key: str, where: str) -> Any:
     value = record.get(key)
     if key not in record:
@@ -149,9 +173,12 @@ def _fits(number: int, integer: bool) -> bool:
     return abs(number) <= FLOAT64_MAX
 
 
-def parse_line(text: bytes, number: int, source: AnyPath, ignored: set[str]) -> Optional[_Line]:
+def parse_line(
+    text: bytes, number: int, source: AnyPath, ignored: set[str], prompts: bool = False
+) -> Optional[_Line]:
     """One JSONL line checked (keys, one-element lists, numbers, token lists covering
-    ``input_lengths``); ``None`` for a blank line. Unknown keys are added to ``ignored``."""
+    ``input_lengths``; ``prompts``: ``token_ids`` too); ``None`` for a blank line. Unknown keys
+    are added to ``ignored``."""
     where = f"{source}:{number}"
     if not text.strip():
         return None
@@ -176,7 +203,7 @@ def parse_line(text: bytes, number: int, source: AnyPath, ignored: set[str]) -> 
         raise GAEInputError(f"{where}: 'input_lengths' is {length}, expected a length ≥ 0")
     sample_mask = _number(_one(record, "sample_loss_mask", where), "sample_loss_mask", where)
     tokens = {}
-    for key in TOKEN_KEYS:
+    for key in (*TOKEN_KEYS, PROMPT_KEY) if prompts else TOKEN_KEYS:
         values = _one(record, key, where)
         if not isinstance(values, list):
             raise GAEInputError(f"{where}: {key!r} holds {type(values).__name__}, expected a list of per-token numbers")
@@ -208,10 +235,13 @@ def _flat(lines: list[_Line], key: str, source: AnyPath, total: int) -> np.ndarr
         raise
 
 
-def lines_batch(lines: list[_Line], rollout_id: int, source: AnyPath, schema: pa.Schema) -> tuple[pa.RecordBatch, int]:
+def lines_batch(
+    lines: list[_Line], rollout_id: int, source: AnyPath, schema: pa.Schema, groups: Optional[PromptGroups] = None
+) -> tuple[pa.RecordBatch, int]:
     """A batch of samples as a record batch; also its token count. The response is
     ``[s, input_lengths)`` with s the first token whose ``token_loss_mask`` is not 0 (none:
-    an empty response), found for the whole batch at once."""
+    an empty response), found for the whole batch at once. ``groups``: the ``prompt_group``
+    column too, from ``token_ids[:s]`` (:class:`PromptGroups`)."""
     lengths = np.array([line.length for line in lines], dtype=np.int64)
     offsets = list_offsets(lengths)
     total = int(offsets[-1])
@@ -251,6 +281,10 @@ def lines_batch(lines: list[_Line], rollout_id: int, source: AnyPath, schema: pa
         token_list(log_probs[keep], pa.float64()),
         token_list(advantages[keep], pa.float64()),
     ]
+    if groups is not None:
+        ids = _flat(lines, PROMPT_KEY, source, total)  # token ids are exact in float64 (below 2**53)
+        prompts = [ids[begin : begin + start].tobytes() for begin, start in zip(offsets[:-1].tolist(), starts.tolist())]
+        arrays.append(pa.array(groups.ids(rollout_id, prompts)))
     return pa.RecordBatch.from_arrays(arrays, schema=schema), int(response_lengths.sum())
 
 
@@ -266,6 +300,21 @@ def _lines(stream, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
         parts.append(rest)
     if any(parts):
         yield b"".join(parts)
+
+
+def _has_prompts(path: AnyPath) -> bool:
+    """Whether the first sample line of ``path`` has ``token_ids`` (then every line must have
+    them, and the import writes ``prompt_group``); a first line that is no JSON object: False
+    (its parse names the fault)."""
+    with open_binary(path) as stream:
+        for text in _lines(stream):
+            if text.strip():
+                try:
+                    record = json.loads(text, parse_int=_json_integer)
+                except (ValueError, UnicodeDecodeError, RecursionError):
+                    return False
+                return isinstance(record, dict) and PROMPT_KEY in record
+    return False
 
 
 def _count_lines(path: AnyPath) -> int:
@@ -288,8 +337,11 @@ def import_nemo_rl(
     ``loss_mask = token_loss_mask[s:L] · sample_loss_mask``, ``trained_advantages =
     advantages[s:L]``, ``log_probs = prev_logprobs[s:L]``, ``terminal_reward`` =
     ``filtered_rewards`` when the line has it (the rewards the trainer used under dynamic
-    sampling), else ``rewards``; ``rollout_id`` = N, ``sample_index`` = ``idx``. There is no
-    ``values`` column (GRPO runs without a critic): recompute with ``--values-col none``.
+    sampling), else ``rewards``; ``rollout_id`` = N, ``sample_index`` = ``idx``; where the
+    first line of the first file has ``token_ids`` (then every line must), ``prompt_group``:
+    rows of one step with identical ``token_ids[:s]`` share it (:class:`PromptGroups`), for
+    ``--group-col prompt_group``. There is no ``values`` column (GRPO runs without a critic):
+    recompute with a critic-free ``--estimator`` or ``--values-col none``.
 
     The files are streamed: memory holds ``batch_rows`` lines at a time. The output is
     written whole or not at all.
@@ -307,7 +359,9 @@ def _plan(sources: list[AnyPath], output: str, batch_rows: int) -> ImportPlan:
     for (step, previous), (next_step, current) in zip(steps, steps[1:]):
         if step == next_step:
             raise GAEInputError(f"{previous} and {current} both hold step {step}; import one of them")
-    schema = pa.schema(list(SCHEMA_FIELDS), metadata=schema_metadata("nemo-rl", [source.name for _, source in steps]))
+    groups = PromptGroups() if steps and _has_prompts(steps[0][1]) else None
+    fields = [*SCHEMA_FIELDS, *([PROMPT_GROUP] if groups is not None else [])]
+    schema = pa.schema(fields, metadata=schema_metadata("nemo-rl", [source.name for _, source in steps]))
     ignored: set[str] = set()
     report = ImportReport(
         output=output, files=[], columns=list(schema.names), format="nemo-rl", missing_keys=[], notes=[]
@@ -321,18 +375,18 @@ def _plan(sources: list[AnyPath], output: str, batch_rows: int) -> ImportPlan:
             with open_binary(source) as stream:
                 pending: list[_Line] = []
                 for number, text in enumerate(_lines(stream), start=1):
-                    line = parse_line(text, number, source, ignored)
+                    line = parse_line(text, number, source, ignored, groups is not None)
                     if line is None:
                         continue
                     used_filtered = used_filtered or line.filtered
                     pending.append(line)
                     if len(pending) == batch_rows:
-                        batch, batch_tokens = lines_batch(pending, step, source, schema)
+                        batch, batch_tokens = lines_batch(pending, step, source, schema, groups)
                         rows, tokens = rows + batch.num_rows, tokens + batch_tokens
                         pending = []
                         yield batch, batch_tokens
                 if pending:
-                    batch, batch_tokens = lines_batch(pending, step, source, schema)
+                    batch, batch_tokens = lines_batch(pending, step, source, schema, groups)
                     rows, tokens = rows + batch.num_rows, tokens + batch_tokens
                     yield batch, batch_tokens
             report.files.append(ImportedFile(str(source), step, None, rows, tokens))
@@ -340,6 +394,11 @@ def _plan(sources: list[AnyPath], output: str, batch_rows: int) -> ImportPlan:
     def finish() -> None:
         report.ignored_keys = sorted(ignored)
         report.missing_keys = list(MISSING_COLUMNS)
+        if groups is None:
+            report.notes.append(
+                "no token_ids in the dump: no prompt_group column; the group-relative estimators (grpo, rloo, …) "
+                "need a prompt-group id column of your own (--group-col)"
+            )
         if used_filtered:
             report.notes.append(
                 "terminal_reward is filtered_rewards (dynamic sampling: the rewards the trainer used); "
