@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Collection, Optional, Sequence
+from typing import Collection, Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from gaecli.advantages.contract import ESTIMATOR_PARAMETERS
 from gaecli.advantages.faults import (
     aligned_turn_ids,
     all_finite,
@@ -37,7 +38,7 @@ from gaecli.io.format import (
     output_float_type,
 )
 from gaecli.overflow import cannot_overflow, overflow_bounds
-from gaecli.rules import ERROR, RULES, Finding, first_error  # noqa: F401 (the checks' findings)
+from gaecli.rules import ERROR, RULES, TAIL_READINGS, Finding, first_error  # noqa: F401 (the checks' findings)
 
 
 def missing_column(file: str, name: str, names: Sequence[str], label: str = "column", why: str = "") -> Finding:
@@ -80,8 +81,18 @@ def check_schema(schema: pa.Schema, columns: Columns, file: str) -> list[Finding
 
 
 NO_VALUES_HINT = (
-    "; GAE needs a critic's values: a file without them (critic-free runs) takes --values-col none (values taken as 0)"
+    "; GAE needs a critic's values: a critic-free dump takes --estimator NAME (grpo, rloo, …: they read none), "
+    "a GAE run without a critic --values-col none (values taken as 0)"
 )
+
+
+def tail_reading(estimator: str) -> str:
+    """What a masked tail means under ``estimator`` (a key of :data:`gaecli.rules.TAIL_READINGS`):
+    ``gae``; ``discounted``, a critic-free estimator with a discount γ; ``distillation``, ``opd``;
+    ``outcome``, the others (a score or return credited to the trainable tokens)."""
+    if estimator in ("gae", "opd"):
+        return {"gae": "gae", "opd": "distillation"}[estimator]
+    return "discounted" if estimator in ESTIMATOR_PARAMETERS else "outcome"
 
 
 @dataclass
@@ -89,7 +100,7 @@ class BatchCheck:
     """Row findings of one batch and which rows are invalid (an error finding).
 
     ``counts`` holds every finding per rule code, listed in ``findings`` or not (a
-    ``max_findings`` cap lists fewer); ``invalid`` is bool ``[B]``. ``flat``: the token
+    ``max_findings`` cap per rule lists fewer); ``invalid`` is bool ``[B]``. ``flat``: the token
     columns as the checks turned them into numpy (column name → flat numbers ``[N]``, the
     mask as stored), and ``offsets`` the mask's zero-based int64 offsets ``[B + 1]``: the
     one conversion of the batch, which packing reuses when every row is valid; ``trainable``
@@ -130,16 +141,21 @@ class Flagged:
         if RULES[code].severity == ERROR:
             self.invalid[bad] = True
 
-    def findings(self, file: str, first_row: int, ids: Optional[Sequence], max_findings: Optional[int]) -> list:
-        """The findings, the lowest row first (at most ``max_findings``), each rule in the
-        order it was flagged within a row."""
+    def findings(self, file: str, first_row: int, ids: Optional[Sequence], max_findings: Optional[int],
+                 listed: Optional[Mapping[str, int]] = None) -> list:  # fmt: skip
+        """The findings, the lowest row first (at most ``max_findings`` per rule, less what
+        ``listed``, code → count, says is listed already), each rule in the order it was
+        flagged within a row."""
         if not self.entries:
             return []
         flagged_rows = np.concatenate([bad for bad, _, _, _ in self.entries])
         which = np.repeat(np.arange(len(self.entries)), [bad.size for bad, _, _, _ in self.entries])
         order = np.lexsort((which, flagged_rows))
         if max_findings is not None:
-            order = order[: max(max_findings, 0)]
+            codes = sorted({code for _, _, code, _ in self.entries})
+            entry_codes = np.array([codes.index(code) for _, _, code, _ in self.entries], dtype=np.int64)
+            room = np.array([max(max_findings - (listed or {}).get(code, 0), 0) for code in codes], dtype=np.int64)
+            order = order[_first_of_each(entry_codes[which[order]], room)]
         findings = []
         for index in order.tolist():
             row = int(flagged_rows[index])
@@ -147,6 +163,16 @@ class Flagged:
             text = message(row) if callable(message) else message
             findings.append(Finding(file, first_row + row, column, code, text, None if ids is None else ids[row]))
         return findings
+
+
+def _first_of_each(keys: np.ndarray, room: np.ndarray) -> np.ndarray:
+    """bool ``[n]``: which of ``keys`` (int ``[n]``, in listing order) are among the first
+    ``room[key]`` of their key."""
+    by_key = np.argsort(keys, kind="stable")
+    sorted_keys = keys[by_key]
+    rank = np.empty(keys.size, dtype=np.int64)
+    rank[by_key] = np.arange(keys.size) - np.searchsorted(sorted_keys, sorted_keys)
+    return rank < room[keys]
 
 
 def _flag_nulls(flagged: Flagged, batch: pa.RecordBatch, columns: Columns) -> tuple[dict, np.ndarray]:
@@ -341,12 +367,15 @@ def _flag_overflow(
 
 
 def _flag_warnings(
-    flagged: Flagged, trainable: np.ndarray, mask_offsets: np.ndarray, mask_lengths: np.ndarray, mask_name: str
+    flagged: Flagged, trainable: np.ndarray, mask_offsets: np.ndarray, mask_lengths: np.ndarray, mask_name: str,
+    estimator: str = "gae",
 ) -> None:
-    """The warnings (on rows without an error): empty-response, fully-masked, masked-tail."""
+    """The warnings (on rows without an error): empty-response, fully-masked, masked-tail (in the words of
+    ``estimator``'s :func:`tail_reading`)."""
     invalid = flagged.invalid.copy()
     any_trainable = trainable_counts(trainable, mask_offsets) > 0
     tails = np.where(any_trainable & ~invalid, masked_tail_lengths(trainable, mask_offsets), 0)
+    meaning = TAIL_READINGS[tail_reading(estimator)][0].format(estimator=estimator)
     flagged.flag((mask_lengths == 0) & ~invalid, mask_name, "empty-response", "the response has no token")
     flagged.flag(
         (mask_lengths > 0) & ~any_trainable & ~invalid,
@@ -359,8 +388,7 @@ def _flag_warnings(
         mask_name,
         "masked-tail",
         lambda row: (
-            f"the response ends in {tails[row]} masked token{'s' if tails[row] != 1 else ''}: "
-            f"the old GAE decayed the terminal reward over them"
+            f"the response ends in {tails[row]} masked token{'s' if tails[row] != 1 else ''}: {meaning}"
         ),
     )
 
@@ -374,8 +402,10 @@ def check_batch(
     warnings: bool = False,
     ids: Optional[Sequence] = None,
     max_findings: Optional[int] = None,
+    listed: Optional[Mapping[str, int]] = None,
     row_inputs: Sequence[RowInput] = (),
     screened: Collection[str] = (),
+    estimator: str = "gae",
 ) -> BatchCheck:
     """Check every row of ``batch`` (rows numbered from ``first_row`` in the file).
 
@@ -383,11 +413,13 @@ def check_batch(
     (``columns.response_mask``: :func:`_flag_response_mask`), non-finite, overflow
     (:func:`gaecli.overflow.overflow_bounds`, on rows without another error).
     ``row_inputs``: the per-row inputs of the GAE variants to check too
-    (:func:`check_row_inputs`). With ``warnings``: fully-masked, masked-tail, empty-response
-    too (only on rows without an error). A row with a null list is not compared for lengths; a null response_length
-    is not compared. ``ids[row]`` (row in the batch) labels the findings; it is only looked
-    up for rows with a finding. ``max_findings`` lists at most that many findings (the
-    lowest rows first); ``counts`` and ``invalid`` stay exact.
+    (:func:`check_row_inputs`). With ``warnings``: fully-masked, masked-tail (worded for
+    ``estimator``), empty-response too (only on rows without an error). A row with a null
+    list is not compared for lengths; a null response_length is not compared. ``ids[row]``
+    (row in the batch) labels the findings; it is only looked up for rows with a finding.
+    ``max_findings`` lists at most that many findings of each rule (the lowest rows first;
+    ``listed``: code → findings listed already, which count against it); ``counts`` and
+    ``invalid`` stay exact.
     ``screened``: the columns a kernel screens in its own pass (the mask's ``mask-value``
     rule and the numbers' ``non-finite`` rule are not checked for them here): the check then
     holds only with the kernel's ``clean`` flag, and when that is False, or this check finds
@@ -421,8 +453,8 @@ def check_batch(
     if warnings:
         if trainable is None:
             trainable = mask if mask.dtype == np.bool_ else mask != 0
-        _flag_warnings(flagged, trainable, mask_offsets, mask_lengths, mask_name)
-    findings = flagged.findings(file, first_row, ids, max_findings)
+        _flag_warnings(flagged, trainable, mask_offsets, mask_lengths, mask_name, estimator)
+    findings = flagged.findings(file, first_row, ids, max_findings, listed)
     return BatchCheck(findings, flagged.invalid, flagged.counts, flat_numbers, mask_offsets, trainable)
 
 

@@ -6,7 +6,7 @@ of one; the checks that find them are in :mod:`gaecli.checks` (files) and
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 ERROR = "error"
 WARNING = "warning"
@@ -31,7 +31,7 @@ RULES: dict[str, Rule] = {
             "a required column is absent",
             "rename it with --values-col/--rewards-col/--mask-col/--terminal-col "
             "(--logprobs-col/--ref-logprobs-col with --kl-coef), "
-            "or pass 'none' for values or rewards",
+            "or pass 'none' for values or rewards (a critic-free dump: --estimator NAME, which reads no values)",
         ),
         Rule(
             "duplicate-column",
@@ -243,6 +243,60 @@ class Finding:
         if self.column is not None:
             where.append(f"column {self.column!r}")
         return f"{', '.join(where)}: {self.message} [{self.code}]"
+
+
+def cap_per_rule(
+    findings: Sequence[Finding], max_findings: Optional[int], listed: Optional[dict[str, int]] = None
+) -> list[Finding]:
+    """``findings`` in their order, at most ``max_findings`` of each rule (None: all) counting
+    those ``listed`` already (code → count; updated with the findings kept when given)."""
+    if max_findings is None:
+        return list(findings)
+    counts = {} if listed is None else listed
+    kept = []
+    for finding in findings:
+        if counts.get(finding.code, 0) < max_findings:
+            counts[finding.code] = counts.get(finding.code, 0) + 1
+            kept.append(finding)
+    return kept
+
+
+TAIL_READINGS: dict[str, tuple[str, str]] = {
+    "gae": ("the old GAE decayed the terminal reward over them", RULES["masked-tail"].hint),
+    "discounted": (
+        "under {estimator} a trainer that puts the terminal reward on the last token and discounts back over the "
+        "tail decays it by γ a masked token (loses it with γ = 0); masked, it goes to the last trainable token",
+        "check the trainer's discounted returns skip the masked tail; recompute with gae recompute --estimator",
+    ),
+    "outcome": (
+        "under {estimator} they get advantage 0 and the row's score (its terminal reward and its trainable tokens' "
+        "rewards) is credited whole to its trainable tokens: nothing decays or is lost over the tail",
+        "nothing to recompute for the tail: check that its tokens are meant to be masked (tool output, "
+        "observations); a generated tail masked by mistake gets no credit",
+    ),
+    "distillation": (
+        "under {estimator} they get advantage 0 (no distillation term): no reward is read, none is lost",
+        "check that the tail's tokens are meant to be masked (tool output, observations): they are not distilled",
+    ),
+}
+"""What a ``masked-tail`` finding means under each kind of estimator (:func:`gaecli.checks.tail_reading`):
+the finding's words after "the response ends in N masked tokens: " (``{estimator}``: its name) and the fix."""
+
+
+def rules_document() -> dict:
+    """Every rule as JSON (``gae validate --list-rules --json``): ``{"rules": [{"code", "severity", "summary",
+    "hint"}]}``."""
+    return {
+        "rules": [
+            {"code": r.code, "severity": r.severity, "summary": r.summary, "hint": r.hint} for r in RULES.values()
+        ]
+    }
+
+
+def rule_hint(code: str, reading: str = "gae") -> str:
+    """The fix of rule ``code`` for an estimator of kind ``reading`` (a key of :data:`TAIL_READINGS`): the
+    masked tail's of that kind, every other rule's own hint."""
+    return TAIL_READINGS[reading][1] if code == "masked-tail" else RULES[code].hint
 
 
 def first_error(findings: list[Finding]) -> Optional[Finding]:

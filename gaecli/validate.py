@@ -3,7 +3,7 @@
 message — with exact counts per rule, plus duplicate ids within each file.
 
 Memory stays bounded by the batch size, except for what grows with the data: the findings
-listed (capped by ``max_findings``), with ``id_columns`` the id values of the file being
+listed (capped by ``max_findings`` per rule), with ``id_columns`` the id values of the file being
 checked (duplicates are found once the file has been read), and with ``group_col`` a few
 figures per group of it (:mod:`gaecli.pipeline.stored_advantages`).
 """
@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gaecli._version import __version__
+from gaecli.advantages.contract import ESTIMATORS
 from gaecli.advantages.episodes import TurnRows
 from gaecli.advantages.spec import AdvantageSpec, RowInput
 from gaecli.checks import (
@@ -36,11 +37,12 @@ from gaecli.io.filesystem import total_size
 from gaecli.io.format import Columns, list_parts
 from gaecli.io.paths import ReportPath, check_writes, discover_inputs, report_writes
 from gaecli.io.reader import RolloutFile
-from gaecli.options import check_count
+from gaecli.options import check_choice, check_count
+from gaecli.pipeline.description import columns_read
 from gaecli.pipeline.stored_advantages import DEFAULT_STORED, StoredAdvantages
 from gaecli.pipeline.turn_rows import add_turn_rows, episode_findings, turn_column_findings, turn_row_findings
 from gaecli.progress import NoProgress, Progress
-from gaecli.rules import ERROR, RULES, WARNING
+from gaecli.rules import ERROR, RULES, WARNING, cap_per_rule
 from gaecli.run import Run
 
 if TYPE_CHECKING:
@@ -92,14 +94,16 @@ class FileResult:
 class ValidationReport:
     """The result of validating some files.
 
-    ``findings`` lists at most ``max_findings`` findings, in the order they were found;
-    ``counts`` holds every finding per rule code (all codes present, 0 when none).
+    ``findings`` lists the first ``max_findings`` findings of each rule found (``listed``: how
+    many of each); ``counts`` holds every finding per rule code (all codes present, 0 when none).
     """
 
     files: list[FileResult] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: {code: 0 for code in RULES})
     max_findings: Optional[int] = DEFAULT_MAX_FINDINGS
+    listed: dict[str, int] = field(default_factory=dict)
+    estimator: str = "gae"
 
     @property
     def errors(self) -> int:
@@ -131,6 +135,7 @@ class ValidationReport:
         """The JSON document of ``gae validate --json`` (described in docs/validate.md)."""
         return {
             "version": __version__,
+            "estimator": self.estimator,
             "files": [f.to_dict() for f in self.files],
             "findings": [_finding_document(f) for f in self.findings],
             "counts": dict(self.counts),
@@ -148,11 +153,11 @@ class ValidationReport:
                 result.errors += count
             else:
                 result.warnings += count
-        self.findings.extend(findings[: self.room()])
+        self.findings.extend(cap_per_rule(findings, self.max_findings, self.listed))
 
-    def room(self) -> Optional[int]:
-        """How many more findings may be listed (None: no limit)."""
-        return None if self.max_findings is None else max(self.max_findings - len(self.findings), 0)
+    def room(self, code: str) -> Optional[int]:
+        """How many more findings of rule ``code`` may be listed (None: no limit)."""
+        return None if self.max_findings is None else max(self.max_findings - self.listed.get(code, 0), 0)
 
 
 def _finding_document(finding: Finding) -> dict:
@@ -167,15 +172,6 @@ def _json_value(value):
     if isinstance(value, dict):
         return {key: _json_value(item) for key, item in value.items()}
     return json_value(value)
-
-
-def rules_document() -> dict:
-    """Every rule as JSON: ``{"rules": [{"code", "severity", "summary", "hint"}]}``."""
-    return {
-        "rules": [
-            {"code": r.code, "severity": r.severity, "summary": r.summary, "hint": r.hint} for r in RULES.values()
-        ]
-    }
 
 
 # ----------------------------------------------------------------------------- ids
@@ -341,6 +337,7 @@ def _validate_file(
     row_inputs: Sequence[RowInput] = (),
     turns=None,
     stored: StoredAdvantages = DEFAULT_STORED,
+    estimator: str = "gae",
 ) -> Optional[TurnRows]:
     file = result.file
     schema_findings = check_schema(rollout.schema, columns, file) + check_row_input_schema(
@@ -382,12 +379,15 @@ def _validate_file(
                 first_row,
                 warnings=True,
                 ids=ids,
-                max_findings=report.room(),
+                max_findings=report.max_findings,
+                listed=report.listed,
                 row_inputs=row_inputs,
+                estimator=estimator,
             )
             findings, counts = check.findings, check.counts
             if stored_checks is not None:  # the rules on stored advantages, merged in row order
-                findings, counts = stored_checks.add(batch, check, first_row, ids, report.room(), findings, counts)
+                cap = report.max_findings
+                findings, counts = stored_checks.add(batch, check, first_row, ids, cap, findings, counts)
             report._add(result, findings, counts)
             if rows is not None:
                 _add_turn_rows(rows, batch, check, result, report, first_row, turns, columns.terminal_reward)
@@ -403,12 +403,13 @@ def _validate_file(
         result.message = str(error)
         progress.advance(rollout.num_rows - first_row, 0)
     if id_batches:
-        duplicates, findings = duplicate_id_findings(pa.Table.from_batches(id_batches), file, report.room())
+        room = report.room("duplicate-id")
+        duplicates, findings = duplicate_id_findings(pa.Table.from_batches(id_batches), file, room)
         if duplicates:
             report._add(result, findings, {"duplicate-id": duplicates})
     if stored_checks is not None and result.message is None:
         row_ids = _RowIds(pa.Table.from_batches(id_batches), usable_ids) if id_batches else None
-        report._add(result, *stored_checks.finish(row_ids, report.room()))
+        report._add(result, *stored_checks.finish(row_ids, report.max_findings))
     return rows
 
 
@@ -442,6 +443,7 @@ def validate_files(
     turn_rows=None,
     against: Optional[str] = None,
     group_col: Optional[str] = None,
+    estimator: str = "gae",
 ) -> ValidationReport:
     """Check rollout files against every rule in :data:`gaecli.rules.RULES`.
 
@@ -456,7 +458,7 @@ def validate_files(
     ``id_columns``: one or more columns that together identify a sample; findings carry the
     id, and rows repeating an earlier row's id within a file get a ``duplicate-id`` warning.
     A missing id column is a ``missing-column`` error (the rows are still checked, without
-    ids). ``max_findings``: list at most this many findings (None: all; counts stay exact).
+    ids). ``max_findings``: list at most this many findings of each rule (None: all; counts stay exact).
     Files are streamed ``batch_rows`` rows at a time (None: about a million tokens a batch,
     :func:`gaecli.io.reader.rows_for_tokens`), reading only the columns the rules need.
     Files are checked by ``engine`` (default: in this process; ``gae validate`` defaults to
@@ -473,7 +475,10 @@ def validate_files(
     (:class:`gaecli.pipeline.stored_advantages.StoredAdvantages`; None: ``advantages`` where a
     file has it, ``'none'``: none) for the rules ``whitened-over-masked``, ``nonzero-at-masked``
     and, with ``group_col`` (the prompt-group ids, rows compared within each file),
-    ``normalised-twice``, ``group-mean-batch-std`` and ``equal-rewards-nonzero``. Raises
+    ``normalised-twice``, ``group-mean-batch-std`` and ``equal-rewards-nonzero``. ``estimator``:
+    the estimator the files are for (:data:`gaecli.advantages.contract.ESTIMATORS`): only the
+    columns it reads are required (a critic-free one reads no values:
+    :func:`gaecli.pipeline.description.columns_read`), and a masked tail is worded for it. Raises
     :class:`gaecli.errors.InvalidOptionError` (a :class:`GAEUsageError`) for a bad option
     value, before any file is read, and :class:`GAEUsageError` for refused report paths;
     never for bad data.
@@ -482,12 +487,14 @@ def validate_files(
     id_columns = list(dict.fromkeys(id_columns or ()))
     check_count("--batch-rows", batch_rows, 1)
     check_count("--max-findings", max_findings, 0)
+    check_choice("--estimator", estimator, ESTIMATORS, "estimator")
+    columns = columns_read(columns, (estimator,))
     if any(not name for name in id_columns):
         raise InvalidOptionError("--id-col: a column name is empty")
     row_inputs = variant_row_inputs(variants)
     stored = StoredAdvantages(against, group_col)
     footers: dict = {}
-    report = ValidationReport(files=_discover(inputs, footers), max_findings=max_findings)
+    report = ValidationReport(files=_discover(inputs, footers), max_findings=max_findings, estimator=estimator)
     check_writes([result.file for result in report.files], report_writes(report_paths))
     readable = [result for result in report.files if result.status != UNREADABLE]
     files = [result.file for result in readable]
@@ -497,7 +504,7 @@ def validate_files(
     def task(index: int, _moments, _scores) -> tuple:
         return (
             readable[index], columns, id_columns, max_findings, batch_rows, row_inputs, run.footers[index], turn_rows,
-            stored,
+            stored, estimator,
         )  # fmt: skip
 
     parts = run.execute(_validate_unit, task, stop_on_failure=False)
@@ -514,7 +521,7 @@ def validate_files(
         report.files[index] = part.file
         for code, count in part.counts.items():
             report.counts[code] += count
-        report.findings.extend(part.findings[: report.room()])
+        report.findings.extend(cap_per_rule(part.findings, report.max_findings, report.listed))
     return report
 
 
@@ -556,6 +563,7 @@ def _validate_unit(
     footer=None,
     turns=None,
     stored: StoredAdvantages = DEFAULT_STORED,
+    estimator: str = "gae",
     progress: Optional[Progress] = None,
 ) -> _FilePart:
     """Validate one file on its own (the work unit of every engine; ``footer``: the file's,
@@ -571,7 +579,7 @@ def _validate_unit(
     try:
         rows = _validate_file(
             rollout, result, report, columns, id_columns, batch_rows, progress or NoProgress(), row_inputs, turns,
-            stored,
+            stored, estimator,
         )  # fmt: skip
     finally:
         rollout.close()

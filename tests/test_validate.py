@@ -256,6 +256,7 @@ def test_mixed_files_and_json_document(tmp_path):
     assert code == 1
     assert list(document) == [
         "version",
+        "estimator",
         "files",
         "findings",
         "counts",
@@ -303,8 +304,13 @@ def test_max_findings_caps_the_list_not_the_counts(tmp_path):
     rows[8]["response_length"] = 4
     path = write_rows(tmp_path / "f.parquet", rows)
     code, document, result = validate(path, "--max-findings", "2", "--batch-rows", "2")
-    assert code == 1  # the error at row 8 counts though it is not listed
-    assert [(f["row"], f["code"]) for f in document["findings"]] == [(1, "masked-tail"), (3, "masked-tail")]
+    assert code == 1
+    # two of each rule: the error at row 8 is listed though two warnings came before it
+    assert [(f["row"], f["code"]) for f in document["findings"]] == [
+        (1, "masked-tail"),
+        (3, "masked-tail"),
+        (8, "response-length-mismatch"),
+    ]
     assert document["counts"]["masked-tail"] == 5 and document["counts"]["response-length-mismatch"] == 1
     assert (document["errors"], document["warnings"], document["max_findings"], document["truncated"]) == (
         1,
@@ -312,7 +318,49 @@ def test_max_findings_caps_the_list_not_the_counts(tmp_path):
         2,
         True,
     )
-    assert "not listed" in result.stderr  # the error's group has no listed row
+    assert "… and 3 more (see --json)" in result.stderr and "not listed" not in result.stderr
+
+
+@pytest.mark.parametrize("batch_rows", [None, "3"], ids=["one-batch", "batches-of-3"])
+def test_max_findings_is_per_rule_with_two_rules_over_it(tmp_path, batch_rows):
+    rows = [clean_row(i) for i in range(10)]
+    for index in range(5):  # rows 0-4: a mask value of 2, an error
+        rows[index]["loss_mask"] = [0, 0, 2]
+    for index in range(5, 10):  # rows 5-9: end on a masked token, a warning
+        rows[index]["loss_mask"] = [1, 1, 0]
+    path = write_rows(tmp_path / "f.parquet", rows)
+    batches = ("--batch-rows", batch_rows) if batch_rows else ()
+    code, document, result = validate(path, "--max-findings", "2", *batches)
+    assert code == 1
+    assert [(f["row"], f["code"]) for f in document["findings"]] == [
+        (0, "mask-value"),
+        (1, "mask-value"),
+        (5, "masked-tail"),
+        (6, "masked-tail"),
+    ]
+    assert (document["counts"]["mask-value"], document["counts"]["masked-tail"], document["truncated"]) == (5, 5, True)
+    assert result.stderr.count("… and 3 more (see --json)") == 2
+
+
+def test_max_findings_per_rule_counts_across_files(tmp_path):
+    from gaecli.validate import validate_files
+
+    paths = []
+    for name in ("a", "b"):
+        rows = [clean_row(i) for i in range(4)]
+        rows[0]["loss_mask"] = [0, 0, 2]  # one mask-value error in each file
+        rows[1]["loss_mask"] = rows[2]["loss_mask"] = [1, 1, 0]  # two masked-tail warnings in each file
+        paths.append(write_rows(tmp_path / f"{name}.parquet", rows))
+    report = validate_files(paths, max_findings=3)
+    listed = [(Path(f.file).stem, f.row, f.code) for f in report.findings]
+    assert listed == [
+        ("a", 0, "mask-value"),
+        ("a", 1, "masked-tail"),
+        ("a", 2, "masked-tail"),
+        ("b", 0, "mask-value"),
+        ("b", 1, "masked-tail"),
+    ]
+    assert (report.counts["mask-value"], report.counts["masked-tail"], report.truncated) == (2, 4, True)
 
 
 def test_unreadable_file_among_good_ones(tmp_path):

@@ -53,7 +53,7 @@ def validate(
             "--max-findings",
             metavar="N",
             show_default=False,
-            help="List at most N findings in the JSON (default 1000) and N per rule on the terminal (default 3); "
+            help="List at most N findings of each rule in the JSON (default 1000) and on the terminal (default 3); "
             "the counts stay exact.",
         ),
     ] = None,
@@ -69,6 +69,7 @@ def validate(
         bool, typer.Option("--list-rules", help="Print every rule (code, severity, what it finds, fix) and exit.")
     ] = False,
     batch_rows: BatchRowsOption = None,
+    estimator: computation_options.EstimatorOption = "gae",
     episode_col: computation_options.EpisodeColOption = None,
     turn_col: computation_options.TurnColOption = None,
     state_col: computation_options.StateColOption = None,
@@ -83,7 +84,8 @@ def validate(
 ) -> None:
     """Check rollout files for the faults that make GAE silently wrong; findings grouped by rule on stderr."""
     from gaecli.report.validate import render_rules, render_validate
-    from gaecli.validate import DEFAULT_MAX_FINDINGS, rules_document, validate_files
+    from gaecli.rules import rules_document
+    from gaecli.validate import DEFAULT_MAX_FINDINGS, validate_files
 
     if list_rules:
         from gaecli.io.paths import check_writes
@@ -120,6 +122,7 @@ def validate(
             turn_rows=turn_rows,
             against=against,
             group_col=group_col if episode_col is None else None,
+            estimator=estimator,
         )
     document = report.to_dict()
     common.write_json(document, json_path)

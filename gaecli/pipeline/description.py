@@ -10,7 +10,13 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Optional
 
-from gaecli.advantages.contract import CARRIED, GROUPED_ESTIMATORS, TURN_ROW_ESTIMATORS, WHITENED_ESTIMATORS
+from gaecli.advantages.contract import (
+    CARRIED,
+    CRITIC_FREE,
+    GROUPED_ESTIMATORS,
+    TURN_ROW_ESTIMATORS,
+    WHITENED_ESTIMATORS,
+)
 from gaecli.advantages.spec import AdvantageSpec, check_advantage_clip, check_whitening_rule, estimator_spec
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
@@ -315,6 +321,15 @@ class Computation:
         return tuple((flag, name) for flag, name in named if name is not None)
 
 
+def columns_read(columns: Columns, estimators) -> Columns:
+    """``columns`` as a run of ``estimators`` (the names of its sides' estimators) reads them:
+    no values where every one is critic-free, the teacher's log-probs where one is the pure
+    ``opd`` (:attr:`Columns.opd_kl`); what ``gae validate --estimator`` checks too."""
+    if all(estimator in CRITIC_FREE for estimator in estimators):
+        columns = replace(columns, values=None)
+    return replace(columns, opd_kl=True) if "opd" in estimators else columns
+
+
 def describe_run(options) -> Computation:
     """The one place options become a :class:`Computation`: those of ``gae recompute`` or
     ``gae diff`` (:class:`gaecli.RecomputeOptions`, :class:`gaecli.DiffOptions`, whose values
@@ -345,15 +360,12 @@ def describe_run(options) -> Computation:
         old_side_spec(side, options.gamma, options.lambd, *ids, **inputs, **(turns if reads_turns(side) else {}))
         for side in old_sides
     )
-    reads_values = any(spec is not None and not spec.critic_free for spec in (new_spec, *old_specs))
-    columns = options.columns if reads_values else replace(options.columns, values=None)
-    if any(spec is not None and spec.estimator == "opd" for spec in (new_spec, *old_specs)):
-        if columns.opd_coef is not None and new_spec.estimator == "opd":
-            raise InvalidOptionError(
-                "--opd-coef adds the distillation term to another estimator; --estimator opd is the pure form "
-                "(its advantage is minus the KL from the teacher): leave --opd-coef out"
-            )
-        columns = replace(columns, opd_kl=True)
+    columns = columns_read(options.columns, [spec.estimator for spec in (new_spec, *old_specs) if spec is not None])
+    if columns.opd_coef is not None and new_spec.estimator == "opd":
+        raise InvalidOptionError(
+            "--opd-coef adds the distillation term to another estimator; --estimator opd is the pure form "
+            "(its advantage is minus the KL from the teacher): leave --opd-coef out"
+        )
     if columns.old_opd_coef is not None and not any(spec is not None for spec in old_specs):
         raise InvalidOptionError(
             "--old-opd-coef adds the distillation term to a recomputed old side (--old-estimator, --baseline); "

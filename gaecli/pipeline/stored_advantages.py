@@ -25,6 +25,7 @@ from gaecli.advantages.statistics import Moments, row_moments
 from gaecli.checks import BatchCheck, Finding, Flagged, missing_column
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns, is_list_type, is_real_type, list_parts, numeric_numpy
+from gaecli.rules import cap_per_rule
 
 DEFAULT_AGAINST = "advantages"
 """The stored column read when ``--against`` is not given (where a file has it)."""
@@ -202,7 +203,7 @@ class StoredChecks:
         """Check one batch (checked by :func:`gaecli.checks.check_batch` as ``check``, rows from
         ``first_row``) and add its figures: the stored column's faults (errors) and
         ``nonzero-at-masked``, merged with the batch's ``findings`` and ``counts`` in row order
-        (at most ``max_findings`` listed). Only rows without an error are judged."""
+        (at most ``max_findings`` of each rule listed). Only rows without an error are judged."""
         flagged = Flagged(batch.num_rows)
         offsets, trainable = check.offsets, check.trainable
         numbers = stored_numbers(batch, self.name, offsets, self.columns.loss_mask, flagged)
@@ -224,7 +225,7 @@ class StoredChecks:
         total = dict(counts)
         for code, count in flagged.counts.items():
             total[code] = total.get(code, 0) + count
-        return merged[:max_findings] if max_findings is not None else merged, total
+        return cap_per_rule(merged, max_findings), total
 
     def _flag_masked(self, flagged: Flagged, numbers: np.ndarray, skipped: np.ndarray, offsets: np.ndarray) -> None:
         """``nonzero-at-masked``: a row's non-zero advantages at masked tokens (``skipped``:
@@ -276,8 +277,8 @@ class StoredChecks:
     def finish(self, ids, max_findings: Optional[int]) -> tuple[list[Finding], dict]:
         """The file's findings once every batch is in: the file-level ones
         (``whitened-over-masked``, ``normalised-twice``, ``group-mean-batch-std``), then
-        ``equal-rewards-nonzero`` per group in row order (at most ``max_findings``; ``ids``:
-        each file row's id, or None)."""
+        ``equal-rewards-nonzero`` per group in row order (at most ``max_findings`` of each
+        rule; ``ids``: each file row's id, or None)."""
         findings, counts = [], {}
         file_level = [("whitened-over-masked", whitened_over_masked(self.name, self.tokens, self.trainable))]
         spread = group_spread(self.groups, self.trainable) if self.group is not None and not self.varying else None
@@ -295,7 +296,7 @@ class StoredChecks:
             if silent.size:
                 counts["equal-rewards-nonzero"] = int(silent.size)
                 findings += self._silent_group_findings(silent, ids, max_findings)
-        return findings if max_findings is None else findings[:max_findings], counts
+        return cap_per_rule(findings, max_findings), counts
 
     def _silent_group_findings(self, codes: np.ndarray, ids, max_findings: Optional[int]) -> list[Finding]:
         first = self.groups.low("first_row")[codes].astype(np.int64)

@@ -8,8 +8,9 @@ from typing import Optional
 from rich.console import Console
 from rich.markup import escape
 
+from gaecli.checks import tail_reading
 from gaecli.report import displayed
-from gaecli.rules import ERROR, RULES
+from gaecli.rules import ERROR, RULES, rule_hint
 
 ROWS_PER_RULE = 3
 STYLE = {ERROR: "bold red", "warning": "yellow"}
@@ -40,7 +41,8 @@ def render_validate(
 ) -> None:
     """The findings of ``report`` (:meth:`ValidationReport.to_dict`) grouped by rule, errors
     first: severity, code, count and summary, the first ``rows_per_rule`` findings listed
-    (None: :data:`ROWS_PER_RULE`), the fix hint; then unreadable files and a verdict line."""
+    (None: :data:`ROWS_PER_RULE`), the fix hint (for the report's estimator); then unreadable files and a
+    verdict line."""
     rows_per_rule = ROWS_PER_RULE if rows_per_rule is None else rows_per_rule
     report = displayed(report)
     files, counts = report["files"], report["counts"]
@@ -71,7 +73,8 @@ def render_validate(
                 f"  [dim]… and {more:,} "
                 f"more{' (see --json)' if listed.get(code) else ' (not listed: --max-findings)'}[/]"
             )
-        console.print(f"  [dim]fix: {escape(rule.hint)}[/]", soft_wrap=True)
+        hint = rule_hint(code, tail_reading(report.get("estimator", "gae")))
+        console.print(f"  [dim]fix: {escape(hint)}[/]", soft_wrap=True)
     for entry in report["unreadable"]:
         console.print(f"[bold red]unreadable[/] {escape(entry['message'] or entry['file'])}", soft_wrap=True)
     if report["unreadable"]:
