@@ -501,6 +501,9 @@ def test_every_output_parses(tmp_path):
         "id_col",
         "top",
         "files",
+        "on_invalid",
+        "skipped",
+        "rejects",
         "quantiles",
         "summary",
         "top_samples",
@@ -532,13 +535,13 @@ def test_every_output_parses(tmp_path):
 
     table = pq.read_table(rows_path)
     assert table.num_rows == len(data)
-    assert table.column_names[:4] == ["file", "row", "id", "group"]
+    assert table.column_names[:4] == ["file", "row", "id", "step"]  # the group column: --group-by's own name
     new, _ = outputs("masked", data, 0.9, 0.8)
     old, _ = outputs("unmasked", data, 0.9, 0.8)
     for row, record in enumerate(table.to_pylist()):
         mask = data.masks[row]
         deltas = [abs(new[row][t] - old[row][t]) for t, m in enumerate(mask) if m]
-        assert record["row"] == row and record["id"] == f"s{row:03d}" and record["group"] == row % 4
+        assert record["row"] == row and record["id"] == f"s{row:03d}" and record["step"] == row % 4
         assert record["length"] == len(mask) and record["trainable_tokens"] == sum(mask)
         assert record["fully_masked"] == (bool(mask) and not any(mask))
         assert record["max_abs_delta_advantage"] == pytest.approx(max(deltas, default=0.0), rel=1e-12, abs=1e-15)

@@ -218,10 +218,10 @@ def test_the_summary_rows_a_stored_column_lacks_stay_in_place(dump):
     assert headers == ["figure", STORED, "verl"]
     labels = [row[0] for row in rows]
     spread = labels.index("|Δ return| mean / median / p99 / max")
-    assert rows[spread][1:] == ["— (no old returns)", rows[spread][2]] and rows[spread][2][0].isdigit()
+    assert rows[spread][1:] == ["—", rows[spread][2]] and rows[spread][2][0].isdigit()  # no old returns
     assert labels[spread + 1].startswith("  ÷ σ") and rows[spread + 1][1] == "—"  # under its own row, not last
     credit = labels.index("  old terminal credit (mean / min)")
-    assert labels[credit + 1] == "  samples whose terminal reward was lost" and rows[credit + 1][1] == "—"
+    assert labels[credit + 1] == "  tails that kept none of the terminal reward" and rows[credit + 1][1] == "—"
     assert labels[-2:] == ["fully masked samples", "empty samples"]
 
 

@@ -121,9 +121,9 @@ def test_groups_out_holds_every_group_and_the_reports_the_hardest(tmp_path):
     assert len(expected) == 51  # 50 keys and the null group
 
     table = pq.read_table(groups_path)
-    assert table.schema.names == ["key", "comparison", *(name for name, _ in GROUP_FIGURES)]
-    assert table.schema.field("key").type == pa.string()
-    listed = table.to_pylist()
+    assert table.schema.names == ["prompt", "comparison", *(name for name, _ in GROUP_FIGURES)]  # --group-by's name
+    assert table.schema.field("prompt").type == pa.string()
+    listed = [{"key": row.pop("prompt"), **row} for row in table.to_pylist()]  # the JSON's groups[] say "key"
     assert {row.pop("comparison") for row in listed} == {"unmasked"}
     # key order, the null key last
     assert [row["key"] for row in listed] == sorted(key for key in expected if key is not None) + [None]

@@ -331,7 +331,7 @@ def test_reports_put_the_comparisons_side_by_side(tmp_path):
     summary_lines = [
         line
         for line in text.splitlines()
-        if line.startswith("| terminal rewards lost (reach no trainable token), old side |")
+        if line.startswith("| terminal reward dropped (reaches no trainable token), old side |")
     ]
     assert len(summary_lines) == 1 and len(re.findall(r"(?<!\\)\|", summary_lines[0])) == 5
     assert summary_lines[0].count("Σ\\|z\\|") == 3  # one cell per comparison

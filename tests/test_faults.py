@@ -322,7 +322,9 @@ def test_recompute_stops_on_overflow_and_skips_it_to_the_rejects(tmp_path, overf
 def test_diff_stops_on_overflow(overflowing):
     result = gae("diff", overflowing, "--gamma", 1, "--lambd", 1, "--json", "-", "--quiet")
     assert result.exit_code == 1
-    assert "row 1, column 'values'" in _one_line_error(result) and result.stdout == ""
+    assert "row 1, column 'values'" in _one_line_error(result)
+    error = json.loads(result.stdout)["error"]  # --json -: the error document, not nothing
+    assert error["exit_code"] == 1 and error["row"] == 1 and error["column"] == "values" and error["code"] == "overflow"
 
 
 @pytest.fixture

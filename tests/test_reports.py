@@ -45,7 +45,12 @@ def summary(**figures) -> dict:
         (
             {},
             "72 of 92 samples changed; largest |Δ advantage| 1.67 σ; 12 samples end in a masked tail, where the old "
-            "advantages kept 0.50 of the terminal reward on average.",
+            "advantages kept 0.5 of the terminal reward on average.",
+        ),
+        (
+            {"mean_terminal_credit": 0.0034},  # significant digits, not "0.00"
+            "72 of 92 samples changed; largest |Δ advantage| 1.67 σ; 12 samples end in a masked tail, where the old "
+            "advantages kept 0.0034 of the terminal reward on average.",
         ),
         (
             {"zero_credit_samples": 3, "mean_terminal_credit": 0.25},
@@ -55,7 +60,7 @@ def summary(**figures) -> dict:
         (
             {"zero_credit_samples": 12, "mean_terminal_credit": 0.0},
             "72 of 92 samples changed; largest |Δ advantage| 1.67 σ; 12 samples end in a masked tail, where the old "
-            "advantages lost the terminal reward.",
+            "advantages kept none of the terminal reward.",
         ),
         (
             {"mean_terminal_credit": 1.0, "masked_tail_samples": 1},
@@ -212,7 +217,7 @@ def test_every_figure_of_seven_comparisons_is_whole_at_80_columns(every_profile)
             shown(s["correlation"]),
         ]
     header, rows = table_rows(text, "the old side's terminal reward", len(listed))
-    assert header == ["against", "mean credit", "min credit", "kept none", "lost", "Σ|z|"]
+    assert header == ["against", "mean credit", "min credit", "kept none", "dropped", "Σ|z|"]
     for cells, comparison in zip(rows, listed):
         s = comparison["summary"]
         assert cells == [
@@ -282,18 +287,18 @@ def many(*figures: dict) -> dict:
         (
             ({"changed_samples": 8}, {}),
             "Of 92 samples, 8 changed against p0, 72 against p1; the most against p1: largest |Δ advantage| 1.67 σ; "
-            "12 samples end in a masked tail, where the old advantages kept 0.50 of the terminal reward on average.",
+            "12 samples end in a masked tail, where the old advantages kept 0.5 of the terminal reward on average.",
         ),
         (
             ({}, {"max_abs_delta_advantage_over_std": 3.0}, {"max_abs_delta_advantage_over_std": 3.0}),
             "Of 92 samples, 72 changed against p0, 72 against p1, 72 against p2; the most against p1 and p2: largest "
-            "|Δ advantage| 3 σ; 12 samples end in a masked tail, where the old advantages kept 0.50 of the terminal "
+            "|Δ advantage| 3 σ; 12 samples end in a masked tail, where the old advantages kept 0.5 of the terminal "
             "reward on average.",
         ),
         (
             ({}, {"mean_terminal_credit": 0.0, "zero_credit_samples": 12}),
             "Of 92 samples, 72 changed against p0, 72 against p1; the most against p0: largest |Δ advantage| 1.67 σ; "
-            "12 samples end in a masked tail, where the old advantages kept 0.50 of the terminal reward on average.",
+            "12 samples end in a masked tail, where the old advantages kept 0.5 of the terminal reward on average.",
         ),
         (
             ({"changed_samples": 0}, {"changed_samples": 0}),

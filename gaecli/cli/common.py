@@ -10,6 +10,7 @@ from typing import Annotated, Any, NoReturn, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from gaecli.cli.examples import with_examples
 from gaecli.errors import EXIT_INTERRUPTED, EXIT_USAGE, exit_code
 
 EXIT_CODES_HELP = (
@@ -127,19 +128,21 @@ def _no_type(*args, **kwargs) -> None:
 
 
 class GaeCommand(_ReadableHelp, TyperCommand):
-    """A ``gae`` command: typer's, with :class:`_ReadableHelp`."""
+    """A ``gae`` command: typer's, with :class:`_ReadableHelp` and its examples (:mod:`gaecli.cli.examples`)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._literal_texts()
+        self.epilog = with_examples(self.name, self.epilog)
 
 
 class GaeGroup(_ReadableHelp, TyperGroup):
-    """A ``gae`` command group: typer's, with :class:`_ReadableHelp`."""
+    """A ``gae`` command group: typer's, with :class:`_ReadableHelp` and its examples."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._literal_texts()
+        self.epilog = with_examples(self.name, self.epilog)
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         return TyperGroup.collect_usage_pieces(self, ctx)
@@ -164,11 +167,11 @@ app = GaeTyper(
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # gae --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
 )
 
-WRITE_PATH_OPTIONS = ("--output", "--json", "--markdown", "--html", "--per-sample", "--groups-out")
+WRITE_PATH_OPTIONS = ("--output", "--json", "--markdown", "--html", "--per-sample", "--groups-out", "--rejects")
 """Every option that names a path a command writes. Each is declared with
 :func:`write_path_option` (metavar ``PATH``, which no other option has) and reaches
 :func:`gaecli.io.paths.check_writes` before any work; tests/test_paths.py runs every such
@@ -272,6 +275,14 @@ BatchRowsOption = Annotated[
         help="Rows per streamed batch. [default: rows for about a million tokens from the file's footer, at least 256]",
     ),
 ]
+OnInvalidOption = Annotated[
+    str,
+    typer.Option(
+        "--on-invalid",
+        help="stop: the first invalid row stops the run (exit 1); skip: invalid rows are left out, counted and "
+        "named in the report (recompute writes them to OUTPUT.rejected.parquet, diff to --rejects PATH).",
+    ),
+]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.", hidden=False)]
 EngineOption = Annotated[
     str,
@@ -356,11 +367,37 @@ def make_columns(
     )
 
 
-class errors_to_exit:
-    """Map library errors to one line on stderr and the documented exit code."""
+def error_document(error: Optional[BaseException], message: str, code: int) -> dict:
+    """The JSON document of a run that failed (what ``--json -`` prints instead of the
+    report): ``{"error": {"exit_code", "code", "message", "file", "row", "column"}}``, the
+    rule's code and where it broke from the finding of invalid data, None where not known."""
+    from gaecli import __version__
 
-    def __init__(self, debug: bool = False) -> None:
+    finding = getattr(error, "finding", None)
+    where = {key: getattr(finding, key, None) for key in ("code", "file", "row", "column")}
+    return {"version": __version__, "error": {"exit_code": code, "message": message, **where}}
+
+
+class errors_to_exit:
+    """Map library errors to one line on stderr and the documented exit code; with
+    ``json_path`` '-' (``--json -``), a JSON error document (:func:`error_document`) on
+    stdout too, so that a reader of stdout always gets a document."""
+
+    def __init__(self, debug: bool = False, json_path: Optional[str] = None) -> None:
         self.debug = debug
+        self.json_path = json_path
+
+    def _fail(self, error: Optional[BaseException], message: str, code: int) -> NoReturn:
+        if self.json_path == "-":
+            from gaecli.errors import displayed_message
+            from gaecli.report import json_text
+
+            document = error_document(error, displayed_message(message, lines=True), code)
+            try:
+                typer.echo(json_text(document), nl=False)
+            except OSError:  # stdout gone or full: the line on stderr and the exit code still say it
+                pass
+        fail(message, code)
 
     def __enter__(self) -> None:
         import signal
@@ -391,7 +428,7 @@ class errors_to_exit:
             # the signal's KeyboardInterrupt was swallowed, or turned into another error, by
             # third-party code: the run stopped at the next batch or unit, or had finished
             done = "every output was written whole" if exc_type is None else "no partial output was left"
-            fail(f"interrupted; {done}", EXIT_INTERRUPTED)
+            self._fail(exc, f"interrupted; {done}", EXIT_INTERRUPTED)
         if (
             exc_type is None
             or issubclass(exc_type, typer.Exit)
@@ -402,10 +439,11 @@ class errors_to_exit:
         from gaecli.errors import RunInterrupted
 
         if isinstance(exc, RunInterrupted) and exc.written + exc.not_written:
-            fail(str(exc), EXIT_INTERRUPTED)  # lists the outputs written and not written
+            self._fail(exc, str(exc), EXIT_INTERRUPTED)  # lists the outputs written and not written
         if issubclass(exc_type, KeyboardInterrupt):
-            fail("interrupted; no partial output was left (outputs finished before are whole)", EXIT_INTERRUPTED)
+            message = "interrupted; no partial output was left (outputs finished before are whole)"
+            self._fail(exc, message, EXIT_INTERRUPTED)
         code = exit_code(exc)
         if code is not None:
-            fail(str(exc), code)
+            self._fail(exc, str(exc), code)
         return False

@@ -42,7 +42,8 @@ def diff(
             show_default=False,
             help="Old advantages recomputed as a trainer computes them, a comma list compared side by side in one "
             "pass: the profiles verl, openrlhf, slime, roll, areal, nemo-rl, skyrl, or all (the seven); aliases "
-            "unmasked (= slime, the default), zero-masked (= openrlhf), skip-masked (= verl). With --against: "
+            "unmasked (= slime, the default), zero-masked (= openrlhf), skip-masked (= verl); masked: the contract "
+            "itself, gaecli's own masked GAE (the old side of a diff of the GAE variants). With --against: "
             "compared beside the stored column (after it). --list-baselines says what each computes.",
         ),
     ] = None,
@@ -112,7 +113,7 @@ def diff(
     json_path: JsonOption = None,
     markdown: Annotated[
         Optional[str],
-        write_path_option("--markdown", help="Write the report as Markdown tables to PATH ('-' for stdout)."),
+        write_path_option("--markdown", "--md", help="Write the report as Markdown tables to PATH ('-' for stdout)."),
     ] = None,
     html: Annotated[
         Optional[str],
@@ -132,8 +133,17 @@ def diff(
             "20 groups hit hardest).",
         ),
     ] = None,
+    on_invalid: common.OnInvalidOption = "stop",
+    rejects: Annotated[
+        Optional[str],
+        write_path_option(
+            "--rejects",
+            help="With --on-invalid skip: write the rows skipped to PATH (Parquet: source_file, source_row, the "
+            "row's columns, reason).",
+        ),
+    ] = None,
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace existing --per-sample and --groups-out files.")
+        bool, typer.Option("--overwrite", help="Replace existing --per-sample, --groups-out and --rejects files.")
     ] = False,
     engine_options: dict = option_groups.ENGINE_OPTIONS,
     quiet: QuietOption = False,
@@ -144,7 +154,7 @@ def diff(
     if json_path == "-" and markdown == "-":
         common.fail("--json and --markdown cannot both write to stdout ('-')", common.EXIT_USAGE)
     progress = make_progress(quiet)
-    with common.errors_to_exit(debug):
+    with common.errors_to_exit(debug, json_path=json_path):
         from gaecli.diff import DiffOptions, diff_files
         from gaecli.report import write_text
         from gaecli.report.markdown import render_markdown
@@ -155,27 +165,19 @@ def diff(
 
             require_matplotlib()
         options = DiffOptions(
-            **option_groups.estimator_fields(estimator_options, group_field="group_by_id"),
-            baseline=baseline,
-            against=against,
-            against_returns=against_returns,
-            normalize=normalize,
-            normalize_by=normalize_by,
-            whitening_rule=computation_options.make_whitening_rule(estimator_options["estimator"], **whitening_options),
-            advantage_clip=advantage_clip,
-            group_by=group_by,
-            id_col=id_col,
+            **comparison_fields(
+                estimator_options, whitening_options, kernel_options, column_options, variant_options,
+                baseline=baseline, against=against, against_returns=against_returns, normalize=normalize,
+                normalize_by=normalize_by, advantage_clip=advantage_clip, group_by=group_by, id_col=id_col,
+                tolerance=tol, batch_rows=batch_rows, old_opd_coef=old_opd_coef, old_estimator=old_estimator,
+            ),
             top=top,
-            tolerance=tol,
-            **kernel_options,
-            batch_rows=batch_rows,
-            columns=common.make_columns(**column_options, old_opd_coef=old_opd_coef),
             per_sample=per_sample,
-            variants=computation_options.make_variants(**variant_options),
             groups_out=groups_out,
             overwrite=overwrite,
             report_paths=common.reports(JSON=json_path, Markdown=markdown, HTML=html),
-            old_estimator=old_estimator,
+            on_invalid=on_invalid,
+            rejects=rejects,
         )
         report = diff_files(inputs, options, progress, common.make_engine(**engine_options))
         document = report.to_dict()
@@ -190,3 +192,26 @@ def diff(
         console = common.stderr_console()
         render_diff(document, console)
         print_closing(progress, console)
+
+
+def comparison_fields(
+    estimator_options: dict,
+    whitening_options: dict,
+    kernel_options: dict,
+    column_options: dict,
+    variant_options: dict,
+    *,
+    old_opd_coef,
+    **fields,
+) -> dict:
+    """The fields of :class:`gaecli.diff.DiffOptions` that say what is compared (the two sides'
+    computation, the columns, the groups), from the options ``gae diff`` and ``gae view``
+    share; ``fields`` are passed on as they are."""
+    return {
+        **option_groups.estimator_fields(estimator_options, group_field="group_by_id"),
+        "whitening_rule": computation_options.make_whitening_rule(estimator_options["estimator"], **whitening_options),
+        **kernel_options,
+        "columns": common.make_columns(**column_options, old_opd_coef=old_opd_coef),
+        "variants": computation_options.make_variants(**variant_options),
+        **fields,
+    }

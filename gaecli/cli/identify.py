@@ -62,7 +62,7 @@ def identify(
     critic-free estimators fitted to a stored column (γ, λ, whitening) and ranked. Exits 0
     whether or not one explains it."""
     progress = make_progress(quiet)
-    with common.errors_to_exit(debug):
+    with common.errors_to_exit(debug, json_path=json_path):
         from gaecli.identify import IdentifyOptions, identify_files
         from gaecli.report.identify import render_identify
 

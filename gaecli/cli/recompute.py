@@ -44,8 +44,9 @@ def recompute(
             metavar="NAME",
             help="What the summary compares against (and --keep-baseline writes): a trainer profile, verl, openrlhf, "
             "slime, roll, areal, nemo-rl or skyrl, or an alias: unmasked (= slime), zero-masked (= openrlhf), "
-            "skip-masked (= verl); with a critic-free --estimator, one of its trainer profiles (gae diff "
-            "--list-baselines), else none.",
+            "skip-masked (= verl); masked: the contract itself, gaecli's own plain masked GAE (what the "
+            "GAE variants are compared against); with a critic-free --estimator, one of its trainer profiles "
+            "(gae diff --list-baselines), else none.",
         ),
     ] = "unmasked",
     keep_baseline: Annotated[
@@ -55,12 +56,7 @@ def recompute(
             help="Also write the baseline's advantages_NAME and returns_NAME ('-' and '@' in NAME become '_').",
         ),
     ] = False,
-    on_invalid: Annotated[
-        str,
-        typer.Option(
-            help="stop: the first invalid row stops the run (exit 1); skip: invalid rows go to OUTPUT.rejected.parquet."
-        ),
-    ] = "stop",
+    on_invalid: common.OnInvalidOption = "stop",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing output files.")] = False,
     skip_existing: Annotated[
         bool, typer.Option("--skip-existing", help="Leave outputs that exist and are whole alone (resume a run).")
@@ -73,7 +69,7 @@ def recompute(
 ) -> None:
     """Recompute advantages and returns with masked GAE; write the files back with them added."""
     progress = make_progress(quiet)
-    with common.errors_to_exit(debug):
+    with common.errors_to_exit(debug, json_path=json_path):
         from gaecli.recompute import RecomputeOptions, recompute_files
         from gaecli.report.recompute import render_recompute
 

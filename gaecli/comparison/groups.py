@@ -4,7 +4,7 @@ reports show), and every group as Arrow record batches (the ``--groups-out`` fil
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Optional
 
 import numba
@@ -227,23 +227,28 @@ class GroupedFigures:
             raise GAEUsageError(f"group keys of type {self.table.key_type} cannot be written as {key_type}") from error
 
     def batches(
-        self, comparison: str, key_type: Optional[pa.DataType] = None, groups_per_batch: int = GROUPS_PER_BATCH
+        self,
+        comparison: str,
+        key_type: Optional[pa.DataType] = None,
+        groups_per_batch: int = GROUPS_PER_BATCH,
+        group_by: Optional[str] = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Every group as rows of record batches of :func:`groups_schema` (``key``,
-        ``comparison``, then the :data:`GROUP_FIGURES`), in key order (ascending, nulls
-        last); ``key_type`` as :meth:`keys`. Memory beyond the state: the keys, their sort
-        order and one batch of figures."""
+        """Every group as rows of record batches of :func:`groups_schema` (the group column,
+        named after ``group_by``, ``comparison``, then the :data:`GROUP_FIGURES`), in key
+        order (ascending, nulls last); ``key_type`` as :meth:`keys`. Memory beyond the state:
+        the keys, their sort order and one batch of figures."""
         keys = self.keys(key_type)
         order = pc.array_sort_indices(keys, order="ascending", null_placement="at_end").to_numpy()
-        schema = groups_schema(keys.type)
+        schema = groups_schema(keys.type, group_by)
         for start in range(0, order.size, groups_per_batch):
             codes = order[start : start + groups_per_batch]
-            columns = {
-                "key": keys.take(pa.array(codes, pa.int64())),
-                "comparison": pa.array([comparison] * codes.size, pa.string()),
-                **self.figures(codes),
-            }
-            yield pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+            figures = self.figures(codes)
+            arrays = [
+                keys.take(pa.array(codes, pa.int64())),
+                pa.array([comparison] * codes.size, pa.string()),
+                *(figures[name] for name, _ in GROUP_FIGURES),
+            ]
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def group_key_type(schema: pa.Schema, column: Optional[str]) -> Optional[pa.DataType]:
@@ -255,8 +260,23 @@ def group_key_type(schema: pa.Schema, column: Optional[str]) -> Optional[pa.Data
     return arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
 
 
-def groups_schema(key_type: pa.DataType) -> pa.Schema:
-    """The ``--groups-out`` file's schema: ``key`` (the group column's type), ``comparison``
-    (the old side's name), then the :data:`GROUP_FIGURES`."""
+def group_column_name(group_by: Optional[str], taken: Iterable[str]) -> str:
+    """The name of the group column in a file of figures: the user's group column's own
+    name, ``group_`` before it where it would collide with one of the file's other columns
+    (``taken``); ``key`` without a name (a caller that gives none)."""
+    if group_by is None:
+        return "key"
+    return f"group_{group_by}" if group_by in set(taken) else group_by
+
+
+GROUPS_OUT_COLUMNS = ("comparison", *(name for name, _ in GROUP_FIGURES))
+"""The columns of the ``--groups-out`` file after its group column."""
+
+
+def groups_schema(key_type: pa.DataType, group_by: Optional[str] = None) -> pa.Schema:
+    """The ``--groups-out`` file's schema: the group column (named after ``group_by``,
+    :func:`group_column_name`; the group column's type), ``comparison`` (the old side's
+    name), then the :data:`GROUP_FIGURES`."""
     figures = (pa.field(name, arrow_type) for name, arrow_type in GROUP_FIGURES)
-    return pa.schema([pa.field("key", key_type), pa.field("comparison", pa.string()), *figures])
+    key = pa.field(group_column_name(group_by, GROUPS_OUT_COLUMNS), key_type)
+    return pa.schema([key, pa.field("comparison", pa.string()), *figures])

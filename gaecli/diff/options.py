@@ -11,7 +11,7 @@ from gaecli.advantages.spec import AdvantageSpec
 from gaecli.comparison.token_sample import SCATTER_SAMPLE
 from gaecli.errors import InvalidOptionError
 from gaecli.io.format import Columns
-from gaecli.options import check_count
+from gaecli.options import ON_INVALID_MODES, check_choice, check_count
 from gaecli.pipeline.description import ComparisonSide, RunOptions
 from gaecli.pipeline.options import EstimatorInputs, VariantOptions, check_estimators
 
@@ -41,7 +41,9 @@ class DiffOptions(RunOptions):
     one of ``old_estimator`` and ``against``, and takes no ``baseline`` (the profiles are
     GAE). ``group_by_id`` / ``step_by``: the prompt-group and step id columns the estimators
     read; ``gamma`` / ``lambd`` are given exactly where a side reads them (GAE, a GAE
-    baseline, ``reinforce++``).
+    baseline, ``reinforce++``). ``on_invalid``: ``"stop"`` (the first invalid row stops the
+    diff) or ``"skip"`` (invalid rows are left out of every comparison, counted and named in the
+    report, and written whole with their reason to ``rejects``, a Parquet file, when given).
     Every value is checked when the options are made (:meth:`check`).
     """
 
@@ -73,6 +75,8 @@ class DiffOptions(RunOptions):
     estimator_inputs: EstimatorInputs = field(default_factory=EstimatorInputs)
     whitening_rule: Optional[WhiteningRule] = None
     advantage_clip: Optional[float] = None
+    on_invalid: str = "stop"
+    rejects: Optional[str] = None
 
     def check(self) -> None:
         """Refuse (:class:`InvalidOptionError`) a value out of range or not one of its
@@ -95,6 +99,9 @@ class DiffOptions(RunOptions):
             raise InvalidOptionError("--against-returns needs --against (the stored advantages to compare)")
         self.sides  # noqa: B018 - the baseline list checked (unknown names, duplicates)
         check_count("--top", self.top, 0)
+        check_choice("--on-invalid", self.on_invalid, ON_INVALID_MODES, "mode")
+        if self.rejects is not None and self.on_invalid != "skip":
+            raise InvalidOptionError("--rejects needs --on-invalid skip (the rows it holds are the rows skipped)")
         self.check_run()
 
     def _check_old_side_options(self) -> None:
@@ -142,8 +149,6 @@ class DiffOptions(RunOptions):
     def old_sides(self) -> tuple[ComparisonSide, ...]:
         """:attr:`sides`, as :func:`gaecli.pipeline.description.describe_run` reads them."""
         return self.sides
-
-    on_invalid = "stop"  # a diff compares every row: the first invalid one stops it
 
     @property
     def group_col(self) -> Optional[str]:

@@ -35,11 +35,30 @@ def _nullable(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
     return pa.array(values, arrow_type, mask=np.isnan(values))
 
 
+PER_SAMPLE_COLUMNS = ("file", "row", "id", "comparison", *(name for name, _ in PER_SAMPLE_FIGURES))
+"""Every column of the ``--per-sample`` file but its group column."""
+
+
+def group_column(options: DiffOptions) -> Optional[str]:
+    """The name of the ``--per-sample`` file's group column: ``--group-by``'s own, ``group_``
+    before it where it collides with another column (:func:`gaecli.comparison.groups.group_column_name`);
+    None without ``--group-by``."""
+    from gaecli.comparison.groups import group_column_name
+
+    return None if options.group_by is None else group_column_name(options.group_by, PER_SAMPLE_COLUMNS)
+
+
+def group_column_in(names: list[str]) -> Optional[str]:
+    """The group column of a ``--per-sample`` file's columns ``names`` (None without one):
+    the column after ``file``, ``row`` and ``id`` before ``comparison``."""
+    return next((name for name in names[2:4] if name not in ("id", "comparison")), None)
+
+
 def per_sample_schema(first: pa.Schema, options: DiffOptions) -> pa.Schema:
-    """``--per-sample``'s schema: file, row, id and group (typed as in the first file,
-    dictionaries decoded), the comparison's name, then the figures."""
+    """``--per-sample``'s schema: file, row, id and the group column (:func:`group_column`;
+    typed as in the first file, dictionaries decoded), the comparison's name, then the figures."""
     fields = [pa.field("file", pa.string()), pa.field("row", pa.int64())]
-    for name, column in (("id", options.id_col), ("group", options.group_by)):
+    for name, column in (("id", options.id_col), (group_column(options), options.group_by)):
         if column is not None:
             arrow_type = first.field(column).type
             fields.append(pa.field(name, arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type))
@@ -51,15 +70,16 @@ def per_sample_schema(first: pa.Schema, options: DiffOptions) -> pa.Schema:
 def per_sample_batch(
     schema: pa.Schema,
     file: str,
-    first_row: int,
+    file_rows: np.ndarray,
     comparisons: list[tuple[str, RowFigures]],
     ids: Optional[pa.Array],
     groups: Optional[pa.Array],
 ) -> pa.RecordBatch:
-    """One batch's rows of the ``--per-sample`` file: for each sample, one row per
-    comparison (``comparisons``: (name, the rows' figures) in the order given), so the file's
-    order is the samples' whatever the batch size."""
-    parts = [_comparison_batch(schema, file, first_row, label, rows, ids, groups) for label, rows in comparisons]
+    """One batch's rows of the ``--per-sample`` file: for each sample (``file_rows``: its row
+    in the file; the rows compared, without those skipped), one row per comparison
+    (``comparisons``: (name, the rows' figures) in the order given), so the file's order is the
+    samples' whatever the batch size."""
+    parts = [_comparison_batch(schema, file, file_rows, label, rows, ids, groups) for label, rows in comparisons]
     if len(parts) == 1:
         return parts[0]
     count = parts[0].num_rows
@@ -71,7 +91,7 @@ def per_sample_batch(
 def _comparison_batch(
     schema: pa.Schema,
     file: str,
-    first_row: int,
+    file_rows: np.ndarray,
     comparison: str,
     rows: RowFigures,
     ids: Optional[pa.Array],
@@ -81,10 +101,10 @@ def _comparison_batch(
     count = rows.lengths.size
     arrays = [
         pa.repeat(pa.scalar(display(file), pa.string()), count),  # the path as printed: no raw bytes, no secrets
-        pa.array(np.arange(first_row, first_row + count), pa.int64()),
+        pa.array(file_rows, pa.int64()),
     ]
-    for name, column in (("id", ids), ("group", groups)):
-        if name in schema.names:
+    for name, column in (("id", ids), (group_column_in(schema.names), groups)):
+        if name is not None and name in schema.names and column is not None:
             arrow_type = schema.field(name).type
             try:
                 arrays.append(column if column.type == arrow_type else column.cast(arrow_type))

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -48,12 +48,14 @@ class ComparisonResult:
 class DiffReport:
     """The result of a diff: one :class:`ComparisonResult` per old side, in the order given.
     ``summary``, ``groups``, ``top``, ``histogram`` and ``scatter`` are the first
-    comparison's (as the JSON document's top level)."""
+    comparison's (as the JSON document's top level). ``skipped``: the rows left out under
+    ``--on-invalid skip`` (:meth:`gaecli.pipeline.rejects.SkippedRows.to_dict`)."""
 
     options: DiffOptions
     kernel: str
     files: list[dict]
     comparisons: list[ComparisonResult]
+    skipped: dict = field(default_factory=lambda: {"count": 0, "rows": []})
 
     @property
     def first(self) -> ComparisonResult:
@@ -107,6 +109,9 @@ class DiffReport:
             "id_col": options.id_col,
             "top": options.top,
             "files": self.files,
+            "on_invalid": options.on_invalid,
+            "skipped": self.skipped,
+            "rejects": options.rejects,
             "quantiles": dict(QUANTILE_METHOD),
             "summary": first["summary"],
             "top_samples": first["top_samples"],

@@ -21,11 +21,13 @@ from gaecli.diff.options import DiffOptions
 from gaecli.diff.per_sample import per_sample_batch, per_sample_schema
 from gaecli.diff.report import ComparisonResult, DiffReport
 from gaecli.engines import EngineOptions
+from gaecli.errors import GAEUsageError
 from gaecli.io.filesystem import to_path, total_size
 from gaecli.io.paths import check_writes, input_files, report_writes
 from gaecli.io.reader import RolloutFile
 from gaecli.pipeline import check_file, check_scalar_column, computed_batches, whitened_sides
 from gaecli.pipeline.description import ComparisonSide
+from gaecli.pipeline.rejects import SkippedRows, rejects_schema
 from gaecli.progress import NoProgress, Progress
 from gaecli.run import Run, raise_first_failure, read_footers
 
@@ -90,26 +92,30 @@ class ComparisonPart:
 @dataclass
 class FilePart:
     """What the work unit of one file sends back, merged in input order by the parent: one
-    :class:`ComparisonPart` per old side (in the order of ``options.sides``), and the file's
-    ``--per-sample`` batches (one per read batch, every comparison's rows in it)."""
+    :class:`ComparisonPart` per old side (in the order of ``options.sides``), the file's
+    ``--per-sample`` batches (one per read batch, every comparison's rows in it) and the rows
+    skipped under ``--on-invalid skip``."""
 
     file: str
     rows: int
     tokens: int
     comparisons: list[ComparisonPart]
     per_sample: Optional[list[pa.RecordBatch]] = field(default=None, repr=False)
+    skipped: SkippedRows = field(default_factory=SkippedRows)
 
     @classmethod
     def empty(cls, file: str, options: DiffOptions) -> "FilePart":
         """A part without rows yet: an empty :class:`ComparisonPart` per old side."""
         return cls(
-            file=file, rows=0, tokens=0, comparisons=[ComparisonPart.empty(side, options) for side in options.sides]
-        )
+            file=file, rows=0, tokens=0, comparisons=[ComparisonPart.empty(side, options) for side in options.sides],
+            skipped=SkippedRows(keep=options.rejects is not None),
+        )  # fmt: skip
 
     def merge(self, other: "FilePart") -> None:
-        """Add every comparison of ``other`` to ours."""
+        """Add every comparison of ``other`` to ours, and its skipped rows after ours."""
         for mine, theirs in zip(self.comparisons, other.comparisons, strict=True):
             mine.merge(theirs)
+        self.skipped.merge(other.skipped)
 
 
 def diff_unit(
@@ -149,17 +155,20 @@ def diff_rollout(
     (the new side's, then one per old side: :func:`gaecli.pipeline.whitened_sides`);
     ``per_sample``: the ``--per-sample`` schema, when one is written; ``scores``: the score
     statistics of this file's groups for a grouped estimator. ``progress`` (optional) is
-    advanced per batch."""
+    advanced per batch. Under ``--on-invalid skip`` the invalid rows are left out of every
+    comparison and counted (read whole for ``--rejects``)."""
     computation = options.computation
     part = FilePart.empty(file, options)
     if per_sample is not None:
         part.per_sample = []
     where = str(rollout.path)
     _check_file(rollout.schema, where, options)
-    read = _read_columns(rollout.schema, options)
+    read = None if options.rejects is not None else _read_columns(rollout.schema, options)
     for computed in computed_batches(rollout, computation, read, statistics=scores):
         batch, packed = computed.batch, computed.packed
         first_row, first_token = computed.first_row, computed.first_token
+        file_rows = first_row + np.flatnonzero(~computed.check.invalid)  # the compared rows, in the file
+        part.skipped.add(computed, where)
         new, new_returns, olds = whitened_sides(computed, computation, moments, cast=False)
         group_keys = computed.keys(options.group_by)
         figures = []
@@ -175,13 +184,14 @@ def diff_rollout(
             )
             if comparison.groups is not None:
                 comparison.groups.update(group_keys, rows)
-            _offer_top(comparison.top, options, index, file, batch, packed, new, old, rows, first_row, group_keys)
+            _offer_top(comparison.top, options, index, file, computed.valid, packed, new, old, rows, file_rows,
+                       group_keys)  # fmt: skip
             figures.append((comparison.side.name, rows))
         samples = [comparison.sample for comparison in part.comparisons]
         update_samples(samples, [(new, old) for old, _ in olds], packed.trainable, index, first_token)
         if per_sample is not None:
             part.per_sample.append(
-                per_sample_batch(per_sample, file, first_row, figures, computed.keys(options.id_col), group_keys)
+                per_sample_batch(per_sample, file, file_rows, figures, computed.keys(options.id_col), group_keys)
             )
         part.rows, part.tokens = first_row + batch.num_rows, first_token + packed.tokens
         if progress is not None:
@@ -199,9 +209,11 @@ def _offer_top(
     new,
     old,
     rows: RowFigures,
-    first_row: int,
+    file_rows: np.ndarray,
     group_keys: Optional[pa.Array],
 ) -> None:
+    """Offer the rows of ``batch`` (the compared rows of a read batch, ``file_rows`` their rows
+    in the file) with the largest max |Δ advantage| to ``top``."""
     candidates = top.candidates(rows.max_abs)
     if candidates.size == 0:
         return
@@ -212,7 +224,7 @@ def _offer_top(
             TopSample(
                 file_index=index,
                 file=file,
-                row=first_row + row,
+                row=int(file_rows[row]),
                 id=batch.column(options.id_col)[row].as_py() if options.id_col is not None else None,
                 group=group_keys[row].as_py() if group_keys is not None else None,
                 length=int(rows.lengths[row]),
@@ -250,7 +262,7 @@ def _run(paths: list[Path], options: DiffOptions, progress: Progress, engine: En
     per_sample = per_sample_schema(schema, options) if schema is not None and options.per_sample is not None else None
     key_type = group_key_type(schema, options.group_by) if schema is not None else None
     run = Run("diff", files, footers, options.computation, engine.for_inputs(total_size(files)), progress)
-    writers = _Outputs(options, per_sample, key_type)  # opened before any work, committed together after
+    writers = _Outputs(options, per_sample, key_type, schema)  # opened before any work, committed together after
     try:
 
         def task(index: int, moments, scores) -> tuple:
@@ -276,11 +288,12 @@ def merge_parts(results: list[FilePart], options: DiffOptions) -> FilePart:
 
 
 def diff_report(options: DiffOptions, results: list[FilePart], merged: FilePart) -> DiffReport:
-    """The report of a diff: its files (rows, tokens) and each comparison's figures."""
+    """The report of a diff: its files (rows, tokens), the rows skipped and each comparison's figures."""
     return DiffReport(
         options=options,
         kernel=options.computation.kernel,
         files=[{"file": part.file, "rows": part.rows, "tokens": part.tokens} for part in results],
+        skipped=merged.skipped.to_dict(),
         comparisons=[
             ComparisonResult(
                 side=comparison.side,
@@ -297,13 +310,14 @@ def diff_report(options: DiffOptions, results: list[FilePart], merged: FilePart)
 
 
 class _Outputs:
-    """The ``--per-sample`` and ``--groups-out`` files of a diff, opened before any work and
-    committed together after the last file (or all aborted)."""
+    """The ``--per-sample``, ``--groups-out`` and ``--rejects`` files of a diff, opened before
+    any work and committed together after the last file (or all aborted); the rejects file's
+    schema is the first file's (:func:`gaecli.pipeline.rejects.rejects_schema`)."""
 
-    def __init__(self, options: DiffOptions, per_sample: Optional[pa.Schema], key_type) -> None:
+    def __init__(self, options: DiffOptions, per_sample: Optional[pa.Schema], key_type, first=None) -> None:
         from gaecli.io.writer import AtomicParquetWriter
 
-        self.key_type, self.writers = key_type, []
+        self.key_type, self.group_by, self.writers = key_type, options.group_by, []
         self.per_sample = self.groups = None
         if per_sample is not None:
             self.per_sample = AtomicParquetWriter(to_path(options.per_sample), per_sample, overwrite=options.overwrite)
@@ -311,12 +325,21 @@ class _Outputs:
         if options.groups_out is not None:
             try:
                 self.groups = AtomicParquetWriter(
-                    to_path(options.groups_out), groups_schema(key_type), overwrite=options.overwrite
+                    to_path(options.groups_out), groups_schema(key_type, options.group_by), overwrite=options.overwrite
                 )
             except BaseException:
                 self.abort()
                 raise
             self.writers.append(self.groups)
+        self.rejects = None
+        if options.rejects is not None and first is not None:
+            try:
+                schema = rejects_schema(first)
+                self.rejects = AtomicParquetWriter(to_path(options.rejects), schema, overwrite=options.overwrite)
+            except BaseException:
+                self.abort()
+                raise
+            self.writers.append(self.rejects)
 
     def write(self, results: list[FilePart], merged: FilePart) -> None:
         """Every file's per-sample rows in input order, every group's figures; then commit."""
@@ -329,8 +352,10 @@ class _Outputs:
                 part.per_sample = None
         if self.groups is not None:
             for comparison in merged.comparisons:
-                for batch in comparison.groups.batches(comparison.side.name, self.key_type):
+                for batch in comparison.groups.batches(comparison.side.name, self.key_type, group_by=self.group_by):
                     self.groups.write(batch)
+        for batch in merged.skipped.batches if self.rejects is not None else ():
+            self.rejects.write(_rejected_rows(batch, self.rejects.schema))
         for writer in self.writers:
             writer.close()
         for writer in self.writers:
@@ -341,10 +366,23 @@ class _Outputs:
             writer.abort()
 
 
+def _rejected_rows(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Rejected rows of some file as the rejects file holds them (the first file's types)."""
+    if batch.schema.equals(schema):
+        return batch
+    try:
+        return pa.Table.from_batches([batch]).cast(schema).combine_chunks().to_batches()[0]
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as error:
+        file = batch.column(0)[0].as_py()
+        raise GAEUsageError(
+            f"{file}: --rejects holds one set of columns, the first file's, and this file's differ ({error})"
+        ) from error
+
+
 def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
-    """The report paths, ``--per-sample`` and ``--groups-out`` through the one rule of
-    :func:`gaecli.io.paths.check_writes` (none may be an input or another report; no
-    directory; a report's directory must exist; the per-sample and groups files, data
+    """The report paths, ``--per-sample``, ``--groups-out`` and ``--rejects`` through the one
+    rule of :func:`gaecli.io.paths.check_writes` (none may be an input or another report; no
+    directory; a report's directory must exist; the per-sample, groups and rejects files, data
     files, not replaced unless ``options.overwrite``) — before any work is done."""
     check_writes(
         paths,
@@ -352,6 +390,7 @@ def _check_outputs(paths: list[Path], options: DiffOptions) -> None:
             *report_writes(options.report_paths),
             ("per-sample file", options.per_sample),
             ("groups file", options.groups_out),
+            ("rejects file", options.rejects),
         ],
         overwrite=options.overwrite,
     )

@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, Union
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -145,12 +145,48 @@ def _filesystem(base: str, uri: str) -> tuple[pafs.FileSystem, str]:
         try:
             fs_from_uri, path = pafs.FileSystem.from_uri(plain_uri)
         except (pa.ArrowException, OSError, ValueError) as error:
+            unreachable = unreachable_host(uri, error)
+            if unreachable is not None:
+                raise GAEUsageError(unreachable) from error
             raise GAEUsageError(f"{uri}: not a path or URI pyarrow's file systems understand ({error})") from error
         if base not in _FILESYSTEMS:
             _FILESYSTEMS[base] = _with_timeouts(fs_from_uri, timeouts)
             _CALL_LIMITS[id(_FILESYSTEMS[base])] = _call_limit(fs_from_uri, timeouts)
         filesystem = _FILESYSTEMS[base]
     return filesystem, path
+
+
+UNREACHABLE = (
+    ("curlcode: 6", "its name does not resolve"),
+    ("couldn't resolve host", "its name does not resolve"),
+    ("could not resolve host", "its name does not resolve"),
+    ("name or service not known", "its name does not resolve"),
+    ("temporary failure in name resolution", "its name does not resolve"),
+    ("curlcode: 7", "the connection was refused or timed out"),
+    ("couldn't connect to server", "the connection was refused or timed out"),
+    ("curlcode: 28", "the connection timed out"),
+)
+"""What the AWS SDK and the resolver say when a store's host cannot be reached (lowercase),
+and what that means for a person."""
+
+
+def unreachable_host(uri: str, error: BaseException) -> Optional[str]:
+    """The one-line message of an object store whose host cannot be reached (a name that
+    does not resolve, a connection refused or timed out), told from the error's text; None
+    for any other error. The host is the URI's ``endpoint_override`` where given, else the
+    store's own endpoint; the store's own words follow (its first line)."""
+    text = str(error).lower()
+    why = next((meaning for pattern, meaning in UNREACHABLE if pattern in text), None)
+    if why is None:
+        return None
+    parts = urlsplit(uri)
+    endpoint = dict(parse_qsl(parts.query)).get("endpoint_override")
+    host = f"the host {endpoint}" if endpoint else f"the {parts.scheme} endpoint"
+    said = str(error).splitlines()[0]
+    return (
+        f"{uri}: {host} could not be reached ({why}: {said}); check the network, or give the store's address "
+        f"as ?endpoint_override=HOST:PORT"
+    )
 
 
 @contextmanager
@@ -162,6 +198,9 @@ def store_errors(where: object):
     try:
         yield
     except (pa.ArrowException, OSError) as error:
+        unreachable = unreachable_host(str(where), error)
+        if unreachable is not None:
+            raise GAEUsageError(unreachable) from error
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         what = "refuses this path" if isinstance(error, pa.ArrowInvalid) else "failed"
         raise GAEUsageError(f"{where}: the object store {what} ({reason})") from error

@@ -200,6 +200,7 @@ def plan_outputs(
     else:
         if out.exists() and not out.is_dir():
             raise GAEUsageError(f"{output}: several inputs need a directory as output, and this is a file")
+        _refuse_output_inside_inputs(inputs, out, output)
         for source, root in found:
             relative = Path(
                 source.relative_to(root) if isinstance(source, RemotePath) else os.path.relpath(source, root)
@@ -210,6 +211,25 @@ def plan_outputs(
         writes += [(f"{suffix.lstrip('.')} rows file of {job.source}", with_suffix(job.target, suffix)) for job in jobs]
     check_writes([job.source for job in jobs], [*writes, *reports], overwrite=overwrite)
     return jobs
+
+
+def _refuse_output_inside_inputs(inputs: list[str], out: AnyPath, output: str) -> None:
+    """An output directory inside an input directory (read recursively) is refused
+    before anything is written: its outputs would be inputs of the next run over that
+    directory (``-o d2/fixed`` for ``d2``), which a second run would then refuse."""
+    if isinstance(out, RemotePath):
+        return
+    target = Path(os.path.abspath(out)).resolve()
+    for item in inputs:
+        located = to_path(item)
+        if isinstance(located, RemotePath) or not located.is_dir():
+            continue
+        directory = located.resolve()
+        if directory in target.parents:  # the directory itself: its outputs would replace inputs (check_writes)
+            raise GAEUsageError(
+                f"{output}: the output directory is inside the input directory {item}, so its outputs would be "
+                f"read as inputs by the next run; choose an output outside {item}"
+            )
 
 
 def with_suffix(target: AnyPath, suffix: str) -> AnyPath:

@@ -17,7 +17,6 @@ from gaecli.pipeline.description import ComparisonSide, RunOptions
 from gaecli.pipeline.options import EstimatorInputs, VariantOptions, check_estimators
 
 REJECTS_SUFFIX = ".rejected"
-REASON_COLUMN = "reason"
 METADATA_PREFIX = "gaecli."
 
 

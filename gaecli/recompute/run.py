@@ -4,16 +4,15 @@ written whole or not at all) and the outcomes merged into the report."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gaecli.advantages.statistics import Moments
-from gaecli.checks import row_reasons
 from gaecli.comparison.figures import DiffAccumulator
 from gaecli.engines import EngineOptions
 from gaecli.errors import GAEUsageError
@@ -22,8 +21,9 @@ from gaecli.io.paths import FileJob, plan_outputs, report_writes, with_suffix
 from gaecli.io.reader import RolloutFile
 from gaecli.io.writer import AtomicParquetWriter, failure_reason
 from gaecli.pipeline import computed_batches
+from gaecli.pipeline.rejects import rejected_batch
 from gaecli.progress import NoProgress, Progress
-from gaecli.recompute.options import REASON_COLUMN, REJECTS_SUFFIX, FileOutcome, RecomputeOptions, RecomputeReport
+from gaecli.recompute.options import REJECTS_SUFFIX, FileOutcome, RecomputeOptions, RecomputeReport
 from gaecli.recompute.output import (
     check_job,
     existing_output,
@@ -80,11 +80,11 @@ class _Rejects:
         self.writer: Optional[AtomicParquetWriter] = None
 
     def write(self, computed) -> None:
-        """The invalid rows of a computed batch, each with its reason."""
-        batch, check = computed.batch, computed.check
+        """The invalid rows of a computed batch, each with its reason
+        (:func:`gaecli.pipeline.rejects.rejected_batch`)."""
+        rejected = rejected_batch(computed)
         if self.writer is None:
-            schema = batch.schema.append(pa.field(REASON_COLUMN, pa.string()))
-            schema = schema.with_metadata(self.rollout.schema.metadata)
+            schema = rejected.schema.with_metadata(self.rollout.schema.metadata)
             self.writer = AtomicParquetWriter(
                 with_suffix(self.job.target, REJECTS_SUFFIX),
                 schema,
@@ -93,11 +93,7 @@ class _Rejects:
             )
             self.writers.insert(0, self.writer)
             self.outcome.rejects_file = str(self.writer.target)
-        reasons = row_reasons(check)
-        invalid_rows = np.flatnonzero(check.invalid)
-        rejected = batch.filter(pa.array(check.invalid))
-        reason_array = pa.array([reasons[computed.first_row + int(row)] for row in invalid_rows], pa.string())
-        self.writer.write(pa.RecordBatch.from_arrays([*rejected.columns, reason_array], schema=self.writer.schema))
+        self.writer.write(pa.RecordBatch.from_arrays(rejected.columns, schema=self.writer.schema))
         self.outcome.rejected_rows += rejected.num_rows
 
 
@@ -261,8 +257,37 @@ def recompute_files(
     def task(index: int, moments, scores) -> tuple:
         return (jobs[index], options, moments, footers[index], scores, identities[index], resumed[index][1])
 
-    results = per_job(run.execute(recompute_job, task, todo, options.on_invalid == "stop", interrupted))
-    return _report(jobs, results, options)
+    missing = _missing_directories(jobs)
+    try:
+        results = per_job(run.execute(recompute_job, task, todo, options.on_invalid == "stop", interrupted))
+        return _report(jobs, results, options)
+    except BaseException:  # failed or interrupted: no empty directory of this run's making is left
+        _remove_empty(missing)
+        raise
+
+
+def _missing_directories(jobs: list[FileJob]) -> list[Path]:
+    """The local directories the outputs go to that do not exist yet (the run creates them),
+    deepest first."""
+    missing: set[Path] = set()
+    for job in jobs:
+        if not isinstance(job.target, Path):
+            continue
+        parent = Path(os.path.abspath(job.target)).parent
+        while parent not in missing and not os.path.lexists(parent) and parent != parent.parent:
+            missing.add(parent)
+            parent = parent.parent
+    return sorted(missing, key=lambda path: len(path.parts), reverse=True)
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    """Remove each of ``directories`` (deepest first) that exists and is empty; one that
+    holds something (an output written whole, another process's file) stays."""
+    for directory in directories:
+        try:
+            directory.rmdir()
+        except OSError:
+            pass
 
 
 def _plan(inputs: list, output, options: RecomputeOptions) -> list[FileJob]:
@@ -300,7 +325,21 @@ def _report(jobs: list[FileJob], results: list, options: RecomputeOptions) -> Re
             continue
         diff.merge(result.diff)
         outcomes.append(result.outcome)
-    return RecomputeReport(outcomes, options.computation.kernel, options, diff.result())
+    return RecomputeReport(outcomes, options.computation.kernel, options, _summary(diff, options))
+
+
+COMPARED_FIGURES = ("changed_samples", "mean_abs_delta_advantage", "max_abs_delta_advantage")
+"""The figures of the summary that compare the new advantages with an old side."""
+
+
+def _summary(diff: DiffAccumulator, options: RecomputeOptions) -> dict:
+    """The run's summary: ``baseline`` what the new advantages were compared with (a GAE
+    profile, the critic-free estimator's trainer profile), None when nothing was: then the
+    :data:`COMPARED_FIGURES` are None too (not zeros that read as "nothing changed")."""
+    summary = diff.result()
+    if options.old_sides:
+        return {**summary, "baseline": options.baseline}
+    return {**summary, "baseline": None, **dict.fromkeys(COMPARED_FIGURES)}
 
 
 def recompute_file(

@@ -149,14 +149,14 @@ def _four(summary: dict, quantity: str, suffix: str = "") -> list[tuple[str, str
     return [(stat, number(summary[f"{stat}_abs_delta_{quantity}{suffix}"])) for stat in QUANTITY_PARTS]
 
 
-def _lost(key: str, label: str, samples: Optional[int], abs_sum: Optional[float], whole: int) -> SummaryRow:
-    title = label.split(" (")[0]
+def _dropped(key: str, label: str, samples: Optional[int], abs_sum: Optional[float], whole: int) -> list[SummaryRow]:
+    """The row of the samples whose terminal reward one side drops (it reaches no trainable
+    token), with Σ |z| over them; none where that side does not define it (stored
+    advantages, a critic-free estimator: no row of dashes)."""
     if samples is None:
-        return SummaryRow.listed(
-            key, label, title, [("lost", "—"), ("Σ|z|", "—")], "— (not defined for stored advantages)"
-        )
-    parts = [("lost", share(samples, whole)), ("Σ|z|", number(abs_sum))]
-    return SummaryRow.listed(key, label, title, parts, f"{parts[0][1]}, Σ|z| {parts[1][1]}")
+        return []
+    parts = [("dropped", share(samples, whole)), ("Σ|z|", number(abs_sum))]
+    return [SummaryRow.listed(key, label, "terminal reward dropped", parts, f"{parts[0][1]}, Σ|z| {parts[1][1]}")]
 
 
 def _spread_rows(s: dict) -> list[SummaryRow]:
@@ -169,9 +169,8 @@ def _spread_rows(s: dict) -> list[SummaryRow]:
             "advantage_std", over_sigma, "|Δ advantage|" + over_sigma[1:], _four(s, "advantage", "_over_std")
         ),
     ]
-    if s["max_abs_delta_return"] is None:
-        parts = [(stat, "—") for stat in QUANTITY_PARTS]
-        return rows + [SummaryRow.listed("return", "|Δ return|" + listed, "|Δ return|", parts, "— (no old returns)")]
+    if s["max_abs_delta_return"] is None:  # no old returns: nothing to compare
+        return rows
     return rows + [
         SummaryRow.listed("return", "|Δ return|" + listed, "|Δ return|", _four(s, "return")),
         SummaryRow.listed("return_std", over_sigma, "|Δ return|" + over_sigma[1:], _four(s, "return", "_over_std")),
@@ -180,21 +179,18 @@ def _spread_rows(s: dict) -> list[SummaryRow]:
 
 def _tail_rows(s: dict) -> list[SummaryRow]:
     """The rows that detail the samples with a masked tail: their lengths, the old terminal
-    credit, the samples whose terminal reward was lost."""
+    credit (where the old side is a GAE baseline), the tails that kept none of the terminal reward."""
     stats = ("mean_masked_tail_length", "median_masked_tail_length", "p99_masked_tail_length", "longest_masked_tail")
     parts = [(header, number(s[key])) for header, key in zip(QUANTITY_PARTS, stats)]
     rows = [SummaryRow.listed("tail_length", "  tail length mean / median / p99 / max", "tail length", parts)]
+    if s["mean_terminal_credit"] is None:  # stored advantages, a critic-free estimator: no GAE credit
+        return rows
     label = "  old terminal credit (mean / min)"
-    if s["mean_terminal_credit"] is None:
-        parts = [("mean credit", "—"), ("min credit", "—")]
-        return rows + [
-            SummaryRow.listed("credit", label, "old terminal credit", parts, "— (defined for a GAE baseline only)")
-        ]
     parts = [("mean credit", number(s["mean_terminal_credit"])), ("min credit", number(s["min_terminal_credit"]))]
-    lost = share(s["zero_credit_samples"], s["masked_tail_samples"])
+    kept_none = share(s["zero_credit_samples"], s["masked_tail_samples"])
     return rows + [
         SummaryRow.listed("credit", label, "old terminal credit", parts),
-        SummaryRow.single("zero_credit", "  samples whose terminal reward was lost", lost, "kept none"),
+        SummaryRow.single("zero_credit", "  tails that kept none of the terminal reward", kept_none, "kept none"),
     ]
 
 
@@ -224,22 +220,20 @@ def _summary_entries(s: dict) -> list[SummaryRow]:
     if s["masked_tail_samples"]:
         rows += _tail_rows(s)
     if s.get("new_lost_terminal_samples") is not None:
-        rows += [
-            _lost(
-                "lost",
-                "terminal rewards lost (reach no trainable token), old side",
-                s["lost_terminal_samples"],
-                s["lost_terminal_abs_sum"],
-                samples,
-            ),
-            _lost(
-                "new_lost",
-                "terminal rewards lost, new side",
-                s["new_lost_terminal_samples"],
-                s["new_lost_terminal_abs_sum"],
-                samples,
-            ),
-        ]
+        rows += _dropped(
+            "lost",
+            "terminal reward dropped (reaches no trainable token), old side",
+            s["lost_terminal_samples"],
+            s["lost_terminal_abs_sum"],
+            samples,
+        )
+        rows += _dropped(
+            "new_lost",
+            "terminal reward dropped, new side",
+            s["new_lost_terminal_samples"],
+            s["new_lost_terminal_abs_sum"],
+            samples,
+        )
     return rows + [
         SummaryRow.single(
             "fully_masked", "fully masked samples", share(s["fully_masked_samples"], samples), "fully masked"
@@ -309,9 +303,9 @@ def _details(s: dict) -> list[str]:
     ending = f"{tails:,} sample{'s' if tails != 1 else ''} end{'s' if tails == 1 else ''} in a masked tail"
     credit, lost = s["mean_terminal_credit"], s["zero_credit_samples"] or 0
     if credit is not None and lost == tails:
-        ending += ", where the old advantages lost the terminal reward"
+        ending += ", where the old advantages kept none of the terminal reward"
     elif credit is not None and credit < 1.0:
-        ending += f", where the old advantages kept {credit:.2f} of the terminal reward on average"
+        ending += f", where the old advantages kept {number(credit)} of the terminal reward on average"
         ending += f" ({lost:,} kept none of it)" if lost else ""
     elif credit is not None:
         ending += ", where the old advantages kept all of the terminal reward"
@@ -367,19 +361,20 @@ def top_table(document: dict, comparison: Optional[dict] = None) -> tuple[list[s
     """Headers and rows of the top-samples table of ``comparison`` (default: the first)."""
     comparison = comparison or comparisons(document)[0]
     grouped = document["group_by"] is not None
+    credited = with_credit(comparison)
     headers = [
         "#",
         "file",
         "row",
         "id",
-        *(["group"] if grouped else []),
+        *([document["group_by"]] if grouped else []),
         "length",
         "masked",
         "tail",
         "max |Δ adv|",
         "mean |Δ adv|",
         "sign flips",
-        "credit",
+        *(["credit"] if credited else []),
     ]
     rows = []
     for rank, entry in enumerate(comparison["top_samples"], start=1):
@@ -396,10 +391,16 @@ def top_table(document: dict, comparison: Optional[dict] = None) -> tuple[list[s
                 number(entry["max_abs_delta_advantage"]),
                 number(entry["mean_abs_delta_advantage"]),
                 f"{entry['sign_flips']:,}",
-                number(entry["terminal_credit"]),
+                *([number(entry["terminal_credit"])] if credited else []),
             ]
         )
     return headers, rows
+
+
+def with_credit(comparison: dict) -> bool:
+    """Whether the top samples of ``comparison`` show the old side's terminal credit: only
+    where it is defined (a GAE baseline; not stored advantages nor a critic-free estimator)."""
+    return any(entry["terminal_credit"] is not None for entry in comparison["top_samples"])
 
 
 def group_table(document: dict, comparison: Optional[dict] = None) -> tuple[list[str], list[list[str]]]:
@@ -457,6 +458,22 @@ def quantile_note(document: dict) -> str:
         f"{100 * method['relative_error']:g} % in value; |Δ| ≤ {method['zero_below']:g} counts as 0. "
         f"Means, maxima, counts and the correlation are exact."
     )
+
+
+def skipped_note(document: dict, quote: Callable[[str], str] = str) -> Optional[str]:
+    """Under ``--on-invalid skip``, the rows left out: ``N rows skipped (invalid): file:row, …``
+    (the first named, each file through ``quote``), and where they were written; None otherwise."""
+    if document.get("on_invalid") != "skip":
+        return None
+    skipped = document["skipped"]
+    count = skipped["count"]
+    text = f"{count:,} row{'' if count == 1 else 's'} skipped (invalid)"
+    named = [f"{quote(entry['file'])}:{entry['row']}" for entry in skipped["rows"]]
+    if named:
+        text += ": " + ", ".join(named) + (f" and {count - len(named):,} more" if count > len(named) else "")
+    if document.get("rejects"):
+        text += f" → {quote(document['rejects'])}"
+    return text
 
 
 def files_note(document: dict, quote: Callable[[str], str] = str) -> str:

@@ -24,6 +24,7 @@ from gaecli.report import (
     groups_note,
     headline,
     nesting,
+    skipped_note,
     summary_table,
     top_table,
     verdict,
@@ -271,6 +272,7 @@ def render_html(report: "DiffReport") -> str:
         "<h1>gae diff</h1>",
         f'<p class="verdict">{html.escape(verdict(document))}</p>',
         f"<p>{html.escape(headline(document))}</p>",
+        *([f'<p class="note">{html.escape(skipped_note(document))}</p>'] if skipped_note(document) else []),
         "<h2>Summary (trainable tokens only)</h2>",
         _summary_table(*summary_table(document)),
     ]

@@ -12,6 +12,7 @@ from gaecli.report import (
     groups_note,
     headline,
     nesting,
+    skipped_note,
     summary_table,
     top_table,
     verdict,
@@ -46,6 +47,8 @@ def render_markdown(document: dict) -> str:
     were computed."""
     document = displayed(document)
     lines = ["# gae diff", "", f"**{verdict(document)}**", "", headline(document), ""]
+    if skipped_note(document) is not None:
+        lines += [cell(skipped_note(document, lambda name: f"`{name}`")), ""]
     lines += ["## Summary (trainable tokens only)", ""]
     headers, rows = summary_table(document)
     rows = [[nested_label(row[0]), *row[1:]] for row in rows]
@@ -55,7 +58,7 @@ def render_markdown(document: dict) -> str:
         headers, rows = top_table(document, comparison)
         lines += ["", f"## Top samples by max |Δ advantage|{title}", ""]
         if rows:
-            lines += table(headers, rows, {0, 2, *range(len(headers) - 7, len(headers))})
+            lines += table(headers, rows, {0, 2, *range(headers.index("length"), len(headers))})
         else:
             lines.append("No sample differs.")
         headers, rows = group_table(document, comparison)

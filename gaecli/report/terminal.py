@@ -24,8 +24,10 @@ from gaecli.report import (
     nesting,
     number,
     percent,
+    skipped_note,
     summary_table,
     verdict,
+    with_credit,
 )
 
 ELLIPSIS = "…"
@@ -168,6 +170,8 @@ def render_diff(document: dict, console: Console) -> None:
     document = displayed(document)
     console.print(f"[bold]gae diff[/]: {escape(headline(document))}", soft_wrap=True)
     console.print(f"[bold]{escape(verdict(document))}[/]")
+    if skipped_note(document) is not None:
+        console.print(f"[yellow]{escape(skipped_note(document))}[/]", soft_wrap=True)
     summary = side_by_side(document)
     if natural_width(console, summary) <= console.width:
         print_table(console, "over trainable tokens", summary)
@@ -189,7 +193,8 @@ def _render_comparison(document: dict, comparison: dict, console: Console) -> No
         table = report_table()
         with_id = any(entry["id"] is not None for entry in entries)
         headers = ("#", "file · id" if with_id else "file", "row", "length", "masked", "tail", "max |Δ|", "flips")
-        headers += ("credit",)
+        credited = with_credit(comparison)
+        headers += ("credit",) if credited else ()
         for header in headers:
             table.add_column(header, justify="left" if header.startswith("file") else "right", no_wrap=True)
         rows = []
@@ -204,7 +209,7 @@ def _render_comparison(document: dict, comparison: dict, console: Console) -> No
                     f"{entry['masked_tail']:,}",
                     number(entry["max_abs_delta_advantage"]),
                     f"{entry['sign_flips']:,}",
-                    number(entry["terminal_credit"]),
+                    *([number(entry["terminal_credit"])] if credited else []),
                 ]
             )
         width = file_width([list(headers), *rows], 1, console.width)
@@ -216,9 +221,14 @@ def _render_comparison(document: dict, comparison: dict, console: Console) -> No
         print_table(console, f"top samples by max |Δ advantage|{title}", table)
     if comparison["groups"]:
         table = report_table()
-        for header in ("key", "samples", "changed", "tails", "credit", "mean |Δ|", "max |Δ|", "corr"):
-            table.add_column(header, justify="left" if header == "key" else "right", no_wrap=header != "key")
-        for cells in group_table(document, comparison)[1]:  # all but mean |Δ ret| and sign flips
-            table.add_row(*(escape(cells[column]) for column in (0, 1, 2, 3, 4, 5, 6, 9)))
+        columns = [0, 1, 2, 3, *([4] if comparison["summary"]["mean_terminal_credit"] is not None else []), 5, 6, 9]
+        headers = dict(
+            enumerate([document["group_by"], "samples", "changed", "tails", "credit", "mean |Δ|", "max |Δ|"])
+        )
+        for column in columns:  # all but mean |Δ ret| and sign flips; the credit where defined
+            header = headers.get(column, "corr")
+            table.add_column(escape(header), justify="left" if column == 0 else "right", no_wrap=column != 0)
+        for cells in group_table(document, comparison)[1]:
+            table.add_row(*(escape(cells[column]) for column in columns))
         print_table(console, f"by {escape(document['group_by'])}{title}", table)
         console.print(f"[dim]{escape(groups_note(document))}[/]", soft_wrap=True)
