@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from gaecli._version import __version__
 from gaecli.advantages import TORCH_API
+from gaecli.advantages.kernels.cache import use_user_cache
 from gaecli.errors import GAEError, GAEInputError, InvalidOptionError, KernelUnavailableError
 from gaecli.lazy import lazy_exports
+
+use_user_cache()  # before any module of gaecli imports numba: kernels compile once per user, not once per run
 
 __getattr__, _LAZY = lazy_exports(
     __name__,

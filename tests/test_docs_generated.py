@@ -79,7 +79,8 @@ def help_options(argv: list[str]) -> set[str]:
     for line in result.output.splitlines():
         words = line.strip("│ ").split()
         while words and words[0].startswith("-"):  # the name columns come first, then the metavar, the help
-            listed.update(re.findall(r"^--[a-z][a-z0-9-]*", words.pop(0)))
+            for name in words.pop(0).split(","):  # an alias: --markdown,--md
+                listed.update(re.findall(r"^--[a-z][a-z0-9-]*", name))
     return listed - {"--help"}
 
 

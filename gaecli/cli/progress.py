@@ -1,6 +1,7 @@
 """The progress display of the commands on stderr (the library's Progress protocol): a rich
-bar on a terminal, one plain line every few seconds otherwise (CI logs, ``make demo``), and
-the closing line of every human summary (elapsed time, tokens per second)."""
+bar on a terminal, one plain line every few seconds otherwise (CI logs, ``make demo``), a
+notice when a run starts on a cold kernel cache, and the closing line of every human summary
+(elapsed time, tokens per second)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ PLAIN_INTERVAL_SECONDS = 5.0
 """Seconds between two plain progress lines when stderr is not a terminal."""
 INTERVAL_VARIABLE = "GAE_PROGRESS_SECONDS"
 """The environment variable that sets :data:`PLAIN_INTERVAL_SECONDS` (0: a line per report)."""
+COMPILE_NOTICE = "compiling kernels, first run only"
+"""The line shown before the progress of a run that starts with numba's cache cold
+(:func:`gaecli.advantages.kernels.cache.kernels_cached`): its first batch waits for the
+compiler."""
 
 
 def duration(seconds: float) -> str:
@@ -52,6 +57,13 @@ class ProgressState:
         self.total_rows = self.rows = self.tokens = 0
         self.total_files = self.files = 0
         self.run_tokens = 0
+        self.notice: Optional[str] = None  # shown once, before the first progress shown
+
+    def take_notice(self) -> Optional[str]:
+        """:attr:`notice` the first time (then None)."""
+        with self.lock:
+            notice, self.notice = self.notice, None
+        return notice
 
     def start(self, phase: str, total_rows: int) -> None:
         with self.lock:
@@ -123,6 +135,9 @@ class _RichProgress(ProgressState):
         super().start(phase, total_rows)
         if self._task is not None:  # the bar of the phase before
             self._bar.remove_task(self._task)
+        notice = self.take_notice()
+        if notice is not None:
+            self._bar.console.print(f"[dim]{notice}[/]", soft_wrap=True)
         self._bar.start()
         self._task = self._bar.add_task(phase, total=total_rows)
         self._bar.refresh()
@@ -171,6 +186,9 @@ class PlainProgress(ProgressState):
 
     def _line(self) -> None:
         self._last_line = self.clock()
+        notice = self.take_notice()
+        if notice is not None:
+            self.stream.write(f"{notice}\n")
         self.stream.write(f"{self.phase}: {self.status()}\n")
         self.stream.flush()
 
@@ -185,14 +203,20 @@ def plain_interval() -> float:
     return PLAIN_INTERVAL_SECONDS if math.isnan(seconds) else max(seconds, 0.0)
 
 
-def make_progress(quiet: bool) -> Optional[ProgressState]:
+def make_progress(quiet: bool, compiles: bool = True) -> Optional[ProgressState]:
     """A progress bar when stderr is a terminal, plain lines when it is not; nothing when
-    ``quiet``. Made as the command starts: its clock times the run for :func:`print_closing`."""
+    ``quiet``. Made as the command starts: its clock times the run for :func:`print_closing`.
+    ``compiles``: the command runs compiled kernels; when numba's cache holds none of them yet,
+    :data:`COMPILE_NOTICE` comes before the first progress shown (on a terminal as the first
+    phase starts; plain, before the first plain line)."""
     if quiet:
         return None
-    if sys.stderr.isatty():
-        return _RichProgress()
-    return PlainProgress(sys.stderr, plain_interval())
+    progress = _RichProgress() if sys.stderr.isatty() else PlainProgress(sys.stderr, plain_interval())
+    if compiles:
+        from gaecli.advantages.kernels.cache import kernels_cached
+
+        progress.notice = None if kernels_cached() else COMPILE_NOTICE
+    return progress
 
 
 def print_closing(progress: Optional[ProgressState], console) -> None:
