@@ -144,10 +144,12 @@ def _whitened_tensor(
     :class:`gaecli.GAEInputError` with ``empty_message(code)``."""
     import torch
 
-    as_double = advantages.double()
     counted = trainable
     if rule is not None and rule.tokens == "response":
         counted = torch.ones_like(trainable) if response is None else response.to(trainable.device)
+    if token_group is None and _on_host(advantages, trainable, counted):
+        return _whitened_on_host(advantages, trainable, counted, empty_message, rule, written)
+    as_double = advantages.double()
     chosen = as_double[counted]
     if token_group is None:
         total, per_token = (lambda numbers: numbers.sum().reshape(1)), (lambda per_group, _: per_group)
@@ -180,6 +182,61 @@ def _whitened_tensor(
     at_trainable = as_double[trainable]
     result[trainable] = whitened(at_trainable, per_token(centers, trainable), per_token(scales, trainable))
     return result.to(advantages.dtype)
+
+
+def _on_host(advantages, trainable, counted) -> bool:
+    import torch
+
+    return (
+        advantages.device.type == "cpu"
+        and advantages.dtype in (torch.float32, torch.float64)
+        and trainable.dtype == torch.bool
+        and counted.dtype == torch.bool
+    )
+
+
+def _whitened_on_host(advantages, trainable, counted, empty_message, rule, written):
+    """:func:`_whitened_tensor` of one group on the host, compiled: the count, mean and Bessel
+    variance of the counted tokens in two serial float64 passes, the rule's centre and scale,
+    then one pass writing :func:`whitened` (no float64 copy, no gathered array)."""
+    import torch
+
+    values = advantages.detach().reshape(-1).numpy()
+    count, mean, squares = _host_moments(values, counted.numpy())
+    if count == 0:
+        raise GAEInputError(empty_message(0))
+    variance = squares / (count - 1) if count > 1 else 0.0
+    if rule is None or rule.is_default:
+        center, scale = mean, float(whitening_scale(np.float64(variance), np.sqrt))
+    else:
+        stats = [np.array([number], dtype=np.float64) for number in (count, mean, variance)]
+        centers, scales = rule_center_scale(rule, *stats, np)
+        center, scale = float(centers[0]), float(scales[0])
+    out = np.empty_like(values)
+    _host_whitened(values, trainable.numpy(), center, scale, written == "every", out)
+    return torch.from_numpy(out).reshape(advantages.shape)
+
+
+@numba.njit(cache=True, nogil=True)
+def _host_moments(values, counted):
+    count, total = 0, 0.0
+    for i in range(values.shape[0]):
+        if counted[i]:
+            total += np.float64(values[i])
+            count += 1
+    mean = total / count if count else 0.0
+    squares = 0.0
+    for i in range(values.shape[0]):
+        if counted[i]:
+            deviation = np.float64(values[i]) - mean
+            squares += deviation * deviation
+    return count, mean, squares
+
+
+@numba.njit(cache=True, nogil=True)
+def _host_whitened(values, trainable, center, scale, every, out):
+    for i in range(values.shape[0]):
+        out[i] = _whitened_token(np.float64(values[i]), center, scale) if every or trainable[i] else 0.0
 
 
 def whiten_rows(
