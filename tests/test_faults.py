@@ -461,3 +461,38 @@ def test_outputs_record_the_whole_computation(tmp_path, resumable):
     report = recompute_files([resumable], output, replace_options(options, on_invalid="stop", skip_existing=True))
     assert [f.skipped for f in report.files] == [True]  # on_invalid is recorded, not compared
     assert files_under(tmp_path) == ["in/a.parquet", "o.parquet"]
+
+
+def test_screen_rows_flags_and_tails_match_a_loop():
+    """The trainers' check pass: per row the error flags (a mask value neither 0 nor 1, a NaN
+    or ±Inf value or reward) and the tail (last trainable token, last nonzero reward from it on,
+    the rewards after it), against a plain loop; empty and fully masked rows included."""
+    from gaecli.advantages.faults import screen_rows
+
+    rng = np.random.default_rng(5)
+    lengths = np.array([6, 0, 5, 9, 4, 7])
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    total = int(offsets[-1])
+    mask = (rng.random(total) < 0.6).astype(np.float32)
+    mask[offsets[2] : offsets[3]] = 0  # row 2 fully masked
+    mask[offsets[4] + 1] = 0.5  # row 4: a bad mask value
+    values = rng.normal(size=total).astype(np.float32)
+    rewards = np.where(rng.random(total) < 0.4, rng.normal(size=total), 0.0).astype(np.float32)
+    values[offsets[3] + 2] = np.inf  # row 3
+    rewards[offsets[5] + 6] = np.nan  # row 5
+    found = screen_rows(mask, values, rewards, offsets)
+    for row in range(lengths.size):
+        start, end = offsets[row], offsets[row + 1]
+        span = range(start, end)
+        assert found[0][row] == any(mask[t] not in (0.0, 1.0) for t in span)
+        assert found[1][row] == any(not math.isfinite(values[t]) for t in span)
+        assert found[2][row] == any(not math.isfinite(rewards[t]) for t in span)
+        last = max((t for t in span if mask[t] != 0), default=-1)
+        after = range(max(last + 1, start), end)
+        assert found[3][row] == last
+        from_last = range(max(last, start), end)  # the last trainable token's own reward counts
+        assert found[4][row] == max((t for t in from_last if rewards[t] != 0), default=-1)
+        tail = np.float32(0)
+        for t in reversed(after):
+            tail = np.float32(tail + rewards[t])
+        assert found[5][row] == tail or (math.isnan(found[5][row]) and math.isnan(tail))

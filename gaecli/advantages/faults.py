@@ -11,7 +11,7 @@ from typing import Optional
 import numba
 import numpy as np
 
-from gaecli.advantages.layout import id_turn_table, turn_table
+from gaecli.advantages.layout import id_turn_table, read_tail, turn_table
 
 
 def rows_of_positions(offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -133,3 +133,38 @@ def turn_id_faults(
 def truncated_without_bootstrap(truncated: np.ndarray, bootstrap: np.ndarray) -> np.ndarray:
     """The rows (bool ``[B]``) flagged truncated whose bootstrap value is not finite."""
     return truncated & ~np.isfinite(bootstrap)
+
+
+def screen_rows(mask: np.ndarray, values: np.ndarray, rewards: np.ndarray, offsets: np.ndarray):
+    """One parallel pass over a batch held to the contract's errors and tails, per row ``[B]``:
+    whether a mask value is neither 0 nor 1, whether a value or a reward is NaN or ±Inf, the
+    flat index of the last trainable token (-1: none), that of the last nonzero reward at or
+    after it (-1: none) and the sum of the rewards after it (added from the row's end backwards, as
+    :func:`gaecli.advantages.layout.row_tails` adds them). Flat ``mask`` (any real dtype),
+    ``values`` and ``rewards`` ``[N]``, ``offsets`` ``[B + 1]``. Where a row is flagged, which
+    token is at fault is for the caller to find (the slow path runs only then)."""
+    from gaecli.advantages.kernels.compiled import thread_count
+
+    thread_count()  # numba's pool started as a good neighbour to torch
+    return _screen_rows(mask, values, rewards, np.asarray(offsets, dtype=np.int64))
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _screen_rows(mask, values, rewards, offsets):
+    rows = offsets.shape[0] - 1
+    bad_mask = np.zeros(rows, dtype=np.bool_)
+    bad_values = np.zeros(rows, dtype=np.bool_)
+    bad_rewards = np.zeros(rows, dtype=np.bool_)
+    last = np.full(rows, -1, dtype=np.int64)
+    last_reward = np.full(rows, -1, dtype=np.int64)
+    tail = np.zeros(rows, dtype=rewards.dtype)
+    for row in numba.prange(rows):
+        flags_mask, flags_values, flags_rewards = 0, 0, 0
+        for t in range(offsets[row], offsets[row + 1]):  # no branch: the loop vectorises
+            marked = mask[t]
+            flags_mask |= np.int32(marked != 0) & np.int32(marked != 1)
+            flags_values |= np.int32((values[t] - values[t]) != 0)  # NaN, or Inf − Inf
+            flags_rewards |= np.int32((rewards[t] - rewards[t]) != 0)
+        bad_mask[row], bad_values[row], bad_rewards[row] = flags_mask != 0, flags_values != 0, flags_rewards != 0
+        read_tail(mask, rewards, offsets[row], offsets[row + 1], last, last_reward, tail, row)
+    return bad_mask, bad_values, bad_rewards, last, last_reward, tail

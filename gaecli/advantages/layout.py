@@ -122,36 +122,46 @@ def _last_trainable(trainable, offsets):
 def row_tails(mask, rewards, offsets):
     """Per sample of a flat batch: ``(last, last_reward, tail_sum)``, int64 ``[B]`` the flat
     index of its last trainable token (``mask != 0``; -1: none) and of its last non-zero reward
-    after that token (-1: none), and ``[B]`` in the rewards' dtype the rewards after its last
+    at or after that token (-1: none), and ``[B]`` in the rewards' dtype the rewards after its last
     trainable token summed. numpy (a compiled pass over the tails only) or torch (on the tensors' device)."""
     if isinstance(mask, np.ndarray):
+        from gaecli.advantages.kernels.compiled import thread_count
+
+        thread_count()  # numba's pool started as a good neighbour to torch
         return _row_tails(mask, rewards, np.asarray(offsets, dtype=np.int64))
     import torch
 
     last = last_trainable_index(mask != 0, offsets)
     sample = segment_ids(offsets, rewards.numel())
-    after = torch.arange(rewards.numel(), device=rewards.device) > last[sample]
-    last_reward = last_trainable_index(after & (rewards != 0), offsets)
+    position = torch.arange(rewards.numel(), device=rewards.device)
+    after = position > last[sample]
+    last_reward = last_trainable_index((position >= last[sample]) & (rewards != 0), offsets)
     zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     tail = torch.zeros(offsets.numel() - 1, dtype=rewards.dtype, device=rewards.device)
     return last, last_reward, tail.index_add(0, sample, torch.where(after, rewards, zero))
 
 
 @numba.njit(cache=True, nogil=True)
+def read_tail(mask, rewards, start, end, last, last_reward, tail, row):
+    """One sample's tail, read backwards from its ``end`` to its last trainable token, into
+    ``last[row]``, ``last_reward[row]`` and ``tail[row]`` (compiled code calls this)."""
+    for t in range(end - 1, start - 1, -1):
+        if last_reward[row] < 0 and rewards[t] != 0:
+            last_reward[row] = t
+        if mask[t] != 0:
+            last[row] = t
+            break
+        tail[row] += rewards[t]
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
 def _row_tails(mask, rewards, offsets):
-    # Each sample read backwards from its end to its last trainable token.
     rows = offsets.shape[0] - 1
     last = np.full(rows, -1, dtype=np.int64)
     last_reward = np.full(rows, -1, dtype=np.int64)
     tail = np.zeros(rows, dtype=rewards.dtype)
-    for row in range(rows):
-        for t in range(offsets[row + 1] - 1, offsets[row] - 1, -1):
-            if last_reward[row] < 0 and rewards[t] != 0:
-                last_reward[row] = t
-            if mask[t] != 0:
-                last[row] = t
-                break
-            tail[row] += rewards[t]
+    for row in numba.prange(rows):
+        read_tail(mask, rewards, offsets[row], offsets[row + 1], last, last_reward, tail, row)
     return last, last_reward, tail
 
 

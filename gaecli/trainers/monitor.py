@@ -53,7 +53,9 @@ def check(*args, layout: str = "verl", errors: str = "raise", max_findings: int 
         raise InvalidOptionError(f"errors={errors!r}: choose raise or return")
     kwargs.pop("semantics", None)
     batch = trainer_batch(layout, args, kwargs)
-    findings = _error_findings(batch, max_findings) + _tail_findings(batch, _rows_of(batch), max_findings)
+    screen = _screen(batch)
+    rows = _rows_of(batch, None if screen is None else screen[3:])
+    findings = _error_findings(batch, max_findings, screen) + _tail_findings(batch, rows, max_findings)
     error = first_error(findings)
     if errors == "raise" and error is not None:
         raise GAEInputError(error.line())
@@ -119,7 +121,25 @@ def credit_metrics(
     return CreditMetrics(layout, batch.profile, lost, lost_reward, rows["tail"], delta, compared)
 
 
-def _rows_of(batch: TrainerBatch) -> dict:
+def _screen(batch: TrainerBatch) -> Optional[tuple]:
+    """On the host, :func:`gaecli.advantages.faults.screen_rows` of the batch as torch tensors
+    (the rows' error flags, then their tails as :func:`_rows_of` reads them); else None."""
+    import torch
+
+    from gaecli.advantages.faults import screen_rows
+
+    tensors = (batch.mask, batch.values, batch.rewards)
+    if any(tensor.device.type != "cpu" for tensor in tensors) or (
+        str(batch.mask.dtype) not in HOST_MASKS and batch.mask.dtype != torch.bool
+    ):
+        return None
+    if any(tensor.dtype not in (torch.float32, torch.float64) for tensor in tensors[1:]):
+        return None
+    found = screen_rows(*(tensor.numpy() for tensor in tensors), batch.offsets.numpy())
+    return tuple(torch.from_numpy(array) for array in found)
+
+
+def _rows_of(batch: TrainerBatch, tails: Optional[tuple] = None) -> dict:
     """Per sample ``[B]``: the flat index of its last trainable token (``last``, -1: none), one
     past its response (``ends``: a list's end; a padded row's past its last trainable token,
     last reward after it or last response-mask token, NeMo-RL's every row whole), whether it
@@ -130,7 +150,9 @@ def _rows_of(batch: TrainerBatch) -> dict:
     from gaecli.advantages.layout import last_trainable_index, row_tails
 
     on_host = batch.mask.device.type == "cpu" and batch.rewards.dtype in (torch.float32, torch.float64)
-    if on_host:
+    if tails is not None:  # the screen's (:func:`_screen`)
+        last, last_reward, tail_sum = tails
+    elif on_host:
         found = row_tails(batch.mask.numpy(), batch.rewards.numpy(), batch.offsets.numpy())
         last, last_reward, tail_sum = (torch.from_numpy(array) for array in found)
     else:
@@ -269,21 +291,25 @@ def _both_sides(batch: TrainerBatch, values, rewards, old_rewards, trainable, la
     return torch.from_numpy(masked).reshape(count, width), torch.from_numpy(old).reshape(count, width)
 
 
-def _error_findings(batch: TrainerBatch, limit: int) -> list[Finding]:
-    """``mask-value`` and ``non-finite`` findings, at most ``limit`` per rule."""
+def _error_findings(batch: TrainerBatch, limit: int, screen: Optional[tuple] = None) -> list[Finding]:
+    """``mask-value`` and ``non-finite`` findings, at most ``limit`` per rule; ``screen``
+    (:func:`_screen`): the rows' flags, the tokens at fault looked for only where one is set."""
     import torch
 
     from gaecli.advantages.faults import all_binary
 
     found = []
     mask = batch.mask
-    binary = all_binary(mask.numpy()) if mask.device.type == "cpu" and str(mask.dtype) in HOST_MASKS else None
+    if screen is not None:
+        binary = not bool(screen[0].any())
+    else:
+        binary = all_binary(mask.numpy()) if mask.device.type == "cpu" and str(mask.dtype) in HOST_MASKS else None
     if mask.dtype != torch.bool and not binary:
         bad = (mask != 0) & (mask != 1)
         found += _findings(batch, "mask-value", batch.names["mask"], bad, limit, "is {value}, not 0 or 1", mask)
-    for role in ("values", "rewards"):
+    for flag, role in ((1, "values"), (2, "rewards")):
         tensor = getattr(batch, role)
-        if not _finite(tensor):
+        if not (_finite(tensor) if screen is None else not bool(screen[flag].any())):
             bad = ~torch.isfinite(tensor)
             found += _findings(batch, "non-finite", batch.names[role], bad, limit, "is {value}", tensor)
     if batch.terminal is not None and not bool(torch.isfinite(batch.terminal.sum())):
