@@ -45,7 +45,8 @@ def segment_ids(offsets, total: int):
 def trainable_counts(trainable, offsets):
     """Trainable (nonzero) tokens per sample of a flat mask ``[N]``. int64 ``[B]``."""
     if isinstance(trainable, np.ndarray):
-        return np.diff(np.searchsorted(np.flatnonzero(trainable), offsets))
+        _good_neighbour()
+        return _trainable_counts(trainable, np.asarray(offsets, dtype=np.int64))
     import torch
 
     return torch.diff(torch.searchsorted(trainable.nonzero().flatten(), offsets))
@@ -57,15 +58,16 @@ def trainable_sums(rewards: np.ndarray, trainable, offsets: np.ndarray) -> tuple
     every token. One compiled pass (flat numpy ``rewards`` ``[N]``, bool ``trainable``)."""
     every = trainable is None
     flags = np.ones(1, dtype=np.bool_) if every else trainable
+    _good_neighbour()
     return _trainable_sums(rewards, flags, np.asarray(offsets, dtype=np.int64), every)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def _trainable_sums(rewards, trainable, offsets, every):
     rows = offsets.shape[0] - 1
     sums = np.zeros(rows, dtype=np.float64)
     counts = np.zeros(rows, dtype=np.int64)
-    for row in range(rows):
+    for row in numba.prange(rows):  # each row's sum in its own token order
         total = 0.0
         count = 0
         for t in range(offsets[row], offsets[row + 1]):
@@ -81,16 +83,36 @@ def spread_to_trainable(row_values: np.ndarray, trainable: np.ndarray, offsets: 
     """Each sample's value (float64 ``[B]``) at its trainable tokens, 0 elsewhere: flat ``[N]``
     in ``dtype``, rounded once from float64. One compiled pass."""
     out = np.empty(trainable.shape[0], dtype=dtype)
+    _good_neighbour()
     _spread(np.asarray(row_values, dtype=np.float64), trainable, np.asarray(offsets, dtype=np.int64), out)
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def _spread(row_values, trainable, offsets, out):
-    for row in range(offsets.shape[0] - 1):
+    for row in numba.prange(offsets.shape[0] - 1):
         value = row_values[row]
         for t in range(offsets[row], offsets[row + 1]):
             out[t] = value if trainable[t] else 0.0
+
+
+def _good_neighbour() -> None:
+    """numba's thread pool started as a good neighbour to torch, before a parallel pass."""
+    from gaecli.advantages.kernels.compiled import thread_count
+
+    thread_count()
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _trainable_counts(trainable, offsets):
+    rows = offsets.shape[0] - 1
+    counts = np.zeros(rows, dtype=np.int64)
+    for row in numba.prange(rows):
+        count = 0
+        for t in range(offsets[row], offsets[row + 1]):
+            count += np.int64(trainable[t] != 0)
+        counts[row] = count
+    return counts
 
 
 def last_trainable_index(trainable, offsets):

@@ -157,8 +157,9 @@ def moment_rows(advantages: np.ndarray, trainable: np.ndarray, offsets: np.ndarr
 def score_rows(scores: np.ndarray, trainable: np.ndarray, offsets: np.ndarray) -> dict[str, np.ndarray]:
     """What a row adds to :class:`Scores`: its score ``s`` (float64 ``[B]``,
     :func:`gaecli.advantages.estimators.row_scores`) and its trainable token count ``K``."""
-    counts = np.diff(np.searchsorted(np.flatnonzero(trainable), offsets)).astype(np.int64)
-    return score_figures(scores, counts)
+    from gaecli.advantages.layout import trainable_counts
+
+    return score_figures(scores, trainable_counts(trainable, offsets))
 
 
 def score_figures(scores: np.ndarray, counts: np.ndarray) -> dict[str, np.ndarray]:
