@@ -77,7 +77,10 @@ def help_options(argv: list[str]) -> set[str]:
     assert result.exit_code == 0, result.output
     listed = set()
     for line in result.output.splitlines():
-        words = line.strip("│ ").split()
+        row = re.match(r"^│? {0,6}(?:\* +)?(-\S.*)$", line)  # a required option is starred; a help text
+        if row is None:  # that wraps onto a line starting with an option name is indented far deeper
+            continue
+        words = row[1].strip("│ ").split()
         while words and words[0].startswith("-"):  # the name columns come first, then the metavar, the help
             for name in words.pop(0).split(","):  # an alias: --markdown,--md
                 listed.update(re.findall(r"^--[a-z][a-z0-9-]*", name))
@@ -101,4 +104,4 @@ def test_an_options_table_lists_every_option_of_the_command(command):
         name for cell in re.findall(r"^\| `([^`]+)`", table, re.M) for name in re.findall(r"--[a-z][a-z0-9-]*", cell)
     }
     expected = help_options(command.split())
-    assert len(expected) > 10 and names == expected
+    assert len(expected) >= 3 and names == expected  # the --help was read (gae import miles has 5)

@@ -99,8 +99,8 @@ def view(
         typer.Option(
             "--tokens-col",
             metavar="COLUMN",
-            help="The token ids (or token strings) of each response (default: response_tokens, response_ids, "
-            "token_ids or tokens, where the file has one).",
+            help="The token ids (or token strings) of each response (default: the first of response_tokens, "
+            "response_token_ids, response_ids, token_ids, tokens that the file has).",
         ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on; anything but 127.0.0.1 warns.")] = "127.0.0.1",
