@@ -351,6 +351,11 @@ def make_whitening_rule(estimator="gae", norm_like=None, norm_mean=None, norm_st
     )  # fmt: skip
 
 
+NormalizeByOption = Annotated[
+    Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")
+]
+"""``--normalize-by``, as recompute, diff and view take it."""
+
 AdvantageClipOption = Annotated[
     Optional[float],
     typer.Option("--advantage-clip", metavar="C", show_default=False, rich_help_panel=_WHITENING,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -24,9 +24,7 @@ def recompute(
     normalize: Annotated[
         bool, typer.Option("--normalize", help="Whiten advantages over all trainable tokens of all inputs.")
     ] = False,
-    normalize_by: Annotated[
-        Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")
-    ] = None,
+    normalize_by: computation_options.NormalizeByOption = None,
     whitening_options: dict = option_groups.WHITENING_OPTIONS,
     advantage_clip: computation_options.AdvantageClipOption = None,
     column_options: dict = option_groups.RESPONSE_COLUMN_OPTIONS,

@@ -70,9 +70,7 @@ def view(
     normalize: Annotated[
         bool, typer.Option("--normalize", help="Whiten new and old advantages over the whole run.")
     ] = False,
-    normalize_by: Annotated[
-        Optional[str], typer.Option(metavar="COLUMN", help="Whiten within groups of rows sharing COLUMN's value.")
-    ] = None,
+    normalize_by: computation_options.NormalizeByOption = None,
     whitening_options: dict = option_groups.WHITENING_OPTIONS,
     advantage_clip: computation_options.AdvantageClipOption = None,
     group_by: Annotated[
