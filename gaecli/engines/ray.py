@@ -152,8 +152,21 @@ def map_units_ray(
             from ray.util.queue import Queue
 
             queue = Queue(actor_options={"num_cpus": 0})
-        refs = {remote.remote(function, args, queue): index for index, args in enumerate(tasks)}
-        _gather(ray, refs, results, labels, queue, progress)
+        waiting = iter(enumerate(tasks))
+
+        def submit() -> Optional[Any]:
+            """The next task handed to Ray (None: none left)."""
+            index, args = next(waiting, (None, None))
+            if index is None:
+                return None
+            ref = remote.remote(function, args, queue)
+            refs[ref] = index
+            return ref
+
+        in_flight = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        for _ in range(min(in_flight, len(tasks))):
+            submit()
+        _gather(ray, refs, results, labels, queue, progress, submit)
     except KeyboardInterrupt as error:
         _stop_tasks(ray, refs, results.values)
         raise RunInterrupted(results=results.values) from error
@@ -181,29 +194,42 @@ def _ensure_ray(ray, engine: EngineOptions, session: Optional[EngineSession]) ->
     return False
 
 
-def _gather(ray, refs: dict, results: UnitResults, labels: Sequence[str], queue, progress) -> None:
-    """Record each task's result as it finishes (a failure cancels the others, with
-    ``stop_on_failure``), applying the tasks' progress reports from ``queue`` meanwhile."""
+def _gather(ray, refs: dict, results: UnitResults, labels: Sequence[str], queue, progress, submit) -> None:
+    """Record each task's result as it finishes and hand Ray the next one (``submit``: as many
+    in flight as the cluster has CPUs, none queued in Ray, so that a signal, which the wait
+    hears only when a task ends, finds no task Ray could start meanwhile); a failure cancels
+    the others, with ``stop_on_failure``; the tasks' progress reports from ``queue`` are
+    applied meanwhile."""
     pending = list(refs)
+    stopped = False
     while pending:
         done, pending = ray.wait(pending, num_returns=1, timeout=None if queue is None else PROGRESS_SECONDS)
         if queue is not None:
             _drain(queue, progress)
         for ref in done:
-            index = refs[ref]
-            try:
-                result = ray.get(ref)
-            except ray.exceptions.TaskCancelledError:
-                continue
-            except ray.exceptions.RayError as error:
-                result = _task_failure(error, labels[index])
-            if queue is None:
-                advance(progress, result)
-            if results.record(index, result):
+            if _recorded(ray, ref, refs[ref], results, labels[refs[ref]], progress if queue is None else None):
+                stopped = True
                 for other in pending:
                     ray.cancel(other)
+            following = None if stopped else submit()
+            if following is not None:
+                pending.append(following)
     if queue is not None:
         _drain(queue, progress)
+
+
+def _recorded(ray, ref, index: int, results: UnitResults, label: str, progress) -> bool:
+    """Record a finished task's result (a cancelled one has none; ``progress``: advanced by
+    the result where the tasks report no progress of their own); True: stop the others."""
+    try:
+        result = ray.get(ref)
+    except ray.exceptions.TaskCancelledError:
+        return False
+    except ray.exceptions.RayError as error:
+        result = _task_failure(error, label)
+    if progress is not None:
+        advance(progress, result)
+    return results.record(index, result)
 
 
 def _task_failure(error: Exception, label: str) -> TaskFailure:
