@@ -158,7 +158,9 @@ def expected_outputs(inputs: Path, output: Path) -> set[Path]:
 
 def check_stopped(inputs: Path, output: Path, code: int, stderr: str, before: set[Path], running: int) -> set[Path]:
     """The promises after a signal; returns the outputs written. ``before``: the files under
-    ``output`` when the signal was sent; ``running``: how many units were writing then."""
+    ``output`` when the signal was sent (those listed before it and right after it: a unit may
+    end, and the next one start, between a listing and the signal); ``running``: how many
+    units can have been under way then (the workers)."""
     assert code == 130, stderr
     assert "Traceback" not in stderr, stderr
     targets = expected_outputs(inputs, output)
@@ -219,8 +221,9 @@ def test_a_signal_stops_the_run(inputs, tmp_path, workers, signum, group):
     workers_then = descendants(process.pid)
     assert len(workers_then) >= (workers if workers > 1 else 0)
     (os.killpg if group else os.kill)(process.pid, signum)
+    finished = files_under(output)  # at least every output finished before the signal
     code, stderr = finish(process)
-    check_stopped(inputs, output, code, stderr, before, max(running, workers))
+    check_stopped(inputs, output, code, stderr, before | finished, max(running, workers))
     assert wait_gone(workers_then) == []
 
 
@@ -273,8 +276,9 @@ def test_a_signal_stops_a_ray_run(inputs, tmp_path, signum):
     process = recompute(inputs, output, "--engine", "ray", "--workers", 2)
     before, running = wait_for_writing(process, output, inputs)
     os.killpg(process.pid, signum)
+    finished = files_under(output)  # at least every output finished before the signal
     code, stderr = finish(process)
-    check_stopped(inputs, output, code, stderr, before, max(running, 2))
+    check_stopped(inputs, output, code, stderr, before | finished, max(running, 2))
 
 
 # ----------------------------------------------------------------------------- a stalled object store
