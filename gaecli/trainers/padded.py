@@ -46,11 +46,19 @@ def outcome_split(rewards, trainable):
     keeps its outcome in ``terminal`` (the contract then drops it)."""
     import torch
 
+    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    on_host = rewards.device.type == "cpu" and rewards.dtype in (torch.float32, torch.float64)
+    if on_host and trainable.dtype == torch.bool:
+        from gaecli.advantages.layout import row_tails
+
+        offsets = row_offsets(rewards.shape[0], rewards.shape[1], "cpu").numpy()
+        flat = lambda tensor: tensor.reshape(-1).numpy()  # noqa: E731
+        _, _, terminal = row_tails(flat(trainable), flat(rewards.detach()), offsets)  # a compiled pass over the tails
+        return torch.where(trainable, rewards, zero), torch.from_numpy(terminal)
     length = rewards.shape[1]
     positions = torch.arange(length, device=rewards.device)
     last = torch.where(trainable, positions, -1).amax(dim=1)
     tail = positions.unsqueeze(0) > last.unsqueeze(1)
-    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     kept = torch.where(trainable, rewards, zero)
     terminal = torch.where(tail, rewards, zero).sum(dim=1)
     return kept, terminal
