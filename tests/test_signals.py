@@ -579,3 +579,26 @@ def test_the_command_returns_only_when_its_processes_have_exited(inputs, tmp_pat
         message = stderr.read()
     assert left == [], left
     assert code == (0 if outcome == "finished" else 130), message
+
+
+def test_a_signal_inside_code_that_swallows_exceptions_only_asks_the_run_to_stop():
+    """A KeyboardInterrupt raised in an import-lock callback or a ``__del__`` would only be
+    printed ("Exception ignored in ..."), a traceback on stderr: there the handler asks the run
+    to stop (it does at its next batch) and raises nothing."""
+    import sys
+    import types
+
+    from gaecli.cli.common import _swallows_exceptions
+
+    class Finalised:
+        def __del__(self):
+            seen.append(_swallows_exceptions(sys._getframe()))
+
+    seen: list[bool] = []
+    Finalised()
+    import_lock = types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename="<frozen importlib._bootstrap>",
+                                                                     co_name="cb"))  # fmt: skip
+    assert seen == [True]
+    assert _swallows_exceptions(import_lock)
+    assert not _swallows_exceptions(sys._getframe())
+    assert not _swallows_exceptions(None)

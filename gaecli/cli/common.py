@@ -378,6 +378,15 @@ def error_document(error: Optional[BaseException], message: str, code: int) -> d
     return {"version": __version__, "error": {"exit_code": code, "message": message, **where}}
 
 
+
+def _swallows_exceptions(frame) -> bool:
+    """Whether a signal came while Python ran code whose exceptions it only prints ("Exception
+    ignored in ..."): the import system's lock callbacks, a ``__del__``. The handler then only
+    asks the run to stop (it does at its next batch) instead of raising there."""
+    code = getattr(frame, "f_code", None)
+    return code is not None and (code.co_filename.startswith("<frozen importlib") or code.co_name == "__del__")
+
+
 class errors_to_exit:
     """Map library errors to one line on stderr and the documented exit code; with
     ``json_path`` '-' (``--json -``), a JSON error document (:func:`error_document`) on
@@ -411,7 +420,8 @@ class errors_to_exit:
             if not interrupted:
                 interrupted.append(signum)
                 request_stop()  # outlives a KeyboardInterrupt that third-party code swallows
-                raise KeyboardInterrupt
+                if not _swallows_exceptions(frame):
+                    raise KeyboardInterrupt
 
         self._previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
 
