@@ -31,3 +31,24 @@ def check_stop() -> None:
     """Raise KeyboardInterrupt when a stop was requested (where a run may stop cleanly)."""
     if _REQUESTED.is_set():
         raise KeyboardInterrupt
+
+
+def quiet_swallowed_interrupts() -> None:
+    """Where the signal's KeyboardInterrupt lands in code whose exceptions Python only prints
+    ("Exception ignored in ...": an import-lock callback, a ctypes callback while numba
+    compiles, a ``__del__``), print nothing: the request (:func:`request_stop`) stops the run
+    at its next check. Every other unraisable exception goes to the hook there was."""
+    import sys
+
+    previous = sys.unraisablehook
+    if getattr(previous, "quiet_interrupts", False):
+        return
+
+    def hook(unraisable) -> None:
+        if unraisable.exc_type is KeyboardInterrupt and _REQUESTED.is_set():
+            return
+        previous(unraisable)
+
+    hook.quiet_interrupts = True
+    sys.unraisablehook = hook
+

@@ -378,15 +378,6 @@ def error_document(error: Optional[BaseException], message: str, code: int) -> d
     return {"version": __version__, "error": {"exit_code": code, "message": message, **where}}
 
 
-
-def _swallows_exceptions(frame) -> bool:
-    """Whether a signal came while Python ran code whose exceptions it only prints ("Exception
-    ignored in ..."): the import system's lock callbacks, a ``__del__``. The handler then only
-    asks the run to stop (it does at its next batch) instead of raising there."""
-    code = getattr(frame, "f_code", None)
-    return code is not None and (code.co_filename.startswith("<frozen importlib") or code.co_name == "__del__")
-
-
 class errors_to_exit:
     """Map library errors to one line on stderr and the documented exit code; with
     ``json_path`` '-' (``--json -``), a JSON error document (:func:`error_document`) on
@@ -411,17 +402,17 @@ class errors_to_exit:
     def __enter__(self) -> None:
         import signal
 
-        from gaecli.stop import clear_stop, request_stop
+        from gaecli.stop import clear_stop, quiet_swallowed_interrupts, request_stop
 
         clear_stop()
+        quiet_swallowed_interrupts()
         interrupted = []
 
         def interrupt(signum, frame):  # SIGTERM cleans up like Ctrl-C; a repeat cannot cut the clean-up short
             if not interrupted:
                 interrupted.append(signum)
                 request_stop()  # outlives a KeyboardInterrupt that third-party code swallows
-                if not _swallows_exceptions(frame):
-                    raise KeyboardInterrupt
+                raise KeyboardInterrupt
 
         self._previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
 

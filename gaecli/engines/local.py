@@ -28,7 +28,7 @@ from gaecli.engines import EXIT_UNUSABLE, FINISHED, EngineSession, TaskFailure, 
 from gaecli.engines.gathering import UnitResults
 from gaecli.errors import RunInterrupted
 from gaecli.progress import ForwardingProgress, NoProgress
-from gaecli.stop import request_stop
+from gaecli.stop import quiet_swallowed_interrupts, request_stop
 
 START_METHOD = "spawn"
 
@@ -148,6 +148,7 @@ def _die_with_parent(parent_pid: int) -> None:
 def _init_worker(threads: int, progress_pipe, parent_pid: int) -> None:
     global _progress_pipe
     _progress_pipe = progress_pipe
+    quiet_swallowed_interrupts()
     for signum in STOP_SIGNALS:
         signal.signal(signum, _on_stop_signal)
     if hasattr(signal, "pthread_sigmask"):  # blocked by the parent while it started us
