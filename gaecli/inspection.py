@@ -255,14 +255,10 @@ def id_candidates(schema: pa.Schema) -> dict[str, list[str]]:
     the scalar string, integer or binary columns whose name holds one of the option's words, in
     schema order; an option with none is left out. Names, not values: a suggestion to check."""
 
+    from gaecli.advantages.keyed import is_text_type
+
     def scalar_id(arrow_type: pa.DataType) -> bool:
-        return (
-            pa.types.is_integer(arrow_type)
-            or pa.types.is_string(arrow_type)
-            or pa.types.is_large_string(arrow_type)
-            or pa.types.is_binary(arrow_type)
-            or pa.types.is_large_binary(arrow_type)
-        )
+        return pa.types.is_integer(arrow_type) or is_text_type(arrow_type)
 
     found = {}
     for flag, words in ID_HINTS:

@@ -93,6 +93,16 @@ def _rehash(slots, slot_hashes, stored, stored_offsets, size, null_code):
         slot_hashes[slot] = h
 
 
+def is_text_type(arrow_type: pa.DataType) -> bool:
+    """Whether ids of this Arrow type are kept as their bytes: (large) strings and binaries."""
+    return (
+        pa.types.is_string(arrow_type)
+        or pa.types.is_large_string(arrow_type)
+        or pa.types.is_binary(arrow_type)
+        or pa.types.is_large_binary(arrow_type)
+    )
+
+
 def _is_time_like(arrow_type: pa.DataType) -> bool:
     return (
         pa.types.is_date(arrow_type)
@@ -127,12 +137,7 @@ def _key_bytes(keys: pa.Array) -> tuple[str, pa.DataType, np.ndarray, np.ndarray
         as_integers = keys.view(_storage_type(kind_type)) if _is_time_like(kind_type) else keys
         numbers = np.ascontiguousarray(np.asarray(as_integers.cast(pa.int64()).fill_null(0)), dtype=np.int64)
         return "integer", kind_type, numbers.view(np.uint8), np.arange(len(keys) + 1, dtype=np.int64) * 8, valid
-    if not (
-        pa.types.is_string(kind_type)
-        or pa.types.is_large_string(kind_type)
-        or pa.types.is_binary(kind_type)
-        or pa.types.is_large_binary(kind_type)
-    ):
+    if not is_text_type(kind_type):
         keys, kind_type = keys.cast(pa.string()), pa.string()
     binary = keys.cast(pa.large_binary())
     offsets = np.frombuffer(binary.buffers()[1], dtype=np.int64)[binary.offset : binary.offset + len(binary) + 1]
@@ -220,14 +225,7 @@ class KeyTable:
             binary = pa.Array.from_buffers(
                 pa.large_binary(), self.size, [validity, pa.py_buffer(offsets.copy()), pa.py_buffer(data.copy())]
             )
-            return binary.cast(
-                self.key_type
-                if pa.types.is_binary(self.key_type)
-                or pa.types.is_string(self.key_type)
-                or pa.types.is_large_string(self.key_type)
-                or pa.types.is_large_binary(self.key_type)
-                else pa.string()
-            )
+            return binary.cast(self.key_type if is_text_type(self.key_type) else pa.string())
         if self.kind is None:
             return pa.array([], pa.null())
         mask = None if validity is None else ~valid
