@@ -91,3 +91,17 @@ def test_a_command_says_it_compiles_on_a_cold_cache_and_not_on_a_warm_one(tmp_pa
     assert runs[0].stderr.splitlines()[0] == NOTICE and runs[0].stderr.count(NOTICE) == 1
     assert NOTICE not in runs[1].stderr and "validate: " in runs[1].stderr  # its progress, without the notice
     assert indexes(home / ".cache" / "gaecli" / "numba")
+
+
+def test_a_package_whose_directories_cannot_be_listed_is_taken_as_cached(monkeypatch):
+    """A user who may import the package but not list its directories (a private install
+    read through a group, a dropped privilege): no crash at a command's start, and no
+    message (nothing is known)."""
+    from gaecli.advantages.kernels import cache
+
+    class Unlistable(type(cache.PACKAGE)):
+        def rglob(self, pattern):
+            raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(cache, "PACKAGE", Unlistable(cache.PACKAGE))
+    assert cache.kernels_cached() is True

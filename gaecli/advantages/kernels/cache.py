@@ -66,10 +66,14 @@ def kernels_cached() -> bool:
     compiled code of this gaecli for this Python: an index file of one of its modules, written
     no earlier than that module's source. False: the next run compiles its kernels (the first
     run, or the first after gaecli changed), which takes seconds to a minute. Reads file names
-    and times only."""
+    and times only; where the package's directories cannot be listed (no permission), True:
+    nothing is known, and nothing is said."""
     cache_directory = os.environ.get(CACHE_VARIABLE)
     suffix = f".py{sys.version_info[0]}{sys.version_info[1]}{sys.abiflags}.nbi"
-    directories = [PACKAGE, *(path for path in PACKAGE.rglob("*") if path.is_dir() and path.name != "__pycache__")]
+    try:
+        directories = [PACKAGE, *(path for path in PACKAGE.rglob("*") if path.is_dir() and path.name != "__pycache__")]
+    except OSError:
+        return True
     for source_directory in directories:
         try:
             indexes = list(os.scandir(_index_directory(source_directory, cache_directory)))
