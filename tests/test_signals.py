@@ -613,3 +613,53 @@ def test_an_interrupt_python_only_prints_is_quiet_once_a_stop_was_requested(caps
         sys.unraisablehook = previous
         clear_stop()
     assert heard == [ValueError, KeyboardInterrupt]
+
+
+def test_the_handler_raises_nowhere_numba_or_the_import_system_runs():
+    """The signal's KeyboardInterrupt is not raised while numba or llvmlite run anywhere on the
+    stack (compiling or loading a kernel), in the import system or in a ``__del__``: there the
+    handler only asks for the stop, which leaves no half-made object behind (a llvmlite
+    reference whose finaliser then failed at exit). Elsewhere (gaecli's code, a wait in the
+    standard library or in Ray) it raises, and the run stops at once."""
+    import threading
+    import types
+
+    import llvmlite.binding.ffi
+    import numba.core.compiler
+
+    import gaecli.engines
+    from gaecli.stop import interruptible
+
+    def frame(filename, name="f", back=None):
+        return types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename=filename, co_name=name), f_back=back)
+
+    ours = frame(gaecli.engines.__file__, "map_units")
+    compiling = frame(numba.core.compiler.__file__, "compile_extra", ours)
+    assert interruptible(ours)
+    assert interruptible(frame(threading.__file__, "wait", ours))
+    assert interruptible(frame("/site-packages/ray/_private/worker.py", "wait", ours))
+    assert not interruptible(compiling)
+    detaching = frame(llvmlite.binding.ffi.__file__, "detach", compiling)
+    assert not interruptible(frame(threading.__file__, "acquire", detaching))
+    assert not interruptible(frame("<frozen importlib._bootstrap>", "cb", ours))
+    assert not interruptible(frame(gaecli.engines.__file__, "__del__", ours))
+    assert interruptible(sys._getframe())
+
+
+def test_a_keyboard_interrupt_that_escapes_the_command_exits_130_quietly():
+    """A KeyboardInterrupt escaping the typer app (after the command's report, its handlers
+    restored) exits 130 (not by SIGINT), without a traceback."""
+    program = (
+        "from gaecli.cli.streams import run_guarded\n"
+        "def command():\n"
+        "    try:\n"
+        "        raise SystemExit(0)\n"
+        "    finally:\n"
+        "        raise KeyboardInterrupt\n"
+        "run_guarded(command)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    command = [sys.executable, "-c", program]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=WAIT_SECONDS)
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr

@@ -402,7 +402,7 @@ class errors_to_exit:
     def __enter__(self) -> None:
         import signal
 
-        from gaecli.stop import clear_stop, quiet_swallowed_interrupts, request_stop
+        from gaecli.stop import clear_stop, interruptible, quiet_swallowed_interrupts, request_stop
 
         clear_stop()
         quiet_swallowed_interrupts()
@@ -412,7 +412,8 @@ class errors_to_exit:
             if not interrupted:
                 interrupted.append(signum)
                 request_stop()  # outlives a KeyboardInterrupt that third-party code swallows
-                raise KeyboardInterrupt
+                if interruptible(frame):  # else the run stops at its next check
+                    raise KeyboardInterrupt
 
         self._previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
 

@@ -172,8 +172,18 @@ def _leave_pending_store_calls(code) -> None:
 def run_guarded(command) -> None:
     """Run ``command`` (the typer app) with the streams guarded; a stdout whose reader went
     away ends the process by SIGPIPE, a stdout fault that escaped the command is one line
-    on stderr and exit 2."""
+    on stderr and exit 2. A KeyboardInterrupt that escapes the command (a signal after its
+    report, the command's handlers restored) exits 130 without a traceback."""
     guard_streams()
+    try:
+        _run_guarded(command)
+    except KeyboardInterrupt:
+        from gaecli.errors import EXIT_INTERRUPTED
+
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _run_guarded(command) -> None:
     try:
         command()
     except SystemExit as exit_:

@@ -28,7 +28,7 @@ from gaecli.engines import EXIT_UNUSABLE, FINISHED, EngineSession, TaskFailure, 
 from gaecli.engines.gathering import UnitResults
 from gaecli.errors import RunInterrupted
 from gaecli.progress import ForwardingProgress, NoProgress
-from gaecli.stop import quiet_swallowed_interrupts, request_stop
+from gaecli.stop import interruptible, quiet_swallowed_interrupts, request_stop
 
 START_METHOD = "spawn"
 
@@ -119,7 +119,8 @@ def _on_stop_signal(signum, frame) -> None:
     if _running_unit is None:
         os._exit(EXIT_INTERRUPTED)
     request_stop()  # also checked between batches: an interrupt swallowed in a unit still stops it
-    raise KeyboardInterrupt
+    if interruptible(frame):  # else the unit stops at its next check
+        raise KeyboardInterrupt
 
 
 def _die_with_parent(parent_pid: int) -> None:
