@@ -160,11 +160,12 @@ def _screen_rows(mask, values, rewards, offsets):
     tail = np.zeros(rows, dtype=rewards.dtype)
     for row in numba.prange(rows):
         flags_mask, flags_values, flags_rewards = 0, 0, 0
-        for t in range(offsets[row], offsets[row + 1]):  # no branch: the loop vectorises
-            marked = mask[t]
+        start = np.uint64(offsets[row])  # unsigned: no wraparound test, no branch: the loop vectorises
+        for j in range(np.uint64(offsets[row + 1] - offsets[row])):
+            marked = mask[start + j]
             flags_mask |= np.int32(marked != 0) & np.int32(marked != 1)
-            flags_values |= np.int32((values[t] - values[t]) != 0)  # NaN, or Inf − Inf
-            flags_rewards |= np.int32((rewards[t] - rewards[t]) != 0)
+            flags_values |= np.int32((values[start + j] - values[start + j]) != 0)  # NaN, or Inf − Inf
+            flags_rewards |= np.int32((rewards[start + j] - rewards[start + j]) != 0)
         bad_mask[row], bad_values[row], bad_rewards[row] = flags_mask != 0, flags_values != 0, flags_rewards != 0
         read_tail(mask, rewards, offsets[row], offsets[row + 1], last, last_reward, tail, row)
     return bad_mask, bad_values, bad_rewards, last, last_reward, tail

@@ -163,17 +163,42 @@ def row_tails(mask, rewards, offsets):
     return last, last_reward, tail.index_add(0, sample, torch.where(after, rewards, zero))
 
 
+TAIL_BLOCK = 16
+"""Tokens :func:`read_tail` tests at once for a block of padding (every mask entry and reward 0)."""
+
+
 @numba.njit(cache=True, nogil=True)
 def read_tail(mask, rewards, start, end, last, last_reward, tail, row):
     """One sample's tail, read backwards from its ``end`` to its last trainable token, into
-    ``last[row]``, ``last_reward[row]`` and ``tail[row]`` (compiled code calls this)."""
-    for t in range(end - 1, start - 1, -1):
-        if last_reward[row] < 0 and rewards[t] != 0:
-            last_reward[row] = t
-        if mask[t] != 0:
-            last[row] = t
-            break
-        tail[row] += rewards[t]
+    ``last[row]``, ``last_reward[row]`` and ``tail[row]`` (compiled code calls this). A block
+    of :data:`TAIL_BLOCK` tokens whose mask entries and rewards are all 0 is passed over in one
+    branch-free test; the others are read token by token (a zero reward adds nothing: the sum
+    starts at +0, so the tail's sum is that of the token-by-token loop)."""
+    found, total = last_reward[row], tail[row]  # in registers: the loops store nothing
+    position = end
+    while position > start:
+        if position - start >= TAIL_BLOCK:
+            base = np.uint64(position - TAIL_BLOCK)
+            busy = 0
+            for k in range(np.uint64(TAIL_BLOCK)):
+                busy |= np.int32(mask[base + k] != 0) | np.int32(rewards[base + k] != 0)
+            if busy == 0:
+                position -= TAIL_BLOCK
+                continue
+        stop = max(position - TAIL_BLOCK, start)
+        for t in range(position - 1, stop - 1, -1):
+            reward = rewards[t]
+            if mask[t] != 0:
+                if found < 0 and reward != 0:
+                    found = t
+                last[row], last_reward[row], tail[row] = t, found, total
+                return
+            if reward != 0:
+                total += reward
+                if found < 0:
+                    found = t
+        position = stop
+    last_reward[row], tail[row] = found, total
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)

@@ -34,7 +34,7 @@ def whitened(advantage, mean, scale):
     return (advantage - mean) / scale
 
 
-_whitened_token = numba.njit(cache=True, nogil=True)(whitened)
+whitened_token = numba.njit(cache=True, nogil=True)(whitened)
 
 
 def whiten(advantages, loss_mask, rule=None, written: str = "trainable", *, response_mask=None):
@@ -236,7 +236,7 @@ def _host_moments(values, counted):
 @numba.njit(cache=True, nogil=True)
 def _host_whitened(values, trainable, center, scale, every, out):
     for i in range(values.shape[0]):
-        out[i] = _whitened_token(np.float64(values[i]), center, scale) if every or trainable[i] else 0.0
+        out[i] = whitened_token(np.float64(values[i]), center, scale) if every or trainable[i] else 0.0
 
 
 def whiten_rows(
@@ -284,4 +284,4 @@ def _whiten_rows(advantages, offsets, means, scales, trainable, zero_masked, res
             if zero_masked and not trainable[t]:
                 result[t] = 0.0
             else:
-                result[t] = _whitened_token(np.float64(advantages[t]), mean, scale)
+                result[t] = whitened_token(np.float64(advantages[t]), mean, scale)

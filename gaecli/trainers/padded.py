@@ -81,17 +81,37 @@ def flat_out(out, shape):
     return out[0].view(-1), out[1].view(-1)
 
 
+def _host_may_write(out, values) -> bool:
+    """Whether the compiled host path may write into ``out`` (None: fresh outputs): two
+    distinct contiguous buffers of the values' shape, dtype and device."""
+    if out is None:
+        return True
+    return (
+        len(out) == 2
+        and out[0] is not out[1]
+        and all(o.shape == values.shape and o.dtype == values.dtype and o.device == values.device for o in out)
+        and all(o.is_contiguous() for o in out)
+    )
+
+
 def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str, out=None):
     """GAE of a padded batch ``[B, T]`` under ``semantics``, as ``[B, T]`` advantages and
     returns in the values' dtype and device. ``masked``: the contract on the trainable tokens,
     the outcome reward moved to the last of them (:func:`outcome_split`), 0 at every masked and
     padding position; a profile: that trainer's computation at every position
     (:func:`gaecli.baseline_gae_packed`, the rewards as given, padding as masked tokens).
-    ``out``: ``[B, T]`` buffers to write into (:func:`flat_out`), returned."""
+    ``out``: ``[B, T]`` buffers to write into (:func:`flat_out`), returned. A float batch on
+    the host takes the compiled path of :mod:`gaecli.trainers.host` (the same numbers)."""
     import torch
 
     from gaecli.advantages.api import baseline_gae_packed
 
+    if semantics == MASKED and _host_may_write(out, values):
+        from gaecli.trainers.host import masked_gae_padded
+
+        computed = masked_gae_padded(values, rewards, mask, float(gamma), float(lambd), out=out)
+        if computed is not None:
+            return computed
     batch, length = values.shape
     trainable = as_trainable(mask)
     offsets = row_offsets(batch, length, values.device)

@@ -34,10 +34,13 @@ def compute_gae_advantage_return(
     verl leaves it. Tensors stay on their device, in the values' dtype. ``out``: two contiguous
     ``[B, T]`` tensors of the values' dtype (a trainer's reused buffers), written and returned."""
     from gaecli.advantages.whiten import whiten
+    from gaecli.trainers.host import whiten_in_place
 
     check_batch("compute_gae_advantage_return", token_level_rewards, values, response_mask)
     check_semantics(semantics)
     advantages, returns = packed_gae(values, token_level_rewards, response_mask, gamma, lam, semantics, out=out)
+    if whiten_in_place(advantages, response_mask, every=semantics != MASKED):  # the advantages are ours
+        return advantages, returns
     flat, mask = advantages.reshape(-1), as_trainable(response_mask).reshape(-1)
     written = "trainable" if semantics == MASKED else "every"
     whitened = whiten(flat, mask, written=written).reshape(advantages.shape)

@@ -1,0 +1,137 @@
+"""The padded drop-ins' compiled path on the host: a float32 or float64 ``[B, T]`` batch on the
+CPU computed by compiled passes alone, without a torch op between them (a torch op wakes
+torch's thread pool, which then holds the cores the next compiled pass runs on).
+
+- masked GAE: the rewards after each row's last trainable token summed (its outcome,
+  :func:`gaecli.advantages.layout.row_tails`, a pass over the tails only), then the screened
+  native kernel on the rewards as given (it reads no reward at a masked token but the
+  outcome's: the rewards at masked tokens between trainable ones are dropped, as
+  :func:`gaecli.trainers.padded.outcome_split` drops them) and the mask in its own dtype;
+- whitening in place: the count, mean and Bessel variance of the trainable tokens' advantages
+  in float64, row by row over the threads, then :func:`gaecli.advantages.whiten.whitened` at
+  the trainable positions (or at every one, verl's ``masked_whiten``), :func:`gaecli.advantages.whiten.whitened`.
+
+Each returns None (the drop-in then takes its general path, which names any fault) where it
+does not apply: another device or dtype, a non-contiguous tensor, or input the kernel's screen
+found not clean (a non-finite value or reward, a mask value other than 0 and 1)."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from gaecli.advantages.contract import WHITEN_EPSILON
+from gaecli.advantages.kernels.compiled import thread_count
+from gaecli.advantages.whiten import whitened_token
+
+FLOATS = ("float32", "float64")
+
+
+def host_arrays(*tensors) -> list | None:
+    """The tensors as numpy views of their flat buffers, or None unless every one is a
+    contiguous CPU tensor (the first two float32 or float64 of one dtype; the rest may be
+    bool, integer or float masks)."""
+    import torch
+
+    first = tensors[0]
+    if str(first.dtype).removeprefix("torch.") not in FLOATS or tensors[1].dtype != first.dtype:
+        return None
+    if any(t.device.type != "cpu" or not t.is_contiguous() or t.dtype.is_complex for t in tensors):
+        return None
+    if any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors[2:]):
+        return None
+    return [t.detach().reshape(-1).numpy() for t in tensors]
+
+
+def masked_gae_padded(values, rewards, mask, gamma: float, lambd: float, out=None):
+    """The masked contract on a padded batch ``[B, T]`` (rows of ``T`` tokens): ``(advantages,
+    returns)`` ``[B, T]`` in the values' dtype (``out``: the caller's two contiguous buffers,
+    written), 0 at masked and padding positions; None where this path does not apply."""
+    import torch
+
+    from gaecli.advantages.kernels.native import native_gae_screened
+    from gaecli.advantages.layout import row_tails
+
+    arrays = host_arrays(values, rewards, mask)
+    if arrays is None:
+        return None
+    flat_values, flat_rewards, flat_mask = arrays
+    batch, length = values.shape
+    offsets = np.arange(batch + 1, dtype=np.int64) * length
+    _, _, terminal = row_tails(flat_mask, flat_rewards, offsets)
+    buffers = None if out is None else tuple(o.view(-1).numpy() for o in out)
+    advantages, returns, clean = native_gae_screened(
+        flat_values, flat_rewards, flat_mask, offsets, terminal, gamma=gamma, lambd=lambd, out=buffers
+    )
+    if not clean or not np.isfinite(terminal).all():
+        return None
+    if out is not None:
+        return out[0], out[1]
+    return torch.from_numpy(advantages).view(batch, length), torch.from_numpy(returns).view(batch, length)
+
+
+def whiten_in_place(advantages, mask, every: bool) -> bool:
+    """Whiten the ``[B, T]`` advantages in place over the mask's trainable tokens (``mask !=
+    0``): ``(A − mean)/sqrt(var + ε)``, the float64 mean and Bessel variance (one trainable
+    token: variance 0), at the trainable positions (0 elsewhere) or, ``every``, at each one.
+    False, the advantages untouched, where this path does not apply or the figures are not
+    finite or no token is trainable (the general :func:`gaecli.advantages.whiten.whiten`
+    then says why).
+
+    The moments are taken row by row (each row's count, sum and squares about its own mean,
+    its second read from the core's cache), then merged: ``M2 = Σ M2_r + Σ n_r (mean_r −
+    mean)²``, as exact as one pass over the batch around its mean."""
+    arrays = host_arrays(advantages, advantages, mask)
+    if arrays is None or advantages.dim() != 2:
+        return False
+    flat, _, flat_mask = arrays
+    rows, length = advantages.shape
+    thread_count()  # numba's pool started as a good neighbour to torch
+    counts, totals, squares = _row_moments(flat, flat_mask, rows, length)
+    count = counts.sum()
+    if count == 0:
+        return False
+    mean = totals.sum() / count
+    present = counts > 0
+    row_means = totals[present] / counts[present]
+    spread = squares.sum() + (counts[present] * (row_means - mean) ** 2).sum()
+    variance = spread / (count - 1) if count > 1 else 0.0
+    if not (np.isfinite(mean) and np.isfinite(variance)):
+        return False
+    _write_whitened(flat, flat_mask, rows, length, mean, float(np.sqrt(variance + WHITEN_EPSILON)), every)
+    return True
+
+
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc"})
+def _row_moments(values, mask, rows, length):
+    """Per row: the count, sum and squares about the row's mean of the trainable tokens'
+    values, in float64 (sums reassociated, so that they run in vector registers: the order is
+    fixed by the row's length, the same on every call). Unsigned indices: no wraparound test."""
+    counts = np.zeros(rows, dtype=np.int64)
+    totals = np.zeros(rows, dtype=np.float64)
+    squares = np.zeros(rows, dtype=np.float64)
+    width = np.uint64(length)
+    for row in numba.prange(rows):
+        start = np.uint64(row) * width
+        count, total = 0, 0.0
+        for j in range(width):
+            trainable = mask[start + j] != 0
+            total += np.float64(values[start + j]) if trainable else 0.0
+            count += trainable
+        mean = total / count if count else 0.0
+        square = 0.0
+        for j in range(width):
+            deviation = np.float64(values[start + j]) - mean
+            square += deviation * deviation if mask[start + j] != 0 else 0.0
+        counts[row], totals[row], squares[row] = count, total, square
+    return counts, totals, squares
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _write_whitened(values, mask, rows, length, mean, scale, every):
+    width = np.uint64(length)
+    for row in numba.prange(rows):
+        start = np.uint64(row) * width
+        for j in range(width):
+            whitened = whitened_token(np.float64(values[start + j]), mean, scale)
+            values[start + j] = whitened if every or mask[start + j] != 0 else 0.0
