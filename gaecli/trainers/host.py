@@ -4,16 +4,16 @@ torch's thread pool, which then holds the cores the next compiled pass runs on).
 
 - masked GAE: the rewards after each row's last trainable token summed (its outcome,
   :func:`gaecli.advantages.layout.row_tails`, a pass over the tails only), then the screened
-  native kernel on the rewards as given (it reads no reward at a masked token but the
-  outcome's: the rewards at masked tokens between trainable ones are dropped, as
+  native kernel on the rewards as given (a reward at a masked token is only screened, so the
+  rewards at masked tokens between trainable ones are dropped, as
   :func:`gaecli.trainers.padded.outcome_split` drops them) and the mask in its own dtype;
 - whitening in place: the count, mean and Bessel variance of the trainable tokens' advantages
   in float64, row by row over the threads, then :func:`gaecli.advantages.whiten.whitened` at
-  the trainable positions (or at every one, verl's ``masked_whiten``), :func:`gaecli.advantages.whiten.whitened`.
+  the trainable positions (or at every one, as verl's ``masked_whiten``).
 
-Each returns None (the drop-in then takes its general path, which names any fault) where it
-does not apply: another device or dtype, a non-contiguous tensor, or input the kernel's screen
-found not clean (a non-finite value or reward, a mask value other than 0 and 1)."""
+Where a function does not apply (another device or dtype, a non-contiguous tensor, input the
+kernel's screen found not clean: a non-finite value or reward, a mask value other than 0 and
+1), it says so (None, False) and the drop-in takes its general path, which names any fault."""
 
 from __future__ import annotations
 
@@ -130,8 +130,9 @@ def _row_moments(values, mask, rows, length):
 @numba.njit(cache=True, nogil=True, parallel=True)
 def _write_whitened(values, mask, rows, length, mean, scale, every):
     width = np.uint64(length)
+    inverse = 1.0 / scale
     for row in numba.prange(rows):
         start = np.uint64(row) * width
         for j in range(width):
-            whitened = whitened_token(np.float64(values[start + j]), mean, scale)
+            whitened = whitened_token(np.float64(values[start + j]), mean, inverse)
             values[start + j] = whitened if every or mask[start + j] != 0 else 0.0

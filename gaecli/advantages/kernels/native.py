@@ -62,15 +62,18 @@ def _step(values, rewards, loss_mask, advantages, returns, t, gamma, decay, carr
     """Position ``t`` of a sample's backward pass; returns the new (carry, next value,
     terminal reward still to place, screen).
 
-    ``screen`` is the input screen: it stays 0 while every value and reward read is finite
-    (``x * 0`` is NaN for an infinite or NaN ``x``) and every mask value is 0 or 1 (the mask
-    may be bool, integer or float: trainable is ``mask != 0``), and becomes NaN otherwise.
+    ``screen`` is the input screen: the float64 sum of every value and reward read, finite
+    while each is finite (a NaN or ±Inf makes it NaN or ±Inf, and stays so) and every mask
+    value is 0 or 1 (the mask may be bool, integer or float: trainable is ``mask != 0``),
+    NaN otherwise. One add a token (a product with 0 cost two more). A sum that overflows
+    (float64 inputs near 1e308) is a false alarm: the caller's checks then run, find nothing
+    and keep the result.
     """
     index = np.uint64(t)  # unsigned: no negative-index test on every load and store
     value = np.float64(values[index])
     reward = np.float64(rewards[index])
     mask = loss_mask[index]
-    screen += value * 0.0 + reward * 0.0
+    screen += value + reward
     if mask != 0 and mask != 1:
         screen = np.nan
     delta = reward + terminal + gamma * next_value - value
@@ -136,7 +139,7 @@ def _run_group(layout, terminal_rewards, gamma, decay, order, group_bounds, grou
     """Every sample of group ``group`` (``order[group_bounds[group]:group_bounds[group + 1]]``,
     sample indices, longest first): those of SHORT_SAMPLE tokens or more four at a time
     (:func:`_run_lanes`), the shorter ones after them one by one. Returns the group's input
-    screen (0: every input read was valid; see :func:`_step`)."""
+    screen (finite: every input read was valid; see :func:`_step`)."""
     lengths = layout[1]
     members = order[group_bounds[group] : group_bounds[group + 1]]
     queued = members.shape[0]
@@ -197,7 +200,7 @@ def _separate_lanes(layout, gamma, decay, lane_sample, position, state):
 
 def _run_lanes(layout, terminal_rewards, gamma, decay, order):
     """Every sample of ``order`` (sample indices, longest first), four at a time. Returns
-    their input screen (0: every input read was valid; see :func:`_step`).
+    their input screen (finite: every input read was valid; see :func:`_step`).
 
     Lane state: the sample ``lane_sample`` whose tokens ``0 .. position - 1`` are still to
     run (none left: the lane is free); ``carry``, ``next_value`` and ``terminal`` are the
@@ -320,7 +323,7 @@ def native_gae_samples(
     (_compiled_serial if serial else _compiled)(
         layout, terminal_rewards, float(gamma), float(lambd), order, group_bounds, screens
     )
-    return bool(screens.sum() == 0.0)
+    return bool(np.isfinite(screens.sum()))
 
 
 @functools.cache
