@@ -157,3 +157,25 @@ def test_whitening_in_place_declines_what_it_cannot_do():
     assert not whiten_in_place(untouched.half(), torch.ones(2, 3), every=False)
     assert not whiten_in_place(untouched.t(), torch.ones(3, 2), every=False)  # not contiguous
     assert torch.equal(untouched, torch.ones(2, 3))
+
+
+def test_check_and_credit_metrics_read_what_the_drop_in_saw_and_see_a_change_since():
+    """After the drop-in, ``check`` and ``credit_metrics`` on the same tensors take its screen
+    and tails (the same findings and figures as on fresh copies, which are read again); a
+    tensor changed in place since (its version moved) is read again, and the fault found."""
+    from gaecli.trainers import check, credit_metrics
+
+    rewards, values, mask = _padded(seed=13)
+    r, v, m = (torch.tensor(array, dtype=torch.float32) for array in (rewards, values, mask))
+    verl.compute_gae_advantage_return(r, v, m, 1.0, 0.95)
+    copies = [t.clone() for t in (r, v, m)]
+    seen = check(r, v, m, 1.0, 0.95, layout="verl")
+    fresh = check(*copies, 1.0, 0.95, layout="verl")
+    assert [f.line() for f in seen] == [f.line() for f in fresh] and seen  # masked tails, a fully masked row
+    figures = credit_metrics(r, v, m, 1.0, 0.95, layout="verl").as_dict()
+    assert figures == credit_metrics(*copies, 1.0, 0.95, layout="verl").as_dict()
+    assert figures["gaecli/lost_terminal_samples"] > 0
+    verl.compute_gae_advantage_return(r, v, m, 1.0, 0.95)
+    v[2, 0] = float("nan")  # in place, after the drop-in
+    with pytest.raises(GAEInputError, match=r"values\[2, 0\]"):
+        check(r, v, m, 1.0, 0.95, layout="verl")

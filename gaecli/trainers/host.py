@@ -17,6 +17,8 @@ kernel's screen found not clean: a non-finite value or reward, a mask value othe
 
 from __future__ import annotations
 
+import weakref
+
 import numba
 import numpy as np
 
@@ -58,16 +60,61 @@ def masked_gae_padded(values, rewards, mask, gamma: float, lambd: float, out=Non
     flat_values, flat_rewards, flat_mask = arrays
     batch, length = values.shape
     offsets = np.arange(batch + 1, dtype=np.int64) * length
-    _, _, terminal = row_tails(flat_mask, flat_rewards, offsets)
+    tails = row_tails(flat_mask, flat_rewards, offsets)
+    terminal = tails[2]
     buffers = None if out is None else tuple(o.view(-1).numpy() for o in out)
     advantages, returns, clean = native_gae_screened(
         flat_values, flat_rewards, flat_mask, offsets, terminal, gamma=gamma, lambd=lambd, out=buffers
     )
     if not clean or not np.isfinite(terminal).all():
         return None
+    _SEEN[:] = [_Seen((values, rewards, mask), tails)]
     if out is not None:
         return out[0], out[1]
     return torch.from_numpy(advantages).view(batch, length), torch.from_numpy(returns).view(batch, length)
+
+
+class _Seen:
+    """What the kernel's pass saw of the last batch it screened clean: its rows' tails
+    (:func:`gaecli.advantages.layout.row_tails`), and the tensors as they were then (weak
+    references: a tensor freed, or changed in place since, is not the one seen)."""
+
+    def __init__(self, tensors, tails) -> None:
+        self.tensors = [weakref.ref(tensor) for tensor in tensors]
+        self.places = [_place(tensor) for tensor in tensors]
+        self.rows = tuple(tensors[0].shape)
+        self.tails = tails
+
+    def matches(self, tensors, rows) -> bool:
+        if len(tensors) != len(self.tensors) or rows is None or tuple(rows) != self.rows:
+            return False
+        for reference, place, tensor in zip(self.tensors, self.places, tensors):
+            seen = reference()
+            if seen is None or _place(seen) != place or _place(tensor) != place:
+                return False
+        return True
+
+
+def _place(tensor) -> tuple:
+    """Where a tensor's data lie and what they are: the same while the tensor seen is alive
+    (its memory then holds no other tensor) and unchanged in place (the version counter, which
+    a view shares with its base: a write through numpy is not counted)."""
+    return (tensor.data_ptr(), tensor.numel(), tensor.dtype, tensor.is_contiguous(), tensor._version)
+
+
+_SEEN: list = []
+"""The last batch the compiled path screened clean (:class:`_Seen`), at most one."""
+
+
+def seen_tails(values, rewards, mask, rows) -> tuple | None:
+    """The rows' tails (numpy) of a batch the compiled path last screened clean — ``values``,
+    ``rewards`` and ``mask`` the tensors it took or flat views of them, unchanged since, its
+    ``rows`` ``(B, T)`` — else None: what :func:`gaecli.trainers.check` and
+    :func:`gaecli.trainers.credit_metrics` then need not read again (the batch's mask values 0
+    or 1, its values and rewards finite)."""
+    if _SEEN and _SEEN[0].matches((values, rewards, mask), rows):
+        return _SEEN[0].tails
+    return None
 
 
 def whiten_in_place(advantages, mask, every: bool) -> bool:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -138,6 +139,12 @@ def _miles(a, profile):
                   a["terminal_rewards"], a["gamma"], a["lambd"], profile)  # fmt: skip
 
 
+@functools.cache
+def _signature(layout: str) -> inspect.Signature:
+    """The signature of a layout's drop-in, read once (reading it costs more than a check)."""
+    return inspect.signature(_drop_in(layout))
+
+
 def _drop_in(layout: str) -> Callable:
     """The drop-in whose signature a layout's arguments follow."""
     from gaecli.trainers import areal, miles, nemo_rl, openrlhf, roll, skyrl, slime, verl
@@ -178,7 +185,7 @@ def trainer_batch(layout: str, args: tuple, kwargs: dict, profile: Optional[str]
         raise InvalidOptionError(f"layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
     reader, own = LAYOUTS[layout]
     try:
-        bound = inspect.signature(_drop_in(layout)).bind(*args, **kwargs)
+        bound = _signature(layout).bind(*args, **kwargs)
     except TypeError as error:
         raise InvalidOptionError(f"layout={layout!r}: {error} (pass the arguments of its drop-in)") from None
     bound.apply_defaults()

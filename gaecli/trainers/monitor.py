@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numba
 import numpy as np
 
 from gaecli.advantages.contract import MASKED, profile_of
@@ -123,11 +124,18 @@ def credit_metrics(
 
 def _screen(batch: TrainerBatch) -> Optional[tuple]:
     """On the host, :func:`gaecli.advantages.faults.screen_rows` of the batch as torch tensors
-    (the rows' error flags, then their tails as :func:`_rows_of` reads them); else None."""
+    (the rows' error flags, then their tails as :func:`_rows_of` reads them), or what the
+    drop-in's compiled pass saw of this very batch (:func:`gaecli.trainers.host.seen_tails`:
+    clean, and its tails); else None."""
     import torch
 
     from gaecli.advantages.faults import screen_rows
+    from gaecli.trainers.host import seen_tails
 
+    seen = seen_tails(batch.values, batch.rewards, batch.mask, batch.rows)
+    if seen is not None:  # the drop-in's kernel screened this batch clean a moment ago
+        clean = torch.zeros(len(seen[0]), dtype=torch.bool)
+        return (clean, clean, clean, *(torch.from_numpy(array) for array in seen))
     tensors = (batch.mask, batch.values, batch.rewards)
     if any(tensor.device.type != "cpu" for tensor in tensors) or (
         str(batch.mask.dtype) not in HOST_MASKS and batch.mask.dtype != torch.bool
@@ -153,7 +161,11 @@ def _rows_of(batch: TrainerBatch, tails: Optional[tuple] = None) -> dict:
     if tails is not None:  # the screen's (:func:`_screen`)
         last, last_reward, tail_sum = tails
     elif on_host:
-        found = row_tails(batch.mask.numpy(), batch.rewards.numpy(), batch.offsets.numpy())
+        from gaecli.trainers.host import seen_tails
+
+        found = seen_tails(batch.values, batch.rewards, batch.mask, batch.rows)
+        if found is None:
+            found = row_tails(batch.mask.numpy(), batch.rewards.numpy(), batch.offsets.numpy())
         last, last_reward, tail_sum = (torch.from_numpy(array) for array in found)
     else:
         last, last_reward, tail_sum = row_tails(batch.mask, batch.rewards, batch.offsets)
@@ -239,6 +251,20 @@ def _window_sides(batch: TrainerBatch, rows: dict, picked, window: int):
         row_ends = ends
     begins = torch.maximum(starts, ends - window)
     width = max(1, int((row_ends - begins).max()))
+    lambd = batch.lambd
+    if hasattr(lambd, "numel") and lambd.numel() == rows["ends"].numel() > 1:
+        lambd = lambd.reshape(-1)[picked]
+    gathered = _gathered_on_host(batch, begins, row_ends, width)
+    if gathered is not None:
+        values, rewards, old_rewards, trainable = gathered
+        if batch.terminal is not None:
+            column = (ends - 1 - (row_ends - width)).numpy()  # the response's last token, read as its outcome's
+            inside = (ends - 1 >= begins).numpy()
+            outcome = batch.terminal[picked].numpy().astype(rewards.numpy().dtype)
+            for array in (rewards.numpy(), old_rewards.numpy()):
+                array[np.flatnonzero(inside), column[inside]] += outcome[inside]
+        masked, old = _both_sides(batch, values, rewards, old_rewards, trainable, lambd)
+        return masked, old, trainable
     positions = row_ends.unsqueeze(1) - width + torch.arange(width, device=ends.device)
     inside = positions >= begins.unsqueeze(1)
     positions = torch.where(inside, positions, 0)
@@ -251,11 +277,43 @@ def _window_sides(batch: TrainerBatch, rows: dict, picked, window: int):
         outcome = torch.where(last & inside, batch.terminal[picked].unsqueeze(1).to(values.dtype), zero)
         rewards, old_rewards = rewards + outcome, old_rewards + outcome
     trainable = (torch.take(batch.mask, positions) != 0) & inside
-    lambd = batch.lambd
-    if hasattr(lambd, "numel") and lambd.numel() == rows["ends"].numel() > 1:
-        lambd = lambd.reshape(-1)[picked]
     masked, old = _both_sides(batch, values, rewards, old_rewards, trainable, lambd)
     return masked, old, trainable
+
+
+def _gathered_on_host(batch: TrainerBatch, begins, row_ends, width: int):
+    """On the host, the windows of :func:`_window_sides` gathered by one compiled pass (a few
+    thousand tokens: the torch ops cost more than the copy): ``(values, rewards, profile
+    rewards, trainable)`` ``[k, width]``, each window ending at its row's ``row_ends``, the
+    tokens before ``begins`` 0 (not trainable); None where the batch is not on the host in
+    float32 or float64 (one dtype), its mask bool or real."""
+    import torch
+
+    tensors = (batch.values, batch.rewards, batch.profile_rewards)
+    if any(t.device.type != "cpu" or t.dtype != batch.values.dtype for t in tensors) or batch.mask.device.type != "cpu":
+        return None
+    if batch.values.dtype not in (torch.float32, torch.float64) or batch.mask.dtype.is_complex:
+        return None
+    if batch.mask.dtype in (torch.float16, torch.bfloat16):
+        return None
+    flat = [t.reshape(-1).numpy() for t in (*tensors, batch.mask)]
+    count = begins.numel()
+    out = [np.zeros((count, width), dtype=flat[0].dtype) for _ in range(3)] + [np.zeros((count, width), np.bool_)]
+    _gather_windows(*flat, begins.numpy(), row_ends.numpy(), width, *out)
+    return tuple(torch.from_numpy(array) for array in out)
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_windows(values, rewards, old_rewards, mask, begins, row_ends, width, out_values, out_rewards, out_old,
+                    out_trainable):  # fmt: skip
+    for k in range(begins.shape[0]):
+        first = row_ends[k] - width
+        for j in range(max(begins[k] - first, 0), width):
+            position = first + j
+            out_values[k, j] = values[position]
+            out_rewards[k, j] = rewards[position]
+            out_old[k, j] = old_rewards[position]
+            out_trainable[k, j] = mask[position] != 0
 
 
 def _both_sides(batch: TrainerBatch, values, rewards, old_rewards, trainable, lambd):
