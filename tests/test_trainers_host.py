@@ -179,3 +179,36 @@ def test_check_and_credit_metrics_read_what_the_drop_in_saw_and_see_a_change_sin
     v[2, 0] = float("nan")  # in place, after the drop-in
     with pytest.raises(GAEInputError, match=r"values\[2, 0\]"):
         check(r, v, m, 1.0, 0.95, layout="verl")
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr-grpo", "rloo"])
+def test_the_outcome_estimators_host_path_matches_the_general_path_and_the_loop(estimator):
+    """verl's GRPO, Dr. GRPO and RLOO on a float32 batch with a float mask: the compiled host
+    path (scores, the estimator on the scores, one write) gives the general path's numbers
+    bit for bit (a transposed copy takes that), and the loop's of tests/trainer_loops.py."""
+    from trainer_loops import group_scores
+
+    from gaecli.trainers.host import outcome_padded
+
+    rewards, _, mask = _padded(seed=17)
+    r, m = (torch.tensor(array, dtype=torch.float32) for array in (rewards, mask))
+    index = np.arange(r.shape[0]) // 3
+    if estimator == "rloo":
+        call = lambda rr, mm: verl.compute_rloo_outcome_advantage(rr, mm, index)  # noqa: E731
+    else:
+        norm = estimator == "grpo"
+        call = lambda rr, mm: verl.compute_grpo_outcome_advantage(rr, mm, index, norm_adv_by_std_in_grpo=norm)  # noqa: E731
+    from gaecli.advantages.spec import AdvantageSpec
+
+    assert outcome_padded(AdvantageSpec(estimator=estimator, group_by="index"), r, m, {"index": index}) is not None
+    fast, same = call(r, m)
+    general, _ = call(r.t().contiguous().t(), m.t().contiguous().t())
+    assert fast is same and torch.equal(fast, general)
+    scores = []
+    for row, marks in zip(_rows(rewards.astype(np.float32)), _rows(mask)):
+        trainable = [t for t, x in enumerate(marks) if x]
+        last = trainable[-1] if trainable else -1
+        scores.append(math.fsum(row[t] for t in trainable) + math.fsum(row[last + 1 :]))
+    per_row = group_scores(scores, list(index), estimator)
+    expected = [[per_row[i] if x else 0.0 for x in marks] for i, marks in enumerate(_rows(mask))]
+    np.testing.assert_allclose(fast.double().numpy(), expected, rtol=1e-5, atol=1e-6)

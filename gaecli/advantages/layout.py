@@ -92,8 +92,9 @@ def spread_to_trainable(row_values: np.ndarray, trainable: np.ndarray, offsets: 
 def _spread(row_values, trainable, offsets, out):
     for row in numba.prange(offsets.shape[0] - 1):
         value = row_values[row]
-        for t in range(offsets[row], offsets[row + 1]):
-            out[t] = value if trainable[t] else 0.0
+        start = np.uint64(offsets[row])  # unsigned: no wraparound test, the loop vectorises
+        for j in range(np.uint64(offsets[row + 1] - offsets[row])):
+            out[start + j] = value if trainable[start + j] != 0 else 0.0
 
 
 def _good_neighbour() -> None:
@@ -109,8 +110,9 @@ def _trainable_counts(trainable, offsets):
     counts = np.zeros(rows, dtype=np.int64)
     for row in numba.prange(rows):
         count = 0
-        for t in range(offsets[row], offsets[row + 1]):
-            count += np.int64(trainable[t] != 0)
+        start = np.uint64(offsets[row])  # unsigned: no wraparound test, the loop vectorises
+        for j in range(np.uint64(offsets[row + 1] - offsets[row])):
+            count += np.int64(trainable[start + j] != 0)
         counts[row] = count
     return counts
 

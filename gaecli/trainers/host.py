@@ -117,6 +117,41 @@ def seen_tails(values, rewards, mask, rows) -> tuple | None:
     return None
 
 
+def outcome_padded(spec, rewards, mask, row_inputs: dict):
+    """An outcome estimator's advantages ``[B, T]`` (``spec``: grpo, dr-grpo or rloo under the
+    masked contract, each row's advantage written at its trainable tokens, 0 elsewhere) from
+    compiled passes: one that screens the batch and reads its tails
+    (:func:`gaecli.advantages.faults.screen_rows`), the rows' scores
+    (:func:`gaecli.advantages.estimators.row_scores`: the rewards at trainable tokens and the
+    outcome), the estimator on the ``B`` scores alone (:func:`gaecli.compute_advantages_packed`
+    on one token a row: the same definition and checks), and one write. None where this path
+    does not apply or the screen flags a row (the general path then names the fault)."""
+    import torch
+
+    from gaecli.advantages.api import compute_advantages_packed
+    from gaecli.advantages.estimators import row_scores
+    from gaecli.advantages.faults import screen_rows
+    from gaecli.advantages.layout import spread_to_trainable
+
+    arrays = host_arrays(rewards, rewards, mask)
+    if arrays is None:
+        return None
+    flat_rewards, _, flat_mask = arrays
+    batch, length = rewards.shape
+    offsets = np.arange(batch + 1, dtype=np.int64) * length
+    bad_mask, _, bad_rewards, _, _, terminal = screen_rows(flat_mask, flat_rewards, flat_rewards, offsets)
+    if bad_mask.any() or bad_rewards.any() or not np.isfinite(terminal).all():
+        return None
+    scores, _ = row_scores(flat_rewards, flat_mask, offsets, terminal)
+    one_each = torch.arange(batch + 1, dtype=torch.int64)
+    per_row, _ = compute_advantages_packed(
+        None, torch.from_numpy(scores), torch.ones(batch, dtype=torch.bool), one_each,
+        torch.zeros(batch, dtype=torch.float64), spec=spec, row_inputs=row_inputs,
+    )  # fmt: skip
+    advantages = spread_to_trainable(per_row.numpy(), flat_mask, offsets, flat_rewards.dtype)
+    return torch.from_numpy(advantages).view(batch, length)
+
+
 def whiten_in_place(advantages, mask, every: bool) -> bool:
     """Whiten the ``[B, T]`` advantages in place over the mask's trainable tokens (``mask !=
     0``): ``(A − mean)/sqrt(var + ε)``, the float64 mean and Bessel variance (one trainable

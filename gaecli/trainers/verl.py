@@ -85,18 +85,24 @@ def _outcome(estimator: str, token_level_rewards, response_mask, index, semantic
     check_batch(f"compute_{estimator.replace('-', '_')}_outcome_advantage", token_level_rewards, response_mask)
     check_semantics(semantics, (MASKED, "verl"))
     batch, length = token_level_rewards.shape
-    trainable = as_trainable(response_mask)
-    if semantics == MASKED:
-        rewards, terminal = outcome_split(token_level_rewards, trainable)
-    else:
-        rewards = token_level_rewards
-        terminal = torch.zeros(batch, dtype=token_level_rewards.dtype, device=token_level_rewards.device)
     rule = None
     if estimator == "grpo" and epsilon is not None and epsilon != SCORE_RULE.eps:
         from dataclasses import replace
 
         rule = replace(SCORE_RULE, eps=float(epsilon))
     spec = AdvantageSpec(estimator=estimator, group_by="index", semantics=semantics, whitening_rule=rule)
+    if semantics == MASKED:
+        from gaecli.trainers.host import outcome_padded
+
+        advantages = outcome_padded(spec, token_level_rewards, response_mask, {"index": index})
+        if advantages is not None:
+            return advantages, advantages
+    trainable = as_trainable(response_mask)
+    if semantics == MASKED:
+        rewards, terminal = outcome_split(token_level_rewards, trainable)
+    else:
+        rewards = token_level_rewards
+        terminal = torch.zeros(batch, dtype=token_level_rewards.dtype, device=token_level_rewards.device)
     advantages, _ = compute_advantages_packed(
         None, rewards.reshape(-1), trainable.reshape(-1), row_offsets(batch, length, rewards.device), terminal,
         spec=spec, row_inputs={"index": index},
