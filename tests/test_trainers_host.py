@@ -182,6 +182,25 @@ def test_check_and_credit_metrics_read_what_the_drop_in_saw_and_see_a_change_sin
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "dr-grpo", "rloo"])
+def test_verls_profile_of_the_outcome_estimators_on_the_host_matches_the_general_path(estimator):
+    """``semantics="verl"`` (every token's reward scored, written through the mask): the
+    compiled host path gives the general path's numbers (a transposed copy takes that)."""
+    rewards, _, mask = _padded(seed=19)
+    r, m = (torch.tensor(array, dtype=torch.float32) for array in (rewards, mask))
+    index = np.arange(r.shape[0]) // 4
+    if estimator == "rloo":
+        call = lambda rr, mm: verl.compute_rloo_outcome_advantage(rr, mm, index, semantics="verl")  # noqa: E731
+    else:
+        norm = estimator == "grpo"
+        call = lambda rr, mm: verl.compute_grpo_outcome_advantage(  # noqa: E731
+            rr, mm, index, norm_adv_by_std_in_grpo=norm, semantics="verl"
+        )
+    fast, _ = call(r, m)
+    general, _ = call(r.t().contiguous().t(), m.t().contiguous().t())
+    assert torch.equal(fast, general)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr-grpo", "rloo"])
 def test_the_outcome_estimators_host_path_matches_the_general_path_and_the_loop(estimator):
     """verl's GRPO, Dr. GRPO and RLOO on a float32 batch with a float mask: the compiled host
     path (scores, the estimator on the scores, one write) gives the general path's numbers

@@ -22,7 +22,7 @@ import weakref
 import numba
 import numpy as np
 
-from gaecli.advantages.contract import WHITEN_EPSILON
+from gaecli.advantages.contract import MASKED, WHITEN_EPSILON
 from gaecli.advantages.kernels.compiled import thread_count
 from gaecli.advantages.whiten import whitened_token
 
@@ -119,17 +119,18 @@ def seen_tails(values, rewards, mask, rows) -> tuple | None:
 
 def outcome_padded(spec, rewards, mask, row_inputs: dict):
     """An outcome estimator's advantages ``[B, T]`` (``spec``: grpo, dr-grpo or rloo under the
-    masked contract, each row's advantage written at its trainable tokens, 0 elsewhere) from
-    compiled passes: one that screens the batch and reads its tails
+    masked contract or verl's profile, each row's advantage written at its trainable tokens, 0
+    elsewhere) from compiled passes: one that screens the batch and reads its tails
     (:func:`gaecli.advantages.faults.screen_rows`), the rows' scores
     (:func:`gaecli.advantages.estimators.row_scores`: the rewards at trainable tokens and the
-    outcome), the estimator on the ``B`` scores alone (:func:`gaecli.compute_advantages_packed`
-    on one token a row: the same definition and checks), and one write. None where this path
-    does not apply or the screen flags a row (the general path then names the fault)."""
+    outcome; verl's profile: every token's, ``response_scores``), the estimator on the ``B``
+    scores alone (:func:`gaecli.compute_advantages_packed` on one token a row: the same
+    definition and checks), and one write. None where this path does not apply or the screen
+    flags a row (the general path then names the fault)."""
     import torch
 
     from gaecli.advantages.api import compute_advantages_packed
-    from gaecli.advantages.estimators import row_scores
+    from gaecli.advantages.estimators import response_scores, row_scores
     from gaecli.advantages.faults import screen_rows
     from gaecli.advantages.layout import spread_to_trainable
 
@@ -142,7 +143,10 @@ def outcome_padded(spec, rewards, mask, row_inputs: dict):
     bad_mask, _, bad_rewards, _, _, terminal = screen_rows(flat_mask, flat_rewards, flat_rewards, offsets)
     if bad_mask.any() or bad_rewards.any() or not np.isfinite(terminal).all():
         return None
-    scores, _ = row_scores(flat_rewards, flat_mask, offsets, terminal)
+    if spec.semantics == MASKED:
+        scores, _ = row_scores(flat_rewards, flat_mask, offsets, terminal)
+    else:  # a trainer profile's score: every token's reward (verl's)
+        scores = response_scores(flat_rewards, offsets, np.zeros(batch, dtype=flat_rewards.dtype))
     one_each = torch.arange(batch + 1, dtype=torch.int64)
     per_row, _ = compute_advantages_packed(
         None, torch.from_numpy(scores), torch.ones(batch, dtype=torch.bool), one_each,

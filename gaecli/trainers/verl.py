@@ -91,12 +91,11 @@ def _outcome(estimator: str, token_level_rewards, response_mask, index, semantic
 
         rule = replace(SCORE_RULE, eps=float(epsilon))
     spec = AdvantageSpec(estimator=estimator, group_by="index", semantics=semantics, whitening_rule=rule)
-    if semantics == MASKED:
-        from gaecli.trainers.host import outcome_padded
+    from gaecli.trainers.host import outcome_padded
 
-        advantages = outcome_padded(spec, token_level_rewards, response_mask, {"index": index})
-        if advantages is not None:
-            return advantages, advantages
+    advantages = outcome_padded(spec, token_level_rewards, response_mask, {"index": index})
+    if advantages is not None:
+        return advantages, advantages
     trainable = as_trainable(response_mask)
     if semantics == MASKED:
         rewards, terminal = outcome_split(token_level_rewards, trainable)
