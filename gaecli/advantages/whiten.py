@@ -44,6 +44,46 @@ def whitened_by(advantage, mean, inverse_scale):
 whitened_token = numba.njit(cache=True, nogil=True)(whitened_by)
 
 
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def row_moments(values, mask):
+    """One row's trainable (``mask != 0``) values: their count, float64 sum, and squares about
+    their own mean, in one read of the row, the sums taken about its first trainable value
+    (``k``: ``Σ(x − k)``, ``Σ(x − k)²``, then ``sum = n·k + Σ(x − k)``, ``M2 = Σ(x − k)² −
+    Σ(x − k)²/n``), which keeps them exact to float64 whatever the row's offset from 0. Sums
+    reassociated, so that they run in vector registers: their order is fixed by the row's
+    length, the same on every call. Rows merge by :func:`merged_moments`."""
+    width = np.uint64(values.shape[0])  # unsigned: no wraparound test
+    shift = 0.0
+    for j in range(width):
+        if mask[j] != 0:
+            shift = np.float64(values[j])
+            break
+    count, total, square = 0, 0.0, 0.0
+    for j in range(width):
+        trainable = mask[j] != 0
+        deviation = np.float64(values[j]) - shift if trainable else 0.0
+        total += deviation
+        square += deviation * deviation
+        count += trainable
+    if count == 0:
+        return 0, 0.0, 0.0
+    return count, count * shift + total, square - total * total / count
+
+
+def merged_moments(counts: np.ndarray, totals: np.ndarray, squares: np.ndarray) -> tuple[int, float, float]:
+    """The rows' :func:`row_moments` as one group's ``(count, mean, Bessel variance)``:
+    ``M2 = Σ M2_r + Σ n_r (mean_r − mean)²``, as exact as one pass around the group's mean (one
+    token: variance 0; none: count 0, mean and variance 0)."""
+    count = int(counts.sum())
+    if count == 0:
+        return 0, 0.0, 0.0
+    mean = float(totals.sum()) / count
+    present = counts > 0
+    row_means = totals[present] / counts[present]
+    spread = float(squares.sum()) + float((counts[present] * (row_means - mean) ** 2).sum())
+    return count, mean, spread / (count - 1) if count > 1 else 0.0
+
+
 def whiten(advantages, loss_mask, rule=None, written: str = "trainable", *, response_mask=None):
     """Whiten advantages over all trainable tokens: ``(A − mean) / sqrt(var + 1e-8)`` with
     the mask-weighted mean and Bessel-corrected variance (statistics in float64).

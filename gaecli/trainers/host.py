@@ -24,7 +24,7 @@ import numpy as np
 
 from gaecli.advantages.contract import MASKED, WHITEN_EPSILON
 from gaecli.advantages.kernels.compiled import thread_count
-from gaecli.advantages.whiten import whitened_token
+from gaecli.advantages.whiten import row_moments, whitened_token
 
 FLOATS = ("float32", "float64")
 
@@ -45,10 +45,13 @@ def host_arrays(*tensors) -> list | None:
     return [t.detach().reshape(-1).numpy() for t in tensors]
 
 
-def masked_gae_padded(values, rewards, mask, gamma: float, lambd: float, out=None):
+def masked_gae_padded(values, rewards, mask, gamma: float, lambd: float, out=None, moments=None):
     """The masked contract on a padded batch ``[B, T]`` (rows of ``T`` tokens): ``(advantages,
     returns)`` ``[B, T]`` in the values' dtype (``out``: the caller's two contiguous buffers,
-    written), 0 at masked and padding positions; None where this path does not apply."""
+    written), 0 at masked and padding positions; None where this path does not apply.
+    ``moments``: float64 ``[3, B]``, filled with the rows' whitening moments by the kernel as
+    each row ends (:func:`gaecli.advantages.whiten.row_moments`, for :func:`whiten_in_place`);
+    left as it was where this path does not apply."""
     import torch
 
     from gaecli.advantages.kernels.native import native_gae_screened
@@ -63,11 +66,14 @@ def masked_gae_padded(values, rewards, mask, gamma: float, lambd: float, out=Non
     tails = row_tails(flat_mask, flat_rewards, offsets)
     terminal = tails[2]
     buffers = None if out is None else tuple(o.view(-1).numpy() for o in out)
+    found = None if moments is None else np.zeros_like(moments)
     advantages, returns, clean = native_gae_screened(
-        flat_values, flat_rewards, flat_mask, offsets, terminal, gamma=gamma, lambd=lambd, out=buffers
+        flat_values, flat_rewards, flat_mask, offsets, terminal, gamma=gamma, lambd=lambd, out=buffers, moments=found
     )
     if not clean or not np.isfinite(terminal).all():
         return None
+    if moments is not None:
+        moments[...] = found
     _SEEN[:] = [_Seen((values, rewards, mask), tails)]
     if out is not None:
         return out[0], out[1]
@@ -156,7 +162,7 @@ def outcome_padded(spec, rewards, mask, row_inputs: dict):
     return torch.from_numpy(advantages).view(batch, length)
 
 
-def whiten_in_place(advantages, mask, every: bool) -> bool:
+def whiten_in_place(advantages, mask, every: bool, moments=None) -> bool:
     """Whiten the ``[B, T]`` advantages in place over the mask's trainable tokens (``mask !=
     0``): ``(A − mean)/sqrt(var + ε)``, the float64 mean and Bessel variance (one trainable
     token: variance 0), at the trainable positions (0 elsewhere) or, ``every``, at each one.
@@ -164,52 +170,36 @@ def whiten_in_place(advantages, mask, every: bool) -> bool:
     finite or no token is trainable (the general :func:`gaecli.advantages.whiten.whiten`
     then says why).
 
-    The moments are taken row by row (each row's count, sum and squares about its own mean,
-    its second read from the core's cache), then merged: ``M2 = Σ M2_r + Σ n_r (mean_r −
-    mean)²``, as exact as one pass over the batch around its mean."""
+    The moments are taken row by row (:func:`gaecli.advantages.whiten.row_moments`), or given
+    (``moments`` float64 ``[3, B]`` as the kernel fills them, :func:`masked_gae_padded`; NaN
+    where not filled), then merged (:func:`gaecli.advantages.whiten.merged_moments`)."""
+    from gaecli.advantages.whiten import merged_moments
+
     arrays = host_arrays(advantages, advantages, mask)
     if arrays is None or advantages.dim() != 2:
         return False
     flat, _, flat_mask = arrays
     rows, length = advantages.shape
     thread_count()  # numba's pool started as a good neighbour to torch
-    counts, totals, squares = _row_moments(flat, flat_mask, rows, length)
-    count = counts.sum()
-    if count == 0:
-        return False
-    mean = totals.sum() / count
-    present = counts > 0
-    row_means = totals[present] / counts[present]
-    spread = squares.sum() + (counts[present] * (row_means - mean) ** 2).sum()
-    variance = spread / (count - 1) if count > 1 else 0.0
-    if not (np.isfinite(mean) and np.isfinite(variance)):
+    if moments is None or not np.isfinite(moments).all():
+        moments = np.stack(_row_moments(flat, flat_mask, rows, length))
+    count, mean, variance = merged_moments(moments[0], moments[1], moments[2])
+    if count == 0 or not (np.isfinite(mean) and np.isfinite(variance)):
         return False
     _write_whitened(flat, flat_mask, rows, length, mean, float(np.sqrt(variance + WHITEN_EPSILON)), every)
     return True
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc"})
+@numba.njit(cache=True, nogil=True, parallel=True)
 def _row_moments(values, mask, rows, length):
-    """Per row: the count, sum and squares about the row's mean of the trainable tokens'
-    values, in float64 (sums reassociated, so that they run in vector registers: the order is
-    fixed by the row's length, the same on every call). Unsigned indices: no wraparound test."""
-    counts = np.zeros(rows, dtype=np.int64)
+    """:func:`gaecli.advantages.whiten.row_moments` of every row, over the threads."""
+    counts = np.zeros(rows, dtype=np.float64)
     totals = np.zeros(rows, dtype=np.float64)
     squares = np.zeros(rows, dtype=np.float64)
-    width = np.uint64(length)
     for row in numba.prange(rows):
-        start = np.uint64(row) * width
-        count, total = 0, 0.0
-        for j in range(width):
-            trainable = mask[start + j] != 0
-            total += np.float64(values[start + j]) if trainable else 0.0
-            count += trainable
-        mean = total / count if count else 0.0
-        square = 0.0
-        for j in range(width):
-            deviation = np.float64(values[start + j]) - mean
-            square += deviation * deviation if mask[start + j] != 0 else 0.0
-        counts[row], totals[row], squares[row] = count, total, square
+        start = row * length
+        row_values, row_mask = values[start : start + length], mask[start : start + length]
+        counts[row], totals[row], squares[row] = row_moments(row_values, row_mask)
     return counts, totals, squares
 
 

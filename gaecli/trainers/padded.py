@@ -94,14 +94,15 @@ def _host_may_write(out, values) -> bool:
     )
 
 
-def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str, out=None):
+def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str, out=None, moments=None):
     """GAE of a padded batch ``[B, T]`` under ``semantics``, as ``[B, T]`` advantages and
     returns in the values' dtype and device. ``masked``: the contract on the trainable tokens,
     the outcome reward moved to the last of them (:func:`outcome_split`), 0 at every masked and
     padding position; a profile: that trainer's computation at every position
     (:func:`gaecli.baseline_gae_packed`, the rewards as given, padding as masked tokens).
     ``out``: ``[B, T]`` buffers to write into (:func:`flat_out`), returned. A float batch on
-    the host takes the compiled path of :mod:`gaecli.trainers.host` (the same numbers)."""
+    the host takes the compiled path of :mod:`gaecli.trainers.host` (the same numbers), which
+    fills ``moments`` (float64 ``[3, B]``) with the rows' whitening moments."""
     import torch
 
     from gaecli.advantages.api import baseline_gae_packed
@@ -109,7 +110,7 @@ def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str
     if semantics == MASKED and _host_may_write(out, values):
         from gaecli.trainers.host import masked_gae_padded
 
-        computed = masked_gae_padded(values, rewards, mask, float(gamma), float(lambd), out=out)
+        computed = masked_gae_padded(values, rewards, mask, float(gamma), float(lambd), out=out, moments=moments)
         if computed is not None:
             return computed
     batch, length = values.shape

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
+
 from gaecli.advantages.contract import MASKED
 from gaecli.trainers.padded import as_trainable, check_batch, check_semantics, outcome_split, packed_gae, row_offsets
 
@@ -38,8 +40,11 @@ def compute_gae_advantage_return(
 
     check_batch("compute_gae_advantage_return", token_level_rewards, values, response_mask)
     check_semantics(semantics)
-    advantages, returns = packed_gae(values, token_level_rewards, response_mask, gamma, lam, semantics, out=out)
-    if whiten_in_place(advantages, response_mask, every=semantics != MASKED):  # the advantages are ours
+    moments = np.full((3, values.shape[0]), np.nan)  # the kernel's, where it runs on the host
+    advantages, returns = packed_gae(
+        values, token_level_rewards, response_mask, gamma, lam, semantics, out=out, moments=moments
+    )
+    if whiten_in_place(advantages, response_mask, every=semantics != MASKED, moments=moments):  # ours to change
         return advantages, returns
     flat, mask = advantages.reshape(-1), as_trainable(response_mask).reshape(-1)
     written = "trainable" if semantics == MASKED else "every"

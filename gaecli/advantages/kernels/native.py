@@ -33,6 +33,7 @@ import numpy as np
 from gaecli.advantages.kernels.compiled import AVAILABLE, numba, plan_groups, thread_count
 from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
 from gaecli.advantages.kernels.native_variants import native_variant_flat
+from gaecli.advantages.whiten import row_moments
 
 if AVAILABLE:
     from numba.core import types
@@ -112,8 +113,8 @@ def _pointer(typingctx, address, like):
 def _buffers(layout, sample):
     """Sample ``sample``'s five buffers as arrays over its ``lengths[sample]`` tokens, read
     and written in place: values, rewards, mask, advantages, returns (rows of ``addresses``).
-    ``layout``: ``(addresses, lengths, value_kind, mask_kind)``, see :func:`_masked_gae_batch`."""
-    addresses, lengths, value_kind, mask_kind = layout
+    ``layout``: ``(addresses, lengths, value_kind, mask_kind, moments)``, see :func:`_masked_gae_batch`."""
+    addresses, lengths, value_kind, mask_kind, _ = layout
     length = lengths[sample]
     return (
         numba.carray(_pointer(addresses[VALUES, sample], value_kind), length),
@@ -156,15 +157,30 @@ def _run_group(layout, terminal_rewards, gamma, decay, order, group_bounds, grou
         v, r, m, a, g = _buffers(layout, sample)
         terminal = np.float64(terminal_rewards[sample])
         total += _run_alone(v, r, m, a, g, gamma, decay, 0, lengths[sample], 0.0, 0.0, terminal, 0.0)[3]
+        _record_moments(layout, sample)
     return total
 
 
-def _fill_lanes(order, taken, lengths, terminal_rewards, lane_sample, position, state):
+def _record_moments(layout, sample):
+    """Where the caller asked for them (``layout``'s ``moments`` ``[3, B]``, else ``[3, 0]``):
+    the finished sample's count, sum and squares of its trainable advantages
+    (:func:`gaecli.advantages.whiten.row_moments`), read back while they are in the core's cache."""
+    moments = layout[4]
+    if sample < 0 or moments.shape[1] == 0:
+        return
+    _, _, mask, advantages, _ = _buffers(layout, sample)
+    count, total, square = row_moments(advantages, mask)
+    moments[0, sample], moments[1, sample], moments[2, sample] = count, total, square
+
+
+def _fill_lanes(layout, order, taken, terminal_rewards, lane_sample, position, state):
     """Give every finished lane the next non-empty sample of the queue ``order`` (of which
-    ``taken`` are taken); returns the new ``taken``."""
+    ``taken`` are taken), the finished one's moments recorded; returns the new ``taken``."""
     carry, next_value, terminal, _ = state
+    lengths = layout[1]
     for lane in range(LANES):
         while position[lane] == 0 and taken < order.shape[0]:
+            _record_moments(layout, lane_sample[lane])
             sample = order[taken]
             taken += 1
             lane_sample[lane] = sample
@@ -207,7 +223,7 @@ def _run_lanes(layout, terminal_rewards, gamma, decay, order):
     recurrence's state, ``screen`` the lane's screen.
     """
     taken = 0
-    lane_sample = np.zeros(LANES, dtype=np.int64)
+    lane_sample = np.full(LANES, -1, dtype=np.int64)  # -1: no sample yet
     position = np.zeros(LANES, dtype=np.int64)
     carry = np.zeros(LANES, dtype=np.float64)
     next_value = np.zeros(LANES, dtype=np.float64)
@@ -215,7 +231,7 @@ def _run_lanes(layout, terminal_rewards, gamma, decay, order):
     screen = np.zeros(LANES, dtype=np.float64)
     state = (carry, next_value, terminal, screen)
     while True:
-        taken = _fill_lanes(order, taken, layout[1], terminal_rewards, lane_sample, position, state)
+        taken = _fill_lanes(layout, order, taken, terminal_rewards, lane_sample, position, state)
         if position.min() == 0:
             break
         _separate_lanes(layout, gamma, decay, lane_sample, position, state)
@@ -248,6 +264,7 @@ def _run_lanes(layout, terminal_rewards, gamma, decay, order):
     for lane in range(LANES):
         if position[lane] > 0:
             _run_lane_alone(layout, gamma, decay, lane, 0, lane_sample, position, state)
+        _record_moments(layout, lane_sample[lane])
         total += screen[lane]
     return total
 
@@ -255,10 +272,11 @@ def _run_lanes(layout, terminal_rewards, gamma, decay, order):
 def _masked_gae_batch(layout, terminal_rewards, gamma, lambd, order, group_bounds, screens):
     """Fill every sample's advantages and returns, and ``screens[g]`` with group ``g``'s input
     screen; group ``g`` is the samples ``order[group_bounds[g]:group_bounds[g + 1]]``, and
-    the groups run in parallel. ``layout``: ``(addresses, lengths, value_kind, mask_kind)``:
-    int64 ``[5, B]``, where each sample's buffers start (rows VALUES, REWARDS, MASK,
-    ADVANTAGES, RETURNS), int64 ``[B]`` their lengths, and empty arrays of the values'
-    (rewards', outputs') and the mask's dtypes."""
+    the groups run in parallel. ``layout``: ``(addresses, lengths, value_kind, mask_kind,
+    moments)``: int64 ``[5, B]``, where each sample's buffers start (rows VALUES, REWARDS, MASK,
+    ADVANTAGES, RETURNS), int64 ``[B]`` their lengths, empty arrays of the values' (rewards',
+    outputs') and the mask's dtypes, and float64 ``[3, B]`` to fill with each sample's
+    moments (:func:`_record_moments`; ``[3, 0]``: none wanted)."""
     decay = gamma * lambd
     for group in numba.prange(group_bounds.shape[0] - 1):
         screens[group] = _run_group(layout, terminal_rewards, gamma, decay, order, group_bounds, group)
@@ -280,6 +298,7 @@ if AVAILABLE:
     _buffers = numba.njit(nogil=True)(_buffers)
     _too_close = numba.njit(nogil=True)(_too_close)
     _fill_lanes = numba.njit(nogil=True)(_fill_lanes)
+    _record_moments = numba.njit(nogil=True)(_record_moments)
     _run_lane_alone = numba.njit(nogil=True)(_run_lane_alone)
     _separate_lanes = numba.njit(nogil=True)(_separate_lanes)
     _run_lanes = numba.njit(nogil=True)(_run_lanes)
@@ -299,6 +318,7 @@ def native_gae_samples(
     mask_dtype: np.dtype,
     gamma: float,
     lambd: float,
+    moments: Optional[np.ndarray] = None,
 ) -> bool:
     """Masked GAE of B samples whose buffers lie anywhere in memory, read and written in place:
     ``addresses`` int64 ``[5, B]``, the address of each sample's first value, reward, mask
@@ -310,6 +330,9 @@ def native_gae_samples(
 
     Screens the input in the same pass (see :func:`native_gae_screened`) and returns
     ``clean``. The list API's path (no concatenation) and the packed form's alike.
+    ``moments``: float64 ``[3, B]``, filled with each sample's count, sum and squares about its
+    mean of its trainable advantages (:func:`gaecli.advantages.whiten.row_moments`), read as
+    each sample ends (in cache): what whitening needs, without a pass of its own.
     """
     batch = offsets.size - 1
     if batch <= 0:
@@ -319,11 +342,15 @@ def native_gae_samples(
     groups = 1 if serial else max(1, min(threads, batch))
     order, group_bounds = plan_groups(offsets, groups)
     screens = np.zeros(groups, dtype=np.float64)
-    layout = (addresses, np.diff(offsets), _kind(value_dtype), _kind(mask_dtype))
+    wanted = _NO_MOMENTS if moments is None else moments
+    layout = (addresses, np.diff(offsets), _kind(value_dtype), _kind(mask_dtype), wanted)
     (_compiled_serial if serial else _compiled)(
         layout, terminal_rewards, float(gamma), float(lambd), order, group_bounds, screens
     )
     return bool(np.isfinite(screens.sum()))
+
+
+_NO_MOMENTS = np.zeros((3, 0), dtype=np.float64)
 
 
 @functools.cache
@@ -352,7 +379,12 @@ def native_gae_flat(batch: FlatBatch, *, gamma: float, lambd: float, **variants)
 
 @flat_kernel
 def native_gae_screened(
-    batch: FlatBatch, *, gamma: float, lambd: float, out: Optional[tuple[np.ndarray, np.ndarray]] = None
+    batch: FlatBatch,
+    *,
+    gamma: float,
+    lambd: float,
+    out: Optional[tuple[np.ndarray, np.ndarray]] = None,
+    moments: Optional[np.ndarray] = None,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """:func:`native_gae_flat` that also screens its input in the same pass: returns
     ``(advantages, returns, clean)``, ``clean`` False when a value or reward it read was not
@@ -360,7 +392,8 @@ def native_gae_screened(
     then be bool, integer or float (trainable: ``!= 0``). Which sample and token is at fault
     is for the caller to find (an error path: :mod:`gaecli.advantages.inputs`). ``out``: two
     contiguous ``[N]`` arrays of the values' dtype, written and returned (a caller's reused
-    buffers: fresh outputs cost a page fault per 4 KiB on first touch)."""
+    buffers: fresh outputs cost a page fault per 4 KiB on first touch). ``moments``: as
+    :func:`native_gae_samples` takes them."""
     values, rewards, loss_mask = (np.ascontiguousarray(array) for array in batch[:3])
     advantages, returns = (np.empty_like(values), np.empty_like(values)) if out is None else out
     offsets = np.asarray(batch.offsets, dtype=np.int64)
@@ -376,6 +409,7 @@ def native_gae_screened(
         mask_dtype=loss_mask.dtype,
         gamma=gamma,
         lambd=lambd,
+        moments=moments,
     )
     return advantages, returns, clean
 
