@@ -231,3 +231,34 @@ def test_the_outcome_estimators_host_path_matches_the_general_path_and_the_loop(
     per_row = group_scores(scores, list(index), estimator)
     expected = [[per_row[i] if x else 0.0 for x in marks] for i, marks in enumerate(_rows(mask))]
     np.testing.assert_allclose(fast.double().numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows, length", [(5, 40), (64, 2048)])  # the serial path, then the parallel one
+def test_the_kernel_reads_the_tails_and_records_the_moments_as_the_separate_passes_do(rows, length):
+    """Asked for them, the native kernel reads each sample's tail first (its terminal reward the
+    tail's sum) and records its whitening moments as it ends: the same advantages and returns as
+    with the tails read apart (``row_tails``) and given as terminal rewards, the same tails (indices
+    in the sample's own tokens), and the moments of ``row_moments`` over each row."""
+    from gaecli.advantages.kernels.native import native_gae_screened
+    from gaecli.trainers.host import _row_moments
+
+    rng = np.random.default_rng(rows)
+    mask = (rng.random((rows, length)) < 0.6).astype(np.float32)
+    for i in range(rows):
+        mask[i, int(rng.integers(0, length + 1)) :] = 0
+    rewards = np.where(rng.random((rows, length)) < 0.1, rng.normal(size=(rows, length)), 0).astype(np.float32)
+    values = rng.normal(size=(rows, length)).astype(np.float32)
+    flat = [array.reshape(-1) for array in (values, rewards, mask)]
+    offsets = np.arange(rows + 1, dtype=np.int64) * length
+    last, last_reward, tail = row_tails(flat[2], flat[1], offsets)
+    apart = native_gae_screened(*flat, offsets, tail, gamma=0.99, lambd=0.9)
+    found = (np.full(rows, -1), np.full(rows, -1), np.zeros(rows, dtype=np.float32))
+    moments = np.zeros((3, rows))
+    fused = native_gae_screened(*flat, offsets, np.zeros(rows), gamma=0.99, lambd=0.9, moments=moments, tails=found)
+    assert apart[2] and fused[2]
+    assert np.array_equal(apart[0], fused[0]) and np.array_equal(apart[1], fused[1])
+    starts = offsets[:-1]
+    assert np.array_equal(np.where(found[0] >= 0, found[0] + starts, -1), last)
+    assert np.array_equal(np.where(found[1] >= 0, found[1] + starts, -1), last_reward)
+    assert np.array_equal(found[2], tail)
+    np.testing.assert_allclose(moments, np.stack(_row_moments(apart[0], flat[2], rows, length)), rtol=1e-12, atol=1e-9)

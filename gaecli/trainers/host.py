@@ -2,11 +2,11 @@
 CPU computed by compiled passes alone, without a torch op between them (a torch op wakes
 torch's thread pool, which then holds the cores the next compiled pass runs on).
 
-- masked GAE: the rewards after each row's last trainable token summed (its outcome,
-  :func:`gaecli.advantages.layout.row_tails`, a pass over the tails only), then the screened
-  native kernel on the rewards as given (a reward at a masked token is only screened, so the
-  rewards at masked tokens between trainable ones are dropped, as
-  :func:`gaecli.trainers.padded.outcome_split` drops them) and the mask in its own dtype;
+- masked GAE: the screened native kernel, which first sums the rewards after each row's last
+  trainable token (its outcome, :func:`gaecli.advantages.layout.read_tail`), then runs on the
+  rewards as given (a reward at a masked token is only screened, so the rewards at masked
+  tokens between trainable ones are dropped, as :func:`gaecli.trainers.padded.outcome_split`
+  drops them) and the mask in its own dtype, and records each row's whitening moments;
 - whitening in place: the count, mean and Bessel variance of the trainable tokens' advantages
   in float64, row by row over the threads, then :func:`gaecli.advantages.whiten.whitened` at
   the trainable positions (or at every one, as verl's ``masked_whiten``).
@@ -55,7 +55,6 @@ def masked_gae_padded(values, rewards, mask, gamma: float, lambd: float, out=Non
     import torch
 
     from gaecli.advantages.kernels.native import native_gae_screened
-    from gaecli.advantages.layout import row_tails
 
     arrays = host_arrays(values, rewards, mask)
     if arrays is None:
@@ -63,15 +62,18 @@ def masked_gae_padded(values, rewards, mask, gamma: float, lambd: float, out=Non
     flat_values, flat_rewards, flat_mask = arrays
     batch, length = values.shape
     offsets = np.arange(batch + 1, dtype=np.int64) * length
-    tails = row_tails(flat_mask, flat_rewards, offsets)
-    terminal = tails[2]
+    last, last_reward = np.full(batch, -1, dtype=np.int64), np.full(batch, -1, dtype=np.int64)
+    terminal = np.zeros(batch, dtype=flat_rewards.dtype)  # the tails' sums: the kernel reads each row's tail first
     buffers = None if out is None else tuple(o.view(-1).numpy() for o in out)
     found = None if moments is None else np.zeros_like(moments)
     advantages, returns, clean = native_gae_screened(
-        flat_values, flat_rewards, flat_mask, offsets, terminal, gamma=gamma, lambd=lambd, out=buffers, moments=found
-    )
+        flat_values, flat_rewards, flat_mask, offsets, terminal, gamma=gamma, lambd=lambd, out=buffers, moments=found,
+        tails=(last, last_reward, terminal),
+    )  # fmt: skip
     if not clean or not np.isfinite(terminal).all():
         return None
+    starts = offsets[:-1]
+    tails = (np.where(last >= 0, last + starts, -1), np.where(last_reward >= 0, last_reward + starts, -1), terminal)
     if moments is not None:
         moments[...] = found
     _SEEN[:] = [_Seen((values, rewards, mask), tails)]

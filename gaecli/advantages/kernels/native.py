@@ -33,6 +33,7 @@ import numpy as np
 from gaecli.advantages.kernels.compiled import AVAILABLE, numba, plan_groups, thread_count
 from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
 from gaecli.advantages.kernels.native_variants import native_variant_flat
+from gaecli.advantages.layout import read_tail
 from gaecli.advantages.whiten import row_moments
 
 if AVAILABLE:
@@ -113,8 +114,9 @@ def _pointer(typingctx, address, like):
 def _buffers(layout, sample):
     """Sample ``sample``'s five buffers as arrays over its ``lengths[sample]`` tokens, read
     and written in place: values, rewards, mask, advantages, returns (rows of ``addresses``).
-    ``layout``: ``(addresses, lengths, value_kind, mask_kind, moments)``, see :func:`_masked_gae_batch`."""
-    addresses, lengths, value_kind, mask_kind, _ = layout
+    ``layout``: ``(addresses, lengths, value_kind, mask_kind, moments, last, last_reward, tail)``, see
+    :func:`_masked_gae_batch`."""
+    addresses, lengths, value_kind, mask_kind = layout[0], layout[1], layout[2], layout[3]
     length = lengths[sample]
     return (
         numba.carray(_pointer(addresses[VALUES, sample], value_kind), length),
@@ -155,10 +157,24 @@ def _run_group(layout, terminal_rewards, gamma, decay, order, group_bounds, grou
         if lengths[sample] == 0:
             continue
         v, r, m, a, g = _buffers(layout, sample)
-        terminal = np.float64(terminal_rewards[sample])
+        terminal = _terminal(layout, terminal_rewards, sample)
         total += _run_alone(v, r, m, a, g, gamma, decay, 0, lengths[sample], 0.0, 0.0, terminal, 0.0)[3]
         _record_moments(layout, sample)
     return total
+
+
+def _terminal(layout, terminal_rewards, sample):
+    """The terminal reward sample ``sample`` starts with: ``terminal_rewards[sample]``, or, where
+    the caller asked for the tails (``layout``'s ``last``, ``last_reward`` and ``tail`` ``[B]``,
+    else empty), the sum of the rewards after its last trainable token, its tail read first
+    (:func:`gaecli.advantages.layout.read_tail`, the indices in the sample's own tokens): the
+    outcome of a padded row, which its lane then reads again from the core's cache."""
+    last, last_reward, tail = layout[5], layout[6], layout[7]
+    if last.shape[0] == 0:
+        return np.float64(terminal_rewards[sample])
+    _, rewards, mask, _, _ = _buffers(layout, sample)
+    read_tail(mask, rewards, 0, rewards.shape[0], last, last_reward, tail, sample)
+    return np.float64(tail[sample])
 
 
 def _record_moments(layout, sample):
@@ -187,7 +203,7 @@ def _fill_lanes(layout, order, taken, terminal_rewards, lane_sample, position, s
             position[lane] = lengths[sample]
             carry[lane] = 0.0
             next_value[lane] = 0.0
-            terminal[lane] = np.float64(terminal_rewards[sample])
+            terminal[lane] = _terminal(layout, terminal_rewards, sample)
     return taken
 
 
@@ -273,10 +289,11 @@ def _masked_gae_batch(layout, terminal_rewards, gamma, lambd, order, group_bound
     """Fill every sample's advantages and returns, and ``screens[g]`` with group ``g``'s input
     screen; group ``g`` is the samples ``order[group_bounds[g]:group_bounds[g + 1]]``, and
     the groups run in parallel. ``layout``: ``(addresses, lengths, value_kind, mask_kind,
-    moments)``: int64 ``[5, B]``, where each sample's buffers start (rows VALUES, REWARDS, MASK,
-    ADVANTAGES, RETURNS), int64 ``[B]`` their lengths, empty arrays of the values' (rewards',
-    outputs') and the mask's dtypes, and float64 ``[3, B]`` to fill with each sample's
-    moments (:func:`_record_moments`; ``[3, 0]``: none wanted)."""
+    moments, last, last_reward, tail)``: int64 ``[5, B]``, where each sample's buffers start
+    (rows VALUES, REWARDS, MASK, ADVANTAGES, RETURNS), int64 ``[B]`` their lengths, empty
+    arrays of the values' (rewards', outputs') and the mask's dtypes, float64 ``[3, B]`` to fill
+    with each sample's moments (:func:`_record_moments`; ``[3, 0]``: none wanted), and the
+    tails to read (:func:`_terminal`; empty arrays: none, the terminal rewards as given)."""
     decay = gamma * lambd
     for group in numba.prange(group_bounds.shape[0] - 1):
         screens[group] = _run_group(layout, terminal_rewards, gamma, decay, order, group_bounds, group)
@@ -299,6 +316,7 @@ if AVAILABLE:
     _too_close = numba.njit(nogil=True)(_too_close)
     _fill_lanes = numba.njit(nogil=True)(_fill_lanes)
     _record_moments = numba.njit(nogil=True)(_record_moments)
+    _terminal = numba.njit(nogil=True)(_terminal)
     _run_lane_alone = numba.njit(nogil=True)(_run_lane_alone)
     _separate_lanes = numba.njit(nogil=True)(_separate_lanes)
     _run_lanes = numba.njit(nogil=True)(_run_lanes)
@@ -319,6 +337,7 @@ def native_gae_samples(
     gamma: float,
     lambd: float,
     moments: Optional[np.ndarray] = None,
+    tails: Optional[tuple] = None,
 ) -> bool:
     """Masked GAE of B samples whose buffers lie anywhere in memory, read and written in place:
     ``addresses`` int64 ``[5, B]``, the address of each sample's first value, reward, mask
@@ -332,7 +351,11 @@ def native_gae_samples(
     ``clean``. The list API's path (no concatenation) and the packed form's alike.
     ``moments``: float64 ``[3, B]``, filled with each sample's count, sum and squares about its
     mean of its trainable advantages (:func:`gaecli.advantages.whiten.row_moments`), read as
-    each sample ends (in cache): what whitening needs, without a pass of its own.
+    each sample ends (in cache): what whitening needs, without a pass of its own. ``tails``:
+    ``(last, last_reward, tail)`` ``[B]`` (int64, int64, the rewards' dtype; filled with -1, -1
+    and 0), each sample's tail read by the kernel first, as
+    :func:`gaecli.advantages.layout.row_tails` reads it but with indices in the sample's own
+    tokens, its terminal reward then the tail's sum (``terminal_rewards`` unread).
     """
     batch = offsets.size - 1
     if batch <= 0:
@@ -343,7 +366,10 @@ def native_gae_samples(
     order, group_bounds = plan_groups(offsets, groups)
     screens = np.zeros(groups, dtype=np.float64)
     wanted = _NO_MOMENTS if moments is None else moments
-    layout = (addresses, np.diff(offsets), _kind(value_dtype), _kind(mask_dtype), wanted)
+    if tails is None:
+        tails = (_NO_INDICES, _NO_INDICES, _kind(value_dtype))
+    # one flat tuple: a parallel region takes no tuple nested in its arguments
+    layout = (addresses, np.diff(offsets), _kind(value_dtype), _kind(mask_dtype), wanted, *tails)
     (_compiled_serial if serial else _compiled)(
         layout, terminal_rewards, float(gamma), float(lambd), order, group_bounds, screens
     )
@@ -351,6 +377,7 @@ def native_gae_samples(
 
 
 _NO_MOMENTS = np.zeros((3, 0), dtype=np.float64)
+_NO_INDICES = np.zeros(0, dtype=np.int64)
 
 
 @functools.cache
@@ -385,6 +412,7 @@ def native_gae_screened(
     lambd: float,
     out: Optional[tuple[np.ndarray, np.ndarray]] = None,
     moments: Optional[np.ndarray] = None,
+    tails: Optional[tuple] = None,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """:func:`native_gae_flat` that also screens its input in the same pass: returns
     ``(advantages, returns, clean)``, ``clean`` False when a value or reward it read was not
@@ -392,7 +420,7 @@ def native_gae_screened(
     then be bool, integer or float (trainable: ``!= 0``). Which sample and token is at fault
     is for the caller to find (an error path: :mod:`gaecli.advantages.inputs`). ``out``: two
     contiguous ``[N]`` arrays of the values' dtype, written and returned (a caller's reused
-    buffers: fresh outputs cost a page fault per 4 KiB on first touch). ``moments``: as
+    buffers: fresh outputs cost a page fault per 4 KiB on first touch). ``moments`` and ``tails``: as
     :func:`native_gae_samples` takes them."""
     values, rewards, loss_mask = (np.ascontiguousarray(array) for array in batch[:3])
     advantages, returns = (np.empty_like(values), np.empty_like(values)) if out is None else out
@@ -410,6 +438,7 @@ def native_gae_screened(
         gamma=gamma,
         lambd=lambd,
         moments=moments,
+        tails=tails,
     )
     return advantages, returns, clean
 
