@@ -45,6 +45,16 @@ def host_arrays(*tensors) -> list | None:
     return [t.detach().reshape(-1).numpy() for t in tensors]
 
 
+def _padded_rows(*tensors):
+    """``(flat numpy views, offsets)`` of a padded ``[B, T]`` batch (:func:`host_arrays`, rows
+    of ``T`` tokens each), or None where the host path does not apply."""
+    arrays = host_arrays(*tensors)
+    if arrays is None:
+        return None
+    batch, length = tensors[0].shape
+    return arrays, np.arange(batch + 1, dtype=np.int64) * length
+
+
 def masked_gae_padded(values, rewards, mask, gamma: float, lambd: float, out=None, moments=None):
     """The masked contract on a padded batch ``[B, T]`` (rows of ``T`` tokens): ``(advantages,
     returns)`` ``[B, T]`` in the values' dtype (``out``: the caller's two contiguous buffers,
@@ -56,12 +66,11 @@ def masked_gae_padded(values, rewards, mask, gamma: float, lambd: float, out=Non
 
     from gaecli.advantages.kernels.native import native_gae_screened
 
-    arrays = host_arrays(values, rewards, mask)
-    if arrays is None:
+    padded = _padded_rows(values, rewards, mask)
+    if padded is None:
         return None
-    flat_values, flat_rewards, flat_mask = arrays
+    (flat_values, flat_rewards, flat_mask), offsets = padded
     batch, length = values.shape
-    offsets = np.arange(batch + 1, dtype=np.int64) * length
     last, last_reward = np.full(batch, -1, dtype=np.int64), np.full(batch, -1, dtype=np.int64)
     terminal = np.zeros(batch, dtype=flat_rewards.dtype)  # the tails' sums: the kernel reads each row's tail first
     buffers = None if out is None else tuple(o.view(-1).numpy() for o in out)
@@ -142,12 +151,11 @@ def outcome_padded(spec, rewards, mask, row_inputs: dict):
     from gaecli.advantages.faults import screen_rows
     from gaecli.advantages.layout import spread_to_trainable
 
-    arrays = host_arrays(rewards, rewards, mask)
-    if arrays is None:
+    padded = _padded_rows(rewards, rewards, mask)
+    if padded is None:
         return None
-    flat_rewards, _, flat_mask = arrays
+    (flat_rewards, _, flat_mask), offsets = padded
     batch, length = rewards.shape
-    offsets = np.arange(batch + 1, dtype=np.int64) * length
     bad_mask, _, bad_rewards, _, _, terminal = screen_rows(flat_mask, flat_rewards, flat_rewards, offsets)
     if bad_mask.any() or bad_rewards.any() or not np.isfinite(terminal).all():
         return None
