@@ -1,13 +1,8 @@
 """GAE of a padded ``[B, T]`` batch with a λ of its own per row (AReaL's ``gae_lambda`` tensor,
 NeMo-RL's length-adaptive λ), which gaecli's packed kernels (one scalar λ) do not take: a
-log-step scan along the rows in torch, on the tensors' device, with no copy to the host.
-
-The recurrence and its scan are those of :mod:`gaecli.advantages.kernels.scan`, written over
-the rows of the padded batch instead of the flat buffer: at a trainable position the TD error
-against the row's next trainable value (0 after the last: zero bootstrap) with the row's decay
-``γλ_i``; at a masked position followed by a trainable one ``(decay, δ) = (1, 0)``, which
-passes the next trainable token's advantage through unchanged; a masked position with nothing
-trainable after it is ``(0, 0)``. ``ceil(log2(T))`` doubling steps solve it."""
+log-step scan along the rows in torch, on the tensors' device, with no copy to the host: the
+scan of :mod:`gaecli.advantages.kernels.scan`, each row a sample of ``T`` tokens with its own
+decay ``γλ_i``."""
 
 from __future__ import annotations
 
@@ -26,28 +21,17 @@ def carried_advantages(values, rewards, trainable, terminal, gamma: float, decay
     bootstrap, row i's carry decaying by ``decays[i]`` = γλ_i per step); at a masked position
     the advantage of the row's next trainable token (0 after the last one): what a recursion
     that skips masked steps carries there. ``values``, ``rewards`` of one floating dtype,
-    ``trainable`` bool ``[B, T]``, ``decays`` ``[B]`` of the values' dtype."""
+    ``trainable`` bool ``[B, T]``, ``decays`` ``[B]`` of the values' dtype. The scan of
+    :func:`gaecli.advantages.kernels.scan.carried_advantages` over the rows as samples."""
     import torch
 
+    from gaecli.advantages.kernels.convention import FlatBatch
+    from gaecli.advantages.kernels.scan import carried_advantages as scanned
+
     batch, length = values.shape
-    positions = torch.arange(length, device=values.device)
-    candidates = torch.where(trainable, positions, length)
-    suffix_min = candidates.flip(1).cummin(1).values.flip(1)
-    following = torch.cat([suffix_min[:, 1:], suffix_min.new_full((batch, 1), length)], dim=1)
-    has_next = following < length
-    zero = torch.zeros((), dtype=values.dtype, device=values.device)
-    next_values = torch.where(has_next, values.gather(1, following.clamp(max=length - 1)), zero)
-    is_last = trainable & ~has_next
-    terminal_here = torch.where(is_last, terminal.unsqueeze(1), zero)
-    deltas = torch.where(trainable, rewards + terminal_here + gamma * next_values - values, zero)
-    one = torch.ones((), dtype=values.dtype, device=values.device)
-    decays = torch.where(has_next, torch.where(trainable, decays.unsqueeze(1), one), zero)
-    step = 1
-    while step < length:
-        deltas[:, :-step] += decays[:, :-step] * deltas[:, step:]
-        decays[:, :-step] = decays[:, :-step] * decays[:, step:]
-        step *= 2
-    return deltas
+    offsets = torch.arange(batch + 1, device=values.device) * length
+    flat = FlatBatch(values.reshape(-1), rewards.reshape(-1), trainable.reshape(-1), offsets, terminal)
+    return scanned(flat, gamma, decays, length).view(batch, length)
 
 
 def row_lambdas(lambd, batch: int, device):

@@ -2,16 +2,17 @@
 compression, by a log-step (Hillis–Steele) segmented scan. Runs on any torch device; it is
 the fast path on CUDA.
 
-The recurrence ``A_t = d_t + c_t · A_{t+1}`` is written once over the whole flat buffer:
-at a trainable position ``d_t`` is the TD error against the next trainable value of the same
-sample (0 after the last one: zero bootstrap) and ``c_t = γλ`` (0 at the last trainable
-token, which stops the carry at the sample's end); at a masked position followed by a
-trainable one ``(c_t, d_t) = (1, 0)`` passes the carry through unchanged, so a gap of any
-length costs exactly one γλ; a masked position with nothing trainable after it is
-``(0, 0)``. ``ceil(log2(max R))`` doubling steps solve it; every step combines position t
-with t + 2^k only, so the arithmetic a position sees depends on its sample alone and the
-result is bitwise batch invariant (terms from beyond a sample's end are multiplied by an
-exact 0).
+The recurrence ``A_t = d_t + c_t · A_{t+1}`` is written once over the whole flat buffer
+(:func:`carried_advantages`): at a trainable position ``d_t`` is the TD error against the
+next trainable value of the same sample (0 after the last one: zero bootstrap) and
+``c_t = γλ`` (0 at the last trainable token, which stops the carry at the sample's end); at a
+masked position followed by a trainable one ``(c_t, d_t) = (1, 0)`` passes the carry through
+unchanged, so a gap of any length costs exactly one γλ; a masked position with nothing
+trainable after it is ``(0, 0)``. ``ceil(log2(max R))`` doubling steps solve it; every step
+combines position t with t + 2^k only, so the arithmetic a position sees depends on its
+sample alone and the result is bitwise batch invariant (terms from beyond a sample's end are
+multiplied by an exact 0). The decay may differ per sample (a λ per row: AReaL's and
+NeMo-RL's, :mod:`gaecli.trainers.row_lambda`).
 """
 
 from __future__ import annotations
@@ -22,18 +23,16 @@ from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
 from gaecli.advantages.layout import next_trainable_index, segment_ids
 
 
-@flat_kernel
-def scan_gae(batch: FlatBatch, *, gamma: float, lambd: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked GAE by a segmented log-step scan over the flat buffer.
-
-    Same signature and semantics as :func:`gaecli.advantages.kernels.reference.reference_gae`:
-    flat ``[N]`` inputs, ``offsets`` ``[B + 1]``, ``terminal_rewards`` ``[B]``; masked
-    positions 0, fully masked samples all 0 (terminal dropped), empty samples own nothing.
-    """
+def carried_advantages(batch: FlatBatch, gamma: float, decays, longest: int) -> torch.Tensor:
+    """``[N]``: at each trainable position the masked contract's advantage (the rewards at
+    trainable tokens, ``terminal_rewards`` on each sample's last trainable token, zero
+    bootstrap); at a masked position the advantage of the sample's next trainable token (0
+    after the last one) — the carry a recursion that skips masked steps holds there.
+    ``batch``: flat tensors as :func:`scan_gae` takes them (``loss_mask`` bool); ``decays``:
+    γλ, a number or a tensor ``[B]`` of the values' dtype (sample b's decay); ``longest``: at
+    least the longest sample's length (the number of doubling steps)."""
     values, rewards, loss_mask, offsets, terminal_rewards = batch
     total = values.numel()
-    if total == 0:
-        return torch.zeros_like(values), torch.zeros_like(values)
     following = next_trainable_index(loss_mask, offsets)
     has_next = following >= 0
     next_values = torch.where(has_next, values[following.clamp(min=0)], 0.0)
@@ -42,13 +41,27 @@ def scan_gae(batch: FlatBatch, *, gamma: float, lambd: float) -> tuple[torch.Ten
     terminal_here = torch.where(is_last_trainable, terminal_rewards[sample_of], 0.0)
     deltas = torch.where(loss_mask, rewards + terminal_here + gamma * next_values - values, 0.0)
     one = torch.ones((), dtype=values.dtype, device=values.device)
-    decays = torch.where(has_next, torch.where(loss_mask, one * (gamma * lambd), one), 0.0)
-    longest = int((offsets[1:] - offsets[:-1]).max())
+    decay = one * decays if not isinstance(decays, torch.Tensor) else decays[sample_of]
+    carries = torch.where(has_next, torch.where(loss_mask, decay, one), 0.0)
     step = 1
     while step < longest:
-        deltas[:-step] += decays[:-step] * deltas[step:]
-        decays[:-step] = decays[:-step] * decays[step:]
+        deltas[:-step] += carries[:-step] * deltas[step:]
+        carries[:-step] = carries[:-step] * carries[step:]
         step *= 2
-    advantages = torch.where(loss_mask, deltas, 0.0)
-    returns = torch.where(loss_mask, deltas + values, 0.0)
-    return advantages, returns
+    return deltas
+
+
+@flat_kernel
+def scan_gae(batch: FlatBatch, *, gamma: float, lambd: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked GAE by a segmented log-step scan over the flat buffer.
+
+    Same signature and semantics as :func:`gaecli.advantages.kernels.reference.reference_gae`:
+    flat ``[N]`` inputs, ``offsets`` ``[B + 1]``, ``terminal_rewards`` ``[B]``; masked
+    positions 0, fully masked samples all 0 (terminal dropped), empty samples own nothing.
+    """
+    values, loss_mask, offsets = batch.values, batch.loss_mask, batch.offsets
+    if values.numel() == 0:
+        return torch.zeros_like(values), torch.zeros_like(values)
+    longest = int((offsets[1:] - offsets[:-1]).max())
+    carried = carried_advantages(batch, gamma, gamma * lambd, longest)
+    return torch.where(loss_mask, carried, 0.0), torch.where(loss_mask, carried + values, 0.0)
