@@ -135,6 +135,35 @@ def test_check_refuses_unknown_layouts_and_arguments():
         trainers.check(r, v, m, 1.0, 0.9, layout="vrl")
     with pytest.raises(InvalidOptionError, match="pass the arguments of its drop-in"):
         trainers.check(r, v, m, 1.0, layout="verl")
+    for args, kwargs in (((r, v, m, 1.0, 0.9, 0.5), {}), ((r, v, m, 1.0), {"gamma": 1.0}), ((r, v), {"mask": m})):
+        with pytest.raises(InvalidOptionError, match="pass the arguments of its drop-in"):
+            trainers.check(*args, layout="verl", **kwargs)
+
+
+@pytest.mark.parametrize(
+    "layout, args, kwargs",
+    [
+        ("verl", ("r", "v", "m", 1.0, 0.9), {}),
+        ("verl", ("r",), {"values": "v", "response_mask": "m", "gamma": 1.0, "lam": 0.9}),
+        ("skyrl", ("r", "v", "m", 1.0, 0.9), {"loss_mask": "m", "extra": 1}),
+        ("nemo-rl", ("self", None, "s", "m", "v"), {"logprobs": None}),
+        ("slime", ([2], [2], "v", "r", 1.0, 0.9), {"loss_masks": "m"}),
+        ("areal", ("r", "v", "m", None), {"discount": 1.0, "gae_lambda": 0.9}),
+    ],
+)
+def test_arguments_are_bound_as_the_drop_ins_signature_binds_them(layout, args, kwargs):
+    """The drop-in's arguments by name, as ``inspect.Signature.bind`` gives them (defaults
+    applied), whether matched directly or through the signature."""
+    import inspect
+
+    from gaecli.trainers.layouts import _bound, _drop_in
+
+    expected = inspect.signature(_drop_in(layout)).bind(*args, **kwargs)
+    expected.apply_defaults()
+    got = _bound(layout, args, kwargs)
+    assert {k: v for k, v in got.items() if k != "kwargs"} == {
+        k: v for k, v in expected.arguments.items() if k != "kwargs"
+    }
 
 
 def _response_ends(rewards, mask):

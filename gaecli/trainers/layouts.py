@@ -145,6 +145,36 @@ def _signature(layout: str) -> inspect.Signature:
     return inspect.signature(_drop_in(layout))
 
 
+@functools.cache
+def _parameters(layout: str) -> tuple[tuple[str, ...], frozenset, dict]:
+    """A layout's drop-in's parameters, read once from its signature: the names that may be
+    given by position (in order), the names that may be given by keyword, and the defaults."""
+    parameters = _signature(layout).parameters.values()
+    positional = tuple(p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD)
+    by_keyword = frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
+    return positional, by_keyword, defaults
+
+
+def _bound(layout: str, args: tuple, kwargs: dict) -> dict:
+    """The drop-in's arguments by name, defaults applied: a plain call (its positional and named
+    parameters, each once) matched directly, anything else through the signature's ``bind``
+    (:class:`InvalidOptionError` with its message where the drop-in would not take them)."""
+    positional, by_keyword, defaults = _parameters(layout)
+    if len(args) <= len(positional) and by_keyword.issuperset(kwargs) and not kwargs.keys() & positional[: len(args)]:
+        arguments = dict(defaults)
+        arguments.update(zip(positional, args))
+        arguments.update(kwargs)
+        if len(arguments) == len(by_keyword):
+            return arguments
+    try:
+        bound = _signature(layout).bind(*args, **kwargs)
+    except TypeError as error:
+        raise InvalidOptionError(f"layout={layout!r}: {error} (pass the arguments of its drop-in)") from None
+    bound.apply_defaults()
+    return bound.arguments
+
+
 def _drop_in(layout: str) -> Callable:
     """The drop-in whose signature a layout's arguments follow."""
     from gaecli.trainers import areal, miles, nemo_rl, openrlhf, roll, skyrl, slime, verl
@@ -184,9 +214,4 @@ def trainer_batch(layout: str, args: tuple, kwargs: dict, profile: Optional[str]
     if layout not in LAYOUTS:
         raise InvalidOptionError(f"layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
     reader, own = LAYOUTS[layout]
-    try:
-        bound = _signature(layout).bind(*args, **kwargs)
-    except TypeError as error:
-        raise InvalidOptionError(f"layout={layout!r}: {error} (pass the arguments of its drop-in)") from None
-    bound.apply_defaults()
-    return reader(bound.arguments, check_semantics(own if profile is None else profile))
+    return reader(_bound(layout, args, kwargs), check_semantics(own if profile is None else profile))
