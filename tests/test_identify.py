@@ -333,3 +333,147 @@ def test_an_outcome_estimator_whitened_again_over_the_batch_is_named_with_that_w
     explaining = [c for c in document["candidates"] if c["explains"]]
     assert _names(explaining[0]) == {"reinforce++-baseline"} and explaining[0]["normalization"] == "none"
     assert any(c["normalization"] == "batch" and "rloo" in _names(c) for c in explaining[1:])
+
+
+# ----------------------------------------------------------------------------- a SkyRL dump with its padding
+
+
+def _padded_dump(tmp_path, rows, advantages, groups=None):
+    """``rows`` of :func:`test_response_mask.skyrl_rows` (padding columns first, response mask 0
+    there) with the stored ``advantages``, the response mask named ``response_mask``, as a file."""
+    table = pa.table(
+        {
+            **{name: [r[name] for r in rows] for name in ("values", "rewards", "loss_mask", "terminal_reward")},
+            "response_mask": [r["rm"] for r in rows],
+            "advantages": [[float(a) for a in row] for row in advantages],
+            **({"group": groups} if groups is not None else {}),
+        }
+    )
+    path = tmp_path / "skyrl.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+def _identify(path, *options) -> dict:
+    from rollout_files import gae
+
+    result = gae("identify", path, "--json", "-", "--quiet", *options)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def _padding_tokens(rows) -> int:
+    return sum(r["rm"].count(0) for r in rows)
+
+
+def test_skyrls_gae_whitened_over_its_response_mask_is_named_with_the_mask(tmp_path):
+    from test_response_mask import masked_whiten, skyrl_gae, skyrl_rows
+
+    rows = skyrl_rows(41, samples=60)
+    assert _padding_tokens(rows) > 0
+    raw = [skyrl_gae(r["values"], r["rewards"], r["terminal_reward"], 0.97, 0.9) for r in rows]
+    path = _padded_dump(tmp_path, rows, masked_whiten(raw, [r["rm"] for r in rows]))  # at every position
+    document = _identify(path, "--response-mask-col", "response_mask")
+    best = document["candidates"][0]
+    assert document["explained"] and "skyrl" in _names(best), document["verdict"]
+    assert abs(best["gamma"] - 0.97) <= 1e-3 and abs(best["lambd"] - 0.9) <= 1e-3
+    assert best["normalization"] == "batch" and best["whitening"]["over"] == "response"
+    assert "whitened over every response token" in document["verdict"]
+    assert document["masked_positions"]["holds"] == "carry"  # the padding holds SkyRL's whitened loop too
+    assert document["masked_positions"]["share_like_best"] == 1.0
+    # without the column every token is the response: the statistics are nobody's
+    document = _identify(path)
+    best = document["candidates"][0]
+    assert "skyrl" in _names(best) and best["normalization"] == "batch" and best["whitening"]["over"] is None
+    assert "not the statistics of the rows read" in document["verdict"]
+
+
+def test_skyrls_grpo_written_through_its_response_mask_is_named_with_the_mask(tmp_path):
+    from test_estimator_profiles import _outcome_loop
+    from test_response_mask import skyrl_rows
+
+    rows = skyrl_rows(42, samples=48)
+    groups = [i // 4 for i in range(len(rows))]
+    every = _outcome_loop("grpo", "skyrl", [(r["rewards"], r["loss_mask"], r["terminal_reward"]) for r in rows], groups)
+    stored = [[a * m for a, m in zip(row, r["rm"])] for row, r in zip(every, rows)]  # scores * response_mask
+    path = _padded_dump(tmp_path, rows, stored, groups)
+    document = _identify(path, "--group-col", "group", "--response-mask-col", "response_mask")
+    best = document["candidates"][0]
+    assert document["explained"], document["verdict"]
+    assert best["members"][0]["name"] == "grpo skyrl" and best["normalization"] == "none"
+    assert document["verdict"].startswith("computed like grpo skyrl")
+    assert document["masked_positions"]["holds"] == "carry" and document["masked_positions"]["share_like_best"] == 1.0
+    # without the column the padding is written too: the trainable tokens match, the padding does not
+    document = _identify(path, "--group-col", "group")
+    masked = document["masked_positions"]
+    assert document["explained"] and masked["holds"] == "values"
+    tool_tokens = sum(m == 0 and rm == 1 for r in rows for m, rm in zip(r["loss_mask"], r["rm"]))
+    padding_nonzero = sum(1 for row, r in zip(every, rows) for a, rm in zip(row, r["rm"]) if rm == 0 and a != 0)
+    assert padding_nonzero > 0
+    assert masked["share_like_best"] == pytest.approx(1 - padding_nonzero / (tool_tokens + _padding_tokens(rows)))
+
+
+def test_skyrls_reinforce_plus_plus_over_its_response_mask_is_named_with_the_mask(tmp_path):
+    from test_response_mask import skyrl_reinforce_expected, skyrl_rows
+
+    rows = skyrl_rows(43, samples=60)
+    cut = 0
+    for r in rows:  # a response mask 0 inside some responses too, on a masked token after a trainable one
+        inside = [t for t in range(1, len(r["rm"])) if r["rm"][t] and not r["loss_mask"][t] and any(r["loss_mask"][:t])]
+        if inside and cut < 8:
+            r["rm"][inside[0]] = 0
+            cut += 1
+    assert cut == 8
+    advantages, _ = skyrl_reinforce_expected(rows, 0.93)  # reset outside the mask, whitened over it, 0 outside
+    path = _padded_dump(tmp_path, rows, advantages)
+    document = _identify(path, "--response-mask-col", "response_mask")
+    best = document["candidates"][0]
+    assert document["explained"] and "reinforce++ skyrl" in _names(best), document["verdict"]
+    assert abs(best["gamma"] - 0.93) <= 1e-3 and best["whitening"]["over"] == "response"
+    assert document["masked_positions"]["share_like_best"] == 1.0  # 0 outside the mask, as SkyRL writes it
+    # without the column no return is reset: the trainable tokens before a cut break
+    document = _identify(path)
+    assert document["explained"] is False, document["verdict"]
+    assert document["candidates"][0]["share_reproduced"] < 1.0
+
+
+def test_the_python_side_takes_the_response_mask_in_its_columns(tmp_path):
+    from test_response_mask import masked_whiten, skyrl_gae, skyrl_rows
+
+    from gaecli import Columns
+
+    rows = skyrl_rows(44, samples=40)
+    raw = [skyrl_gae(r["values"], r["rewards"], r["terminal_reward"], 1.0, 0.95) for r in rows]
+    table = pq.read_table(_padded_dump(tmp_path, rows, masked_whiten(raw, [r["rm"] for r in rows])))
+    columns = Columns(response_mask="response_mask")
+    reports = (identify_table(table, columns=columns), identify_files([tmp_path], IdentifyOptions(columns=columns)))
+    for report in reports:
+        best = report.to_dict()["candidates"][0]
+        assert "skyrl" in _names(best) and best["whitening"]["over"] == "response"
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda mask: [2] + mask[1:], "response mask value 2 at token 0 is not 0 or 1 [mask-value]"),
+        (lambda mask: mask + [1], "[length-mismatch]"),
+        (lambda mask: [0] * len(mask), "has response mask 0"),
+    ],
+    ids=["a 2", "length", "trainable outside"],
+)
+def test_an_invalid_response_mask_stops_with_file_row_and_column(tmp_path, change, words):
+    from test_response_mask import skyrl_rows
+
+    from rollout_files import gae
+
+    rows = skyrl_rows(45, samples=20)
+    bad = next(index for index, r in enumerate(rows) if index > 8 and any(r["loss_mask"]))  # in the 4th batch
+    rows[bad]["rm"] = change(rows[bad]["rm"])
+    path = _padded_dump(tmp_path, rows, [[0.0] * len(r["loss_mask"]) for r in rows])
+    out = tmp_path / "report.json"
+    result = gae("identify", path, "--response-mask-col", "response_mask", "--batch-rows", 3, "--json", out)
+    assert result.exit_code == 1, result.output
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    assert f"{path}, row {bad}, column 'response_mask'" in message and words in message, message
+    assert not out.exists()

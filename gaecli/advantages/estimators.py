@@ -342,10 +342,18 @@ def whiten_trainable(
 
     profile = None if spec is None else trainer_profile(spec)
     zeroed = trainable if profile is None or profile.written == "trainable" else None
-    if profile is not None and profile.statistics == "response" and zeroed is None:
+    if writes_through_response(profile):
         zeroed = response
     # a step without a trainable token has no statistics (NaN) and no position that reads them
     return whiten_rows(advantages, offsets, moments, keys, trainable=zeroed, dtype=advantages.dtype)
+
+
+def writes_through_response(profile) -> bool:
+    """Whether a trainer profile (:class:`gaecli.advantages.estimator_profiles.EstimatorProfile`,
+    None: the contract) writes its whitened advantages through the response mask, 0 outside it:
+    its statistics the response's and its advantages written beyond the trainable tokens
+    (SkyRL's ``reinforce++``, ``advantages * response_mask``)."""
+    return profile is not None and profile.statistics == "response" and profile.written != "trainable"
 
 
 def critic_free_batch(

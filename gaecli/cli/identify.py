@@ -53,7 +53,7 @@ def identify(
         ),
     ] = 20,
     batch_rows: BatchRowsOption = None,
-    column_options: dict = option_groups.COLUMN_OPTIONS,
+    column_options: dict = option_groups.RESPONSE_COLUMN_OPTIONS,
     json_path: JsonOption = None,
     quiet: QuietOption = False,
     debug: DebugOption = False,

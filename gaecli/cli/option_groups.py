@@ -69,13 +69,15 @@ COLUMN_OPTIONS = OptionGroup(
         ("opd_stage", computation_options.OPDStageOption, "before-whiten"),
     )
 )
-"""The input columns and the KL rewards (:func:`gaecli.cli.common.make_columns`; every command that reads rollouts)."""
+"""The input columns and the KL rewards (:func:`gaecli.cli.common.make_columns`); every command
+that reads rollouts takes them with ``--response-mask-col``, as :data:`RESPONSE_COLUMN_OPTIONS`."""
 
 RESPONSE_COLUMN_OPTIONS = COLUMN_OPTIONS + OptionGroup(
     (("response_mask_col", common.ResponseMaskColOption, None),)
 )
-"""The input columns with ``--response-mask-col`` (recompute, diff and validate, which checks it;
-not identify, whose fits take the response to be every token)."""
+"""The input columns with ``--response-mask-col`` (every command that reads rollouts: recompute,
+diff, validate, identify, inspect and view; each checks it like the loss mask and hands it to
+the computations that read it, docs/semantics.md#the-response-mask)."""
 
 ROW_INPUT_OPTIONS = OptionGroup(
     (

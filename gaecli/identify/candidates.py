@@ -57,17 +57,29 @@ class Family:
         none to compare) of the ``sample``'s rows."""
         from gaecli.advantages.dispatch import gae_flat
 
-        if self.estimator == "gae":
+        if self.estimator == "gae":  # the GAE profiles read no response mask (SkyRL's loop reads none)
             arrays = (sample.values, sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
             return gae_flat(*arrays, gamma=gamma, lambd=lambd, semantics=self.semantics)
-        if self.estimator == "reinforce++":  # its returns by the one dispatch, before its whitening
-            from gaecli.advantages.dispatch import compute
+        if self.estimator == "reinforce++":  # its returns as the commands compute them, before its whitening
             from gaecli.advantages.spec import AdvantageSpec
+            from gaecli.pipeline import compute_packed
 
             spec = AdvantageSpec(gamma, estimator="reinforce++", semantics=self.semantics or MASKED)
-            arrays = (sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
-            return compute(spec, None, *arrays, kernel="native", device="cpu")[0], None
+            return compute_packed(sample.packed, spec, "native", "cpu")[0], None
         return self._outcome(sample), None
+
+    def written(self, sample) -> Optional[np.ndarray]:
+        """Where the computation writes its normalised output when it writes through the
+        sample's response mask (bool ``[N]``, 0 outside it: SkyRL's ``reinforce++``,
+        ``advantages * response_mask``); None: every position as computed (without a response
+        mask, and for the computations whose :meth:`compute` writes through it already:
+        SkyRL's outcome estimators)."""
+        if sample.response is None or self.estimator != "reinforce++" or self.semantics is None:
+            return None
+        from gaecli.advantages.estimator_profiles import estimator_profile
+        from gaecli.advantages.estimators import writes_through_response
+
+        return sample.response if writes_through_response(estimator_profile(self.estimator, self.semantics)) else None
 
     def _outcome(self, sample) -> np.ndarray:
         from gaecli.advantages.estimators import critic_free_batch
@@ -81,7 +93,7 @@ class Family:
         groups = pa.array(sample.group_codes)
         arrays = (sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
         with np.errstate(all="ignore"):
-            advantages, _ = critic_free_batch(spec, *arrays, groups, None, kernel="native")
+            advantages, _ = critic_free_batch(spec, *arrays, groups, None, kernel="native", response=sample.response)
         return np.asarray(advantages, dtype=np.float64)
 
     @property

@@ -103,9 +103,11 @@ def judge(family: Family, sample: Sample, target: Target, gamma, lambd, normaliz
     groups = None
     if normalization == "group":
         groups = sample.group_codes[sample.row_of_token]
-    judged.predicted = affine.apply(raw, groups) if normalization != "none" else raw
+    predicted = affine.apply(raw, groups) if normalization != "none" else raw
+    written = family.written(sample)
+    judged.predicted = predicted if written is None else np.where(written, predicted, 0.0)
     if normalization == "batch":
-        judged.whitening = batch_whitening(affine, raw, trainable)
+        judged.whitening = batch_whitening(affine, raw, trainable, sample.response)
     return judged
 
 
@@ -137,17 +139,20 @@ def _breaks(sample: Sample, bad: np.ndarray, stored: np.ndarray, predicted: np.n
     return listed
 
 
-def batch_whitening(affine: Affine, raw: np.ndarray, trainable: np.ndarray) -> dict:
+def batch_whitening(
+    affine: Affine, raw: np.ndarray, trainable: np.ndarray, response: Optional[np.ndarray] = None
+) -> dict:
     """The whitening a batch affine map stands for: ``stored = (raw − mean) / std``, and
     whose statistics those are: the trainable tokens' of the rows read (``over``
-    ``trainable``), every token's (``response``, SkyRL's), or neither (``null``: a batch
-    other than the rows read, e.g. a larger one of which they are a part)."""
+    ``trainable``), the response's (``response``, SkyRL's: the tokens of the ``response``
+    mask, bool ``[N]``, every token without one), or neither (``null``: a batch other than
+    the rows read, e.g. a larger one of which they are a part)."""
     if affine.scale == 0:
         return {"mean": None, "std": None, "over": None}
     std = 1.0 / affine.scale
     mean = -affine.shift * std
     over = None
-    for name, tokens in (("trainable", raw[trainable]), ("response", raw)):
+    for name, tokens in (("trainable", raw[trainable]), ("response", raw if response is None else raw[response])):
         if tokens.size > 1:
             own_mean, own_std = float(tokens.mean()), float(tokens.std(ddof=1))
             spread = max(abs(own_std), 1e-12)

@@ -19,10 +19,13 @@ class IdentifyOptions:
     ``against``: the stored per-token advantages to explain; ``against_returns``: the stored
     returns, compared where a candidate has returns (GAE); ``group_col``: the prompt-group id
     of the grouped estimators and of per-group whitening (None: candidates that need groups
-    are not tried); ``tolerance``: a sample is reproduced when every trainable token's
-    |stored − computed| ≤ tol · (1 + |stored|); ``sample_rows`` (0: every row) and
-    ``sample_tokens``: how much of the input is read, from its start; ``top``: the candidates
-    listed (every explanation is, and the closest one when none explains, even with 0)."""
+    are not tried); ``columns``: the input columns (:class:`gaecli.io.format.Columns`), with
+    ``response_mask`` the response mask every candidate that reads one is computed with
+    (docs/identify.md#skyrls-padding---response-mask-col); ``tolerance``: a sample is
+    reproduced when every trainable token's |stored − computed| ≤ tol · (1 + |stored|);
+    ``sample_rows`` (0: every row) and ``sample_tokens``: how much of the input is read, from
+    its start; ``top``: the candidates listed (every explanation is, and the closest one when
+    none explains, even with 0)."""
 
     against: str = "advantages"
     against_returns: Optional[str] = None

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from gaecli.identify.options import IdentifyOptions
-from gaecli.pipeline import check_file, check_scalar_column, computed_batches
+from gaecli.pipeline import PackedBatch, check_file, check_scalar_column, computed_batches
 from gaecli.progress import NoProgress, Progress
 
 
@@ -21,7 +21,9 @@ class Sample:
     ``--against`` column) and ``stored_returns`` (None without ``--against-returns``), bool
     ``trainable`` ``[N]``; int64 ``offsets`` ``[B + 1]``; float64 ``terminal_rewards``
     ``[B]``; ``group_codes`` int64 ``[B]`` (the ``--group-col`` value's index, equal values
-    one group across every file) or None; where each row comes from (``files``, the index
+    one group across every file) or None; ``response``: the response mask (bool ``[N]``,
+    ``--response-mask-col``, as :func:`gaecli.pipeline.pack_batch` reads it) or None (every
+    token is the response); where each row comes from (``files``, the index
     into them ``file_index`` and the row in its file ``file_rows``); ``input_rows``: the rows
     of the whole input (from the footers) and ``complete``: whether every row was read."""
 
@@ -38,6 +40,7 @@ class Sample:
     file_rows: np.ndarray
     input_rows: int
     complete: bool
+    response: Optional[np.ndarray] = None
 
     @property
     def rows(self) -> int:
@@ -56,6 +59,13 @@ class Sample:
     def trainable_counts(self) -> np.ndarray:
         """Each row's trainable tokens (int64 ``[B]``)."""
         return np.bincount(self.row_of_token[self.trainable], minlength=self.rows).astype(np.int64)
+
+    @property
+    def packed(self) -> PackedBatch:
+        """The rows as the commands' one batch (:class:`gaecli.pipeline.PackedBatch`, the
+        response mask with them), for :func:`gaecli.pipeline.compute_packed`."""
+        arrays = (self.values, self.rewards, self.trainable, self.offsets, self.terminal_rewards)
+        return PackedBatch(*arrays, response=self.response)
 
     def subset(self, keep: np.ndarray) -> "Sample":
         """The rows ``keep`` (bool ``[B]``) of the sample, in order (``complete`` False)."""
@@ -84,6 +94,7 @@ class Sample:
             file_rows=rows(self.file_rows),
             input_rows=self.input_rows,
             complete=False,
+            response=token(self.response),
         )
 
     def where(self, row: int) -> str:
@@ -105,6 +116,7 @@ class _Part:
     groups: Optional[pa.Array]
     file_index: int
     file_rows: np.ndarray
+    response: Optional[np.ndarray]
 
 
 def _take(computed, rows: int, file_index: int, group_col: Optional[str]) -> _Part:
@@ -127,6 +139,7 @@ def _take(computed, rows: int, file_index: int, group_col: Optional[str]) -> _Pa
         groups=None if group_col is None else computed.valid.column(group_col).slice(0, rows),
         file_index=file_index,
         file_rows=computed.first_row + np.arange(rows, dtype=np.int64),
+        response=None if packed.response is None else np.asarray(packed.response[:end], dtype=bool),
     )
 
 
@@ -189,9 +202,11 @@ def _packed(parts: list[_Part], files: list[Optional[str]], input_rows: int, com
     lengths = joined("lengths", np.int64)
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    stored_returns = None
+    stored_returns = response = None
     if parts and parts[0].stored_returns is not None:
         stored_returns = joined("stored_returns", np.float64)
+    if parts and parts[0].response is not None:
+        response = joined("response", bool)
     group_codes = None
     if parts and parts[0].groups is not None:
         keys = pa.chunked_array([part.groups for part in parts])
@@ -211,4 +226,5 @@ def _packed(parts: list[_Part], files: list[Optional[str]], input_rows: int, com
         file_rows=joined("file_rows", np.int64),
         input_rows=input_rows,
         complete=complete,
+        response=response,
     )
