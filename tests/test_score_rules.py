@@ -48,7 +48,8 @@ def normalized_loop(scores, groups, steps, rule: WhiteningRule):
     at its level about that level's mean (about 0 without a centre, about each row's
     leave-one-out centre with it, or of the row's others), Bessel or biased; ε in its place; a
     group of one as the rule says; a std at or below the floor gives 0 or leaves the centred
-    value undivided."""
+    value undivided; ``count_eps`` δ: the mean's and the squares' sums over ``n + δ`` (more
+    than one row), Bessel times ``n/(n − 1)``."""
     steps = steps if steps is not None else [0] * len(scores)
     level_keys = {"group": groups, "batch": steps}
     out = []
@@ -64,7 +65,7 @@ def normalized_loop(scores, groups, steps, rule: WhiteningRule):
         elif rule.leave_one_out and n > 1:
             center = (math.fsum(mates) - score) / (n - 1)
         else:
-            center = math.fsum(mates) / n
+            center = math.fsum(mates) / (n + rule.count_eps if n > 1 else n)
         if rule.std == "none":
             scale = 1.0
         else:
@@ -81,12 +82,12 @@ def normalized_loop(scores, groups, steps, rule: WhiteningRule):
                 total = math.fsum(values)
                 deviations = [v - (total - v) / (m - 1) for v in values]
             else:
-                mean = math.fsum(values) / m
+                mean = math.fsum(values) / (m + rule.count_eps if m > 1 else m)
                 deviations = [v - mean for v in values]
                 if rule.leave_one_out and n > 1:
                     deviations = [d * n / (n - 1) for d in deviations]
             squares = math.fsum(d * d for d in deviations)
-            variance = 0.0 if m <= 1 else squares / (m - 1) if rule.unbiased else squares / m
+            variance = 0.0 if m <= 1 else squares / (m + rule.count_eps) * (m / (m - 1) if rule.unbiased else 1.0)
             if n <= 1 and rule.one_token == "unit":
                 variance = 1.0
             std = math.sqrt(variance)
@@ -125,6 +126,8 @@ RULES = [
     WhiteningRule(std_floor=1e-6, eps=1e-6, eps_in="std"),
     WhiteningRule(leave_one_out=True, std_of_others=True, std_floor=0.0, below_floor="undivided"),
     WhiteningRule(leave_one_out=True, std_of_others=True, unbiased=False, std_floor=0.5, below_floor="undivided"),
+    WhiteningRule(count_eps=0.5, eps_in="std"),
+    WhiteningRule(count_eps=0.25, mean="batch", std="group", unbiased=False, one_token="unit"),
     *SCORE_NORM_LIKE.values(),
 ]
 

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from test_estimators import bitwise_the_same_everywhere, read_outputs, recompute_cli
+from trainer_loops_more import nemo_rl_whiten
 
 import gaecli
 from gaecli import AdvantageSpec, WhiteningRule
@@ -23,6 +24,11 @@ from gaecli.errors import GAEInputError
 from rollout_files import gae
 
 
+def _counted(n, rule):
+    """What a sum over ``n`` units is divided by: ``n``, or ``n + count_eps`` for more than one."""
+    return n + rule.count_eps if n > 1 else n
+
+
 def _leave_one_out_centers(values, rule):
     """Each unit's centre: the mean (0 without one) or, leave-one-out, the others' mean."""
     n, total = len(values), math.fsum(values)
@@ -30,14 +36,15 @@ def _leave_one_out_centers(values, rule):
         return [0.0] * n
     if rule.leave_one_out and n > 1:
         return [(total - v) / (n - 1) for v in values]
-    return [total / n] * n
+    return [total / _counted(n, rule)] * n
 
 
 def whitened_loop(rows, masks, groups, rule: WhiteningRule):
     """The rule as plain Python per group of rows (``groups``: one key per row; the batch:
     every row): mean and variance over the level's trainable tokens by ``math.fsum``; the
     std about the centres when it is at the centre's level, else about its level's mean
-    (leave-one-out: times n/(n − 1) of the centre's level). With ``tokens="response"`` the
+    (leave-one-out: times n/(n − 1) of the centre's level); with ``count_eps`` δ, the mean and the
+    squares over ``n + δ``, Bessel times ``n/(n − 1)`` (NeMo-RL's). With ``tokens="response"`` the
     statistics count every token, and the result is still written at trainable tokens only."""
     if rule.tokens == "response":
         whitened = whitened_loop(rows, [[1] * len(row) for row in rows], groups, replace(rule, tokens="trainable"))
@@ -61,11 +68,11 @@ def whitened_loop(rows, masks, groups, rule: WhiteningRule):
         if rule.std == rule.mean or rule.mean == "none":
             deviations = [v - c for v, c in zip(std_values, _leave_one_out_centers(std_values, rule))]
         else:
-            mean = math.fsum(std_values) / m
+            mean = math.fsum(std_values) / _counted(m, rule)
             factor = n / (n - 1) if rule.leave_one_out and n > 1 else 1.0
             deviations = [(v - mean) * factor for v in std_values]
         squares = math.fsum(d * d for d in deviations)
-        var = (squares / (m - 1) if rule.unbiased else squares / m) if m > 1 else 0.0
+        var = (squares / (m + rule.count_eps) * (m / (m - 1) if rule.unbiased else 1.0)) if m > 1 else 0.0
         if rule.std == "none":
             scale = 1.0
         elif rule.eps_in == "sqrt":
@@ -112,6 +119,10 @@ RULES = [
     WhiteningRule(mean="none", std="batch", unbiased=False),
     WhiteningRule(leave_one_out=True, std="batch"),
     WhiteningRule(tokens="response", leave_one_out=True, one_token="keep"),
+    WhiteningRule(count_eps=0.5),
+    WhiteningRule(count_eps=0.25, mean="none", unbiased=False),
+    WhiteningRule(count_eps=0.5, mean="batch", std="group", eps_in="std"),
+    WhiteningRule(count_eps=2.0, std="batch", one_token="keep", tokens="response"),
     *NORM_LIKE.values(),
 ]
 
@@ -199,6 +210,8 @@ GAE = ("--gamma", "0.9", "--lambd", "0.95")
         (("--norm-mean", "batch", "--norm-leave-one-out"), WhiteningRule(mean="batch", leave_one_out=True)),
         (("--norm-like", "skyrl"), WhiteningRule(tokens="response")),
         (("--norm-tokens", "response", "--norm-std", "batch"), WhiteningRule(tokens="response", std="batch")),
+        (("--norm-like", "nemo-rl"), WhiteningRule(count_eps=1e-8)),
+        (("--norm-count-eps", "0.5", "--norm-std-biased"), WhiteningRule(count_eps=0.5, unbiased=False)),
     ],
 )  # fmt: skip
 def test_the_commands_against_the_loop(tmp_path, options, rule):
@@ -211,6 +224,39 @@ def test_the_commands_against_the_loop(tmp_path, options, rule):
     want = whitened_loop(raw, batch["masks"], batch["groups"], rule)
     for got_row, want_row in zip(got, want):
         assert got_row == pytest.approx(want_row, rel=1e-9, abs=1e-9)
+
+
+def test_norm_like_nemo_rl_is_nemo_rls_whitening(tmp_path):
+    # γ = λ = 1 and no per-token reward: A_t = z − V_t at the four trainable tokens, 999.75, 1000.5,
+    # 1000.25 and 1000.9. Their mean is some 2000 std: NeMo-RL's n + 1e-8 moves them by about 1e-5.
+    batch = {
+        "values": [[0.25, 0.5], [-0.5], [0.0, 0.75, 0.1]],
+        "rewards": [[0.0, 0.0], [0.0], [0.0, 0.0, 0.0]],
+        "masks": [[1, 0], [1], [0, 1, 1]],
+        "terminals": [1000.0, 1000.0, 1001.0],
+        "groups": ["a", "b", "a"],
+    }
+    raw = [[z - v if m else 0.0 for v, m in zip(row, mask)]
+           for row, mask, z in zip(batch["values"], batch["masks"], batch["terminals"])]  # fmt: skip
+    want = nemo_rl_whiten(raw, batch["masks"])
+    inputs = write(tmp_path / "in", batch, [1])
+    options = ("--gamma", "1", "--lambd", "1", "--normalize", "--norm-like", "nemo-rl")
+    result = recompute_cli(inputs, tmp_path / "out", *options)
+    assert result.exit_code == 0, result.output
+    # the commands' variance is Σx² − Σ·mean over compensated sums: (mean/std)²·1e-16 off, some 1e-10 here
+    got = [(1e-9, pa.concat_tables(read_outputs(tmp_path / "out")).column("advantages").to_pylist())]
+    tensors = [[torch.tensor(row, dtype=torch.float64) for row in batch[name]] for name in ("values", "rewards")]
+    masks = [torch.tensor(m) for m in batch["masks"]]
+    for normalize, by in (("all", None), ("by", "g")):  # the whole input, and one group through the grouped path
+        spec = AdvantageSpec(1.0, 1.0, normalize=normalize, normalize_by=by, whitening_rule=NORM_LIKE["nemo-rl"])
+        rows = {"g": ["all"] * 3} if by else None
+        advantages, _ = gaecli.compute_advantages(*tensors, masks, batch["terminals"], spec=spec, row_inputs=rows)
+        got.append((1e-12, [row.tolist() for row in advantages]))
+    exact_mean = whitened_loop(raw, batch["masks"], ["all"] * 3, WhiteningRule())  # the mean Σ/n
+    for tolerance, rows in got:
+        for got_row, want_row in zip(rows, want):
+            assert got_row == pytest.approx(want_row, rel=tolerance, abs=tolerance)
+        assert max(abs(a - b) for row, exact in zip(rows, exact_mean) for a, b in zip(row, exact)) > 1e-6
 
 
 def test_today_rule_is_kept_bit_for_bit(tmp_path):
@@ -246,6 +292,8 @@ def test_files_and_batches_give_the_same_bits_everywhere(tmp_path, local_ray, ru
         (("--normalize", "--norm-mean", "row"), "--norm-mean"),
         (("--normalize", "--norm-eps", "-1"), "--norm-eps"),
         (("--normalize", "--norm-tokens", "loss"), "--norm-tokens"),
+        (("--normalize", "--norm-count-eps", "-1e-8"), "--norm-count-eps"),
+        (("--normalize", "--norm-like", "nemo-rl", "--norm-leave-one-out"), "takes no --norm-leave-one-out"),
     ],
 )
 def test_refusals_exit_2(tmp_path, options, message):

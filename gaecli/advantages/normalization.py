@@ -59,9 +59,11 @@ class WhiteningRule:
     centring (each unit centred on its group's others, the std taken about those centres;
     ``std_of_others``: the std of the others instead, per row, for scores only), and a std
     floor (``std_floor``: a std at or below it gives what ``below_floor`` says,
-    :data:`BELOW_FLOOR`; None: none), and the tokens whitening's statistics are taken over
-(``tokens``, :data:`TOKEN_SETS`). The default is today's whitening rule. Checked on
-    construction (:class:`InvalidOptionError`, naming the option)."""
+    :data:`BELOW_FLOOR`; None: none), the tokens whitening's statistics are taken over
+    (``tokens``, :data:`TOKEN_SETS`), and an ε added to the count ``n`` where the mean and the
+    variance divide by it (``count_eps``: NeMo-RL's ``masked_mean``, ``Σ/(n + 1e-8)``; 0: none;
+    not with leave-one-out). The default is today's whitening rule. Checked on construction
+    (:class:`InvalidOptionError`, naming the option)."""
 
     mean: str = "group"
     std: str = "group"
@@ -74,6 +76,7 @@ class WhiteningRule:
     std_floor: Optional[float] = None
     below_floor: str = "zero"
     tokens: str = "trainable"
+    count_eps: float = 0.0
 
     def __post_init__(self) -> None:
         check_choice("--norm-mean", self.mean, LEVELS, "level")
@@ -82,7 +85,9 @@ class WhiteningRule:
         check_choice("--norm-one-token", self.one_token, ONE_TOKEN, "choice")
         check_choice("--norm-below-floor", self.below_floor, BELOW_FLOOR, "choice")
         check_choice("--norm-tokens", self.tokens, TOKEN_SETS, "token set")
-        for flag, value, optional in (("--norm-eps", self.eps, False), ("--norm-std-floor", self.std_floor, True)):
+        numbers = (("--norm-eps", self.eps, False), ("--norm-std-floor", self.std_floor, True),
+                   ("--norm-count-eps", self.count_eps, False))  # fmt: skip
+        for flag, value, optional in numbers:
             if optional and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -92,6 +97,11 @@ class WhiteningRule:
             raise InvalidOptionError(
                 "--norm-std-of-others takes the std of each row's leave-one-out others: it needs "
                 "--norm-leave-one-out and the std at the centre's level"
+            )
+        if self.leave_one_out and self.count_eps:
+            raise InvalidOptionError(
+                "--norm-count-eps adds ε to the count of the mean's and the variance's denominators: it takes no "
+                "--norm-leave-one-out"
             )
         if self.leave_one_out and self.mean == "none":
             raise InvalidOptionError(
@@ -111,7 +121,7 @@ class WhiteningRule:
 NORM_LIKE: dict[str, WhiteningRule] = {
     "verl": WhiteningRule(),
     "slime": WhiteningRule(),
-    "nemo-rl": WhiteningRule(),
+    "nemo-rl": WhiteningRule(count_eps=WHITEN_EPSILON),
     "roll": WhiteningRule(one_token="keep"),
     "areal": WhiteningRule(eps=1e-5, eps_in="std"),
     "openrlhf": WhiteningRule(unbiased=False, eps=1e-8, eps_in="floor"),
@@ -121,8 +131,12 @@ NORM_LIKE: dict[str, WhiteningRule] = {
 verl ``verl/utils/torch_functional.py`` ``masked_whiten``, slime ``slime/utils/distributed_utils.py``
 ``distributed_masked_whiten``, NeMo-RL's GAE whitening and ROLL's ``masked_whiten`` are all
 ``(A − mean) · rsqrt(var + 1e-8)`` with the Bessel variance, ROLL leaving a batch of at most one
-token as it is; AReaL's ``Normalization`` (``NormConfig`` defaults) divides by ``std + 1e-5``;
-OpenRLHF's experience maker by ``rsqrt(max(var, 1e-8))`` of the biased variance; SkyRL's
+token as it is; NeMo-RL's (``nemo_rl/algorithms/advantage_estimator.py``,
+``GeneralizedAdvantageEstimator._reward_whiten``, with ``masked_mean`` and ``masked_var`` of
+``nemo_rl/algorithms/utils.py``) divides the masked sums of its mean and of its variance by
+``n + 1e-8`` (``count_eps``), the variance then times ``n/(n − 1)``; AReaL's ``Normalization``
+(``NormConfig`` defaults) divides by ``std + 1e-5``; OpenRLHF's experience maker by
+``rsqrt(max(var, 1e-8))`` of the biased variance; SkyRL's
 ``masked_whiten`` (``skyrl/backends/skyrl_train/utils/ppo_utils.py``) is verl's formula over its
 ``response_mask``, every token of the response (``tokens="response"``)."""
 
@@ -201,8 +215,13 @@ def rule_center_scale(rule: WhiteningRule, counts, means, variances, xp, batch=N
 
     The centre is the mean at ``rule.mean``'s level (0 at ``none``). The variance is taken at
     ``rule.std``'s level about that level's mean, or about 0 when the centre is 0
-    (``var + n·mean²/(n − 1)``), biased when asked (×(n − 1)/n). The divisor is ``sqrt(var +
-    ε)``, ``std + ε`` or ``sqrt(max(var, ε))`` (1 at ``none``). Leave-one-out centres each
+    (``var + n·mean²/(n − 1)``), biased when asked (×(n − 1)/n). With ``count_eps`` δ (a level
+    of more than one unit) both divide their sums by ``n + δ``: the mean is ``mean·n/(n + δ)``,
+    the variance is taken about that mean and times ``n/(n + δ)`` (the Bessel variance
+    ``Σ(x − c)²/(n + δ) · n/(n − 1)``, NeMo-RL's; biased: ``Σ(x − c)²/(n + δ)``); one unit
+    keeps its own mean, and so whitens to 0 (NeMo-RL's ``n/(n − 1)`` makes its variance
+    infinite). The divisor is ``sqrt(var + ε)``, ``std + ε`` or ``sqrt(max(var, ε))`` (1 at
+    ``none``). Leave-one-out centres each
     unit on the mean of its group's others, ``x − (Σ − x)/(n − 1) = k·(x − μ)`` with
     ``k = n/(n − 1)``, and takes the std about those centres, ``k·std``, or with
     ``std_of_others`` the std of the others (their squared deviations
@@ -215,6 +234,8 @@ def rule_center_scale(rule: WhiteningRule, counts, means, variances, xp, batch=N
     center_counts, center_means, _ = levels["group" if rule.mean == "none" else rule.mean]
     several = center_counts > 1
     centers = center_means if rule.mean != "none" else center_means * 0.0
+    if rule.count_eps and rule.mean != "none":
+        centers = xp.where(several, centers * _count_share(rule, center_counts), centers)
     factor = None
     if rule.leave_one_out:
         factor = xp.where(several, center_counts / xp.where(several, center_counts - 1, 1), 1.0)
@@ -250,11 +271,19 @@ def _rule_variance(rule: WhiteningRule, counts, means, variances, factor, values
         others = counts - 1 if rule.unbiased else counts
         return xp.where(counts > 2, squares / xp.where(counts > 2, others - 1, 1), 0.0)
     spread = variances
-    if rule.mean == "none":
-        spread = spread + xp.where(several, counts * means * means / spare, 0.0)
+    if rule.mean == "none" or rule.count_eps:  # about 0, or about the mean·n/(n + δ): mean·δ/(n + δ) off
+        offsets = means if rule.mean == "none" else means * (rule.count_eps / (counts + rule.count_eps))
+        spread = spread + xp.where(several, counts * offsets * offsets / spare, 0.0)
     if not rule.unbiased:
         spread = xp.where(several, spread * spare / counts, 0.0)
+    if rule.count_eps:
+        spread = spread * _count_share(rule, counts)
     return spread if factor is None else spread * factor * factor
+
+
+def _count_share(rule: WhiteningRule, counts):
+    """``n/(n + δ)``, δ the rule's ``count_eps``: a sum over ``n + δ`` is its mean times it."""
+    return counts / (counts + rule.count_eps)
 
 
 def _divisor(rule: WhiteningRule, spread, xp):

@@ -301,6 +301,12 @@ NormEpsInOption = Annotated[
                  help="Where ε goes: sqrt (sqrt(var + ε), default whitening), std (std + ε, default scores) or floor "
                       "(sqrt(max(var, ε)))."),
 ]  # fmt: skip
+NormCountEpsOption = Annotated[
+    Optional[float],
+    typer.Option("--norm-count-eps", metavar="E", show_default=False, rich_help_panel=_WHITENING,
+                 help="ε added to the count n where the mean and the variance divide by it, Σ/(n + ε) (NeMo-RL's "
+                      "masked_mean: 1e-8; default 0)."),
+]  # fmt: skip
 NormOneTokenOption = Annotated[
     Optional[str],
     typer.Option("--norm-one-token", metavar="CHOICE", show_default=False, rich_help_panel=_WHITENING,
@@ -337,16 +343,16 @@ NormTokensOption = Annotated[
 
 
 def make_whitening_rule(estimator="gae", norm_like=None, norm_mean=None, norm_std=None, norm_unbiased=None,
-                        norm_eps=None, norm_eps_in=None, norm_one_token=None, norm_leave_one_out=None,
-                        norm_std_of_others=None, norm_std_floor=None, norm_below_floor=None,
-                        norm_tokens=None):  # fmt: skip
+                        norm_eps=None, norm_eps_in=None, norm_count_eps=None, norm_one_token=None,
+                        norm_leave_one_out=None, norm_std_of_others=None, norm_std_floor=None,
+                        norm_below_floor=None, norm_tokens=None):  # fmt: skip
     """The WhiteningRule of the shared normalisation options for ``estimator`` (its scores' rule
     for a score-normalised one, the whitening's otherwise; None when no option is given)."""
     from gaecli.advantages.normalization import rule_use, whitening_rule
 
     return whitening_rule(
         norm_like, rule_use(estimator), mean=norm_mean, std=norm_std, unbiased=norm_unbiased, eps=norm_eps,
-        eps_in=norm_eps_in, one_token=norm_one_token, leave_one_out=norm_leave_one_out,
+        eps_in=norm_eps_in, count_eps=norm_count_eps, one_token=norm_one_token, leave_one_out=norm_leave_one_out,
         std_of_others=norm_std_of_others, std_floor=norm_std_floor, below_floor=norm_below_floor, tokens=norm_tokens,
     )  # fmt: skip
 

@@ -112,6 +112,7 @@ WHITENING_OPTIONS = OptionGroup(
         ("norm_unbiased", computation_options.NormUnbiasedOption, None),
         ("norm_eps", computation_options.NormEpsOption, None),
         ("norm_eps_in", computation_options.NormEpsInOption, None),
+        ("norm_count_eps", computation_options.NormCountEpsOption, None),
         ("norm_one_token", computation_options.NormOneTokenOption, None),
         ("norm_leave_one_out", computation_options.NormLeaveOneOutOption, None),
         ("norm_std_of_others", computation_options.NormStdOfOthersOption, None),
