@@ -5,6 +5,7 @@ response token): the contract and the profile, at every position."""
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 
@@ -274,16 +275,67 @@ def test_nemo_rl_estimator_contract_and_profile(device, name):
             tokens = [nemo_rl_token_rewards(z_i, mm, lp_i, ref_i, coef, kl_type) for z_i, _, mm, lp_i, ref_i, _ in rows]
             expected_returns = [nemo_rl_gae_row(t, row[1], row[2], gamma, lam_value)[1] for t, row in zip(tokens, rows)]
             expected = [nemo_rl_gae_row(t, row[1], row[2], gamma, row[5])[0] for t, row in zip(tokens, rows)]
-        if config["normalize_advantages"]:
-            # gaecli's whitening takes the exact mean; NeMo-RL's masked_mean divides by n + 1e-8
-            source = nemo_rl_whiten(expected, masks)
-            np.testing.assert_allclose(advantages.cpu().numpy(), source, rtol=1e-6, atol=1e-8)
-            expected = nemo_rl_whiten(expected, masks, denominator_epsilon=0.0)
+        if config["normalize_advantages"]:  # NeMo-RL's whitening, its mean Σ/(n + 1e-8), in both modes
+            expected = nemo_rl_whiten(expected, masks)
         _close(advantages, [[a * mm for a, mm in zip(row, ms)] for row, ms in zip(expected, masks)])
         _close(returns, expected_returns)
         assert (advantages[m == 0] == 0).all() and advantages.device == v.device
         if semantics == "masked":
             assert (returns[m == 0] == 0).all()
+
+
+def _whitening_estimator(semantics: str):
+    """NeMo-RL's GAE with γ = λ = 1, no KL, ``normalize_advantages`` on."""
+    config = {"gae_lambda": 1.0, "gae_gamma": 1.0, "normalize_advantages": True, "gae_lambda_value": None,
+              "gae_lambda_policy": None, "length_adaptive_alpha": 0.0}  # fmt: skip
+    loss = types.SimpleNamespace(use_kl_in_reward=False, reference_policy_kl_penalty=0.0, reference_policy_kl_type="k3")
+    return nemo_rl.GeneralizedAdvantageEstimator(config, loss, semantics=semantics)
+
+
+@pytest.mark.parametrize("semantics", ["masked", "nemo-rl"])
+def test_nemo_rl_whitening_divides_by_the_count_plus_its_epsilon(semantics):
+    # γ = λ = 1: A_t = z − V_t at the three mask-1 tokens, 999.75, 1000.5 and 1000.25. Their mean
+    # is some 2600 std: NeMo-RL's 1e-8 on n = 3 moves the whitened values by about 1e-5.
+    values = np.array([[0.0, 0.25, -0.5, 0.0], [0.75, 0.0, 0.0, 0.0]])
+    mask = np.array([[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    rewards = np.array([1000.0, 1001.0])
+    raw = [[0.0, 999.75, 1000.5, 0.0], [1000.25, 0.0, 0.0, 0.0]]
+    v, m, z = _tensors("cpu", values, mask, rewards)
+    advantages, _ = _whitening_estimator(semantics).compute_advantage(None, z, m, v)
+    got = advantages.numpy()
+    np.testing.assert_allclose(got, nemo_rl_whiten(raw, _rows(mask)), rtol=1e-12, atol=1e-12)
+    trainable = [999.75, 1000.5, 1000.25]
+    mean = math.fsum(trainable) / 3
+    scale = math.sqrt(math.fsum((a - mean) ** 2 for a in trainable) / 2 + 1e-8)
+    exact_mean = [(a - mean) / scale for a in trainable]  # the mean Σ/n: what the review found
+    assert np.abs(got[mask == 1] - exact_mean).max() > 1e-6
+
+
+def test_nemo_rl_whitening_of_one_token_gives_zeros():
+    values, mask = np.array([[0.5, 0.0, 0.0]]), np.array([[0.0, 1.0, 0.0]])
+    v, m, z = _tensors("cpu", values, mask, [3.0])
+    for semantics in ("masked", "nemo-rl"):
+        advantages, _ = _whitening_estimator(semantics).compute_advantage(None, z, m, v)
+        # NeMo-RL's n/(n − 1) makes the variance infinite: rsqrt gives 0
+        assert advantages.tolist() == nemo_rl_whiten([[0.0, 3.0, 0.0]], _rows(mask)) == [[0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("semantics", ["masked", "nemo-rl"])
+def test_nemo_rl_whitening_in_float32(semantics):
+    # NeMo-RL's own dtypes: float32 values and mask, where its n + 1e-8 rounds to n
+    rewards, values, mask, _, _ = _nemo_batch(seed=11)
+    v, m, z = (torch.tensor(array, dtype=torch.float32) for array in (values, mask, rewards))
+    advantages, _ = _whitening_estimator(semantics).compute_advantage(None, z, m, v)
+    assert advantages.dtype == torch.float32
+    masks = _rows(mask)
+    if semantics == "masked":
+        raw = [nemo_rl_contract_row(z_i, vv, mm, None, None, 0.0, "k3", 1.0, 1.0)[0]
+               for z_i, vv, mm in zip(rewards, _rows(values), masks)]  # fmt: skip
+    else:
+        tokens = [nemo_rl_token_rewards(z_i, mm, None, None, 0.0, "k3") for z_i, mm in zip(rewards, masks)]
+        raw = [nemo_rl_gae_row(t, vv, mm, 1.0, 1.0)[0] for t, vv, mm in zip(tokens, _rows(values), masks)]
+    expected = nemo_rl_whiten(raw, masks, np.float32)
+    np.testing.assert_allclose(advantages.numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
 def _roll_batch(seed: int, rows: int = 8, length: int = 14):

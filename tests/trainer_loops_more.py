@@ -133,16 +133,24 @@ def nemo_rl_length_lambda(alpha, mask):
     return np.float32(min(max(np.float32(1.0) - np.float32(1.0) / scaled, np.float32(0.0)), np.float32(1.0)))
 
 
-def nemo_rl_whiten(rows, masks, denominator_epsilon=1e-8):
-    """NeMo-RL's ``_reward_whiten`` over the batch, then its ``masked_fill``: ``masked_mean``
-    divides by ``n + 1e-8`` (``denominator_epsilon``), the variance is Bessel-corrected,
-    ``(x − mean)·rsqrt(var + 1e-8)``, 0 at masked tokens."""
-    pairs = [(x, m) for row, mask in zip(rows, masks) for x, m in zip(row, mask)]
-    count = math.fsum(m for _, m in pairs)
-    mean = math.fsum(x * m for x, m in pairs) / (count + denominator_epsilon)
-    var = math.fsum((x - mean) ** 2 * m for x, m in pairs) / (count + denominator_epsilon) * (count / (count - 1))
-    scale = math.sqrt(var + 1e-8)
-    return [[(x - mean) / scale if m else 0.0 for x, m in zip(row, mask)] for row, mask in zip(rows, masks)]
+def nemo_rl_whiten(rows, masks, dtype=np.float64):
+    """NeMo-RL's ``_reward_whiten`` over the batch, then its ``masked_fill``, step by step as its
+    tensors take it, each step rounded to ``dtype`` (the advantages' and the mask's; the sums
+    exact, then rounded): ``masked_mean`` ``Σ(x·m)/(n + 1e-8)`` (in float32 ``n + 1e-8`` rounds
+    to ``n``), ``masked_var`` about that mean, ``Σ((x − mean)²·m)/(n + 1e-8) · n/(n − 1)``
+    (infinite for one token: it whitens to 0, or NaN where it equals its mean), then
+    ``(x − mean)·rsqrt(var + 1e-8)``; 0 at masked tokens."""
+    real = np.dtype(dtype).type
+    pairs = [(real(x), real(m)) for row, mask in zip(rows, masks) for x, m in zip(row, mask)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        count = real(math.fsum(m for _, m in pairs))
+        denominator = count + real(1e-8)
+        mean = real(math.fsum(x * m for x, m in pairs)) / denominator
+        squares = real(math.fsum((x - mean) * (x - mean) * m for x, m in pairs))
+        var = squares / denominator * (count / (count - real(1)))
+        inverse = real(1) / np.sqrt(var + real(1e-8))
+        return [[float((real(x) - mean) * inverse) if m else 0.0 for x, m in zip(row, mask)]
+                for row, mask in zip(rows, masks)]  # fmt: skip
 
 
 def nemo_rl_contract_row(reward, values, mask, logprobs, references, kl_coef, kl_type, gamma, lam):

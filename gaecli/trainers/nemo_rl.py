@@ -68,14 +68,17 @@ class GeneralizedAdvantageEstimator:
         advantages with the length-adaptive λ ``clamp(1 − 1/max(α·l, 1), 0, 1)`` (l: the
         row's mask-1 tokens, float32) when ``length_adaptive_alpha > 0``, else
         ``gae_lambda_policy`` (or ``gae_lambda``). With ``normalize_advantages`` the
-        advantages are whitened over the mask-1 tokens (``(A − mean)·rsqrt(var + 1e-8)``,
-        Bessel; NeMo-RL's mean divides by ``n + 1e-8``, gaecli's by ``n``). Tensors stay on
-        their device, in the values' dtype.
+        advantages are whitened over the mask-1 tokens by NeMo-RL's rule
+        (``NORM_LIKE["nemo-rl"]``: ``(A − mean)·rsqrt(var + 1e-8)``, the mean ``Σ/(n + 1e-8)``,
+        the variance about it ``Σ(A − mean)²/(n + 1e-8) · n/(n − 1)``; statistics in float64;
+        one mask-1 token whitens to 0), in both modes. Tensors stay on their device, in the
+        values' dtype.
 
         ``masked``: the masked contract over the mask-1 tokens (NeMo-RL's advantages at them),
         advantages and returns exactly 0 at every masked and padding position. ``nemo-rl``:
         NeMo-RL's carry-forward loop as :func:`gaecli.baseline_gae_packed` gives it: the
         advantages 0 at masked positions, the returns there carry + V."""
+        from gaecli.advantages.normalization import NORM_LIKE
         from gaecli.advantages.whiten import whiten
 
         check_batch("compute_advantage", values, mask)
@@ -93,7 +96,8 @@ class GeneralizedAdvantageEstimator:
             advantages, returns = self._gae(values, token_rewards, mask, self.gae_lambda)
         if self.normalize_advantages:
             trainable = as_trainable(mask).reshape(-1)
-            advantages = whiten(advantages.reshape(-1), trainable, written="trainable").reshape(advantages.shape)
+            whitened = whiten(advantages.reshape(-1), trainable, NORM_LIKE[PROFILE], written="trainable")
+            advantages = whitened.reshape(advantages.shape)
         return advantages, returns
 
     def _token_level_rewards(self, rewards, mask, logprobs, reference_logprobs):
