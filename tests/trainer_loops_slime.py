@@ -1,7 +1,11 @@
 """slime's and miles' GAE written out in float64 Python, one sample at a time, as their source
 writes it (THUDM/slime ``624b824`` ``slime/utils/ppo_utils.py``; radixark/miles ``31f1ca9``
 ``miles/backends/training_utils/loss_hub/math_utils.py``): the independent side of
-tests/test_trainers_slime.py. A sample is a list of floats per input, of its response length."""
+tests/test_trainers_slime.py; and slime's outcome estimators (grpo, dr-grpo,
+reinforce++-baseline: ``slime/ray/rollout.py`` ``_post_process_rewards``, then
+``get_grpo_returns`` or ``get_reinforce_plus_plus_baseline_advantages``), in float64 and as
+slime's float32 torch code runs them: the independent side of
+tests/test_slime_outcome_profiles.py. A sample is a list of floats per input, of its response length."""
 
 from __future__ import annotations
 
@@ -81,3 +85,69 @@ def contract_in_slime_layout(values, rewards, mask, gamma, lambd):
     outcome = math.fsum(rewards[last + 1 :])
     kept = [r if m else 0.0 for r, m in zip(rewards, mask)]
     return miles_row(values, kept, mask, outcome, gamma, lambd)
+
+
+SLIME_NORMALISED = ("grpo", "dr-grpo", "reinforce++-baseline")
+"""gaecli's names of slime's estimators whose rewards ``_post_process_rewards`` normalises
+(slime's ``grpo``, ``grpo`` with ``--disable-grpo-std-normalization``, ``reinforce_plus_plus_baseline``)."""
+
+
+def slime_post_process_rewards(raw_rewards, estimator, n_samples_per_prompt, rollout_batch_size):
+    """slime's ``RolloutManager._post_process_rewards`` in float64 Python: the rewards cut into
+    consecutive groups of ``n_samples_per_prompt`` when there are ``n · rollout_batch_size`` of
+    them, else one group of all; each centred on its group's mean and, for grpo, divided by
+    the Bessel std of the centred values plus 1e-6 (``n_samples_per_prompt = 1`` turns the std
+    off: slime's ``arguments.py``; a std over one value is NaN, as ``torch.std``'s)."""
+    assert estimator in SLIME_NORMALISED
+    divide = estimator == "grpo" and n_samples_per_prompt != 1
+    size = n_samples_per_prompt if len(raw_rewards) == n_samples_per_prompt * rollout_batch_size else len(raw_rewards)
+    out = []
+    for start in range(0, len(raw_rewards), size):
+        group = [float(x) for x in raw_rewards[start : start + size]]
+        mean = math.fsum(group) / len(group)
+        centred = [x - mean for x in group]
+        if divide:
+            centre = math.fsum(centred) / len(centred)
+            spread = math.fsum((x - centre) ** 2 for x in centred)
+            std = math.sqrt(spread / (len(centred) - 1)) if len(centred) > 1 else math.nan
+            centred = [x / (std + 1e-6) for x in centred]
+        out.extend(centred)
+    return out
+
+
+def slime_post_process_rewards_float32(raw_rewards, estimator, n_samples_per_prompt, rollout_batch_size):
+    """The same as slime's float32 torch code runs it: ``torch.tensor(raw, dtype=torch.float)``,
+    reshaped, ``mean``, ``std`` and ``+ 1e-6`` in float32; a list of Python floats (``tolist``)."""
+    import torch
+
+    divide = estimator == "grpo" and n_samples_per_prompt != 1
+    rewards = torch.tensor(raw_rewards, dtype=torch.float)
+    if rewards.shape[-1] == n_samples_per_prompt * rollout_batch_size:
+        rewards = rewards.reshape(-1, n_samples_per_prompt)
+    else:
+        rewards = rewards.view(-1, rewards.shape[-1])
+    rewards = rewards - rewards.mean(dim=-1, keepdim=True)
+    if divide:
+        rewards = rewards / (rewards.std(dim=-1, keepdim=True) + 1e-6)
+    return rewards.flatten().tolist()
+
+
+def slime_outcome_row(estimator, reward, token_rewards):
+    """One sample's advantages before ``normalize_advantages``: grpo's and dr-grpo's
+    (``get_grpo_returns``: ``ones_like(kl) · reward``, the normalised scalar at every token of
+    the response, masked ones included) or reinforce++-baseline's
+    (``get_reinforce_plus_plus_baseline_advantages``: ``ones_like(kl) · reward − kl_coef · kl``,
+    where ``token_rewards`` are gaecli's per-token rewards, ``−kl_coef · kl``)."""
+    if estimator == "reinforce++-baseline":
+        return [reward + r for r in token_rewards]
+    return [reward] * len(token_rewards)
+
+
+def slime_normalize_advantages(advantages, masks):
+    """slime's ``normalize_advantages`` (``distributed_masked_whiten`` over the loss masks):
+    the mean and Bessel variance of the trainable tokens' values, ``(A − mean)·rsqrt(var +
+    1e-8)`` written at **every** token, masked ones included."""
+    tokens = [a for row, mask in zip(advantages, masks) for a, m in zip(row, mask) if m]
+    mean = math.fsum(tokens) / len(tokens)
+    var = math.fsum((a - mean) ** 2 for a in tokens) / (len(tokens) - 1)
+    return [[(a - mean) / math.sqrt(var + 1e-8) for a in row] for row in advantages]

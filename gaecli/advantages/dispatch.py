@@ -150,7 +150,7 @@ def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewa
         if spec.estimator == "reinforce++":
             return returns, returns
         baselines = _row_input(spec, row_inputs, spec.baseline_rewards, "the baseline rewards")
-        return _spread(returns, baselines, trainable, offsets, subtract=True), returns
+        return _spread(returns, baselines, trainable, offsets, combine="minus"), returns
     if spec.estimator == "agentic-reinforce":
         return _turn_returns(spec, rewards, trainable, offsets, terminal_rewards, kernel, device, row_inputs)
     if spec.estimator == "opd":
@@ -163,8 +163,18 @@ def _critic_free(spec: AdvantageSpec, rewards, trainable, offsets, terminal_rewa
         return _like_rewards(rewards, advantages, trainable), _like_rewards(rewards, returns, trainable)
     row_values = _row_input(spec, row_inputs, ROW_ADVANTAGE, "each row's advantage")
     written = _written_tokens(spec, trainable, (row_inputs or {}).get(RESPONSE_MASK))
-    advantages = _spread(rewards, row_values, written, offsets)
+    advantages = _spread(rewards, row_values, written, offsets, combine="plus" if _adds_token_rewards(spec) else None)
     return advantages, advantages
+
+
+def _adds_token_rewards(spec: AdvantageSpec) -> bool:
+    """Whether ``spec``'s trainer profile adds each token's reward to the row's advantage
+    (:attr:`gaecli.advantages.estimator_profiles.EstimatorProfile.token_rewards`)."""
+    if spec.semantics == MASKED:
+        return False
+    from gaecli.advantages.estimators import trainer_profile
+
+    return trainer_profile(spec).token_rewards
 
 
 def _written_tokens(spec: AdvantageSpec, trainable, response=None):
@@ -262,20 +272,24 @@ def _masked_negation(like, per_token, trainable):
     return torch.where(trainable, 0.0 - per_token, 0.0).to(like.dtype)
 
 
-def _spread(like, row_values, trainable, offsets, subtract: bool = False):
-    """Each row's value at its trainable tokens (``subtract``: ``like`` minus it there), 0 at
-    masked positions, in ``like``'s dtype (numpy arrays or tensors, as ``like``)."""
+def _spread(like, row_values, trainable, offsets, combine=None):
+    """Each row's value at its ``trainable`` tokens (``combine``: ``minus``, ``like`` minus it
+    there, remax's return less its baseline; ``plus``, ``like`` plus it, a token's reward added
+    to the row's advantage), 0 elsewhere, summed in float64 and rounded once to ``like``'s dtype
+    (numpy arrays or tensors, as ``like``)."""
     if isinstance(like, np.ndarray):
-        if not subtract:
+        if combine is None:
             return spread_rows(row_values, trainable, offsets, like.dtype)
         per_token = np.repeat(np.asarray(row_values, dtype=np.float64), np.diff(offsets))
-        return np.where(trainable, like.astype(np.float64) - per_token, 0.0).astype(like.dtype, copy=False)
+        own = like.astype(np.float64)
+        combined = own - per_token if combine == "minus" else own + per_token
+        return np.where(trainable, combined, 0.0).astype(like.dtype, copy=False)
     import torch
 
     lengths = offsets[1:] - offsets[:-1]
     per_token = torch.repeat_interleave(torch.as_tensor(row_values, device=like.device, dtype=torch.float64), lengths)
-    if subtract:
-        per_token = like.double() - per_token
+    if combine is not None:
+        per_token = like.double() - per_token if combine == "minus" else like.double() + per_token
     return torch.where(trainable, per_token, 0.0).to(like.dtype)
 
 

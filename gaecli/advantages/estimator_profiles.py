@@ -1,6 +1,7 @@
-"""The trainer profiles of the critic-free estimators: what each trainer's own ``reinforce++``
-computes at every position (docs/estimators.md#trainer-profiles-of-the-estimators), on flat
-numpy buffers, through the masked-GAE kernel on rearranged inputs. The names load nothing
+"""The trainer profiles of the critic-free estimators: what each trainer's own estimator
+computes at every position (docs/estimators.md#trainer-profiles-of-the-estimators), declared
+here and read by the estimators' statistics and per-token pass; ``reinforce++``'s returns on
+flat numpy buffers, through the masked-GAE kernel on rearranged inputs. The names load nothing
 heavy (numpy is imported where the returns are computed)."""
 
 from __future__ import annotations
@@ -16,8 +17,13 @@ class EstimatorProfile:
     its whitening statistics are taken over (``trainable``, or ``response``: every token), where
     the advantages are written (``trainable``: 0 elsewhere; ``every``: every position, as the
     trainer leaves them), an outcome estimator's score (``scores``: ``trainable``, the rewards
-    at trainable tokens and ``z``, the contract's; ``every``, every token's reward and ``z``)
-    and its value for a group of one (``single``: None, the estimator's own; ``zero``)."""
+    at trainable tokens and ``z``, the contract's; ``every``, every token's reward and ``z``;
+    ``outcome``, ``z`` alone, the per-token rewards left out), its value for a group of one
+    (``single``: None, the estimator's own; ``zero``), whether each written token's own reward
+    is added to the row's advantage there (``token_rewards``: slime's reinforce++-baseline,
+    ``(z − μ) − kl_coef·kl_t``) and whether the returns of an estimator that whitens them with
+    its advantages (:data:`gaecli.advantages.contract.WHITENED_RETURNS`) are whitened
+    (``whitened_returns``; False: the advantages before the whitening, as the trainer keeps them)."""
 
     returns: Optional[str]
     summary: str
@@ -25,6 +31,8 @@ class EstimatorProfile:
     written: str = "trainable"
     scores: str = "trainable"
     single: Optional[str] = None
+    token_rewards: bool = False
+    whitened_returns: bool = True
 
 
 REINFORCE_PROFILES: dict[str, EstimatorProfile] = {
@@ -72,9 +80,13 @@ _VERL_OUTCOME = EstimatorProfile(
 _SKYRL_OUTCOME = EstimatorProfile(
     None, "SkyRL: the score sums every token's reward and z; written at every token", scores="every", written="every"
 )
+_SLIME_OUTCOME = EstimatorProfile(
+    None, "slime: the score is z alone; a group of one gives 0; written at every token", scores="outcome",
+    written="every", single="zero",
+)  # fmt: skip
 OUTCOME_PROFILES: dict[str, dict[str, EstimatorProfile]] = {
-    "grpo": {"verl": _VERL_OUTCOME, "skyrl": _SKYRL_OUTCOME},
-    "dr-grpo": {"verl": _VERL_OUTCOME, "skyrl": _SKYRL_OUTCOME},
+    "grpo": {"verl": _VERL_OUTCOME, "slime": _SLIME_OUTCOME, "skyrl": _SKYRL_OUTCOME},
+    "dr-grpo": {"verl": _VERL_OUTCOME, "slime": _SLIME_OUTCOME, "skyrl": _SKYRL_OUTCOME},
     "rloo": {
         "verl": _VERL_OUTCOME,
         "skyrl": EstimatorProfile(
@@ -86,17 +98,37 @@ OUTCOME_PROFILES: dict[str, dict[str, EstimatorProfile]] = {
         ),
     },
     "maxrl": {"skyrl": _SKYRL_OUTCOME},
+    "reinforce++-baseline": {
+        "slime": EstimatorProfile(
+            None,
+            "slime: z less its group's mean (one: 0) plus each token's reward, at every token; whitened over "
+            "trainable tokens, the returns not",
+            written="every",
+            scores="outcome",
+            single="zero",
+            token_rewards=True,
+            whitened_returns=False,
+        ),
+    },
 }
-"""The outcome estimators as verl and SkyRL compute them (the sources:
+"""The outcome estimators as verl, slime and SkyRL compute them (the sources:
 docs/estimators.md#trainer-profiles-of-the-estimators): verl's ``compute_grpo_outcome_advantage``
 (``norm_adv_by_std_in_grpo=False`` for dr-grpo) and ``compute_rloo_outcome_advantage``
 (``verl/trainer/ppo/core_algos.py``) sum the response's token rewards, every token, and write
-the row's advantage through its ``response_mask``, the trainable tokens; SkyRL's
-``compute_grpo_outcome_advantage`` (``grpo_norm_by_std=False`` for dr-grpo),
-``compute_rloo_outcome_advantage`` (a group of one: 0) and ``compute_maxrl_advantage``
-(``skyrl/backends/skyrl_train/utils/ppo_utils.py``) sum the same and write through its
-``response_mask``, every token of the response. Their normalisations are the estimators' own
-(verl's and SkyRL's grpo rule is gaecli's default: ``SCORE_NORM_LIKE``)."""
+the row's advantage through its ``response_mask``, the trainable tokens; slime's
+``_post_process_rewards`` (``slime/ray/rollout.py``: the scalar reward centred in its group and,
+for grpo, divided by ``σ + 1e-6``; ``--disable-grpo-std-normalization`` for dr-grpo, which
+``n_samples_per_prompt = 1`` sets, so a group of one gives 0) scores ``z`` alone, and its
+``get_grpo_returns`` (``slime/utils/ppo_utils.py``) writes it at every token of the response;
+its ``get_reinforce_plus_plus_baseline_advantages`` writes the centred ``z`` plus each token's
+reward (its KL term, ``−kl_coef·kl``) at every token, then ``normalize_advantages`` whitens it over the loss mask
+(``slime/backends/megatron_utils/loss.py`` ``compute_advantages_and_returns``, which keeps
+the returns unwhitened); SkyRL's ``compute_grpo_outcome_advantage`` (``grpo_norm_by_std=False``
+for dr-grpo), ``compute_rloo_outcome_advantage`` (a group of one: 0) and
+``compute_maxrl_advantage`` (``skyrl/backends/skyrl_train/utils/ppo_utils.py``) sum every
+token's reward and write through its ``response_mask``, every token of the response. Their
+normalisations are the estimators' own (verl's and SkyRL's grpo rule is gaecli's default,
+slime's is it with a group of one 0: ``SCORE_NORM_LIKE``)."""
 
 ESTIMATOR_PROFILES: dict[str, dict[str, EstimatorProfile]] = {"reinforce++": REINFORCE_PROFILES, **OUTCOME_PROFILES}
 """The estimators with trainer profiles, each its profiles by name."""

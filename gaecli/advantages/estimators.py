@@ -17,6 +17,7 @@ import pyarrow as pa
 from gaecli.advantages.contract import GROUP_EPSILON, SCORE_NORMALISED, WHITENED_RETURNS
 from gaecli.advantages.statistics import (
     COMPONENT,
+    OUTCOME_SCORES,
     PATH_BASELINES,
     PATHS,
     RESPONSE_MOMENTS,
@@ -51,21 +52,36 @@ def response_scores(rewards: np.ndarray, offsets: np.ndarray, terminal_rewards: 
     return terminal_rewards.astype(np.float64) + trainable_sums(rewards, None, offsets)[0]
 
 
+SCORE_OPERANDS: dict[str, str] = {"trainable": SCORES, "every": RESPONSE_SCORES, "outcome": OUTCOME_SCORES}
+"""The per-row operand of each score a trainer profile reads
+(:attr:`gaecli.advantages.estimator_profiles.EstimatorProfile.scores`): the contract's, every
+token's, ``z`` alone."""
+
+
 def side_scores(spec, scores: np.ndarray, rewards, offsets, terminal_rewards) -> np.ndarray:
-    """The scores ``spec``'s estimator reads: ``scores`` (the contract's, over trainable
-    tokens), or every token's where its trainer profile sums them so."""
-    profile = trainer_profile(spec)
-    if profile is None or profile.scores == "trainable":
-        return scores
-    return response_scores(rewards, offsets, terminal_rewards)
+    """The scores ``spec``'s estimator reads (:func:`operand_scores` of its profile's operand):
+    ``scores`` (the contract's, over trainable tokens), or those its trainer profile takes."""
+    return operand_scores(group_scores_need(spec).of, scores, rewards, offsets, terminal_rewards)
+
+
+def operand_scores(operand: str, scores: np.ndarray, rewards, offsets, terminal_rewards) -> np.ndarray:
+    """The rows' scores (float64 ``[B]``) of a score ``operand`` (:data:`SCORE_OPERANDS`):
+    ``scores`` as given (the contract's, :func:`row_scores`), every token's
+    (:func:`response_scores`), or ``z`` alone."""
+    if operand == RESPONSE_SCORES:
+        return response_scores(rewards, offsets, terminal_rewards)
+    if operand == OUTCOME_SCORES:
+        return np.asarray(terminal_rewards, dtype=np.float64)
+    return scores
 
 
 @dataclass(frozen=True)
 class Need:
     """A statistic an estimator needs, declared: the per-row ``quantity`` (a key of
     :data:`gaecli.advantages.statistics.ROW_QUANTITIES`) of ``of`` (``scores``: each row's
-    score, read from the inputs; ``components``: each of the spec's reward components, one
-    statistic apiece; ``advantages``: the side's computed advantages, before whitening),
+    score, read from the inputs, or another score operand of :data:`SCORE_OPERANDS`;
+    ``components``: each of the spec's reward components, one statistic apiece; ``advantages``:
+    the side's computed advantages, before whitening),
     keyed by the id column a spec field names (``by``: ``group_by``, ``step_by``; None, or a
     field the spec leaves None: the whole input)."""
 
@@ -82,8 +98,8 @@ class Need:
             return (Statistic(self.quantity, PATHS, key),)
         if self.of == "turns":
             return (Statistic(self.quantity, TURNS, key),)
-        if self.of == "response-scores":
-            return (Statistic(self.quantity, RESPONSE_SCORES, key),)
+        if self.of in (RESPONSE_SCORES, OUTCOME_SCORES):
+            return (Statistic(self.quantity, self.of, key),)
         return (Statistic(self.quantity, operand if self.of == "advantages" else SCORES, key),)
 
     def statistic(self, spec, operand: str = "new") -> Statistic:
@@ -92,7 +108,6 @@ class Need:
 
 
 GROUP_SCORES = Need(SCORES, "scores", "group_by")
-GROUP_RESPONSE_SCORES = Need(SCORES, "response-scores", "group_by")
 GROUP_TOP_SCORES = Need(TOP_SCORES, "scores", "group_by")
 GROUP_COMPONENTS = Need(SCORES, "components", "group_by")
 STEP_SCORES = Need(SCORES, "scores", "step_by")
@@ -144,8 +159,7 @@ def row_needs(spec) -> tuple[Need, ...]:
     profile = trainer_profile(spec)
     if profile is not None and profile.statistics == "response":  # whitened over every token
         needs = tuple(STEP_RESPONSE_MOMENTS if need == STEP_MOMENTS else need for need in needs)
-    if profile is not None and profile.scores == "every":  # scored over every token
-        needs = tuple(GROUP_RESPONSE_SCORES if need == GROUP_SCORES else need for need in needs)
+    needs = tuple(group_scores_need(spec) if need == GROUP_SCORES else need for need in needs)  # its profile's score
     if spec.estimator in SCORE_NORMALISED and reads_steps(spec.estimator, spec.whitening_rule):
         needs = (*needs, STEP_SCORES)
     return needs
@@ -203,9 +217,20 @@ def statistics_row_advantages(
 
 
 def group_scores_need(spec) -> Need:
-    """The need of ``spec``'s group statistics of the scores: the contract's, or every token's
-    where its trainer profile scores so."""
-    return GROUP_RESPONSE_SCORES if GROUP_RESPONSE_SCORES in estimator_needs(spec) else GROUP_SCORES
+    """The need of ``spec``'s group statistics of the scores: the contract's, or the score its
+    trainer profile reads (:data:`SCORE_OPERANDS`)."""
+    profile = trainer_profile(spec)
+    if profile is None:
+        return GROUP_SCORES
+    return Need(SCORES, SCORE_OPERANDS[profile.scores], "group_by")
+
+
+def whitens_returns(spec) -> bool:
+    """Whether ``spec``'s returns are its whitened advantages: an estimator of
+    :data:`gaecli.advantages.contract.WHITENED_RETURNS`, unless its trainer profile keeps them
+    as computed (:attr:`gaecli.advantages.estimator_profiles.EstimatorProfile.whitened_returns`)."""
+    profile = trainer_profile(spec)
+    return spec.estimator in WHITENED_RETURNS and (profile is None or profile.whitened_returns)
 
 
 def rule_normalized_scores(statistics: KeyedStatistics, spec, scores: np.ndarray, codes: np.ndarray, step_keys):
@@ -404,8 +429,7 @@ def critic_free_batch(
         scores = side_scores(spec, scores, rewards, offsets, terminal_rewards)
         statistics = KeyedStatistics(tuple(need for need in needs if not need.reads_sides))
         operands = {
-            SCORES: scores,
-            RESPONSE_SCORES: scores,
+            **dict.fromkeys(SCORE_OPERANDS.values(), scores),
             **{COMPONENT + name: values for name, values in inputs.items()},
         }
         statistics.add(operands, trainable, offsets, keys)
@@ -420,7 +444,7 @@ def critic_free_batch(
         moments = KeyedStatistics(whitening)
         moments.add({"new": advantages}, trainable, offsets, keys, response=response)
         advantages = whiten_trainable(advantages, trainable, offsets, moments[whitening[0]], step_keys, spec, response)
-        if spec.estimator in WHITENED_RETURNS:
+        if whitens_returns(spec):
             returns = advantages
     return advantages, returns
 

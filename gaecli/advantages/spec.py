@@ -97,8 +97,9 @@ class AdvantageSpec:
       alias of one (``unmasked``, ``skip-masked``, ``zero-masked``), kept as given; with a
       critic-free estimator that has trainer profiles, one of them
       (:data:`gaecli.advantages.estimator_profiles.ESTIMATOR_PROFILES`: ``reinforce++``'s
-      ``verl``, ``verl@2026-08``, ``verl@2026-07``, ``slime``, ``skyrl``; grpo's, dr-grpo's and
-      rloo's ``verl`` and ``skyrl``; maxrl's ``skyrl``).
+      ``verl``, ``verl@2026-08``, ``verl@2026-07``, ``slime``, ``skyrl``; grpo's and dr-grpo's
+      ``verl``, ``slime`` and ``skyrl``; rloo's ``verl`` and ``skyrl``; maxrl's ``skyrl``;
+      reinforce++-baseline's ``slime``).
     - ``normalize``: ``"none"``, ``"all"`` (whiten over every trainable token of the input) or
       ``"by"`` (per group of rows with equal ``normalize_by`` key; ``normalize_by`` names that
       per-row input); ``whitening_rule`` (a

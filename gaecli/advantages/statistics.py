@@ -210,6 +210,8 @@ SCORES = "scores"
 RESPONSE_SCORES = "response-scores"
 """The per-row operand of a trainer profile that scores a row by every token's reward and ``z``
 (:func:`gaecli.advantages.estimators.response_scores`), where :data:`SCORES` sums the trainable tokens'."""
+OUTCOME_SCORES = "outcome-scores"
+"""The per-row operand of a trainer profile that scores a row by ``z`` alone (slime's scalar reward)."""
 TOP_SCORES = "top-scores"
 PATH_BASELINES = "path-baselines"
 TURN_ROWS = "turn-rows"
@@ -245,7 +247,7 @@ gdpo's), read from the rows as float64."""
 
 def is_row_operand(operand: str) -> bool:
     """Whether ``operand`` is read from the rows (the scores, a reward component), not a side."""
-    return operand in (SCORES, RESPONSE_SCORES, PATHS, TURNS) or operand.startswith(COMPONENT)
+    return operand in (SCORES, RESPONSE_SCORES, OUTCOME_SCORES, PATHS, TURNS) or operand.startswith(COMPONENT)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from gaecli.advantages.dispatch import (
 )
 from gaecli.advantages.distillation import with_distillation
 from gaecli.advantages.spec import AdvantageSpec
-from gaecli.advantages.statistics import COMPONENT, RESPONSE_SCORES
+from gaecli.advantages.statistics import COMPONENT, OUTCOME_SCORES, RESPONSE_SCORES
 from gaecli.checks import (
     ROW_INPUT_TYPES,
     BatchCheck,
@@ -138,16 +138,19 @@ class ComputedBatch:
 
     def operand(self, name: str) -> np.ndarray:
         """An array by the name a statistic gives it: ``new``, ``old`` (the first old
-        side) or ``old:K`` (the old side K, counted from 0), per token; ``scores``, per row;
-        ``component:NAME``, the valid rows' values of column NAME (float64)."""
+        side) or ``old:K`` (the old side K, counted from 0), per token; ``scores``, per row (and
+        ``response-scores``, ``outcome-scores``: a trainer profile's,
+        :func:`gaecli.advantages.estimators.operand_scores`); ``component:NAME``, the valid rows'
+        values of column NAME (float64)."""
         if name.startswith("old:"):
             return self.olds[int(name[4:])][0]
         if name.startswith(COMPONENT):
             return row_numbers(self.valid, name[len(COMPONENT) :])
-        if name == RESPONSE_SCORES:
-            from gaecli.advantages.estimators import response_scores
+        if name in (RESPONSE_SCORES, OUTCOME_SCORES):  # a trainer profile's score
+            from gaecli.advantages.estimators import operand_scores
 
-            return response_scores(self.packed.rewards, self.packed.offsets, self.packed.terminal_rewards)
+            packed = self.packed
+            return operand_scores(name, self.scores, packed.rewards, packed.offsets, packed.terminal_rewards)
         return getattr(self, name)
 
 

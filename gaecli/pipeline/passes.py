@@ -11,9 +11,8 @@ from typing import Iterable, Optional
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.contract import WHITENED_RETURNS
 from gaecli.advantages.distillation import with_distillation
-from gaecli.advantages.estimators import declared_statistics
+from gaecli.advantages.estimators import declared_statistics, whitens_returns
 from gaecli.advantages.normalization import clipped
 from gaecli.advantages.statistics import KeyedStatistics, Moments, Statistic, side_operands, whitening_statistics
 from gaecli.advantages.whiten import whiten_rows
@@ -175,7 +174,7 @@ def _whitened(computed: ComputedBatch, computation: Computation, moments, cast: 
             advantages = whiten_trainable(
                 sides[index][0], packed.trainable, packed.offsets, moments[index], keys, spec, packed.response
             )
-            sides[index] = (advantages, advantages if spec.estimator in WHITENED_RETURNS else sides[index][1])
+            sides[index] = (advantages, advantages if whitens_returns(spec) else sides[index][1])
     if not computation.old_sides:  # the new side stands in for the old one
         sides[1:] = [sides[0]]
     return sides[0][0], sides[0][1], sides[1:]
