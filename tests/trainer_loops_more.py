@@ -48,6 +48,22 @@ def areal_token_row(rewards, values, loss_mask, no_eos, discount, lam):
     return advantages, [a + v for a, v in zip(advantages, values)]
 
 
+def areal_dump_row(values, rewards, mask, terminal, truncated, bootstrap, discount, lam):
+    """AReaL's token loop (:func:`areal_token_row`) on one row of a dump as gaecli's ``areal``
+    profile reads it: the response laid out as AReaL's padded row, the outcome on its last
+    token, one column after it that is no step and holds the value AReaL reads first,
+    ``values[:, T − 1]`` (``bootstrap`` where the row is ``truncated``, no EOS; 0 otherwise,
+    where AReaL multiplies it by 0). Returns the response's positions."""
+    length = len(values)
+    padded_rewards = [float(r) for r in rewards] + [0.0]
+    if length:
+        padded_rewards[length - 1] += float(terminal)
+    padded_values = [float(v) for v in values] + [float(bootstrap) if truncated else 0.0]
+    padded_mask = [1.0 if m else 0.0 for m in mask] + [0.0]
+    advantages, returns = areal_token_row(padded_rewards, padded_values, padded_mask, truncated, discount, lam)
+    return advantages[:length], returns[:length]
+
+
 def areal_turn_row(rewards, values, loss_mask, turn_ids, no_eos, discount, lam):
     """AReaL's ``_compute_turn_level_gae`` on one row: a turn's reward the sum of its loss-mask
     tokens' rewards, its value that of its first loss-mask token, GAE over the turns that have

@@ -427,16 +427,25 @@ def baseline_gae_packed(
     kernel: str = "auto",
     validate: bool = True,
     out: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    truncated=None,
+    bootstrap_values=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE under ``semantics``, packed form (shapes as :func:`masked_gae_packed`):
-    ``masked`` (the contract) or one of the trainers' baselines ``unmasked``,
-    ``skip-masked``, ``zero-masked``, defined in docs/semantics.md#the-baselines. Returns
-    what that semantics computes at every position (non-zero at masked positions where it
-    makes them so). ``out``: as :func:`compute_advantages_packed`."""
+    ``masked`` (the contract) or one of the trainers' profiles (``verl``, ``areal``...; the
+    aliases ``unmasked``, ``skip-masked``, ``zero-masked``), defined in
+    docs/semantics.md#the-trainer-profiles. Returns what that semantics computes at every
+    position (non-zero at masked positions where it makes them so). ``out``: as
+    :func:`compute_advantages_packed`.
+
+    ``truncated`` (bool ``[B]``) with ``bootstrap_values`` ``[B]``: the truncation bootstrap
+    (docs/variants.md), taken by ``masked`` and ``areal`` (AReaL's no-EOS bootstrap: the value
+    after a truncated sample's last trainable token is its bootstrap value); another profile
+    refuses them (:class:`gaecli.InvalidOptionError`)."""
     spec = AdvantageSpec(gamma, lambd, semantics)
     return compute_advantages_packed(
-        values, rewards, loss_mask, offsets, terminal_rewards, spec=spec, kernel=kernel, validate=validate, out=out
-    )
+        values, rewards, loss_mask, offsets, terminal_rewards, spec=spec, kernel=kernel, validate=validate, out=out,
+        truncated=truncated, bootstrap_values=bootstrap_values,
+    )  # fmt: skip
 
 
 def baseline_gae(
@@ -449,11 +458,16 @@ def baseline_gae(
     lambd: float,
     semantics: Semantics = "unmasked",
     kernel: str = "auto",
+    truncated=None,
+    bootstrap_values=None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """List form of :func:`baseline_gae_packed` (arguments as :func:`masked_gae`)."""
+    """List form of :func:`baseline_gae_packed` (arguments as :func:`masked_gae`; ``truncated``
+    and ``bootstrap_values`` one per sample, as there)."""
+    spec = AdvantageSpec(gamma, lambd, semantics)
     return compute_advantages(
-        values, rewards, loss_mask, terminal_rewards, spec=AdvantageSpec(gamma, lambd, semantics), kernel=kernel
-    )
+        values, rewards, loss_mask, terminal_rewards, spec=spec, kernel=kernel, truncated=truncated,
+        bootstrap_values=bootstrap_values,
+    )  # fmt: skip
 
 
 def unmasked_gae(

@@ -37,10 +37,15 @@ def apply_semantics(
     the same bits for the same kernel (the carry of a skip recursion: :func:`carried_outputs`).
 
     ``run(values, rewards, trainable, terminal_rewards)`` is the masked-GAE kernel on this
-    batch. Shapes: flat ``[N]`` values, rewards (one float dtype, which the outputs take) and
-    bool ``trainable``, ``offsets`` ``[B + 1]``, ``terminal_rewards`` ``[B]``. Returns flat
-    ``(advantages, returns)``: what ``semantics`` (``masked``, a profile or an alias) computes
-    at every position (docs/semantics.md#the-trainer-profiles).
+    batch, with the spec's GAE variants bound (the dispatch's ``variant_keywords``): for
+    ``areal`` (the one profile that takes one, :data:`gaecli.advantages.contract.PROFILE_VARIANTS`)
+    the truncation bootstrap, which the kernel puts after each truncated sample's last trainable
+    token, the step AReaL's loop reads its initial ``nextvalues`` at; the carry stored at the
+    masked positions after it is 0, as AReaL's is. Shapes: flat ``[N]`` values, rewards (one
+    float dtype, which the outputs take) and bool ``trainable``, ``offsets`` ``[B + 1]``,
+    ``terminal_rewards`` ``[B]``. Returns flat ``(advantages, returns)``: what ``semantics``
+    (``masked``, a profile or an alias) computes at every position
+    (docs/semantics.md#the-trainer-profiles).
     """
     xp = array_module(values)
     if semantics == MASKED:

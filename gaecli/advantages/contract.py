@@ -17,12 +17,18 @@ PROFILE_SUMMARIES: dict[str, str] = {
     "openrlhf": "OpenRLHF: V and r zeroed at masked tokens, GAE over every token, z on the last trainable token",
     "slime": "slime, pre-fix miles: the mask ignored, GAE over every token, z on the last response token",
     "roll": "ROLL: r masked but not V, GAE over every token, then A·m; z lost when the last token is masked",
-    "areal": "AReaL: verl's loop (masked steps skipped, z on the last response token), no bootstrap value",
+    "areal": "AReaL: verl's loop (masked steps skipped, z on the last response token), no-EOS bootstrap by "
+    "--truncated-col",
     "nemo-rl": "NeMo-RL: masked steps skipped, z on the last trainable token: the contract on trainable tokens",
     "skyrl": "SkyRL: slime's recursion (the mask read nowhere); it whitens: add --normalize --norm-like skyrl",
 }
 """What each profile of :data:`PROFILES` computes, in one line (``gae diff --list-baselines``;
 the whole table: docs/semantics.md#the-trainer-profiles)."""
+
+PROFILE_VARIANTS: dict[str, tuple[str, ...]] = {"areal": ("truncated", "bootstrap_values")}
+"""The GAE variant fields (docs/variants.md) a trainer profile takes, where its trainer computes
+them: AReaL's loop starts from ``nextvalues = values[:, T − 1] · seq_no_eos_mask``, the
+truncation bootstrap (docs/semantics.md#the-trainer-profiles). Every other profile takes none."""
 
 ALIASES: dict[str, str] = {"unmasked": "slime", "zero-masked": "openrlhf", "skip-masked": "verl"}
 """The generic baseline names of earlier releases, each the profile it now names."""
@@ -187,6 +193,12 @@ WHITEN_EPSILON = 1e-8
 def profile_of(semantics: str) -> str:
     """The profile an alias names, or ``semantics`` itself (a profile or ``masked``)."""
     return ALIASES.get(semantics, semantics)
+
+
+def profile_variants(semantics: str) -> tuple[str, ...]:
+    """The GAE variant fields the profile ``semantics`` (or its alias) takes
+    (:data:`PROFILE_VARIANTS`; none for another profile or a name gaecli does not know)."""
+    return PROFILE_VARIANTS.get(profile_of(semantics), ())
 
 
 def baseline_names() -> tuple[tuple[str, str], ...]:

@@ -58,9 +58,10 @@ def check_variant_inputs(spec, row_inputs: dict, trainable: torch.Tensor, offset
     number of turns, a non-finite turn reward, a truncated flag other than 0/1, a non-finite
     bootstrap value on a truncated sample, a length other than B, turn ids not one integer
     per token or, at a trainable token, negative or decreasing."""
-    mask = trainable.detach().cpu().numpy()
-    bounds = offsets.detach().cpu().numpy()
-    batch = bounds.size - 1
+    batch = offsets.numel() - 1
+    mask = bounds = None
+    if spec.turn_ids is not None or spec.turn_rewards is not None:  # the turns read the mask on the host
+        mask, bounds = trainable.detach().cpu().numpy(), offsets.detach().cpu().numpy()
     converted = dict(row_inputs)
     flags = ids = None
     if spec.turn_ids is not None:

@@ -28,6 +28,7 @@ from gaecli.advantages.contract import (
     TOKEN_INPUTS,
     TURN_ESTIMATORS,
     TURN_ROW_ESTIMATORS,
+    profile_variants,
 )
 from gaecli.advantages.normalization import WhiteningRule
 from gaecli.errors import InvalidOptionError
@@ -127,7 +128,8 @@ class AdvantageSpec:
       per-row number, the turn's own reward; ``episode_weight`` and ``step_weight`` (None: 1)
       weigh gigpo's episode and step advantages.
     - The GAE variants (docs/variants.md), each off by default; they apply to the masked
-      contract only (``semantics="masked"``, ``estimator="gae"``):
+      contract only (``semantics="masked"``, ``estimator="gae"``), but for the truncation
+      bootstrap, which the ``areal`` profile takes too (AReaL's no-EOS bootstrap):
 
       - ``timestep``: ``"token"`` (every trainable token a timestep) or ``"turn"`` (every
         maximal run of trainable tokens one timestep, AReaL's turn-level GAE);
@@ -218,7 +220,9 @@ class AdvantageSpec:
 
     def _check_variants(self) -> None:
         """The GAE variants apply to the masked contract of GAE only (docs/variants.md), but
-        for the turn rewards a turn estimator reads (:data:`TURN_ESTIMATORS`)."""
+        for the turn rewards a turn estimator reads (:data:`TURN_ESTIMATORS`) and the variants
+        a trainer profile takes (:data:`gaecli.advantages.contract.PROFILE_VARIANTS`: ``areal``'s
+        truncation bootstrap)."""
         variants = self.variants
         if self.estimator in TURN_ESTIMATORS:
             variants = tuple(name for name in variants if name != "turn_rewards")
@@ -226,10 +230,14 @@ class AdvantageSpec:
             turns = f" (turn_rewards: or {', '.join(map(repr, TURN_ESTIMATORS))})" if "turn_rewards" in variants else ""
             refuse(f"the GAE variants ({', '.join(variants)}) need estimator 'gae'{turns}, got {self.estimator!r}")
         if variants and self.semantics != MASKED:
-            refuse(
-                f"the GAE variants ({', '.join(variants)}) apply to the masked contract only, "
-                f"not to the {self.semantics!r} baseline"
-            )
+            taken = profile_variants(self.semantics)
+            others = [name for name in variants if name not in taken]
+            if others:
+                takes = f" (which takes {' and '.join(taken)} only)" if taken else ""
+                refuse(
+                    f"the GAE variants ({', '.join(others)}) apply to the masked contract only, "
+                    f"not to the {self.semantics!r} baseline{takes}"
+                )
 
     @cached_property  # a frozen spec: computed once (the list API reads it on every call)
     def variants(self) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from gaecli.advantages.contract import (
     GROUPED_ESTIMATORS,
     TURN_ROW_ESTIMATORS,
     WHITENED_ESTIMATORS,
+    profile_variants,
 )
 from gaecli.advantages.spec import AdvantageSpec, check_advantage_clip, check_whitening_rule, estimator_spec
 from gaecli.errors import InvalidOptionError
@@ -109,17 +110,22 @@ def reads_turns(side: ComparisonSide) -> bool:
 
 
 def old_side_spec(
-    side: ComparisonSide, gamma: float | None, lambd: float | None, *ids, **inputs
+    side: ComparisonSide, gamma: float | None, lambd: float | None, *ids, variants=None, **inputs
 ) -> AdvantageSpec | None:
     """What recomputes ``side`` (None for a stored side): GAE with γ, λ under its semantics,
-    or its estimator with the parameters, per-row ids (``ids``: the group and step id
-    columns, each optional) and estimator inputs (``inputs``: spec fields) that estimator
-    reads (:func:`gaecli.advantages.spec.estimator_spec`: one set of options serves every side)."""
+    with those of the GAE ``variants`` (spec fields, the new side's) its profile takes
+    (:func:`gaecli.advantages.contract.profile_variants`: ``areal``'s truncation bootstrap), or
+    its estimator with the parameters, per-row ids (``ids``: the group and step id columns,
+    each optional) and estimator inputs (``inputs``: spec fields) that estimator reads
+    (:func:`gaecli.advantages.spec.estimator_spec`: one set of options serves every side)."""
     if side.kind == ESTIMATOR:
         return estimator_spec(side.estimator, gamma, lambd, *ids, **inputs)
     if side.kind == BASELINE and side.estimator is not None:  # a trainer's profile of a critic-free estimator
         return estimator_spec(side.estimator, gamma, lambd, *ids, semantics=side.semantics, **inputs)
-    return AdvantageSpec(gamma, lambd, side.semantics) if side.recomputed else None
+    if not side.recomputed:
+        return None
+    taken = {name: (variants or {}).get(name) for name in profile_variants(side.semantics)}
+    return AdvantageSpec(gamma, lambd, side.semantics, **taken)
 
 
 @dataclass(frozen=True)
@@ -356,8 +362,12 @@ def describe_run(options) -> Computation:
     )
     old_sides = tuple(options.old_sides)
     turns = {"turn_rewards": options.variants.turn_rewards_col}  # what a turn estimator reads on an old side
+    variants = options.variants.spec_fields()  # a profile takes those its trainer computes (areal: truncation)
     old_specs = tuple(
-        old_side_spec(side, options.gamma, options.lambd, *ids, **inputs, **(turns if reads_turns(side) else {}))
+        old_side_spec(
+            side, options.gamma, options.lambd, *ids, variants=variants, **inputs,
+            **(turns if reads_turns(side) else {}),
+        )  # fmt: skip
         for side in old_sides
     )
     columns = columns_read(options.columns, [spec.estimator for spec in (new_spec, *old_specs) if spec is not None])

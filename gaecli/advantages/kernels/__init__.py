@@ -45,6 +45,11 @@ GAE_VARIANT_FEATURES = GAE_FEATURES | frozenset(
 """Plain GAE and every GAE variant (docs/variants.md): a kernel that supports them takes the
 keywords of :class:`gaecli.advantages.variants.VariantArguments`."""
 
+TRUNCATION_FEATURES = frozenset({"truncated", "bootstrap_values"})
+"""The truncation bootstrap alone (docs/variants.md): a kernel that supports it takes the keywords
+of :class:`gaecli.advantages.variants.VariantArguments` and reads ``truncated`` and
+``bootstrap_values`` (``scan``, the fast path on CUDA, and so of the ``areal`` profile there)."""
+
 
 @dataclass(frozen=True)
 class Kernel:
@@ -128,7 +133,13 @@ KERNELS: dict[str, Kernel] = {
     "chunked": Kernel(
         f"{_PACKAGE}.chunked", "chunked_gae", True, "padded [B, T] FLA-style chunked scan (trainers' way)"
     ),
-    "scan": Kernel(f"{_PACKAGE}.scan", "scan_gae", True, "ragged log-step segmented scan, no padding (torch)"),
+    "scan": Kernel(
+        f"{_PACKAGE}.scan",
+        "scan_gae",
+        True,
+        "ragged log-step segmented scan, no padding (torch)",
+        supports=GAE_FEATURES | TRUNCATION_FEATURES,
+    ),
     "native": Kernel(
         f"{_PACKAGE}.native",
         "native_gae",
