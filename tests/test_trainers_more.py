@@ -27,6 +27,7 @@ from trainer_loops_more import (
     roll_row,
 )
 
+import gaecli
 from gaecli.errors import GAEInputError, InvalidOptionError
 from gaecli.trainers import areal, nemo_rl, roll, skyrl
 
@@ -99,18 +100,19 @@ def test_skyrl_without_a_loss_mask_every_response_token_is_trainable():
     assert (advantages[rm == 0] == 0).all()  # the padding columns
 
 
-def _areal_batch(seed: int, rows: int = 8, length: int = 14):
+def _areal_batch(seed: int, rows: int = 8, length: int = 14, full=(0,)):
     """AReaL's layout (``PPOActor._compute_advantages``): prompt and response from column 0,
     right padding; the loss mask and the turn ids rolled by one (ids −1 at the last column);
     KL-like rewards at trainable tokens, 0 at ``seqlens − 1``, the outcome at ``seqlens − 2``;
-    row 0 fills the width (no EOS: AReaL bootstraps it); the last row fully masked."""
+    the rows ``full`` fill the width (no EOS: AReaL bootstraps them; row 0 by default), the rows
+    ``i % 3 == 0`` end in a tool output; the last row fully masked."""
     rng = np.random.default_rng(seed)
     rewards, values = np.zeros((rows, length)), rng.normal(size=(rows, length))
     mask, ids = np.zeros((rows, length)), np.full((rows, length), -1, dtype=np.int64)
     seqlens = np.zeros(rows, dtype=np.int64)
     for i in range(rows):
         prompt = int(rng.integers(1, 4))
-        seqlens[i] = length if i == 0 else prompt + int(rng.integers(2, length - prompt + 1))
+        seqlens[i] = length if i in full else prompt + int(rng.integers(2, length - prompt + 1))
         _response(rng, mask, prompt, int(seqlens[i]), i)
         turn = np.cumsum(np.diff(np.concatenate([[0], mask[i]])) > 0) - 1  # a turn per run of trainable tokens
         ids[i] = np.where(mask[i] > 0, turn, -1)
@@ -149,10 +151,43 @@ def test_areal_token_level_contract_and_profile(device, gamma, lam):
     _close(returns, [ret for _, ret in rows])
 
 
+TRUNCATED_ROWS = (0, 3, 4, 7)
+"""Rows of an AReaL batch that fill its width (no EOS): row 3 ends in a tool output, row 7 is
+fully masked."""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("gamma, lam", [(1.0, 1.0), (0.9, 0.7), (0.0, 1.0)])
+def test_areal_token_level_profile_is_baseline_gae_bit_for_bit(device, dtype, gamma, lam):
+    """semantics="areal": baseline_gae_packed's areal profile with the no-EOS rows truncated and
+    ``values[:, T − 1]`` as their bootstrap value, the same bits; and AReaL's loop."""
+    rewards, values, mask, _, no_eos = _areal_batch(seed=int(gamma * 10 + lam * 100) + 5, full=TRUNCATED_ROWS)
+    r, v, m = (torch.tensor(array, dtype=dtype, device=device) for array in (rewards, values, mask))
+    flags = torch.tensor(no_eos, device=device)
+    advantages, returns = areal.compute_token_level_gae(r, v, m, flags, gamma, lam, semantics="areal")
+    steps, cut = m != 0, r.clone()
+    steps[:, -1], cut[:, -1] = False, 0.0  # the last column is no timestep; its reward is not read
+    rows, length = v.shape
+    offsets = torch.arange(rows + 1, device=device) * length
+    expected = gaecli.baseline_gae_packed(
+        v.reshape(-1), cut.reshape(-1), steps.reshape(-1), offsets, torch.zeros(rows, dtype=dtype, device=device),
+        gamma=gamma, lambd=lam, semantics="areal", truncated=flags, bootstrap_values=v[:, -1],
+    )  # fmt: skip
+    assert advantages.dtype == dtype and advantages.device == v.device
+    assert torch.equal(advantages.reshape(-1), expected[0]) and torch.equal(returns.reshape(-1), expected[1])
+    inputs = zip(_rows(r.double().cpu()), _rows(v.double().cpu()), _rows(mask), no_eos)
+    loops = [areal_token_row(rr, vv, mm, flag, gamma, lam) for rr, vv, mm, flag in inputs]
+    tolerance = CLOSE if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    np.testing.assert_allclose(advantages.double().cpu().numpy(), [a for a, _ in loops], **tolerance)
+    np.testing.assert_allclose(returns.double().cpu().numpy(), [ret for _, ret in loops], **tolerance)
+    assert no_eos[list(TRUNCATED_ROWS)].all()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("semantics", ["masked", "areal"])
 def test_areal_token_level_with_a_lambda_per_row(device, semantics):
-    rewards, values, mask, _, no_eos = _areal_batch(seed=11)
+    rewards, values, mask, _, no_eos = _areal_batch(seed=11, full=TRUNCATED_ROWS)
     r, v, m = _tensors(device, rewards, values, mask)
     lambdas = np.linspace(0.5, 1.0, len(rewards))
     lam = torch.tensor(lambdas, dtype=torch.float64, device=device)
@@ -173,7 +208,7 @@ def test_areal_token_level_with_a_lambda_per_row(device, semantics):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("gamma, lam", [(1.0, 1.0), (0.9, 0.7)])
 def test_areal_turn_level_contract_and_profile(device, gamma, lam):
-    rewards, values, mask, ids, no_eos = _areal_batch(seed=int(gamma * 10 + lam * 100) + 1)
+    rewards, values, mask, ids, no_eos = _areal_batch(seed=int(gamma * 10 + lam * 100) + 1, full=TRUNCATED_ROWS)
     r, v, m = _tensors(device, rewards, values, mask)
     turn_ids, flags = torch.tensor(ids, device=device), torch.tensor(no_eos, device=device)
     advantages, returns = areal.compute_turn_level_gae(r, v, m, turn_ids, flags, gamma, lam)
@@ -193,6 +228,27 @@ def test_areal_turn_level_contract_and_profile(device, gamma, lam):
         ]
         _close(advantages, [a for a, _ in rows])
         _close(returns, [ret for _, ret in rows])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("per_row", [False, True], ids=["one-lambda", "lambda-per-row"])
+def test_credit_metrics_of_areal_read_its_bootstrap(device, per_row):
+    """gaecli.trainers.credit_metrics on AReaL's layout: the mean |A_areal − A_masked| over the
+    steps, AReaL's side with its bootstrap on the no-EOS rows (its loop), the contract's without."""
+    from gaecli.trainers import credit_metrics
+
+    rewards, values, mask, _, no_eos = _areal_batch(seed=9, full=TRUNCATED_ROWS)
+    r, v, m = _tensors(device, rewards, values, mask)
+    lam = torch.full((len(rewards),), 0.9, dtype=torch.float64, device=device) if per_row else 0.9
+    flags = torch.tensor(no_eos, device=device)
+    metrics = credit_metrics(r, v, m, flags, 0.95, lam, layout="areal", delta_rows=None, delta_tokens=10**6)
+    steps, cut = mask.copy(), rewards.copy()
+    steps[:, -1], cut[:, -1] = 0, 0
+    old = [areal_token_row(rr, vv, mm, flag, 0.95, 0.9)[0]
+           for rr, vv, mm, flag in zip(_rows(rewards), _rows(values), _rows(mask), no_eos)]  # fmt: skip
+    new = [contract_row(vv, rr, mm, 0.95, 0.9)[0] for vv, rr, mm in zip(_rows(values), _rows(cut), _rows(steps))]
+    differences = [abs(o[t] - n[t]) for o, n, marks in zip(old, new, steps) for t in range(len(marks)) if marks[t]]
+    assert float(metrics.mean_abs_delta) == pytest.approx(sum(differences) / len(differences), rel=1e-12)
 
 
 def test_areal_turn_ids_out_of_order_and_low_precision_values():

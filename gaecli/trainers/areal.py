@@ -33,15 +33,15 @@ def compute_token_level_gae(
     the last response position, masked or not) on the last trainable token, the rewards at
     other masked tokens dropped, zero bootstrap (``seq_no_eos_mask`` is not read), advantages
     and returns 0 at every masked and padding position. ``semantics="areal"``: AReaL's loop
-    (masked steps skipped, the carry stored there, returns = advantages + values) as
-    :func:`gaecli.baseline_gae_packed` gives it, with AReaL's bootstrap: ``discount ·
-    values[:, T − 1]`` after the last trainable token of each ``seq_no_eos_mask`` row."""
+    (masked steps skipped, the carry stored there, returns = advantages + values, its bootstrap
+    ``values[:, T − 1]`` the value after the last step of each ``seq_no_eos_mask`` row) as
+    :func:`gaecli.baseline_gae_packed` gives it with ``truncated=seq_no_eos_mask`` and
+    ``bootstrap_values=values[:, T − 1]`` (the truncation bootstrap of the ``areal`` profile)."""
     check_batch("compute_token_level_gae", rewards, values, loss_mask)
     check_semantics(semantics, (MASKED, PROFILE))
     values, steps, rewards = _steps(values, loss_mask, rewards)
-    if semantics == PROFILE:
-        rewards = rewards + _bootstrap(values, steps, seq_no_eos_mask, discount)
-    return padded_lambda_gae(values, rewards, steps, discount, gae_lambda, semantics)
+    truncation = _truncation(values, seq_no_eos_mask) if semantics == PROFILE else None
+    return padded_lambda_gae(values, rewards, steps, discount, gae_lambda, semantics, truncation)
 
 
 def compute_turn_level_gae(
@@ -59,8 +59,9 @@ def compute_turn_level_gae(
     ``semantics="masked"``: the outcome (on the last response position, masked or not) joins
     the last trainable token's turn, zero bootstrap, advantages and returns 0 at masked
     positions. ``semantics="areal"``: AReaL's (the rewards of masked tokens, the outcome on a
-    masked tail included, dropped; its bootstrap as :func:`compute_token_level_gae`; the
-    values as the returns at masked positions)."""
+    masked tail included, dropped; its bootstrap as :func:`compute_token_level_gae`, the
+    truncation bootstrap of the masked contract over the turns; the values as the returns at
+    masked positions)."""
     import torch
 
     check_batch("compute_turn_level_gae", rewards, values, loss_mask, turn_ids)
@@ -82,9 +83,8 @@ def compute_turn_level_gae(
     )
     valid_turn = first < length
     turn_values = torch.where(valid_turn, values.gather(1, first.clamp(max=length - 1)), zero)
-    if semantics == PROFILE:
-        turn_rewards = turn_rewards + _bootstrap(values, valid_turn, seq_no_eos_mask, discount)
-    turn_gae = padded_lambda_gae(turn_values, turn_rewards, valid_turn, discount, gae_lambda, MASKED)
+    truncation = _truncation(values, seq_no_eos_mask) if semantics == PROFILE else None
+    turn_gae = padded_lambda_gae(turn_values, turn_rewards, valid_turn, discount, gae_lambda, MASKED, truncation)
     turn_advantages, turn_returns = turn_gae
     advantages = torch.where(valid, turn_advantages.gather(1, safe_ids), zero)
     returns = torch.where(valid, turn_returns.gather(1, safe_ids), values if semantics == PROFILE else zero)
@@ -112,20 +112,18 @@ def _last_of(trainable):
     return positions == last
 
 
-def _bootstrap(values, steps, seq_no_eos_mask, discount):
-    """``[B, T]``: AReaL's bootstrap ``discount · values[:, T − 1]`` (for the rows of
-    ``seq_no_eos_mask``) on each row's last timestep of ``steps``, 0 elsewhere: the step that
-    reads AReaL's initial ``nextvalues``."""
-    import torch
-
+def _truncation(values, seq_no_eos_mask):
+    """AReaL's bootstrap as the truncation bootstrap (docs/variants.md): ``(truncated,
+    bootstrap_values)`` ``[B]`` each, the rows of ``seq_no_eos_mask`` (a 0/1 tensor ``[B]``) and
+    AReaL's initial ``nextvalues``, ``values[:, T − 1] · seq_no_eos_mask`` (``values`` in AReaL's
+    dtype, :func:`_steps`), the value after each row's last step; None without a mask (zero
+    bootstrap). :class:`GAEInputError` for a mask of another shape."""
     if seq_no_eos_mask is None:
-        return torch.zeros_like(values)
+        return None
     no_eos = seq_no_eos_mask.to(device=values.device)
     if no_eos.shape != (values.shape[0],):
         raise GAEInputError(f"seq_no_eos_mask: expected [{values.shape[0]}], got shape {tuple(no_eos.shape)}")
-    next_values = values[:, -1] * no_eos
-    zero = torch.zeros((), dtype=values.dtype, device=values.device)
-    return torch.where(_last_of(steps), (discount * next_values).unsqueeze(1), zero)
+    return no_eos != 0, values[:, -1] * no_eos
 
 
 def _check_turn_ids(loss_mask, turn_ids) -> None:

@@ -10,7 +10,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from gaecli.advantages.contract import MASKED
+from gaecli.advantages.contract import MASKED, profile_variants
 from gaecli.errors import InvalidOptionError
 from gaecli.trainers.padded import as_trainable, check_batch, row_offsets
 
@@ -20,9 +20,10 @@ class TrainerBatch:
     """One batch of a trainer's layout. ``values``, ``rewards`` (as the trainer lays them out,
     the outcome on the response's last token unless ``terminal`` holds it apart): flat ``[N]``,
     a padded ``[B, T]`` batch as its rows one after the other (views); ``mask``: the trainer's
-    0/1 mask as given, flat; ``offsets`` ``[B + 1]``; ``profile_rewards``: what the trainer's
-    profile reads as rewards (its layout's, plus AReaL's bootstrap); ``terminal``: miles'
-    separate terminal rewards ``[B]`` (else None); ``outcome``: the reward of each sample
+    0/1 mask as given, flat; ``offsets`` ``[B + 1]``; ``truncation``: the truncation bootstrap
+    the trainer's profile takes, ``(truncated, bootstrap values)`` ``[B]`` each (AReaL's: its
+    no-EOS rows and ``values[:, T − 1]``; else None); ``terminal``: miles' separate terminal
+    rewards ``[B]`` (else None); ``outcome``: the reward of each sample
     given apart from its tokens (NeMo-RL's ``[B]``; else None); ``extent``: a padded batch's
     response mask, flat (SkyRL's; else None); ``rows``: ``(B, T)`` of a padded batch, else
     None; ``names``: the drop-in's argument of each role (``values``, ``rewards``, ``mask``)."""
@@ -32,7 +33,6 @@ class TrainerBatch:
     rewards: Any
     mask: Any
     offsets: Any
-    profile_rewards: Any
     terminal: Any
     gamma: float
     lambd: Any
@@ -41,20 +41,21 @@ class TrainerBatch:
     rows: Optional[tuple[int, int]] = None
     extent: Any = None
     outcome: Any = None
+    truncation: Any = None
 
     @property
     def trainable(self):
         return as_trainable(self.mask)
 
 
-def _padded(layout, values, rewards, mask, gamma, lambd, profile, names, **more):
+def _padded(layout, values, rewards, mask, gamma, lambd, profile, names, truncation=None, **more):
     """A padded ``[B, T]`` batch as a :class:`TrainerBatch` (flat views, no copy); ``more``:
-    ``profile_rewards`` (``[B, T]``), ``extent`` (``[B, T]``), ``outcome`` (``[B]``)."""
+    ``extent`` (``[B, T]``), ``outcome`` (``[B]``)."""
     check_batch(layout, rewards, values, mask)
     rewards = rewards.to(values.dtype)
     batch, length = values.shape
     flat = {key: tensor.reshape(-1) if tensor.dim() == 2 else tensor for key, tensor in more.items()}
-    flat.setdefault("profile_rewards", rewards.reshape(-1))
+    flat["truncation"] = truncation
     return TrainerBatch(
         layout, values.reshape(-1), rewards.reshape(-1), mask.reshape(-1), row_offsets(batch, length, values.device),
         terminal=None, gamma=float(gamma), lambd=lambd, profile=profile, names=names, rows=(batch, length), **flat,
@@ -74,8 +75,8 @@ def _lists(layout, response_lengths, values_list, rewards_list, loss_masks, term
         what, lengths, values_list, rewards_list, loss_masks, terminal_rewards
     )
     names = {"values": "values_list", "rewards": "rewards_list", "mask": "loss_masks"}
-    return TrainerBatch(layout, values, rewards, mask, offsets, rewards, terminal, float(gamma), float(lambd),
-                        profile, names)  # fmt: skip
+    return TrainerBatch(layout, values, rewards, mask, offsets, terminal, float(gamma), float(lambd), profile,
+                        names)  # fmt: skip
 
 
 def _verl(a, profile):
@@ -110,14 +111,14 @@ def _skyrl(a, profile):
 
 
 def _areal(a, profile):
-    from gaecli.trainers.areal import _bootstrap, _steps
+    from gaecli.trainers.areal import _steps, _truncation
 
     check_batch("compute_token_level_gae", a["rewards"], a["values"], a["loss_mask"])
     values, steps, rewards = _steps(a["values"], a["loss_mask"], a["rewards"])
-    bootstrap = _bootstrap(values, steps, a["seq_no_eos_mask"], a["discount"])
+    truncation = _truncation(values, a["seq_no_eos_mask"]) if "truncated" in profile_variants(profile) else None
     names = {"values": "values", "rewards": "rewards", "mask": "loss_mask"}
     return _padded("areal", values, rewards, steps, a["discount"], a["gae_lambda"], profile, names,
-                   profile_rewards=rewards + bootstrap)  # fmt: skip
+                   truncation=truncation)  # fmt: skip
 
 
 def _nemo_rl(a, profile):

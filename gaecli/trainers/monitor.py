@@ -254,16 +254,16 @@ def _window_sides(batch: TrainerBatch, rows: dict, picked, window: int):
     lambd = batch.lambd
     if hasattr(lambd, "numel") and lambd.numel() == rows["ends"].numel() > 1:
         lambd = lambd.reshape(-1)[picked]
+    truncation = None if batch.truncation is None else tuple(part[picked] for part in batch.truncation)
     gathered = _gathered_on_host(batch, begins, row_ends, width)
     if gathered is not None:
-        values, rewards, old_rewards, trainable = gathered
+        values, rewards, trainable = gathered
         if batch.terminal is not None:
             column = (ends - 1 - (row_ends - width)).numpy()  # the response's last token, read as its outcome's
             inside = (ends - 1 >= begins).numpy()
             outcome = batch.terminal[picked].numpy().astype(rewards.numpy().dtype)
-            for array in (rewards.numpy(), old_rewards.numpy()):
-                array[np.flatnonzero(inside), column[inside]] += outcome[inside]
-        masked, old = _both_sides(batch, values, rewards, old_rewards, trainable, lambd)
+            rewards.numpy()[np.flatnonzero(inside), column[inside]] += outcome[inside]
+        masked, old = _both_sides(batch, values, rewards, trainable, lambd, truncation)
         return masked, old, trainable
     positions = row_ends.unsqueeze(1) - width + torch.arange(width, device=ends.device)
     inside = positions >= begins.unsqueeze(1)
@@ -271,25 +271,24 @@ def _window_sides(batch: TrainerBatch, rows: dict, picked, window: int):
     zero = torch.zeros((), dtype=batch.values.dtype, device=batch.values.device)
     # torch.take, not flat[positions]: a 2-D index costs 80x as much on the host
     take = lambda flat: torch.where(inside, torch.take(flat, positions), zero)  # noqa: E731
-    values, rewards, old_rewards = take(batch.values), take(batch.rewards), take(batch.profile_rewards)
+    values, rewards = take(batch.values), take(batch.rewards)
     if batch.terminal is not None:
         last = positions == (ends - 1).unsqueeze(1)
-        outcome = torch.where(last & inside, batch.terminal[picked].unsqueeze(1).to(values.dtype), zero)
-        rewards, old_rewards = rewards + outcome, old_rewards + outcome
+        rewards = rewards + torch.where(last & inside, batch.terminal[picked].unsqueeze(1).to(values.dtype), zero)
     trainable = (torch.take(batch.mask, positions) != 0) & inside
-    masked, old = _both_sides(batch, values, rewards, old_rewards, trainable, lambd)
+    masked, old = _both_sides(batch, values, rewards, trainable, lambd, truncation)
     return masked, old, trainable
 
 
 def _gathered_on_host(batch: TrainerBatch, begins, row_ends, width: int):
     """On the host, the windows of :func:`_window_sides` gathered by one compiled pass (a few
-    thousand tokens: the torch ops cost more than the copy): ``(values, rewards, profile
-    rewards, trainable)`` ``[k, width]``, each window ending at its row's ``row_ends``, the
+    thousand tokens: the torch ops cost more than the copy): ``(values, rewards, trainable)``
+    ``[k, width]``, each window ending at its row's ``row_ends``, the
     tokens before ``begins`` 0 (not trainable); None where the batch is not on the host in
     float32 or float64 (one dtype), its mask bool or real."""
     import torch
 
-    tensors = (batch.values, batch.rewards, batch.profile_rewards)
+    tensors = (batch.values, batch.rewards)
     if any(t.device.type != "cpu" or t.dtype != batch.values.dtype for t in tensors) or batch.mask.device.type != "cpu":
         return None
     if batch.values.dtype not in (torch.float32, torch.float64) or batch.mask.dtype.is_complex:
@@ -298,29 +297,28 @@ def _gathered_on_host(batch: TrainerBatch, begins, row_ends, width: int):
         return None
     flat = [t.reshape(-1).numpy() for t in (*tensors, batch.mask)]
     count = begins.numel()
-    out = [np.zeros((count, width), dtype=flat[0].dtype) for _ in range(3)] + [np.zeros((count, width), np.bool_)]
+    out = [np.zeros((count, width), dtype=flat[0].dtype) for _ in range(2)] + [np.zeros((count, width), np.bool_)]
     _gather_windows(*flat, begins.numpy(), row_ends.numpy(), width, *out)
     return tuple(torch.from_numpy(array) for array in out)
 
 
 @numba.njit(cache=True, nogil=True)
-def _gather_windows(values, rewards, old_rewards, mask, begins, row_ends, width, out_values, out_rewards, out_old,
-                    out_trainable):  # fmt: skip
+def _gather_windows(values, rewards, mask, begins, row_ends, width, out_values, out_rewards, out_trainable):
     for k in range(begins.shape[0]):
         first = row_ends[k] - width
         for j in range(max(begins[k] - first, 0), width):
             position = first + j
             out_values[k, j] = values[position]
             out_rewards[k, j] = rewards[position]
-            out_old[k, j] = old_rewards[position]
             out_trainable[k, j] = mask[position] != 0
 
 
-def _both_sides(batch: TrainerBatch, values, rewards, old_rewards, trainable, lambd):
-    """The advantages ``[k, W]`` of the masked contract and of the batch's profile. On the host
-    with one λ: the compiled kernel with the profiles' one definition around it, on numpy
-    (a few thousand tokens: the torch API's checks and dispatch would cost more than the
-    scans); else the drop-ins' padded GAE."""
+def _both_sides(batch: TrainerBatch, values, rewards, trainable, lambd, truncation=None):
+    """The advantages ``[k, W]`` of the masked contract and of the batch's profile (with its
+    ``truncation`` bootstrap, ``(truncated, bootstrap values)`` ``[k]`` each, where it takes one:
+    AReaL's). On the host with one λ: the compiled kernel with the profiles' one definition
+    around it, on numpy (a few thousand tokens: the torch API's checks and dispatch would cost
+    more than the scans); else the drop-ins' padded GAE."""
     import torch
 
     from gaecli.trainers.padded import outcome_split
@@ -328,7 +326,7 @@ def _both_sides(batch: TrainerBatch, values, rewards, old_rewards, trainable, la
 
     if values.device.type != "cpu" or hasattr(lambd, "numel") or values.dtype not in (torch.float32, torch.float64):
         masked, _ = padded_lambda_gae(values, rewards, trainable, batch.gamma, lambd, MASKED)
-        old, _ = padded_lambda_gae(values, old_rewards, trainable, batch.gamma, lambd, batch.profile)
+        old, _ = padded_lambda_gae(values, rewards, trainable, batch.gamma, lambd, batch.profile, truncation)
         return masked, old
     from gaecli.advantages.baselines import apply_semantics
     from gaecli.advantages.kernels.native import native_gae_flat
@@ -336,17 +334,25 @@ def _both_sides(batch: TrainerBatch, values, rewards, old_rewards, trainable, la
     count, width = values.shape
     offsets = np.arange(count + 1, dtype=np.int64) * width
     options = {"gamma": batch.gamma, "lambd": float(lambd)}
+    variants = {} if truncation is None else dict(zip(("truncated", "bootstrap_values"), map(_numpy, truncation)))
 
-    def run(values, rewards, trainable, terminal):
-        return native_gae_flat(values, rewards, trainable, offsets, terminal, **options)
+    def run(values, rewards, trainable, terminal, **variants):
+        return native_gae_flat(values, rewards, trainable, offsets, terminal, **options, **variants)
 
     kept, outcome = outcome_split(rewards, trainable)
     flat = lambda tensor: tensor.reshape(-1).numpy()  # noqa: E731
     masked, _ = run(flat(values), flat(kept), flat(trainable), outcome.numpy())
     zeros = np.zeros(count, dtype=masked.dtype)
-    old, _ = apply_semantics(run, flat(values), flat(old_rewards), flat(trainable), offsets, zeros,
+    profile_run = lambda *arrays: run(*arrays, **variants)  # noqa: E731
+    old, _ = apply_semantics(profile_run, flat(values), flat(rewards), flat(trainable), offsets, zeros,
                              semantics=batch.profile, **options)  # fmt: skip
     return torch.from_numpy(masked).reshape(count, width), torch.from_numpy(old).reshape(count, width)
+
+
+def _numpy(tensor) -> np.ndarray:
+    """A host tensor's numbers as numpy (bool stays bool, a float is taken as float64)."""
+    array = tensor.detach().cpu().numpy()
+    return array if array.dtype == np.bool_ else array.astype(np.float64)
 
 
 def _error_findings(batch: TrainerBatch, limit: int, screen: Optional[tuple] = None) -> list[Finding]:

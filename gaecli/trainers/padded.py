@@ -94,12 +94,16 @@ def _host_may_write(out, values) -> bool:
     )
 
 
-def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str, out=None, moments=None):
+def packed_gae(
+    values, rewards, mask, gamma: float, lambd: float, semantics: str, out=None, moments=None, truncation=None
+):
     """GAE of a padded batch ``[B, T]`` under ``semantics``, as ``[B, T]`` advantages and
     returns in the values' dtype and device. ``masked``: the contract on the trainable tokens,
     the outcome reward moved to the last of them (:func:`outcome_split`), 0 at every masked and
     padding position; a profile: that trainer's computation at every position
     (:func:`gaecli.baseline_gae_packed`, the rewards as given, padding as masked tokens).
+    ``truncation``: ``(truncated, bootstrap_values)`` ``[B]`` each, the truncation bootstrap
+    the semantics takes (docs/variants.md; ``masked``, ``areal``), or None.
     ``out``: ``[B, T]`` buffers to write into (:func:`flat_out`), returned. A float batch on
     the host takes the compiled path of :mod:`gaecli.trainers.host` (the same numbers), which
     fills ``moments`` (float64 ``[3, B]``) with the rows' whitening moments."""
@@ -107,7 +111,7 @@ def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str
 
     from gaecli.advantages.api import baseline_gae_packed
 
-    if semantics == MASKED and _host_may_write(out, values):
+    if semantics == MASKED and truncation is None and _host_may_write(out, values):
         from gaecli.trainers.host import masked_gae_padded
 
         computed = masked_gae_padded(values, rewards, mask, float(gamma), float(lambd), out=out, moments=moments)
@@ -120,9 +124,11 @@ def packed_gae(values, rewards, mask, gamma: float, lambd: float, semantics: str
         kept, terminal = outcome_split(rewards.to(values.dtype), trainable)
     else:
         kept, terminal = rewards.to(values.dtype), torch.zeros(batch, dtype=values.dtype, device=values.device)
+    truncated, bootstrap_values = (None, None) if truncation is None else truncation
     advantages, returns = baseline_gae_packed(
         values.reshape(-1), kept.reshape(-1), trainable.reshape(-1), offsets, terminal,
         gamma=float(gamma), lambd=float(lambd), semantics=semantics, out=flat_out(out, values.shape),
+        truncated=truncated, bootstrap_values=bootstrap_values,
     )  # fmt: skip
     if out is not None:
         return out[0], out[1]

@@ -6,7 +6,7 @@ decay ``γλ_i``."""
 
 from __future__ import annotations
 
-from gaecli.advantages.contract import MASKED
+from gaecli.advantages.contract import MASKED, profile_variants
 from gaecli.errors import GAEInputError
 from gaecli.trainers.padded import as_trainable, outcome_split, packed_gae
 
@@ -15,13 +15,14 @@ SKIP_PROFILES: tuple[str, ...] = ("verl", "areal", "nemo-rl")
 :func:`row_lambda_gae` computes beside the contract."""
 
 
-def carried_advantages(values, rewards, trainable, terminal, gamma: float, decays):
+def carried_advantages(values, rewards, trainable, terminal, gamma: float, decays, after_last=None):
     """``[B, T]``: at each trainable position the masked contract's advantage (the rewards at
-    trainable tokens, ``terminal`` ``[B]`` added on each row's last trainable token, zero
-    bootstrap, row i's carry decaying by ``decays[i]`` = γλ_i per step); at a masked position
-    the advantage of the row's next trainable token (0 after the last one): what a recursion
-    that skips masked steps carries there. ``values``, ``rewards`` of one floating dtype,
-    ``trainable`` bool ``[B, T]``, ``decays`` ``[B]`` of the values' dtype. The scan of
+    trainable tokens, ``terminal`` ``[B]`` added on each row's last trainable token, the value
+    after it ``after_last`` ``[B]`` (None: 0, the zero bootstrap), row i's carry decaying by
+    ``decays[i]`` = γλ_i per step); at a masked position the advantage of the row's next
+    trainable token (0 after the last one): what a recursion that skips masked steps carries
+    there. ``values``, ``rewards`` of one floating dtype, ``trainable`` bool ``[B, T]``,
+    ``decays`` and ``after_last`` ``[B]`` of the values' dtype. The scan of
     :func:`gaecli.advantages.kernels.scan.carried_advantages` over the rows as samples."""
     import torch
 
@@ -31,7 +32,7 @@ def carried_advantages(values, rewards, trainable, terminal, gamma: float, decay
     batch, length = values.shape
     offsets = torch.arange(batch + 1, device=values.device) * length
     flat = FlatBatch(values.reshape(-1), rewards.reshape(-1), trainable.reshape(-1), offsets, terminal)
-    return scanned(flat, gamma, decays, length).view(batch, length)
+    return scanned(flat, gamma, decays, length, after_last).view(batch, length)
 
 
 def row_lambdas(lambd, batch: int, device):
@@ -44,7 +45,7 @@ def row_lambdas(lambd, batch: int, device):
     return lambd.to(device)
 
 
-def row_lambda_gae(values, rewards, mask, gamma: float, lambd, semantics: str):
+def row_lambda_gae(values, rewards, mask, gamma: float, lambd, semantics: str, truncation=None):
     """GAE of a padded batch ``[B, T]`` under ``semantics`` with one λ per row (``lambd``: a
     tensor, see :func:`row_lambdas`; the decay of row i is ``gamma * lambd[i]`` computed in
     λ's dtype, as AReaL and NeMo-RL compute it), as ``[B, T]`` advantages and returns in the
@@ -52,11 +53,16 @@ def row_lambda_gae(values, rewards, mask, gamma: float, lambd, semantics: str):
     :func:`gaecli.trainers.padded.packed_gae` moves it), 0 at masked positions; a profile of
     :data:`SKIP_PROFILES`: its recursion, the rewards as given (those at masked tokens skipped),
     ``verl`` / ``areal`` the carry at masked positions and returns carry + V, ``nemo-rl`` 0 there
-    and returns carry + V. Another semantics raises :class:`GAEInputError`."""
+    and returns carry + V. ``truncation``: ``(truncated, bootstrap_values)`` ``[B]`` each, the
+    truncation bootstrap (docs/variants.md: a truncated row's value after its last trainable
+    token), for ``masked`` and ``areal`` (as the spec takes it), or None. Another semantics, or
+    a truncation with another profile, raises :class:`GAEInputError`."""
     import torch
 
     if semantics != MASKED and semantics not in SKIP_PROFILES:
         raise GAEInputError(f"a λ per row is computed for masked and {', '.join(SKIP_PROFILES)}, not {semantics!r}")
+    if truncation is not None and semantics != MASKED and "truncated" not in profile_variants(semantics):
+        raise GAEInputError(f"the truncation bootstrap is computed for masked and areal, not {semantics!r}")
     batch, _ = values.shape
     trainable = as_trainable(mask)
     rewards = rewards.to(values.dtype)
@@ -65,8 +71,15 @@ def row_lambda_gae(values, rewards, mask, gamma: float, lambd, semantics: str):
     else:
         terminal = torch.zeros(batch, dtype=values.dtype, device=values.device)
     decays = (gamma * row_lambdas(lambd, batch, values.device)).to(values.dtype)
-    carried = carried_advantages(values, rewards, trainable, terminal, float(gamma), decays)
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    after_last = None
+    if truncation is not None:
+        from gaecli.advantages.kernels.scan import bootstrap_after_last
+        from gaecli.advantages.variants import VariantArguments
+
+        arguments = VariantArguments(truncated=truncation[0], bootstrap_values=truncation[1])
+        after_last = bootstrap_after_last(values, arguments)
+    carried = carried_advantages(values, rewards, trainable, terminal, float(gamma), decays, after_last)
     if semantics == MASKED:
         return torch.where(trainable, carried, zero), torch.where(trainable, carried + values, zero)
     if semantics == "nemo-rl":
@@ -74,11 +87,12 @@ def row_lambda_gae(values, rewards, mask, gamma: float, lambd, semantics: str):
     return carried, carried + values
 
 
-def padded_lambda_gae(values, rewards, mask, gamma: float, lambd, semantics: str):
+def padded_lambda_gae(values, rewards, mask, gamma: float, lambd, semantics: str, truncation=None):
     """GAE of a padded batch with ``lambd`` a number (:func:`gaecli.trainers.padded.packed_gae`)
-    or a tensor of them, one per row (:func:`row_lambda_gae`)."""
+    or a tensor of them, one per row (:func:`row_lambda_gae`); ``truncation``: the truncation
+    bootstrap ``(truncated, bootstrap_values)`` ``[B]`` each, or None."""
     from numbers import Real
 
     if isinstance(lambd, Real):
-        return packed_gae(values, rewards, mask, float(gamma), float(lambd), semantics)
-    return row_lambda_gae(values, rewards, mask, float(gamma), lambd, semantics)
+        return packed_gae(values, rewards, mask, float(gamma), float(lambd), semantics, truncation=truncation)
+    return row_lambda_gae(values, rewards, mask, float(gamma), lambd, semantics, truncation)
