@@ -45,7 +45,7 @@ WORKED_EXPECTED = {
     # Masked tokens hold the carry: token 3 (after the last trainable) 0, token 1 A2 = −2.75.
     # returns = A + V everywhere. Fully masked: A = 0, returns = V.
     "verl": (([-0.375, -2.75, -2.75, 0.0], [0.625, -0.75, 0.25, 4.0]), ([0.0, 0.0], [1.0, 2.0])),
-    # areal: verl's loop (no bootstrap value in a dump): the same numbers.
+    # areal: verl's loop (no row truncated: no bootstrap value): the same numbers.
     "areal": (([-0.375, -2.75, -2.75, 0.0], [0.625, -0.75, 0.25, 4.0]), ([0.0, 0.0], [1.0, 2.0])),
     # openrlhf: Ṽ = [1, 0, 3, 0], r̃ = [0.5, 0, 8.25, 0] (z on token 2), plain GAE:
     #   A3 = 0;  A2 = 8.25 − 3 = 5.25;  A1 = 0.5·3 + 0.5·5.25 = 4.125;
