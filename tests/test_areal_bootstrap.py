@@ -196,6 +196,9 @@ def dump(tmp_path):
     boots = [round(float(row) / 7.0 - 1.5, 3) if flag else None for row, flag in enumerate(flags)]
     extra = {"cut": pa.array(flags), "boot": pa.array(boots, pa.float64())}
     path = write_table(rollout_table(rollouts, float_type=pa.float64(), extra=extra), tmp_path / "in.parquet")
+    cut_shapes = {("empty" if not m else "fully masked" if not any(m) else "masked tail" if not m[-1] else
+                   "trainable end") for m, flag in zip(rollouts.masks, flags) if flag}  # fmt: skip
+    assert cut_shapes == {"empty", "fully masked", "masked tail", "trainable end"}
     loops = [
         areal_dump_row(v, r, m, z, flag, boot, GAMMA, LAMBD)
         for v, r, m, z, flag, boot in zip(rollouts.values, rollouts.rewards, rollouts.masks, rollouts.terminal, flags,
