@@ -107,6 +107,30 @@ def test_a_bad_number_falls_back_to_the_general_path():
         verl.compute_gae_advantage_return(r, torch.tensor(bad), m, 1.0, 0.95)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_bad_value_in_a_rows_tail_falls_back_to_the_general_path(bad):
+    """The masked tail after a row's last trainable token (padding included) takes no step of
+    the recursion on the host path: its outputs are written 0 and its values screened apart. A
+    non-finite value there (past the last trainable token, at the row's very end, or in a fully
+    masked row) is still found and named by sample and token; a clean batch writes 0 there."""
+    rewards, values, mask = _padded(seed=5)
+    r, v, m = (torch.tensor(array) for array in (rewards, values, mask))
+    buffers = (torch.full_like(v, 7.0), torch.full_like(v, 7.0))
+    advantages, returns = verl.compute_gae_advantage_return(r, v, m, 1.0, 0.95, out=buffers)
+    assert not advantages[m == 0].any() and not returns[m == 0].any()
+    ending = [i for i in range(len(mask)) if mask[i].any() and not mask[i, -1]]
+    first, other = ending[0], ending[1]
+    mask[first + 1] = 0
+    past_last = int(np.flatnonzero(mask[first])[-1]) + 1
+    for row, token in ((first, past_last), (other, mask.shape[1] - 1), (first + 1, 0)):
+        poisoned = values.copy()
+        poisoned[row, token] = bad
+        assert masked_gae_padded(v, r, torch.tensor(mask), 1.0, 0.95) is not None
+        assert masked_gae_padded(torch.tensor(poisoned), r, torch.tensor(mask), 1.0, 0.95) is None
+        with pytest.raises(GAEInputError, match=f"sample {row}: values is {bad} at token {token}"):
+            verl.compute_gae_advantage_return(r, torch.tensor(poisoned), torch.tensor(mask), 1.0, 0.95)
+
+
 def test_the_tail_read_block_by_block_matches_a_token_loop():
     """``row_tails`` (blocks of padding passed over at once) against a loop over the tokens:
     the last trainable index, the last non-zero reward at or after it, the tail's sum — with

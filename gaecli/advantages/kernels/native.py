@@ -157,24 +157,44 @@ def _run_group(layout, terminal_rewards, gamma, decay, order, group_bounds, grou
         if lengths[sample] == 0:
             continue
         v, r, m, a, g = _buffers(layout, sample)
-        terminal = _terminal(layout, terminal_rewards, sample)
-        total += _run_alone(v, r, m, a, g, gamma, decay, 0, lengths[sample], 0.0, 0.0, terminal, 0.0)[3]
+        terminal, begin, skipped = _begin(layout, terminal_rewards, sample)
+        total += skipped + _run_alone(v, r, m, a, g, gamma, decay, 0, begin, 0.0, 0.0, terminal, 0.0)[3]
         _record_moments(layout, sample)
     return total
 
 
-def _terminal(layout, terminal_rewards, sample):
-    """The terminal reward sample ``sample`` starts with: ``terminal_rewards[sample]``, or, where
-    the caller asked for the tails (``layout``'s ``last``, ``last_reward`` and ``tail`` ``[B]``,
-    else empty), the sum of the rewards after its last trainable token, its tail read first
-    (:func:`gaecli.advantages.layout.read_tail`, the indices in the sample's own tokens): the
-    outcome of a padded row, which its lane then reads again from the core's cache."""
+def _begin(layout, terminal_rewards, sample):
+    """Where sample ``sample``'s backward pass begins: ``(terminal reward, position, screen)``,
+    the pass running from ``position - 1`` down with that terminal reward, ``screen`` the input
+    screen (see :func:`_step`) of the tokens it does not run. Where the caller asked for the
+    tails (``layout``'s ``last``, ``last_reward`` and ``tail`` ``[B]``, else empty), the
+    sample's tail is read first (:func:`gaecli.advantages.layout.read_tail`, the indices in the
+    sample's own tokens): the terminal reward is the sum of its rewards (the outcome of a padded
+    row), and the tail — the masked tokens after the last trainable one, a padded row's padding
+    among them — takes no step of the recursion: its outputs are 0 and its values are screened
+    in one pass (:func:`_quiet_tail`; its mask entries are 0 and its rewards are in the sum, so
+    the screen adds the sum). Else the terminal reward as given and the whole sample."""
     last, last_reward, tail = layout[5], layout[6], layout[7]
+    length = layout[1][sample]
     if last.shape[0] == 0:
-        return np.float64(terminal_rewards[sample])
-    _, rewards, mask, _, _ = _buffers(layout, sample)
-    read_tail(mask, rewards, 0, rewards.shape[0], last, last_reward, tail, sample)
-    return np.float64(tail[sample])
+        return np.float64(terminal_rewards[sample]), length, 0.0
+    values, rewards, mask, advantages, returns = _buffers(layout, sample)
+    read_tail(mask, rewards, 0, length, last, last_reward, tail, sample)
+    begin = last[sample] + 1
+    outcome = np.float64(tail[sample])
+    return outcome, begin, outcome + _quiet_tail(values, advantages, returns, begin, length)
+
+
+def _quiet_tail(values, advantages, returns, begin, end):
+    """Outputs 0 on tokens ``begin .. end - 1`` and the screen of their values: 0.0 while every
+    one is finite, else NaN (one pass without a branch, which the compiler vectorises)."""
+    faults = np.int32(0)
+    for t in range(np.uint64(begin), np.uint64(end)):
+        value = values[t]
+        faults |= np.int32(value - value != 0)  # NaN for ±Inf and NaN
+        advantages[t] = 0.0
+        returns[t] = 0.0
+    return np.nan if faults else 0.0
 
 
 def _record_moments(layout, sample):
@@ -192,18 +212,17 @@ def _record_moments(layout, sample):
 def _fill_lanes(layout, order, taken, terminal_rewards, lane_sample, position, state):
     """Give every finished lane the next non-empty sample of the queue ``order`` (of which
     ``taken`` are taken), the finished one's moments recorded; returns the new ``taken``."""
-    carry, next_value, terminal, _ = state
-    lengths = layout[1]
+    carry, next_value, terminal, screen = state
     for lane in range(LANES):
         while position[lane] == 0 and taken < order.shape[0]:
             _record_moments(layout, lane_sample[lane])
             sample = order[taken]
             taken += 1
             lane_sample[lane] = sample
-            position[lane] = lengths[sample]
             carry[lane] = 0.0
             next_value[lane] = 0.0
-            terminal[lane] = _terminal(layout, terminal_rewards, sample)
+            terminal[lane], position[lane], skipped = _begin(layout, terminal_rewards, sample)
+            screen[lane] += skipped
     return taken
 
 
@@ -293,7 +312,7 @@ def _masked_gae_batch(layout, terminal_rewards, gamma, lambd, order, group_bound
     (rows VALUES, REWARDS, MASK, ADVANTAGES, RETURNS), int64 ``[B]`` their lengths, empty
     arrays of the values' (rewards', outputs') and the mask's dtypes, float64 ``[3, B]`` to fill
     with each sample's moments (:func:`_record_moments`; ``[3, 0]``: none wanted), and the
-    tails to read (:func:`_terminal`; empty arrays: none, the terminal rewards as given)."""
+    tails to read (:func:`_begin`; empty arrays: none, the terminal rewards as given)."""
     decay = gamma * lambd
     for group in numba.prange(group_bounds.shape[0] - 1):
         screens[group] = _run_group(layout, terminal_rewards, gamma, decay, order, group_bounds, group)
@@ -316,7 +335,8 @@ if AVAILABLE:
     _too_close = numba.njit(nogil=True)(_too_close)
     _fill_lanes = numba.njit(nogil=True)(_fill_lanes)
     _record_moments = numba.njit(nogil=True)(_record_moments)
-    _terminal = numba.njit(nogil=True)(_terminal)
+    _begin = numba.njit(nogil=True)(_begin)
+    _quiet_tail = numba.njit(nogil=True)(_quiet_tail)
     _run_lane_alone = numba.njit(nogil=True)(_run_lane_alone)
     _separate_lanes = numba.njit(nogil=True)(_separate_lanes)
     _run_lanes = numba.njit(nogil=True)(_run_lanes)
