@@ -501,9 +501,10 @@ def check_row_inputs(
     (bool rows ``[B]`` at fault, column, rule code, message or message of a row) per rule
     broken. A turn-rewards list must be non-null, hold no null and no NaN or ±Inf, and hold
     one reward per turn of the row (``trainable``, ``mask_offsets``: the row's mask); a
-    truncated flag must be non-null; a truncated row's bootstrap value must be non-null and
-    finite; turn ids (:func:`_turn_id_rules`), when given, are the turns the turn rewards
-    count. The columns' types are checked before (:func:`gaecli.pipeline.check_file`)."""
+    truncated flag must be non-null, and 0 or 1 in an integer column; a truncated row's
+    bootstrap value must be non-null and finite; turn ids (:func:`_turn_id_rules`), when
+    given, are the turns the turn rewards count. The columns' types are checked before
+    (:func:`gaecli.pipeline.check_file`)."""
     found: list[tuple[np.ndarray, str, str, object]] = []
     rows = batch.num_rows
     by_role = {needed.role: needed.name for needed in row_inputs}
@@ -542,6 +543,10 @@ def check_row_inputs(
         flags = batch.column(flag_name)
         if flags.null_count:
             found.append((np.asarray(flags.is_null()), flag_name, "truncated-null", "the truncated flag is null"))
+        if pa.types.is_integer(flags.type):  # a flag, as the API takes one: 0 or 1
+            given = numeric_numpy(flags.fill_null(0) if flags.null_count else flags)
+            flag_message = lambda row: f"the truncated flag is {given[row].item()}, not 0 or 1"  # noqa: E731
+            found.append(((given != 0) & (given != 1), flag_name, "truncated-value", flag_message))
         truncated = np.asarray(flags.cast(pa.bool_()).fill_null(False))
         values = batch.column(value_name)
         numbers = np.asarray(values.cast(pa.float64()).fill_null(np.nan))

@@ -133,6 +133,12 @@ RULES: dict[str, Rule] = {
             "say for every row whether it was truncated (true) or ended (false)",
         ),
         Rule(
+            "truncated-value",
+            ERROR,
+            "a truncated flag other than 0 or 1 (an integer --truncated-col)",
+            "a flag says truncated (1) or ended (0): store a bool, or map the column to 0/1",
+        ),
+        Rule(
             "bootstrap-invalid",
             ERROR,
             "a truncated row whose bootstrap value is null, NaN or ±Inf",

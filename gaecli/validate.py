@@ -467,7 +467,7 @@ def validate_files(
     caller will write reports to (e.g. ``--json``), refused before any file is checked when
     one is an input (:func:`gaecli.io.paths.check_writes`). ``variants``: the per-row
     columns of the GAE variants to check too (``--turn-rewards-col``, ``--truncated-col``,
-    ``--bootstrap-col``; their rules: ``turn-rewards-*``, ``truncated-null``,
+    ``--bootstrap-col``; their rules: ``turn-rewards-*``, ``truncated-null``, ``truncated-value``,
     ``bootstrap-invalid``; docs/variants.md). ``turn_rows``: the columns of turn rows
     (:class:`gaecli.pipeline.description.TurnColumns`, docs/episodes.md) to check: their
     types, null ids, turn indices and turn rewards, and over every file the episodes' rules

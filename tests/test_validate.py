@@ -453,6 +453,7 @@ def test_list_rules(tmp_path):
         "turn-ids-null",
         "turn-ids-order",
         "truncated-null",
+        "truncated-value",
         "bootstrap-invalid",
         "duplicate-turn",
         "episode-mismatch",

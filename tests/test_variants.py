@@ -489,6 +489,28 @@ def test_the_row_checks_find_bad_turn_lists_and_bootstraps():
     )
 
 
+
+@pytest.mark.parametrize("flag_type", [pa.int8(), pa.int64()], ids=["int8", "int64"])
+def test_an_integer_truncated_flag_other_than_0_or_1_is_invalid(flag_type):
+    # the API refuses such a flag (a GAEInputError); a column holding one is invalid data
+    schema = pa.schema([("values", pa.list_(pa.float64())), ("rewards", pa.list_(pa.float64())),
+                        ("loss_mask", pa.list_(pa.int8())), ("terminal_reward", pa.float64()),
+                        ("cut", flag_type), ("boot", pa.float64())])  # fmt: skip
+    good = {"values": [1.0, 2.0], "rewards": [0.0, 0.5], "loss_mask": [1, 1], "terminal_reward": 1.0}
+    flags = [0, 1, 2, -1, None, 1]
+    rows = [{**good, "cut": flag, "boot": 1.0} for flag in flags]
+    batch = pa.RecordBatch.from_pylist(rows, schema=schema)
+    spec = AdvantageSpec(0.9, 0.9, truncated="cut", bootstrap_values="boot")
+    check = check_batch(batch, Columns(), "f.parquet", 10, row_inputs=spec.row_inputs)
+    assert [(f.row, f.column, f.code) for f in check.findings] == [
+        (12, "cut", "truncated-value"),
+        (13, "cut", "truncated-value"),
+        (14, "cut", "truncated-null"),
+    ]
+    line = "f.parquet, row 12, column 'cut': the truncated flag is 2, not 0 or 1 [truncated-value]"
+    assert check.findings[0].line() == line
+    assert check.invalid.tolist() == [False, False, True, True, True, False]
+
 def test_turn_table_numpy_and_torch_agree():
     mask = np.array([1, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1], dtype=bool)
     offsets = np.array([0, 4, 4, 7, 11])
