@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from gaecli.cli import common, option_groups
+from gaecli.cli import common, computation_options, option_groups
 from gaecli.cli.common import BatchRowsOption, DebugOption, JsonOption, QuietOption, app
 from gaecli.cli.progress import make_progress, print_closing
 from gaecli.identify.defaults import DEFAULT_SAMPLE_ROWS, DEFAULT_SAMPLE_TOKENS, DEFAULT_TOLERANCE
@@ -54,6 +54,8 @@ def identify(
     ] = 20,
     batch_rows: BatchRowsOption = None,
     column_options: dict = option_groups.RESPONSE_COLUMN_OPTIONS,
+    truncated_col: computation_options.TruncatedColOption = None,
+    bootstrap_col: computation_options.BootstrapColOption = None,
     json_path: JsonOption = None,
     quiet: QuietOption = False,
     debug: DebugOption = False,
@@ -71,6 +73,8 @@ def identify(
             against_returns=against_returns,
             group_col=group_col,
             columns=common.make_columns(**column_options),
+            truncated_col=truncated_col,
+            bootstrap_col=bootstrap_col,
             tolerance=tol,
             sample_rows=sample_rows,
             sample_tokens=sample_tokens,

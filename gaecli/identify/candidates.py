@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from gaecli.advantages.contract import MASKED, PROFILES
+from gaecli.advantages.contract import MASKED, PROFILES, profile_variants
 from gaecli.advantages.estimator_profiles import OUTCOME_PROFILES, REINFORCE_PROFILES
 from gaecli.identify.fit import NORMALIZATIONS
 
@@ -38,7 +38,10 @@ class Family:
     """One computation with its free parameters: ``estimator`` (``gae`` with ``semantics``,
     or a critic-free one, grpo's ``score_preset`` a key of
     :data:`gaecli.advantages.normalization.SCORE_NORM_LIKE`), whether γ and λ are fitted,
-    whether it needs the groups, and the normalisations tried on its output."""
+    whether it needs the groups, and the normalisations tried on its output; ``variants``:
+    the GAE variant fields of the sample (:attr:`Sample.variants`) it reads, those its
+    profile takes (:func:`gaecli.advantages.contract.profile_variants`: ``areal``'s
+    truncation bootstrap, with ``--truncated-col``)."""
 
     name: str
     estimator: str
@@ -48,6 +51,7 @@ class Family:
     fits_lambda: bool = False
     needs_groups: bool = False
     normalizations: tuple[str, ...] = NORMALIZATIONS
+    variants: tuple[str, ...] = ()
 
     def compute(
         self, sample, gamma: Optional[float], lambd: Optional[float]
@@ -55,14 +59,16 @@ class Family:
         """The raw advantages (float64 ``[N]``, every position as the computation leaves
         it, before any normalisation tried) and returns (None where the computation has
         none to compare) of the ``sample``'s rows."""
-        from gaecli.advantages.dispatch import gae_flat
+        from gaecli.pipeline import compute_packed
 
-        if self.estimator == "gae":  # the GAE profiles read no response mask (SkyRL's loop reads none)
-            arrays = (sample.values, sample.rewards, sample.trainable, sample.offsets, sample.terminal_rewards)
-            return gae_flat(*arrays, gamma=gamma, lambd=lambd, semantics=self.semantics)
+        if self.estimator == "gae":  # as gae diff computes a --baseline: with the variants its profile takes
+            from gaecli.pipeline import ComparisonSide, old_side_spec
+
+            variants = {name: sample.variants[name] for name in self.variants}
+            spec = old_side_spec(ComparisonSide.baseline(self.semantics), gamma, lambd, variants=variants)
+            return compute_packed(sample.packed, spec, "native", "cpu")  # (no response mask: SkyRL's loop reads none)
         if self.estimator == "reinforce++":  # its returns as the commands compute them, before its whitening
             from gaecli.advantages.spec import AdvantageSpec
-            from gaecli.pipeline import compute_packed
 
             spec = AdvantageSpec(gamma, estimator="reinforce++", semantics=self.semantics or MASKED)
             return compute_packed(sample.packed, spec, "native", "cpu")[0], None
@@ -104,14 +110,22 @@ class Family:
             record["semantics"] = self.semantics
         if self.score_preset is not None:
             record["score_normalization"] = self.score_preset
+        if self.variants:
+            record["variants"] = list(self.variants)
         return record
 
 
-def families(with_groups: bool) -> list[Family]:
-    """Every computation tried, in documentation order: masked GAE, the seven profiles,
+def families(with_groups: bool, variants=()) -> list[Family]:
+    """Every computation tried, in documentation order: masked GAE, the seven profiles (each
+    reading those of the GAE variant fields ``variants``, the sample's, its profile takes),
     ``reinforce++`` and its trainer profiles, then (``with_groups``) grpo under each score
-    normalisation, the other outcome estimators, and the outcome estimators' trainer profiles."""
-    tried = [Family(name, "gae", semantics=name, fits_gamma=True, fits_lambda=True) for name in (MASKED, *PROFILES)]
+    normalisation, the other outcome estimators, and the outcome estimators' trainer profiles.
+    The masked contract is tried as it is: identify fits none of its variants."""
+    tried = [
+        Family(name, "gae", semantics=name, fits_gamma=True, fits_lambda=True,
+               variants=tuple(field for field in profile_variants(name) if field in variants))
+        for name in (MASKED, *PROFILES)
+    ]  # fmt: skip
     tried.append(Family("reinforce++", "reinforce++", fits_gamma=True, normalizations=("none", "batch")))
     tried += [
         Family(f"reinforce++ {name}", "reinforce++", semantics=name, fits_gamma=True, normalizations=("none", "batch"))

@@ -21,7 +21,11 @@ class IdentifyOptions:
     of the grouped estimators and of per-group whitening (None: candidates that need groups
     are not tried); ``columns``: the input columns (:class:`gaecli.io.format.Columns`), with
     ``response_mask`` the response mask every candidate that reads one is computed with
-    (docs/identify.md#skyrls-padding---response-mask-col); ``tolerance``: a sample is
+    (docs/identify.md#skyrls-padding---response-mask-col); ``truncated_col`` and
+    ``bootstrap_col`` (together): each row's truncated flag and bootstrap value, the
+    truncation bootstrap every candidate that takes it is computed with (the ``areal``
+    profile's, docs/identify.md#areals-no-eos-bootstrap---truncated-col---bootstrap-col);
+    ``tolerance``: a sample is
     reproduced when every trainable token's |stored − computed| ≤ tol · (1 + |stored|);
     ``sample_rows`` (0: every row) and ``sample_tokens``: how much of the input is read, from
     its start; ``top``: the candidates listed (every explanation is, and the closest one when
@@ -31,6 +35,8 @@ class IdentifyOptions:
     against_returns: Optional[str] = None
     group_col: Optional[str] = None
     columns: Columns = field(default_factory=Columns)
+    truncated_col: Optional[str] = None
+    bootstrap_col: Optional[str] = None
     tolerance: float = DEFAULT_TOLERANCE
     sample_rows: int = DEFAULT_SAMPLE_ROWS
     sample_tokens: int = DEFAULT_SAMPLE_TOKENS
@@ -46,7 +52,15 @@ class IdentifyOptions:
         check_count("--top", self.top, 0)
         if self.columns.kl_coef is not None or self.columns.opd_coef is not None:
             raise InvalidOptionError("gae identify reads the rewards as stored: --kl-coef and --opd-coef are not taken")
-        self.reading  # noqa: B018 - the reading options built and checked
+        self.reading  # noqa: B018 - the reading options built and checked (--truncated-col's too)
+
+    @property
+    def variants(self):
+        """The GAE variants' columns read (:class:`gaecli.pipeline.VariantOptions`: the
+        truncation bootstrap's, where given), checked as ``gae diff`` checks them."""
+        from gaecli.pipeline import VariantOptions
+
+        return VariantOptions(truncated_col=self.truncated_col, bootstrap_col=self.bootstrap_col)
 
     @cached_property
     def reading(self):
@@ -60,7 +74,9 @@ class IdentifyOptions:
 
 class _Reading:
     """The run options :func:`gaecli.pipeline.describe_run` reads, for identify's reading:
-    masked GAE (γ = λ = 1, computed once per batch and not used) beside the stored column."""
+    masked GAE (γ = λ = 1, with the truncation bootstrap where its columns are given: computed
+    once per batch and not used, its per-row columns checked and packed as diff's are) beside
+    the stored column."""
 
     normalize = False
     normalize_by = None
@@ -76,10 +92,10 @@ class _Reading:
     on_invalid = "stop"
 
     def __init__(self, options: IdentifyOptions) -> None:
-        from gaecli.pipeline import ComparisonSide, EstimatorInputs, VariantOptions
+        from gaecli.pipeline import ComparisonSide, EstimatorInputs
 
         self.columns = options.columns
         self.batch_rows = options.batch_rows
         self.estimator_inputs = EstimatorInputs()
-        self.variants = VariantOptions()
+        self.variants = options.variants
         self.old_sides = (ComparisonSide.stored(options.against, options.against_returns),)

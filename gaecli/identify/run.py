@@ -79,7 +79,7 @@ def identify_sample(sample: Sample, options: IdentifyOptions, column: Optional[s
     with_groups = sample.group_codes is not None
     judged: list[tuple[tuple, Judged]] = []
     best_predicted = None
-    for order, family in enumerate(families(with_groups)):
+    for order, family in enumerate(families(with_groups, tuple(sample.variants))):
         normalizations = tuple(name for name in family.normalizations if name != "group" or with_groups)
         fitted = _fitted(family, fit, normalizations)
         for name in normalizations:

@@ -3,16 +3,20 @@ checks them, as flat float64 buffers with the stored column beside them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from gaecli.advantages.contract import PROFILE_VARIANTS
 from gaecli.identify.options import IdentifyOptions
 from gaecli.pipeline import PackedBatch, check_file, check_scalar_column, computed_batches
 from gaecli.progress import NoProgress, Progress
+
+PROFILE_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(name for names in PROFILE_VARIANTS.values() for name in names))
+"""The GAE variant fields a trainer profile takes (the truncation bootstrap's): those identify reads."""
 
 
 @dataclass
@@ -23,7 +27,11 @@ class Sample:
     ``[B]``; ``group_codes`` int64 ``[B]`` (the ``--group-col`` value's index, equal values
     one group across every file) or None; ``response``: the response mask (bool ``[N]``,
     ``--response-mask-col``, as :func:`gaecli.pipeline.pack_batch` reads it) or None (every
-    token is the response); where each row comes from (``files``, the index
+    token is the response); ``variants``: the GAE variant fields read, each the column it
+    names (``truncated`` and ``bootstrap_values``, ``--truncated-col`` / ``--bootstrap-col``;
+    empty without them) and ``row_inputs``: those columns' per-row arrays (column → bool or
+    float64 ``[B]``, as :func:`gaecli.pipeline.row_input_arrays` reads them for diff's
+    profiles); where each row comes from (``files``, the index
     into them ``file_index`` and the row in its file ``file_rows``); ``input_rows``: the rows
     of the whole input (from the footers) and ``complete``: whether every row was read."""
 
@@ -41,6 +49,8 @@ class Sample:
     input_rows: int
     complete: bool
     response: Optional[np.ndarray] = None
+    variants: dict = field(default_factory=dict)
+    row_inputs: dict = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -63,9 +73,10 @@ class Sample:
     @property
     def packed(self) -> PackedBatch:
         """The rows as the commands' one batch (:class:`gaecli.pipeline.PackedBatch`, the
-        response mask with them), for :func:`gaecli.pipeline.compute_packed`."""
+        response mask and the variants' per-row inputs with them), for
+        :func:`gaecli.pipeline.compute_packed`."""
         arrays = (self.values, self.rewards, self.trainable, self.offsets, self.terminal_rewards)
-        return PackedBatch(*arrays, response=self.response)
+        return PackedBatch(*arrays, row_inputs=self.row_inputs, response=self.response)
 
     def subset(self, keep: np.ndarray) -> "Sample":
         """The rows ``keep`` (bool ``[B]``) of the sample, in order (``complete`` False)."""
@@ -95,6 +106,8 @@ class Sample:
             input_rows=self.input_rows,
             complete=False,
             response=token(self.response),
+            variants=self.variants,
+            row_inputs={name: array[keep] for name, array in self.row_inputs.items()},
         )
 
     def where(self, row: int) -> str:
@@ -117,6 +130,7 @@ class _Part:
     file_index: int
     file_rows: np.ndarray
     response: Optional[np.ndarray]
+    row_inputs: dict
 
 
 def _take(computed, rows: int, file_index: int, group_col: Optional[str]) -> _Part:
@@ -140,6 +154,7 @@ def _take(computed, rows: int, file_index: int, group_col: Optional[str]) -> _Pa
         file_index=file_index,
         file_rows=computed.first_row + np.arange(rows, dtype=np.int64),
         response=None if packed.response is None else np.asarray(packed.response[:end], dtype=bool),
+        row_inputs={name: array[:rows] for name, array in packed.row_inputs.items()},
     )
 
 
@@ -184,17 +199,22 @@ def read_sample(
                 break
         if not complete:
             break
-    return _packed(parts, files, input_rows, complete)
+    fields = options.variants.spec_fields()
+    variants = {name: fields[name] for name in PROFILE_FIELDS if fields[name] is not None}
+    return _packed(parts, files, input_rows, complete, variants)
 
 
 def _read_columns(schema: pa.Schema, options: IdentifyOptions) -> list[str]:
     columns = options.columns
     wanted = {name for _, name in columns.token_columns()} | {columns.terminal_reward, columns.response_length}
     wanted |= {name for name in (options.against, options.against_returns, options.group_col) if name is not None}
+    wanted |= set(options.variants.columns())
     return [name for name in schema.names if name in wanted]
 
 
-def _packed(parts: list[_Part], files: list[Optional[str]], input_rows: int, complete: bool) -> Sample:
+def _packed(
+    parts: list[_Part], files: list[Optional[str]], input_rows: int, complete: bool, variants: dict
+) -> Sample:
     def joined(name: str, dtype) -> np.ndarray:
         arrays = [getattr(part, name) for part in parts]
         return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
@@ -207,6 +227,10 @@ def _packed(parts: list[_Part], files: list[Optional[str]], input_rows: int, com
         stored_returns = joined("stored_returns", np.float64)
     if parts and parts[0].response is not None:
         response = joined("response", bool)
+    row_inputs = {}
+    for name, column in variants.items():  # each part holds them all (the reading's spec reads every one)
+        arrays = [part.row_inputs[column] for part in parts]
+        row_inputs[column] = np.concatenate(arrays) if arrays else np.zeros(0, bool if name == "truncated" else float)
     group_codes = None
     if parts and parts[0].groups is not None:
         keys = pa.chunked_array([part.groups for part in parts])
@@ -227,4 +251,6 @@ def _packed(parts: list[_Part], files: list[Optional[str]], input_rows: int, com
         input_rows=input_rows,
         complete=complete,
         response=response,
+        variants=variants,
+        row_inputs=row_inputs,
     )
