@@ -32,6 +32,12 @@ def stop_requested() -> bool:
     return _REQUESTED.is_set()
 
 
+def wait_for_stop(timeout: float | None = None) -> bool:
+    """Block until a stop is requested (or ``timeout`` seconds pass); whether it was (for a
+    thread that turns the request into another component's own stop)."""
+    return _REQUESTED.wait(timeout)
+
+
 def check_stop() -> None:
     """Raise KeyboardInterrupt when a stop was requested (where a run may stop cleanly)."""
     if _REQUESTED.is_set():

@@ -537,6 +537,34 @@ def test_without_the_extra_the_message_says_what_to_install(run_paths, tmp_path)
     assert len(stderr.strip().splitlines()) == 1 and "pip install 'gaecli[view]'" in stderr
 
 
+def test_a_stop_requested_before_the_server_listens_for_signals_stops_it(run_paths):
+    """A signal that lands while uvicorn starts goes to the command's handler, which may only
+    request the stop (gaecli.stop: in an import); the server exits on the request and serve()
+    raises KeyboardInterrupt (the command's exit 130), instead of serving on."""
+    from gaecli.stop import clear_stop, request_stop
+    from gaecli.view.server import bind, serve
+
+    explorer = explorer_of(run_paths[0])
+    sock = bind("127.0.0.1", 0)
+    outcome = {}
+
+    def run_server():
+        try:
+            serve(explorer, sock)
+        except KeyboardInterrupt:
+            outcome["interrupted"] = True
+
+    request_stop()
+    try:
+        server = threading.Thread(target=run_server)
+        server.start()
+        server.join(DEADLINE)
+        assert not server.is_alive() and outcome == {"interrupted": True}
+    finally:
+        clear_stop()
+        sock.close()
+
+
 def test_another_host_warns(run_paths):
     process = gae("view", str(run_paths[0][0]), "--gamma", "0.9", "--lambd", "0.8", "--port", "0", "--host", "0.0.0.0")
     lines = stderr_lines(process)

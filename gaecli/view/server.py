@@ -8,10 +8,12 @@ from __future__ import annotations
 import errno
 import json
 import socket
+import threading
 from importlib import resources
 from typing import Callable, Optional
 
 from gaecli.errors import GAEError, GAEUsageError
+from gaecli.stop import check_stop, wait_for_stop
 
 INSTALL_HINT = "pip install 'gaecli[view]'"
 
@@ -147,16 +149,28 @@ def serve(explorer, sock: socket.socket, on_ready: Optional[Callable[[str], None
     sample path warmed (:meth:`RunExplorer.warm`: its kernels loaded before the first
     request), the background figures started, ``on_ready(url)`` called once the socket
     listens, then uvicorn. On SIGINT uvicorn stops within a second and raises the signal
-    again, so the caller's handler sees it."""
+    again, so the caller's handler sees it. A signal that comes before uvicorn listens for
+    signals (while it starts) goes to the command's handler, which may only request the stop
+    (:mod:`gaecli.stop`, in an import): a watcher then tells the server to exit, and the stop
+    requested raises KeyboardInterrupt here once it has."""
     server = make_server(explorer)
     explorer.warm()
     explorer.start()
+    threading.Thread(target=_exit_on_stop_request, args=(server,), name="gae-view-stop", daemon=True).start()
     try:
         if on_ready is not None:
             on_ready(url_of(sock))
         server.run(sockets=[sock])
+        check_stop()
     finally:
         explorer.close(CLOSE_SECONDS)
+
+
+def _exit_on_stop_request(server) -> None:
+    """Tell ``server`` to exit (within a second: it checks ``should_exit`` in its loop) once
+    the process is asked to stop."""
+    wait_for_stop()
+    server.should_exit = True
 
 
 def serve_run(
