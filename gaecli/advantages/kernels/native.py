@@ -304,6 +304,26 @@ def _run_lanes(layout, terminal_rewards, gamma, decay, order):
     return total
 
 
+def _flat_addresses(values, rewards, loss_mask, advantages, returns, offsets):
+    """int64 ``[5, B]``: the address of each sample's first value, reward, mask entry, advantage
+    and return in the five flat buffers (rows VALUES, REWARDS, MASK, ADVANTAGES, RETURNS), as
+    :func:`native_gae_samples` takes them (one compiled call: a trainer pays it on every call)."""
+    samples = offsets.shape[0] - 1
+    addresses = np.empty((5, samples), dtype=np.int64)
+    buffers = (
+        (np.int64(values.ctypes.data), np.int64(values.itemsize)),
+        (np.int64(rewards.ctypes.data), np.int64(rewards.itemsize)),
+        (np.int64(loss_mask.ctypes.data), np.int64(loss_mask.itemsize)),
+        (np.int64(advantages.ctypes.data), np.int64(advantages.itemsize)),
+        (np.int64(returns.ctypes.data), np.int64(returns.itemsize)),
+    )
+    for row in range(5):
+        base, size = buffers[row]
+        for sample in range(samples):
+            addresses[row, sample] = base + offsets[sample] * size
+    return addresses
+
+
 def _masked_gae_batch(layout, terminal_rewards, gamma, lambd, order, group_bounds, screens):
     """Fill every sample's advantages and returns, and ``screens[g]`` with group ``g``'s input
     screen; group ``g`` is the samples ``order[group_bounds[g]:group_bounds[g + 1]]``, and
@@ -341,6 +361,7 @@ if AVAILABLE:
     _separate_lanes = numba.njit(nogil=True)(_separate_lanes)
     _run_lanes = numba.njit(nogil=True)(_run_lanes)
     _run_group = numba.njit(nogil=True)(_run_group)
+    _flat_addresses = numba.njit(cache=True, nogil=True)(_flat_addresses)
     _compiled = numba.njit(parallel=True, cache=True, nogil=True)(_masked_gae_batch)
     _compiled_serial = numba.njit(cache=True, nogil=True)(_masked_gae_serial)
 else:  # pragma: no cover
@@ -445,10 +466,7 @@ def native_gae_screened(
     values, rewards, loss_mask = (np.ascontiguousarray(array) for array in batch[:3])
     advantages, returns = (np.empty_like(values), np.empty_like(values)) if out is None else out
     offsets = np.asarray(batch.offsets, dtype=np.int64)
-    starts = offsets[:-1]
-    addresses = np.stack(
-        [array.ctypes.data + starts * array.itemsize for array in (values, rewards, loss_mask, advantages, returns)]
-    )
+    addresses = _flat_addresses(values, rewards, loss_mask, advantages, returns, offsets)
     clean = native_gae_samples(
         addresses,
         offsets,
