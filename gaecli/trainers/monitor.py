@@ -8,10 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numba
 import numpy as np
 
-from gaecli.advantages.contract import MASKED, profile_of
+from gaecli.advantages.contract import profile_of
 from gaecli.errors import GAEInputError, InvalidOptionError
 from gaecli.rules import RULES, Finding, first_error
 from gaecli.trainers.layouts import TrainerBatch, trainer_batch
@@ -26,12 +25,6 @@ EVERY_TOKEN = ("slime", "skyrl")
 """The profiles that run every token as a transition: an outcome on a masked tail decays to the
 last trainable token, lost only when the decay γλ is 0."""
 
-
-INERT_AFTER_THE_END = ("verl", "areal", "openrlhf")
-"""The profiles to which the masked positions after a response's end (no reward there) add
-exactly nothing (verl and AReaL skip them; OpenRLHF zeroes their values and rewards): the Δ
-window stops at the end. The others read the values there (ROLL, slime, SkyRL run every
-position as a transition), so their window runs to the row's end."""
 
 HOST_MASKS = ("torch.float32", "torch.float64", "torch.int64", "torch.int32", "torch.int16", "torch.int8",
               "torch.uint8")
@@ -113,20 +106,43 @@ def credit_metrics(
     least one a row),
     both sides computed there only, which keeps the metrics cheap enough for every step.
     :class:`CreditMetrics`; nothing is read back to the host until :meth:`CreditMetrics.as_dict`."""
+    from gaecli.trainers.credit_windows import mean_abs_delta
+
     kwargs.pop("semantics", None)
     batch = trainer_batch(layout, args, kwargs, profile)
     rows = _rows_of(batch)
     lost = _lost(batch, rows)
-    lost_reward = rows["outcome"].abs().mul(lost).sum()
-    delta, compared = _mean_abs_delta(batch, rows, delta_rows, delta_tokens)
-    return CreditMetrics(layout, batch.profile, lost, lost_reward, rows["tail"], delta, compared)
+    lost_reward = (abs(rows["outcome"]) * lost).sum()
+    delta, compared = mean_abs_delta(batch, rows["ends"], delta_rows, delta_tokens)
+    figures = (_tensor(figure) for figure in (lost, lost_reward, rows["tail"], delta))
+    return CreditMetrics(layout, batch.profile, *figures, compared)
+
+
+def _tensor(figure):
+    """A figure as a tensor (numpy's, computed on the host, shared)."""
+    import torch
+
+    return torch.from_numpy(np.asarray(figure)) if isinstance(figure, (np.ndarray, np.generic)) else figure
+
+
+def _on_host(batch: TrainerBatch) -> bool:
+    """Whether the batch's figures are read in numpy: values and rewards of one dtype, float32 or
+    float64, and a real mask, all on the CPU (else in torch, where the tensors are)."""
+    import torch
+
+    values, rewards, mask = batch.values, batch.rewards, batch.mask
+    if values.device.type != "cpu" or rewards.device.type != "cpu" or mask.device.type != "cpu":
+        return False
+    if values.dtype not in (torch.float32, torch.float64) or rewards.dtype != values.dtype:
+        return False
+    return not mask.dtype.is_complex and mask.dtype not in (torch.float16, torch.bfloat16)
 
 
 def _screen(batch: TrainerBatch) -> Optional[tuple]:
-    """On the host, :func:`gaecli.advantages.faults.screen_rows` of the batch as torch tensors
-    (the rows' error flags, then their tails as :func:`_rows_of` reads them), or what the
-    drop-in's compiled pass saw of this very batch (:func:`gaecli.trainers.host.seen_tails`:
-    clean, and its tails); else None."""
+    """On the host, :func:`gaecli.advantages.faults.screen_rows` of the batch (numpy: the rows'
+    error flags, then their tails as :func:`_rows_of` reads them), or what the drop-in's
+    compiled pass saw of this very batch (:func:`gaecli.trainers.host.seen_tails`: clean, and
+    its tails); else None."""
     import torch
 
     from gaecli.advantages.faults import screen_rows
@@ -134,225 +150,86 @@ def _screen(batch: TrainerBatch) -> Optional[tuple]:
 
     seen = seen_tails(batch.values, batch.rewards, batch.mask, batch.rows)
     if seen is not None:  # the drop-in's kernel screened this batch clean a moment ago
-        clean = torch.zeros(len(seen[0]), dtype=torch.bool)
-        return (clean, clean, clean, *(torch.from_numpy(array) for array in seen))
-    tensors = (batch.mask, batch.values, batch.rewards)
-    if any(tensor.device.type != "cpu" for tensor in tensors) or (
-        str(batch.mask.dtype) not in HOST_MASKS and batch.mask.dtype != torch.bool
-    ):
+        clean = np.zeros(len(seen[0]), dtype=np.bool_)
+        return (clean, clean, clean, *seen)
+    if not _on_host(batch) or (str(batch.mask.dtype) not in HOST_MASKS and batch.mask.dtype != torch.bool):
         return None
-    if any(tensor.dtype not in (torch.float32, torch.float64) for tensor in tensors[1:]):
-        return None
-    found = screen_rows(*(tensor.numpy() for tensor in tensors), batch.offsets.numpy())
-    return tuple(torch.from_numpy(array) for array in found)
+    return screen_rows(*(tensor.numpy() for tensor in (batch.mask, batch.values, batch.rewards)), batch.offsets.numpy())
 
 
 def _rows_of(batch: TrainerBatch, tails: Optional[tuple] = None) -> dict:
-    """Per sample ``[B]``: the flat index of its last trainable token (``last``, -1: none), one
-    past its response (``ends``: a list's end; a padded row's past its last trainable token,
-    last reward after it or last response-mask token, NeMo-RL's every row whole), whether it
-    has a response (``nonempty``), its masked tail (``tail``) and its outcome (``outcome``:
-    the rewards after its last trainable token, or the reward given apart)."""
+    """Per sample ``[B]`` (numpy on the host, :func:`_on_host`; else tensors on the batch's
+    device): the flat index of its last trainable token (``last``, -1: none), one past its
+    response (``ends``: a list's end; a padded row's past its last trainable token, last reward
+    after it or last response-mask token, NeMo-RL's every row whole), whether it has a response
+    (``nonempty``), its masked tail (``tail``) and its outcome (``outcome``: the rewards after
+    its last trainable token, or the reward given apart). ``tails``: the screen's
+    (:func:`_screen`), else read here."""
     import torch
 
     from gaecli.advantages.layout import last_trainable_index, row_tails
 
-    on_host = batch.mask.device.type == "cpu" and batch.rewards.dtype in (torch.float32, torch.float64)
-    if tails is not None:  # the screen's (:func:`_screen`)
-        last, last_reward, tail_sum = tails
-    elif on_host:
+    host = _on_host(batch)
+    xp = np if host else torch
+    offsets = batch.offsets.numpy() if host else batch.offsets
+    if tails is None and host:
         from gaecli.trainers.host import seen_tails
 
-        found = seen_tails(batch.values, batch.rewards, batch.mask, batch.rows)
-        if found is None:
-            found = row_tails(batch.mask.numpy(), batch.rewards.numpy(), batch.offsets.numpy())
-        last, last_reward, tail_sum = (torch.from_numpy(array) for array in found)
-    else:
-        last, last_reward, tail_sum = row_tails(batch.mask, batch.rewards, batch.offsets)
-    starts = batch.offsets[:-1]
+        tails = seen_tails(batch.values, batch.rewards, batch.mask, batch.rows)
+        if tails is None:
+            tails = row_tails(batch.mask.numpy(), batch.rewards.numpy(), offsets)
+    elif tails is None:
+        tails = row_tails(batch.mask, batch.rewards, offsets)
+    last, last_reward, tail_sum = tails
+    starts = offsets[:-1]
     if batch.rows is None:
-        ends = batch.offsets[1:]
+        ends = offsets[1:]
     else:
-        ends = torch.maximum(last, last_reward) + 1
+        ends = xp.maximum(last, last_reward) + 1
         if batch.extent is not None:
-            extent = batch.extent.numpy() if on_host else batch.extent != 0
-            extent_last = last_trainable_index(extent, batch.offsets.numpy() if on_host else batch.offsets)
-            ends = torch.maximum(ends, torch.as_tensor(extent_last, device=ends.device) + 1)
-        ends = torch.maximum(ends, starts)
+            extent = batch.extent.numpy() if host else batch.extent != 0
+            ends = xp.maximum(ends, last_trainable_index(extent, offsets) + 1)
+        ends = xp.maximum(ends, starts)
         if batch.outcome is not None:
-            ends = torch.where(ends > starts, ends, starts + batch.rows[1])
-    outcome = batch.terminal if batch.terminal is not None else batch.outcome if batch.outcome is not None else tail_sum
-    tail = torch.where(last >= 0, ends - 1 - last, ends - starts).clamp(min=0)
+            ends = xp.where(ends > starts, ends, starts + batch.rows[1])
+    given = batch.terminal if batch.terminal is not None else batch.outcome
+    outcome = tail_sum if given is None else given.numpy() if host else given
+    tail = xp.where(last >= 0, ends - 1 - last, ends - starts)
+    tail = np.maximum(tail, 0) if host else tail.clamp(min=0)
     return {"last": last, "ends": ends, "nonempty": ends > starts, "tail": tail, "outcome": outcome}
 
 
 def _lost(batch: TrainerBatch, rows: dict):
-    """Bool ``[B]``: the samples whose outcome the profile brings to no trainable token
-    (docs/semantics.md#what-each-profile-loses, read on the trainer's layout)."""
+    """Bool ``[B]``, as :func:`_rows_of`'s figures: the samples whose outcome the profile brings
+    to no trainable token (docs/semantics.md#what-each-profile-loses, read on the trainer's
+    layout)."""
     from gaecli.advantages.baselines import lost_terminal_samples
 
+    host = isinstance(rows["last"], np.ndarray)
     if batch.terminal is not None:  # the outcome where the profile puts it, as gae diff reads it
-        return lost_terminal_samples(batch.profile, batch.trainable, batch.offsets, batch.terminal,
-                                     gamma=batch.gamma, lambd=float(batch.lambd))  # fmt: skip
+        trainable, offsets, terminal = batch.trainable, batch.offsets, batch.terminal
+        if host:
+            trainable, offsets, terminal = trainable.numpy(), offsets.numpy(), terminal.numpy()
+        return lost_terminal_samples(batch.profile, trainable, offsets, terminal, gamma=batch.gamma,
+                                     lambd=float(batch.lambd))  # fmt: skip
     profile = profile_of(batch.profile)
     nothing_trainable = rows["nonempty"] & (rows["last"] < 0)
     on_tail = rows["nonempty"] & (rows["tail"] > 0)
     if profile in DROPS_MASKED_REWARDS:
         lost = nothing_trainable | on_tail
     elif profile in EVERY_TOKEN:
-        lost = nothing_trainable | (on_tail & _no_decay(batch))
+        lost = nothing_trainable | (on_tail & _no_decay(batch, host))
     else:
         lost = nothing_trainable
     return lost | (~rows["nonempty"] & (rows["outcome"] != 0))
 
 
-def _no_decay(batch: TrainerBatch):
-    """Whether γλ is 0 (a bool, or bool ``[B]`` for a λ per row)."""
+def _no_decay(batch: TrainerBatch, host: bool):
+    """Whether γλ is 0 (a bool, or bool ``[B]`` for a λ per row: numpy when ``host``)."""
     if hasattr(batch.lambd, "numel"):
-        return (batch.gamma * batch.lambd.reshape(-1)) == 0
+        flags = (batch.gamma * batch.lambd.reshape(-1)) == 0
+        return flags.cpu().numpy() if host else flags
     return batch.gamma * float(batch.lambd) == 0
-
-
-def _mean_abs_delta(batch: TrainerBatch, rows: dict, delta_rows: Optional[int], delta_tokens: Optional[int]):
-    """(mean |A_profile − A_masked| over the trainable tokens compared, the rows compared): on
-    ``delta_rows`` rows spread evenly over the batch, the last ``delta_tokens / rows`` tokens of
-    each response (a suffix's advantages are exact: every semantics runs backwards from the
-    response's end, so each token's depends only on the tokens after it)."""
-    import torch
-
-    count = rows["ends"].numel()
-    for name, number in (("delta_rows", delta_rows), ("delta_tokens", delta_tokens)):
-        if number is not None and number < 0:
-            raise InvalidOptionError(f"{name}={number}: give a number ≥ 0, or None")
-    chosen = count if delta_rows is None else min(int(delta_rows), count)
-    zero = torch.zeros((), dtype=torch.float64, device=batch.values.device)
-    if chosen == 0 or profile_of(batch.profile) == MASKED:
-        return zero, 0
-    budget = max(4096, batch.values.numel() // 64) if delta_tokens is None else int(delta_tokens)
-    picked = torch.linspace(0, count - 1, chosen, device=batch.values.device).round().long().unique()
-    window = max(1, budget // picked.numel())
-    masked, old, trainable = _window_sides(batch, rows, picked, window)
-    differences = (old - masked).abs().double()
-    tokens = trainable.sum()
-    mean = torch.where(tokens > 0, differences.mul(trainable).sum() / tokens.clamp(min=1), zero)
-    return mean, int(picked.numel())
-
-
-def _window_sides(batch: TrainerBatch, rows: dict, picked, window: int):
-    """Both sides' advantages ``[k, W]`` on the ``picked`` rows from ``window`` tokens before
-    each response's end to the row's end (a padded row's padding included: some profiles read
-    its values; for :data:`INERT_AFTER_THE_END` to the response's end), right-aligned, a
-    shorter row preceded by masked zeros; and their trainable
-    tokens. A terminal reward given apart is read on the response's last token."""
-    import torch
-
-    starts, row_ends, ends = batch.offsets[:-1][picked], batch.offsets[1:][picked], rows["ends"][picked]
-    if profile_of(batch.profile) in INERT_AFTER_THE_END:
-        row_ends = ends
-    begins = torch.maximum(starts, ends - window)
-    width = max(1, int((row_ends - begins).max()))
-    lambd = batch.lambd
-    if hasattr(lambd, "numel") and lambd.numel() == rows["ends"].numel() > 1:
-        lambd = lambd.reshape(-1)[picked]
-    truncation = None if batch.truncation is None else tuple(part[picked] for part in batch.truncation)
-    gathered = _gathered_on_host(batch, begins, row_ends, width)
-    if gathered is not None:
-        values, rewards, trainable = gathered
-        if batch.terminal is not None:
-            column = (ends - 1 - (row_ends - width)).numpy()  # the response's last token, read as its outcome's
-            inside = (ends - 1 >= begins).numpy()
-            outcome = batch.terminal[picked].numpy().astype(rewards.numpy().dtype)
-            rewards.numpy()[np.flatnonzero(inside), column[inside]] += outcome[inside]
-        masked, old = _both_sides(batch, values, rewards, trainable, lambd, truncation)
-        return masked, old, trainable
-    positions = row_ends.unsqueeze(1) - width + torch.arange(width, device=ends.device)
-    inside = positions >= begins.unsqueeze(1)
-    positions = torch.where(inside, positions, 0)
-    zero = torch.zeros((), dtype=batch.values.dtype, device=batch.values.device)
-    # torch.take, not flat[positions]: a 2-D index costs 80x as much on the host
-    take = lambda flat: torch.where(inside, torch.take(flat, positions), zero)  # noqa: E731
-    values, rewards = take(batch.values), take(batch.rewards)
-    if batch.terminal is not None:
-        last = positions == (ends - 1).unsqueeze(1)
-        rewards = rewards + torch.where(last & inside, batch.terminal[picked].unsqueeze(1).to(values.dtype), zero)
-    trainable = (torch.take(batch.mask, positions) != 0) & inside
-    masked, old = _both_sides(batch, values, rewards, trainable, lambd, truncation)
-    return masked, old, trainable
-
-
-def _gathered_on_host(batch: TrainerBatch, begins, row_ends, width: int):
-    """On the host, the windows of :func:`_window_sides` gathered by one compiled pass (a few
-    thousand tokens: the torch ops cost more than the copy): ``(values, rewards, trainable)``
-    ``[k, width]``, each window ending at its row's ``row_ends``, the
-    tokens before ``begins`` 0 (not trainable); None where the batch is not on the host in
-    float32 or float64 (one dtype), its mask bool or real."""
-    import torch
-
-    tensors = (batch.values, batch.rewards)
-    if any(t.device.type != "cpu" or t.dtype != batch.values.dtype for t in tensors) or batch.mask.device.type != "cpu":
-        return None
-    if batch.values.dtype not in (torch.float32, torch.float64) or batch.mask.dtype.is_complex:
-        return None
-    if batch.mask.dtype in (torch.float16, torch.bfloat16):
-        return None
-    flat = [t.reshape(-1).numpy() for t in (*tensors, batch.mask)]
-    count = begins.numel()
-    out = [np.zeros((count, width), dtype=flat[0].dtype) for _ in range(2)] + [np.zeros((count, width), np.bool_)]
-    _gather_windows(*flat, begins.numpy(), row_ends.numpy(), width, *out)
-    return tuple(torch.from_numpy(array) for array in out)
-
-
-@numba.njit(cache=True, nogil=True)
-def _gather_windows(values, rewards, mask, begins, row_ends, width, out_values, out_rewards, out_trainable):
-    for k in range(begins.shape[0]):
-        first = row_ends[k] - width
-        for j in range(max(begins[k] - first, 0), width):
-            position = first + j
-            out_values[k, j] = values[position]
-            out_rewards[k, j] = rewards[position]
-            out_trainable[k, j] = mask[position] != 0
-
-
-def _both_sides(batch: TrainerBatch, values, rewards, trainable, lambd, truncation=None):
-    """The advantages ``[k, W]`` of the masked contract and of the batch's profile (with its
-    ``truncation`` bootstrap, ``(truncated, bootstrap values)`` ``[k]`` each, where it takes one:
-    AReaL's). On the host with one λ: the compiled kernel with the profiles' one definition
-    around it, on numpy (a few thousand tokens: the torch API's checks and dispatch would cost
-    more than the scans); else the drop-ins' padded GAE."""
-    import torch
-
-    from gaecli.trainers.padded import outcome_split
-    from gaecli.trainers.row_lambda import padded_lambda_gae
-
-    if values.device.type != "cpu" or hasattr(lambd, "numel") or values.dtype not in (torch.float32, torch.float64):
-        masked, _ = padded_lambda_gae(values, rewards, trainable, batch.gamma, lambd, MASKED)
-        old, _ = padded_lambda_gae(values, rewards, trainable, batch.gamma, lambd, batch.profile, truncation)
-        return masked, old
-    from gaecli.advantages.baselines import apply_semantics
-    from gaecli.advantages.kernels.native import native_gae_flat
-
-    count, width = values.shape
-    offsets = np.arange(count + 1, dtype=np.int64) * width
-    options = {"gamma": batch.gamma, "lambd": float(lambd)}
-    variants = {} if truncation is None else dict(zip(("truncated", "bootstrap_values"), map(_numpy, truncation)))
-
-    def run(values, rewards, trainable, terminal, **variants):
-        return native_gae_flat(values, rewards, trainable, offsets, terminal, **options, **variants)
-
-    kept, outcome = outcome_split(rewards, trainable)
-    flat = lambda tensor: tensor.reshape(-1).numpy()  # noqa: E731
-    masked, _ = run(flat(values), flat(kept), flat(trainable), outcome.numpy())
-    zeros = np.zeros(count, dtype=masked.dtype)
-    profile_run = lambda *arrays: run(*arrays, **variants)  # noqa: E731
-    old, _ = apply_semantics(profile_run, flat(values), flat(rewards), flat(trainable), offsets, zeros,
-                             semantics=batch.profile, **options)  # fmt: skip
-    return torch.from_numpy(masked).reshape(count, width), torch.from_numpy(old).reshape(count, width)
-
-
-def _numpy(tensor) -> np.ndarray:
-    """A host tensor's numbers as numpy (bool stays bool, a float is taken as float64)."""
-    array = tensor.detach().cpu().numpy()
-    return array if array.dtype == np.bool_ else array.astype(np.float64)
 
 
 def _error_findings(batch: TrainerBatch, limit: int, screen: Optional[tuple] = None) -> list[Finding]:
@@ -424,15 +301,20 @@ def _tail_findings(batch: TrainerBatch, rows: dict, limit: int) -> list[Finding]
     """``fully-masked`` and ``masked-tail`` warnings, at most ``limit`` per rule."""
     name = batch.names["mask"]
     found = []
-    fully = (rows["nonempty"] & (rows["last"] < 0)).nonzero().flatten()[:limit].tolist()
+    fully = _first_rows(rows["nonempty"] & (rows["last"] < 0), limit)
     found += [_finding(batch, "fully-masked", name, row, f"sample {row}: {RULES['fully-masked'].summary}")
               for row in fully]  # fmt: skip
-    tails = rows["nonempty"] & (rows["last"] >= 0) & (rows["tail"] > 0)
-    picked = tails.nonzero().flatten()[:limit]
-    for row, length in zip(picked.tolist(), rows["tail"][picked].tolist()):
+    picked = _first_rows(rows["nonempty"] & (rows["last"] >= 0) & (rows["tail"] > 0), limit)
+    for row, length in zip(picked, rows["tail"][picked].tolist()):
         message = f"sample {row}: the response ends in {length} masked tokens after its last trainable one"
         found.append(_finding(batch, "masked-tail", name, row, message))
     return found
+
+
+def _first_rows(flags, limit: int) -> list[int]:
+    """The first ``limit`` rows whose flag is set (``flags``: bool ``[B]``, numpy or a tensor)."""
+    rows = np.flatnonzero(flags) if isinstance(flags, np.ndarray) else flags.nonzero().flatten()
+    return rows[:limit].tolist()
 
 
 def _finding(batch: TrainerBatch, code: str, column: str, row: int, message: str) -> Finding:

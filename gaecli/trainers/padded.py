@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
+
 from gaecli.advantages.contract import MASKED, SEMANTICS
 from gaecli.errors import GAEInputError, InvalidOptionError
 
@@ -43,17 +45,20 @@ def outcome_split(rewards, trainable):
     between trainable ones is dropped) and ``terminal`` ``[B]`` the rewards after each row's
     last trainable token summed — the outcome reward, which the trainer's layout puts on the
     response's last token, masked or not (padding holds none). A row with no trainable token
-    keeps its outcome in ``terminal`` (the contract then drops it)."""
+    keeps its outcome in ``terminal`` (the contract then drops it). Tensors, or numpy arrays
+    (float32 or float64 rewards, bool ``trainable``), which give numpy."""
     import torch
 
+    from gaecli.advantages.layout import row_tails
+
+    if isinstance(rewards, np.ndarray):
+        offsets = np.arange(rewards.shape[0] + 1, dtype=np.int64) * rewards.shape[1]
+        _, _, terminal = row_tails(trainable.reshape(-1), rewards.reshape(-1), offsets)  # a compiled pass
+        return np.where(trainable, rewards, rewards.dtype.type(0)), terminal
     zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     on_host = rewards.device.type == "cpu" and rewards.dtype in (torch.float32, torch.float64)
     if on_host and trainable.dtype == torch.bool:
-        from gaecli.advantages.layout import row_tails
-
-        offsets = row_offsets(rewards.shape[0], rewards.shape[1], "cpu").numpy()
-        flat = lambda tensor: tensor.reshape(-1).numpy()  # noqa: E731
-        _, _, terminal = row_tails(flat(trainable), flat(rewards.detach()), offsets)  # a compiled pass over the tails
+        _, terminal = outcome_split(rewards.detach().numpy(), trainable.numpy())
         return torch.where(trainable, rewards, zero), torch.from_numpy(terminal)
     length = rewards.shape[1]
     positions = torch.arange(length, device=rewards.device)
