@@ -183,7 +183,7 @@ def _oracle_delta(old_rows, new_rows, mask, picked, windows):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (0.9, 0.0)])
+@pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (0.9, 0.0), (1.0, 1.0)])
 def test_credit_metrics_of_verl_against_its_loop(device, gamma, lam):
     rewards, values, mask, lengths, tails = _batch()
     r, v, m = _tensors(device, rewards, values, mask)
@@ -204,6 +204,24 @@ def test_credit_metrics_of_verl_against_its_loop(device, gamma, lam):
     assert logged["gaecli/lost_terminal_samples"] == sum(expected_lost)
     assert logged["gaecli/masked_tail_samples"] == sum(1 for tail in tails if tail)
     assert logged["gaecli/masked_tail_tokens_mean"] == pytest.approx(np.mean([t for t in tails if t]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_credit_metrics_of_verl_cover_every_row_whatever_the_window(device):
+    """verl differs from the contract only in the outcome it loses (on a masked tail, KL terms
+    there included): Δ is taken over every trainable token of every row, whatever
+    ``delta_rows`` and ``delta_tokens`` say (they size the windows of the other profiles)."""
+    rewards, values, mask, lengths, _ = _batch(seed=17)
+    for i in range(len(lengths)):  # KL-like terms on every token of the response, masked ones too
+        rewards[i, : lengths[i]] += 0.01 * np.sin(np.arange(lengths[i]) + i)
+    r, v, m = _tensors(device, rewards, values, mask)
+    metrics = trainers.credit_metrics(r, v, m, 0.99, 0.9, layout="verl", delta_rows=2, delta_tokens=3)
+    old = [verl_gae_row(rr, vv, mm, 0.99, 0.9)[0] for rr, vv, mm in zip(rewards, values, mask)]
+    new = [contract_row(vv, rr, mm, 0.99, 0.9)[0] for rr, vv, mm in zip(rewards, values, mask)]
+    rows = len(lengths)
+    assert float(metrics.mean_abs_delta) == pytest.approx(_oracle_delta(old, new, mask, range(rows), [0] * rows),
+                                                          rel=1e-12)  # fmt: skip
+    assert metrics.rows_compared == rows
 
 
 @pytest.mark.parametrize("delta_rows, delta_tokens", [(4, 20), (5, 12), (12, 6)])

@@ -18,6 +18,7 @@ kernel's screen found not clean: a non-finite value or reward, a mask value othe
 from __future__ import annotations
 
 import weakref
+from typing import Optional
 
 import numba
 import numpy as np
@@ -85,7 +86,7 @@ def masked_gae_padded(values, rewards, mask, gamma: float, lambd: float, out=Non
     tails = (np.where(last >= 0, last + starts, -1), np.where(last_reward >= 0, last_reward + starts, -1), terminal)
     if moments is not None:
         moments[...] = found
-    _SEEN[:] = [_Seen((values, rewards, mask), tails)]
+    _SEEN[:] = [_Seen((values, rewards, mask), tails, None if moments is None else found[0].astype(np.int64))]
     if out is not None:
         return out[0], out[1]
     return torch.from_numpy(advantages).view(batch, length), torch.from_numpy(returns).view(batch, length)
@@ -93,14 +94,16 @@ def masked_gae_padded(values, rewards, mask, gamma: float, lambd: float, out=Non
 
 class _Seen:
     """What the kernel's pass saw of the last batch it screened clean: its rows' tails
-    (:func:`gaecli.advantages.layout.row_tails`), and the tensors as they were then (weak
-    references: a tensor freed, or changed in place since, is not the one seen)."""
+    (:func:`gaecli.advantages.layout.row_tails`), their trainable counts where it recorded the
+    moments (else None), and the tensors as they were then (weak references: a tensor freed, or
+    changed in place since, is not the one seen)."""
 
-    def __init__(self, tensors, tails) -> None:
+    def __init__(self, tensors, tails, counts) -> None:
         self.tensors = [weakref.ref(tensor) for tensor in tensors]
         self.places = [_place(tensor) for tensor in tensors]
         self.rows = tuple(tensors[0].shape)
         self.tails = tails
+        self.counts = counts
 
     def matches(self, tensors, rows) -> bool:
         if len(tensors) != len(self.tensors) or rows is None or tuple(rows) != self.rows:
@@ -129,8 +132,15 @@ def seen_tails(values, rewards, mask, rows) -> tuple | None:
     ``rows`` ``(B, T)`` — else None: what :func:`gaecli.trainers.check` and
     :func:`gaecli.trainers.credit_metrics` then need not read again (the batch's mask values 0
     or 1, its values and rewards finite)."""
+    seen = seen_batch(values, rewards, mask, rows)
+    return None if seen is None else seen.tails
+
+
+def seen_batch(values, rewards, mask, rows) -> Optional[_Seen]:
+    """What the compiled path saw of the batch :func:`seen_tails` describes (its tails, and its
+    rows' trainable counts where it recorded them), or None."""
     if _SEEN and _SEEN[0].matches((values, rewards, mask), rows):
-        return _SEEN[0].tails
+        return _SEEN[0]
     return None
 
 

@@ -100,20 +100,22 @@ def credit_metrics(
     """Per batch, what the trainer's own GAE (``profile``: a gaecli profile, by default the
     layout's trainer's, :data:`gaecli.trainers.layouts.LAYOUTS`) does against the masked
     contract, on the arguments of ``layout``'s drop-in: the samples whose outcome it loses, the
-    masked tails, and the mean |Δ advantage| (GAE before any whitening) over ``delta_rows``
-    rows spread evenly over the batch (None: every row), on the last ``delta_tokens`` tokens
-    of their responses shared among them (None: a 64th of the batch's tokens, at least 4,096; at
-    least one a row),
-    both sides computed there only, which keeps the metrics cheap enough for every step.
-    :class:`CreditMetrics`; nothing is read back to the host until :meth:`CreditMetrics.as_dict`."""
-    from gaecli.trainers.credit_windows import mean_abs_delta
+    masked tails, and the mean |Δ advantage| (GAE before any whitening): for verl, AReaL and
+    NeMo-RL over every trainable token from each row's figures; for the other profiles over
+    ``delta_rows`` rows spread evenly over the batch (None: every row), on the last
+    ``delta_tokens`` tokens of their responses shared among them (None: a 64th of the batch's
+    tokens, at least 4,096; at least one a row), both sides computed there only
+    (:func:`gaecli.trainers.credit_delta.mean_abs_delta`), which keeps the metrics cheap enough for
+    every step. :class:`CreditMetrics`; nothing is read back to the host until
+    :meth:`CreditMetrics.as_dict`."""
+    from gaecli.trainers.credit_delta import mean_abs_delta
 
     kwargs.pop("semantics", None)
     batch = trainer_batch(layout, args, kwargs, profile)
     rows = _rows_of(batch)
     lost = _lost(batch, rows)
     lost_reward = (abs(rows["outcome"]) * lost).sum()
-    delta, compared = mean_abs_delta(batch, rows["ends"], delta_rows, delta_tokens)
+    delta, compared = mean_abs_delta(batch, rows, lost, delta_rows, delta_tokens)
     figures = (_tensor(figure) for figure in (lost, lost_reward, rows["tail"], delta))
     return CreditMetrics(layout, batch.profile, *figures, compared)
 

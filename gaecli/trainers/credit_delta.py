@@ -1,8 +1,13 @@
-"""The mean |Δ advantage| that :func:`gaecli.trainers.credit_metrics` reports: the masked contract
-and the trainer's profile computed on a few rows' response ends only (suffix windows: exact, as
-every semantics runs backwards from a response's end), in numpy around the compiled kernel on
-the host (a few thousand tokens, where each torch op would cost more than the scan), in torch
-on an accelerator (docs/trainers.md#in-training-checks-and-metrics)."""
+"""The mean |Δ advantage| that :func:`gaecli.trainers.credit_metrics` reports, the trainer's profile
+against the masked contract (docs/trainers.md#in-training-checks-and-metrics):
+
+- for the profiles of :data:`OUTCOME_ONLY`, over every trainable token of the batch from each
+  row's few figures (GAE is linear in the rewards: the two sides differ by what the last
+  trainable step's TD error gets, decayed back by γλ a step);
+- for the others, both sides computed on a few rows' response ends only (suffix windows: exact,
+  as every semantics runs backwards from a response's end), in numpy around the compiled
+  kernel on the host (a few thousand tokens, where each torch op would cost more than the
+  scan), in torch on an accelerator."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from typing import Optional
 import numba
 import numpy as np
 
-from gaecli.advantages.contract import MASKED, profile_of
+from gaecli.advantages.contract import MASKED, profile_of, profile_variants
 from gaecli.errors import InvalidOptionError
 from gaecli.trainers.layouts import TrainerBatch
 
@@ -21,24 +26,36 @@ exactly nothing (verl and AReaL skip them; OpenRLHF zeroes their values and rewa
 window stops at the end. The others read the values there (ROLL, slime, SkyRL run every
 position as a transition), so their window runs to the row's end."""
 
+OUTCOME_ONLY = ("verl", "areal", "nemo-rl")
+"""The profiles whose recursion skips masked steps and reads the rewards at trainable tokens as
+the contract does (docs/semantics.md#the-recursions): at trainable tokens they differ from the
+contract only in the last trainable step's TD error — the outcome, which verl and AReaL lose on
+a masked tail (:func:`gaecli.trainers.monitor._lost`), and AReaL's truncation bootstrap. GAE
+being linear in the rewards, a row's Δ at its k-th trainable token from the end is that
+difference times (γλ)^k."""
 
-def mean_abs_delta(batch: TrainerBatch, ends, delta_rows: Optional[int], delta_tokens: Optional[int]):
-    """(mean |A_profile − A_masked| over the trainable tokens compared, the rows compared): on
+
+def mean_abs_delta(batch: TrainerBatch, rows: dict, lost, delta_rows: Optional[int], delta_tokens: Optional[int]):
+    """(mean |A_profile − A_masked| over the trainable tokens compared, the rows compared), from
+    :func:`gaecli.trainers.monitor._rows_of`'s ``rows`` and the samples whose outcome the profile
+    loses (``lost``): for :data:`OUTCOME_ONLY` over every row (:func:`_outcome_only`); else on
     ``delta_rows`` rows spread evenly over the batch (None: every row), the last ``delta_tokens
     / rows`` tokens of each response (None: a 64th of the batch's tokens, at least 4,096; at
-    least one a row). ``ends`` ``[B]``: one past each sample's response (numpy on the host, where
-    the mean is a float64 numpy number; else a tensor, and the mean a float64 tensor on the
-    batch's device)."""
+    least one a row). Numpy figures give a float64 numpy number, tensors a float64 tensor on
+    their device."""
     import torch
 
     for name, number in (("delta_rows", delta_rows), ("delta_tokens", delta_tokens)):
         if number is not None and number < 0:
             raise InvalidOptionError(f"{name}={number}: give a number ≥ 0, or None")
+    ends = rows["ends"]
     host = isinstance(ends, np.ndarray)
     count = len(ends)
     chosen = count if delta_rows is None else min(int(delta_rows), count)
     if chosen == 0 or profile_of(batch.profile) == MASKED:
         return (np.float64(0.0) if host else torch.zeros((), dtype=torch.float64, device=ends.device)), 0
+    if profile_of(batch.profile) in OUTCOME_ONLY:
+        return _outcome_only(batch, rows, lost, host), count
     budget = max(4096, batch.values.numel() // 64) if delta_tokens is None else int(delta_tokens)
     picked = np.unique(np.round(np.linspace(0, count - 1, chosen)).astype(np.int64))
     window = max(1, budget // picked.size)
@@ -52,6 +69,45 @@ def mean_abs_delta(batch: TrainerBatch, ends, delta_rows: Optional[int], delta_t
     tokens = trainable.sum()
     zero = torch.zeros((), dtype=torch.float64, device=ends.device)
     return torch.where(tokens > 0, differences.mul(trainable).sum() / tokens.clamp(min=1), zero), int(picked.size)
+
+
+def _outcome_only(batch: TrainerBatch, rows: dict, lost, host: bool):
+    """The mean |Δ| of a profile of :data:`OUTCOME_ONLY` over every trainable token: row i differs
+    by ``a_i = γ·b_i·[truncated_i] − z_i·[lost_i]`` in its last trainable step's TD error (``z``:
+    its outcome; ``b``: AReaL's bootstrap value, for the ``areal`` profile with a truncation),
+    hence by ``|a_i|·c_i^k`` at its k-th trainable token from the end (``c_i = γλ_i``): in all,
+    ``Σ |a_i|·(1 + c_i + … + c_i^(K_i − 1)) / Σ K_i`` over its ``K_i`` trainable tokens. In
+    float64; the counts those the drop-in's kernel recorded for this very batch, else one
+    compiled pass over the mask on the host."""
+    import torch
+
+    from gaecli.advantages.layout import trainable_counts
+    from gaecli.trainers.host import seen_batch
+
+    xp = np if host else torch
+    mask, offsets = batch.mask, batch.offsets
+    seen = seen_batch(batch.values, batch.rewards, mask, batch.rows) if host else None
+    if seen is not None and seen.counts is not None:  # the drop-in's kernel counted them a moment ago
+        counts = seen.counts
+    else:
+        counts = trainable_counts(mask.numpy(), offsets.numpy()) if host else trainable_counts(mask != 0, offsets)
+    as_float = (lambda x: np.asarray(x, dtype=np.float64)) if host else (lambda x: x.to(torch.float64))
+    difference = xp.where(lost, -as_float(rows["outcome"]), 0.0)
+    if batch.truncation is not None and "truncated" in profile_variants(batch.profile):
+        truncated, bootstrap = (part.cpu().numpy() if host else part for part in batch.truncation)
+        difference = difference + xp.where(truncated != 0, batch.gamma * as_float(bootstrap), 0.0)
+    counts = as_float(counts)
+    if hasattr(batch.lambd, "numel"):  # a λ per row, its decay in λ's dtype as the row scan takes it
+        decay = as_float(batch.gamma * batch.lambd.reshape(-1).to(offsets.device))
+        geometric = xp.where(decay == 1, counts, (1 - decay**counts) / xp.where(decay == 1, 2.0, 1 - decay))
+    else:
+        decay = batch.gamma * float(batch.lambd)
+        geometric = counts if decay == 1 else (1 - decay**counts) / (1 - decay)
+    tokens, total = counts.sum(), (abs(difference) * geometric).sum()
+    if host:
+        return total / tokens if tokens > 0 else np.float64(0.0)
+    zero = torch.zeros((), dtype=torch.float64, device=total.device)
+    return torch.where(tokens > 0, total / tokens.clamp(min=1), zero)
 
 
 def _bounds(batch: TrainerBatch, ends, picked, window: int, offsets):
