@@ -234,6 +234,32 @@ def test_recompute_keeps_areal_s_bootstrapped_baseline(dump, tmp_path):
     assert changed and all(flags[row] for row in changed)
 
 
+def test_a_kept_areal_baseline_written_without_the_bootstrap_is_not_taken_as_current(dump, tmp_path):
+    """The baseline's spec is recorded where it takes the truncation bootstrap: under
+    --skip-existing an output written with it is kept, and one whose metadata lacks it (written
+    before the areal profile took one: another computation) is refused (exit 2) until
+    --overwrite replaces it."""
+    path, *_ = dump
+    out = tmp_path / "out.parquet"
+    options = ("--gamma", GAMMA, "--lambd", LAMBD, "--baseline", "areal", "--keep-baseline", "--truncated-col", "cut",
+               "--bootstrap-col", "boot", "--kernel", "native")  # fmt: skip
+    assert gae("recompute", path, "-o", out, *options, "--quiet").exit_code == 0
+    recorded = json.loads(pq.read_schema(out).metadata[b"gaecli.baseline_specs"])
+    assert [(spec["semantics"], spec["truncated"], spec["bootstrap_values"]) for spec in recorded] == [
+        ("areal", "cut", "boot")
+    ]
+    kept = gae("recompute", path, "-o", out, *options, "--skip-existing", "--json", "-")
+    assert [entry["skipped"] for entry in json.loads(kept.stdout)["files"]] == [True]
+    table = pq.read_table(out)
+    older = {k: v for k, v in table.schema.metadata.items() if k != b"gaecli.baseline_specs"}
+    pq.write_table(table.replace_schema_metadata(older), out)
+    refused = gae("recompute", path, "-o", out, *options, "--skip-existing", "--quiet")
+    assert refused.exit_code == 2 and "baseline_specs (not recorded)" in refused.output
+    assert "--overwrite" in refused.output
+    assert gae("recompute", path, "-o", out, *options, "--overwrite", "--quiet").exit_code == 0
+    assert b"gaecli.baseline_specs" in pq.read_schema(out).metadata
+
+
 def test_diff_against_areal_reads_the_bootstrap(dump):
     path, rollouts, flags, boots, loops = dump
     result = gae("diff", path, "--gamma", GAMMA, "--lambd", LAMBD, "--quiet", "--json", "-", "--baseline",

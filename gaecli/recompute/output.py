@@ -106,6 +106,9 @@ not recorded). ``on_invalid`` and
     }
     if options.keep_baseline:  # the baseline's columns are written only then
         record["baseline"] = options.baseline
+        taken = [spec.to_dict() for spec in computation.old_specs if spec is not None and spec.variants]
+        if taken:  # recorded only then (areal's truncation bootstrap): an output written without it is stale
+            record["baseline_specs"] = json.dumps(taken, sort_keys=True)
     if spec.critic_free:  # recorded only then, so that outputs written before stay current
         record["estimator"] = spec.estimator
         record["group_col"] = spec.group_by or ""
