@@ -18,6 +18,7 @@ from gaecli.advantages.faults import (
     bad_mask_values,
     first_per_row,
     non_finite,
+    not_flags,
     outside_response,
     rows_of_positions,
     truncated_without_bootstrap,
@@ -546,7 +547,7 @@ def check_row_inputs(
         if pa.types.is_integer(flags.type):  # a flag, as the API takes one: 0 or 1
             given = numeric_numpy(flags.fill_null(0) if flags.null_count else flags)
             flag_message = lambda row: f"the truncated flag is {given[row].item()}, not 0 or 1"  # noqa: E731
-            found.append(((given != 0) & (given != 1), flag_name, "truncated-value", flag_message))
+            found.append((not_flags(given), flag_name, "truncated-value", flag_message))
         truncated = np.asarray(flags.cast(pa.bool_()).fill_null(False))
         values = batch.column(value_name)
         numbers = np.asarray(values.cast(pa.float64()).fill_null(np.nan))

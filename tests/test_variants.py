@@ -511,6 +511,22 @@ def test_an_integer_truncated_flag_other_than_0_or_1_is_invalid(flag_type):
     assert check.findings[0].line() == line
     assert check.invalid.tolist() == [False, False, True, True, True, False]
 
+def test_the_truncation_rules_read_numpy_and_tensors_alike():
+    """One home for the truncation's row rules (the commands', the API's on the host and on a
+    device): a flag neither 0 nor 1, a truncated row without a finite bootstrap value."""
+    from gaecli.advantages.faults import not_flags, truncated_without_bootstrap
+
+    flags = np.array([0, 1, 2, -1, 1, 0.5])
+    boots = np.array([np.nan, 1.0, 0.0, 0.0, np.inf, 2.0])
+    assert not_flags(flags).tolist() == [False, False, True, True, False, True]
+    assert not_flags(torch.tensor(flags)).tolist() == not_flags(flags).tolist()
+    truncated = flags == 1
+    assert truncated_without_bootstrap(truncated, boots).tolist() == [False, False, False, False, True, False]
+    assert truncated_without_bootstrap(torch.tensor(truncated), torch.tensor(boots)).tolist() == [
+        False, False, False, False, True, False
+    ]  # fmt: skip
+
+
 def test_turn_table_numpy_and_torch_agree():
     mask = np.array([1, 1, 0, 1, 0, 0, 1, 1, 1, 0, 1], dtype=bool)
     offsets = np.array([0, 4, 4, 7, 11])

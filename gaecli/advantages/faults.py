@@ -11,7 +11,7 @@ from typing import Optional
 import numba
 import numpy as np
 
-from gaecli.advantages.layout import id_turn_table, read_tail, turn_table
+from gaecli.advantages.layout import array_module, id_turn_table, read_tail, turn_table
 
 
 def rows_of_positions(offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -130,9 +130,17 @@ def turn_id_faults(
     return first_per_row(offsets, positions[bad]) if bad.any() else None
 
 
-def truncated_without_bootstrap(truncated: np.ndarray, bootstrap: np.ndarray) -> np.ndarray:
-    """The rows (bool ``[B]``) flagged truncated whose bootstrap value is not finite."""
-    return truncated & ~np.isfinite(bootstrap)
+def truncated_without_bootstrap(truncated, bootstrap):
+    """The rows (bool ``[B]``) flagged truncated whose bootstrap value is not finite (numpy
+    arrays or tensors, where they are)."""
+    xp = array_module(truncated)
+    return truncated & ~xp.isfinite(bootstrap)
+
+
+def not_flags(values):
+    """The rows (bool ``[B]``) whose truncated flag is neither 0 nor 1 (numbers of any kind, numpy
+    arrays or tensors, where they are): the API's rule and the commands' ``truncated-value``."""
+    return (values != 0) & (values != 1)
 
 
 def screen_rows(mask: np.ndarray, values: np.ndarray, rewards: np.ndarray, offsets: np.ndarray):

@@ -43,13 +43,15 @@ def segment_ids(offsets, total: int):
 
 
 def trainable_counts(trainable, offsets):
-    """Trainable (nonzero) tokens per sample of a flat mask ``[N]``. int64 ``[B]``."""
+    """Trainable (nonzero) tokens per sample of a flat mask ``[N]``. int64 ``[B]``. On a device
+    nothing is read back (a sum per segment, no ``nonzero``)."""
     if isinstance(trainable, np.ndarray):
         _good_neighbour()
         return _trainable_counts(trainable, np.asarray(offsets, dtype=np.int64))
     import torch
 
-    return torch.diff(torch.searchsorted(trainable.nonzero().flatten(), offsets))
+    counts = torch.zeros(offsets.numel() - 1, dtype=torch.int64, device=trainable.device)
+    return counts.index_add_(0, segment_ids(offsets, trainable.numel()), (trainable != 0).to(torch.int64))
 
 
 def trainable_sums(rewards: np.ndarray, trainable, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

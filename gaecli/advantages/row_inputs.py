@@ -71,9 +71,9 @@ def check_variant_inputs(spec, row_inputs: dict, trainable: torch.Tensor, offset
         if needed.role == "turn_rewards":
             converted[needed.name] = _turn_rewards_input(needed.name, value, mask, bounds, ids)
         elif needed.role in ("truncated", "bootstrap_values"):
-            array = _numbers(needed.name, value)
-            if array.size != batch:
-                raise GAEInputError(f"{needed.name} must hold one value per sample ({batch}), got {array.size}")
+            array = _row_numbers(needed.name, value, trainable.device)
+            if array.shape[0] != batch:
+                raise GAEInputError(f"{needed.name} must hold one value per sample ({batch}), got {array.shape[0]}")
             if needed.role == "truncated":
                 array = flags = _truncated_flags(needed.name, array)
             converted[needed.name] = array
@@ -82,12 +82,27 @@ def check_variant_inputs(spec, row_inputs: dict, trainable: torch.Tensor, offset
 
         boots = converted[spec.bootstrap_values]
         bad = truncated_without_bootstrap(flags, boots)
-        if bad.any():
-            sample = int(np.flatnonzero(bad)[0])
+        if bad.any():  # on a device, the one scalar read back
+            sample = _first(bad)
             raise GAEInputError(
-                f"sample {sample}: truncated, but {spec.bootstrap_values} is {boots[sample]} (must be finite)"
+                f"sample {sample}: truncated, but {spec.bootstrap_values} is {boots[sample].item()} (must be finite)"
             )
     return converted
+
+
+def _row_numbers(name: str, value, device):
+    """A per-row input as numbers: on an accelerator, a tensor there stays there (floating, 1-D:
+    the device kernels read it, no copy to the host); else a float64 numpy array."""
+    if isinstance(value, torch.Tensor) and value.device.type != "cpu" and value.device == device:
+        if value.dim() != 1 or value.is_complex():
+            raise GAEInputError(f"{name} must be a 1-D sequence of real numbers, got shape {tuple(value.shape)}")
+        return widened(value.detach())
+    return _numbers(name, value)
+
+
+def _first(flags) -> int:
+    """The first row whose flag is set (numpy or a tensor: read back)."""
+    return int(flags.nonzero()[0][0]) if isinstance(flags, np.ndarray) else int(flags.nonzero()[0, 0])
 
 
 def estimator_input_numbers(spec, row_inputs, rows: int) -> dict[str, np.ndarray]:
@@ -155,11 +170,14 @@ def _token_numbers(name: str, value, offsets: np.ndarray) -> np.ndarray:
     return flat
 
 
-def _truncated_flags(name: str, array: np.ndarray) -> np.ndarray:
-    """Truncated flags ``[B]`` as bool; a value other than 0/1 names its sample."""
-    bad = ~((array == 0) | (array == 1))
-    if bad.any():
-        sample = int(np.flatnonzero(bad)[0])
+def _truncated_flags(name: str, array):
+    """Truncated flags ``[B]`` (numpy, or a tensor where it is) as bool; a value other than 0/1
+    names its sample (:func:`gaecli.advantages.faults.not_flags`)."""
+    from gaecli.advantages.faults import not_flags
+
+    bad = not_flags(array)
+    if bad.any():  # on a device, the one scalar read back
+        sample = _first(bad)
         raise GAEInputError(f"sample {sample}: {name} is {array[sample].item()!r}, not a flag (0/1, bool)")
     return array != 0
 
