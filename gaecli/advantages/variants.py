@@ -108,6 +108,21 @@ class VariantArguments(NamedTuple):
     turn_ids: Any = None
 
 
+def row_bootstraps(truncated, bootstrap_values, like=None):
+    """The value after each row's last trainable token under the truncation bootstrap, ``[B]``:
+    a truncated row's bootstrap value, 0 for the others (theirs is not read: it may be NaN).
+    numpy float64; with ``like`` (a tensor), a tensor of its dtype on its device (the flags and
+    values stay there)."""
+    if like is None:
+        flags = as_numpy(truncated).astype(bool, copy=False)
+        return np.where(flags, as_numpy(bootstrap_values).astype(np.float64, copy=False), 0.0)
+    import torch
+
+    flags = torch.as_tensor(truncated, device=like.device).to(torch.bool)
+    given = torch.as_tensor(bootstrap_values, device=like.device).to(like.dtype)
+    return torch.where(flags, given, torch.zeros((), dtype=like.dtype, device=like.device))
+
+
 def plan_variants(trainable: np.ndarray, offsets: np.ndarray, *, lambd: float, **variants) -> VariantPlan:
     """The :class:`VariantPlan` of one batch (bool ``trainable`` ``[N]``, int64 ``offsets``
     ``[B + 1]``), vectorised; ``variants``: the keywords of :class:`VariantArguments`."""
@@ -128,11 +143,7 @@ def plan_variants(trainable: np.ndarray, offsets: np.ndarray, *, lambd: float, *
     else:
         advantage_lambd = np.full(batch, float(lambd), dtype=np.float64)
     returns_lambd = float(lambd) if lambd_critic is None else float(lambd_critic)
-    if truncated is None:
-        bootstrap = np.zeros(batch, dtype=np.float64)
-    else:
-        flags = as_numpy(truncated).astype(bool, copy=False)
-        bootstrap = np.where(flags, as_numpy(bootstrap_values).astype(np.float64, copy=False), 0.0)
+    bootstrap = np.zeros(batch, dtype=np.float64) if truncated is None else row_bootstraps(truncated, bootstrap_values)
     has_turn_rewards = turn_rewards is not None
     flat_turn_rewards = (
         as_numpy(turn_rewards).astype(np.float64, copy=False) if has_turn_rewards else np.zeros(starts.size)

@@ -16,7 +16,7 @@ from typing import Optional
 import numba
 import numpy as np
 
-from gaecli.advantages.contract import MASKED, profile_of, profile_variants
+from gaecli.advantages.contract import MASKED, profile_of
 from gaecli.errors import InvalidOptionError
 from gaecli.trainers.layouts import TrainerBatch
 
@@ -93,7 +93,7 @@ def _outcome_only(batch: TrainerBatch, rows: dict, lost, host: bool):
         counts = trainable_counts(mask.numpy(), offsets.numpy()) if host else trainable_counts(mask != 0, offsets)
     as_float = (lambda x: np.asarray(x, dtype=np.float64)) if host else (lambda x: x.to(torch.float64))
     difference = xp.where(lost, -as_float(rows["outcome"]), 0.0)
-    if batch.truncation is not None and "truncated" in profile_variants(batch.profile):
+    if batch.truncation is not None:  # set for the profiles that take it (AReaL's: layouts._areal)
         truncated, bootstrap = (part.cpu().numpy() if host else part for part in batch.truncation)
         difference = difference + xp.where(truncated != 0, batch.gamma * as_float(bootstrap), 0.0)
     counts = as_float(counts)
@@ -143,13 +143,12 @@ def _host_windows(batch: TrainerBatch, ends: np.ndarray, picked: np.ndarray, win
         inside = np.flatnonzero(picked_ends - 1 >= begins)
         rewards[inside, column[inside]] += batch.terminal.numpy()[picked][inside].astype(rewards.dtype)
     lambd = _picked_lambda(batch, picked, len(ends))
-    truncation = None if batch.truncation is None else tuple(part[picked] for part in batch.truncation)
     if hasattr(lambd, "numel"):  # a λ per row: the drop-ins' row-λ scan, in torch
         import torch
 
-        sides = _padded_sides(batch, *(torch.from_numpy(a) for a in (values, rewards, trainable)), lambd, truncation)
+        sides = _padded_sides(batch, *(torch.from_numpy(array) for array in (values, rewards, trainable)), lambd)
         return sides[0].numpy(), sides[1].numpy(), trainable
-    masked, old = _kernel_sides(batch, values, rewards, trainable, float(lambd), truncation)
+    masked, old = _kernel_sides(batch, values, rewards, trainable, float(lambd))
     return masked, old, trainable
 
 
@@ -169,9 +168,7 @@ def _device_windows(batch: TrainerBatch, ends, picked, window: int):
         last = positions == (picked_ends - 1).unsqueeze(1)
         rewards = rewards + torch.where(last & inside, batch.terminal[picked].unsqueeze(1).to(values.dtype), zero)
     trainable = (torch.take(batch.mask, positions) != 0) & inside
-    lambd = _picked_lambda(batch, picked, len(ends))
-    truncation = None if batch.truncation is None else tuple(part[picked] for part in batch.truncation)
-    masked, old = _padded_sides(batch, values, rewards, trainable, lambd, truncation)
+    masked, old = _padded_sides(batch, values, rewards, trainable, _picked_lambda(batch, picked, len(ends)))
     return masked, old, trainable
 
 
@@ -194,20 +191,20 @@ def _gather_windows(values, rewards, mask, begins, row_ends, width, out_values, 
             out_trainable[k, j] = mask[position] != 0
 
 
-def _padded_sides(batch: TrainerBatch, values, rewards, trainable, lambd, truncation):
-    """The advantages ``[k, W]`` (torch) of the masked contract and of the batch's profile (its
-    ``truncation`` bootstrap where it takes one), by the drop-ins' padded GAE."""
+def _padded_sides(batch: TrainerBatch, values, rewards, trainable, lambd):
+    """The advantages ``[k, W]`` (torch) of the masked contract and of the batch's profile, by the
+    drop-ins' padded GAE. (The one profile that takes a truncation bootstrap, AReaL's, is of
+    :data:`OUTCOME_ONLY`: no window reads one.)"""
     from gaecli.trainers.row_lambda import padded_lambda_gae
 
     masked, _ = padded_lambda_gae(values, rewards, trainable, batch.gamma, lambd, MASKED)
-    old, _ = padded_lambda_gae(values, rewards, trainable, batch.gamma, lambd, batch.profile, truncation)
+    old, _ = padded_lambda_gae(values, rewards, trainable, batch.gamma, lambd, batch.profile)
     return masked, old
 
 
-def _kernel_sides(batch: TrainerBatch, values, rewards, trainable, lambd: float, truncation):
-    """The advantages ``[k, W]`` (numpy) of the masked contract and of the batch's profile (with
-    its ``truncation`` bootstrap, ``(truncated, bootstrap values)`` ``[k]`` each, where it takes
-    one: AReaL's): the compiled kernel with the profiles' one definition around it."""
+def _kernel_sides(batch: TrainerBatch, values, rewards, trainable, lambd: float):
+    """The advantages ``[k, W]`` (numpy) of the masked contract and of the batch's profile: the
+    compiled kernel with the profiles' one definition around it."""
     from gaecli.advantages.baselines import apply_semantics
     from gaecli.advantages.kernels.native import native_gae_flat
     from gaecli.trainers.padded import outcome_split
@@ -215,21 +212,13 @@ def _kernel_sides(batch: TrainerBatch, values, rewards, trainable, lambd: float,
     count, width = values.shape
     offsets = np.arange(count + 1, dtype=np.int64) * width
     options = {"gamma": batch.gamma, "lambd": lambd}
-    variants = {} if truncation is None else dict(zip(("truncated", "bootstrap_values"), map(_numpy, truncation)))
 
-    def run(values, rewards, trainable, terminal, **variants):
-        return native_gae_flat(values, rewards, trainable, offsets, terminal, **options, **variants)
+    def run(values, rewards, trainable, terminal):
+        return native_gae_flat(values, rewards, trainable, offsets, terminal, **options)
 
     kept, outcome = outcome_split(rewards, trainable)
     masked, _ = run(values.reshape(-1), kept.reshape(-1), trainable.reshape(-1), outcome)
     zeros = np.zeros(count, dtype=masked.dtype)
-    profile_run = lambda *arrays: run(*arrays, **variants)  # noqa: E731
-    old, _ = apply_semantics(profile_run, values.reshape(-1), rewards.reshape(-1), trainable.reshape(-1), offsets,
-                             zeros, semantics=batch.profile, **options)  # fmt: skip
+    old, _ = apply_semantics(run, values.reshape(-1), rewards.reshape(-1), trainable.reshape(-1), offsets, zeros,
+                             semantics=batch.profile, **options)  # fmt: skip
     return masked.reshape(count, width), old.reshape(count, width)
-
-
-def _numpy(tensor) -> np.ndarray:
-    """A host tensor's numbers as numpy (bool stays bool, a float is taken as float64)."""
-    array = tensor.detach().cpu().numpy()
-    return array if array.dtype == np.bool_ else array.astype(np.float64)

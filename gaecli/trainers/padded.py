@@ -49,16 +49,12 @@ def outcome_split(rewards, trainable):
     (float32 or float64 rewards, bool ``trainable``), which give numpy."""
     import torch
 
-    from gaecli.advantages.layout import row_tails
-
     if isinstance(rewards, np.ndarray):
-        offsets = np.arange(rewards.shape[0] + 1, dtype=np.int64) * rewards.shape[1]
-        _, _, terminal = row_tails(trainable.reshape(-1), rewards.reshape(-1), offsets)  # a compiled pass
-        return np.where(trainable, rewards, rewards.dtype.type(0)), terminal
+        return np.where(trainable, rewards, rewards.dtype.type(0)), _tail_sums(rewards, trainable)
     zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     on_host = rewards.device.type == "cpu" and rewards.dtype in (torch.float32, torch.float64)
     if on_host and trainable.dtype == torch.bool:
-        _, terminal = outcome_split(rewards.detach().numpy(), trainable.numpy())
+        terminal = _tail_sums(rewards.detach().numpy(), trainable.numpy())
         return torch.where(trainable, rewards, zero), torch.from_numpy(terminal)
     length = rewards.shape[1]
     positions = torch.arange(length, device=rewards.device)
@@ -67,6 +63,15 @@ def outcome_split(rewards, trainable):
     kept = torch.where(trainable, rewards, zero)
     terminal = torch.where(tail, rewards, zero).sum(dim=1)
     return kept, terminal
+
+
+def _tail_sums(rewards: np.ndarray, trainable: np.ndarray) -> np.ndarray:
+    """``[B]``: the rewards after each row's last trainable token summed (numpy ``[B, T]``;
+    one compiled pass over the tails, :func:`gaecli.advantages.layout.row_tails`)."""
+    from gaecli.advantages.layout import row_tails
+
+    offsets = np.arange(rewards.shape[0] + 1, dtype=np.int64) * rewards.shape[1]
+    return row_tails(trainable.reshape(-1), rewards.reshape(-1), offsets)[2]
 
 
 def as_trainable(mask):

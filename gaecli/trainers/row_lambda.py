@@ -6,8 +6,8 @@ decay ``γλ_i``."""
 
 from __future__ import annotations
 
-from gaecli.advantages.contract import MASKED, profile_variants
-from gaecli.errors import GAEInputError
+from gaecli.advantages.contract import MASKED, PROFILE_VARIANTS, profile_variants
+from gaecli.errors import GAEInputError, InvalidOptionError
 from gaecli.trainers.padded import as_trainable, outcome_split, packed_gae
 
 SKIP_PROFILES: tuple[str, ...] = ("verl", "areal", "nemo-rl")
@@ -62,7 +62,8 @@ def row_lambda_gae(values, rewards, mask, gamma: float, lambd, semantics: str, t
     if semantics != MASKED and semantics not in SKIP_PROFILES:
         raise GAEInputError(f"a λ per row is computed for masked and {', '.join(SKIP_PROFILES)}, not {semantics!r}")
     if truncation is not None and semantics != MASKED and "truncated" not in profile_variants(semantics):
-        raise GAEInputError(f"the truncation bootstrap is computed for masked and areal, not {semantics!r}")
+        takers = ", ".join(profile for profile, fields in PROFILE_VARIANTS.items() if "truncated" in fields)
+        raise InvalidOptionError(f"the truncation bootstrap is computed for masked and {takers}, not {semantics!r}")
     batch, _ = values.shape
     trainable = as_trainable(mask)
     rewards = rewards.to(values.dtype)
@@ -74,11 +75,9 @@ def row_lambda_gae(values, rewards, mask, gamma: float, lambd, semantics: str, t
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
     after_last = None
     if truncation is not None:
-        from gaecli.advantages.kernels.scan import bootstrap_after_last
-        from gaecli.advantages.variants import VariantArguments
+        from gaecli.advantages.variants import row_bootstraps
 
-        arguments = VariantArguments(truncated=truncation[0], bootstrap_values=truncation[1])
-        after_last = bootstrap_after_last(values, arguments)
+        after_last = row_bootstraps(*truncation, like=values)
     carried = carried_advantages(values, rewards, trainable, terminal, float(gamma), decays, after_last)
     if semantics == MASKED:
         return torch.where(trainable, carried, zero), torch.where(trainable, carried + values, zero)

@@ -13,7 +13,7 @@ from importlib import resources
 from typing import Callable, Optional
 
 from gaecli.errors import GAEError, GAEUsageError
-from gaecli.stop import check_stop, wait_for_stop
+from gaecli.stop import check_stop, stop_requested, wait_for_stop
 
 INSTALL_HINT = "pip install 'gaecli[view]'"
 
@@ -25,9 +25,11 @@ STATIC_FILES = {
 """Every file the server sends, by name, with its type: read from the package once."""
 
 SAMPLE_WAIT_SECONDS = 0.25
+"""How long a sample request waits for the run's statistics before answering 'not ready'."""
 CLOSE_SECONDS = 10.0
 """How long a stopped server waits for each background pass to reach its next batch."""
-"""How long a sample request waits for the run's statistics before answering 'not ready'."""
+WATCH_SECONDS = 0.25
+"""How often the stop watcher of :func:`serve` looks whether the serving has ended."""
 
 
 def require_view() -> None:
@@ -156,21 +158,26 @@ def serve(explorer, sock: socket.socket, on_ready: Optional[Callable[[str], None
     server = make_server(explorer)
     explorer.warm()
     explorer.start()
-    threading.Thread(target=_exit_on_stop_request, args=(server,), name="gae-view-stop", daemon=True).start()
+    served = threading.Event()
+    watcher = threading.Thread(target=_exit_on_stop_request, args=(server, served), name="gae-view-stop", daemon=True)
+    watcher.start()
     try:
-        if on_ready is not None:
+        if on_ready is not None and not stop_requested():
             on_ready(url_of(sock))
         server.run(sockets=[sock])
         check_stop()
     finally:
+        served.set()
         explorer.close(CLOSE_SECONDS)
 
 
-def _exit_on_stop_request(server) -> None:
+def _exit_on_stop_request(server, served: threading.Event) -> None:
     """Tell ``server`` to exit (within a second: it checks ``should_exit`` in its loop) once
-    the process is asked to stop."""
-    wait_for_stop()
-    server.should_exit = True
+    the process is asked to stop; end when the serving has (``served``)."""
+    while not served.is_set():
+        if wait_for_stop(WATCH_SECONDS):
+            server.should_exit = True
+            return
 
 
 def serve_run(

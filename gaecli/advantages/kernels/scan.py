@@ -22,7 +22,7 @@ import torch
 
 from gaecli.advantages.kernels.convention import FlatBatch, flat_kernel
 from gaecli.advantages.layout import next_trainable_index, segment_ids
-from gaecli.advantages.variants import VariantArguments
+from gaecli.advantages.variants import VariantArguments, row_bootstraps
 
 
 def carried_advantages(batch: FlatBatch, gamma: float, decays, longest: int, after_last=None) -> torch.Tensor:
@@ -70,17 +70,10 @@ def scan_gae(batch: FlatBatch, *, gamma: float, lambd: float, **variants) -> tup
     if values.numel() == 0:
         return torch.zeros_like(values), torch.zeros_like(values)
     longest = int((offsets[1:] - offsets[:-1]).max())
-    after_last = bootstrap_after_last(values, VariantArguments(**variants))
+    arguments = VariantArguments(**variants)
+    after_last = None
+    if arguments.truncated is not None:
+        after_last = row_bootstraps(arguments.truncated, arguments.bootstrap_values, like=values)
     carried = carried_advantages(batch, gamma, gamma * lambd, longest, after_last)
     return torch.where(loss_mask, carried, 0.0), torch.where(loss_mask, carried + values, 0.0)
 
-
-def bootstrap_after_last(values: torch.Tensor, arguments: VariantArguments):
-    """The value after each sample's last trainable token, ``[B]`` in the values' dtype and
-    device: a truncated sample's bootstrap value, 0 for the others (their bootstrap value is
-    not read: it may be NaN); None without the truncation bootstrap (zero bootstrap)."""
-    if arguments.truncated is None:
-        return None
-    truncated = torch.as_tensor(arguments.truncated, device=values.device).to(torch.bool)
-    given = torch.as_tensor(arguments.bootstrap_values, device=values.device).to(values.dtype)
-    return torch.where(truncated, given, torch.zeros((), dtype=values.dtype, device=values.device))
