@@ -118,10 +118,14 @@ class WhiteningRule:
         return tuple(dict.fromkeys(level for level in (self.mean, self.std) if level != "none"))
 
 
+NEMO_RL_COUNT_EPSILON = 1e-8
+"""NeMo-RL's ε on the count in ``masked_mean`` and ``masked_var`` (``nemo_rl/algorithms/utils.py``):
+the mean ``Σ/(n + 1e-8)`` — another ε than the variance's ``rsqrt(var + 1e-8)``, of the same size."""
+
 NORM_LIKE: dict[str, WhiteningRule] = {
     "verl": WhiteningRule(),
     "slime": WhiteningRule(),
-    "nemo-rl": WhiteningRule(count_eps=WHITEN_EPSILON),
+    "nemo-rl": WhiteningRule(count_eps=NEMO_RL_COUNT_EPSILON),
     "roll": WhiteningRule(one_token="keep"),
     "areal": WhiteningRule(eps=1e-5, eps_in="std"),
     "openrlhf": WhiteningRule(unbiased=False, eps=1e-8, eps_in="floor"),
