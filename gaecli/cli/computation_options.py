@@ -446,6 +446,18 @@ TurnRewardsColOption = Annotated[
         "rows (gigpo, step-reinforce) a number per row, the turn's own reward.",
     ),
 ]
+def in_panel(option, panel: str):
+    """``option`` (an ``Annotated[type, typer.Option(...)]`` of this module) listed under another
+    ``--help`` panel, for a command where its own panel's name does not fit."""
+    import copy
+    import typing
+
+    kind, info = typing.get_args(option)[:2]
+    moved = copy.copy(info)
+    moved.rich_help_panel = panel
+    return Annotated[kind, moved]
+
+
 TruncatedColOption = Annotated[
     Optional[str],
     typer.Option(

@@ -11,6 +11,10 @@ from gaecli.cli.common import BatchRowsOption, DebugOption, JsonOption, QuietOpt
 from gaecli.cli.progress import make_progress, print_closing
 from gaecli.identify.defaults import DEFAULT_SAMPLE_ROWS, DEFAULT_SAMPLE_TOKENS, DEFAULT_TOLERANCE
 
+_TRUNCATION = "The areal profile's truncation bootstrap"
+TruncatedColOption = computation_options.in_panel(computation_options.TruncatedColOption, _TRUNCATION)
+BootstrapColOption = computation_options.in_panel(computation_options.BootstrapColOption, _TRUNCATION)
+
 
 @app.command(epilog=common.EXIT_CODES_HELP)
 @option_groups.with_groups
@@ -54,8 +58,8 @@ def identify(
     ] = 20,
     batch_rows: BatchRowsOption = None,
     column_options: dict = option_groups.RESPONSE_COLUMN_OPTIONS,
-    truncated_col: computation_options.TruncatedColOption = None,
-    bootstrap_col: computation_options.BootstrapColOption = None,
+    truncated_col: TruncatedColOption = None,
+    bootstrap_col: BootstrapColOption = None,
     json_path: JsonOption = None,
     quiet: QuietOption = False,
     debug: DebugOption = False,
