@@ -26,7 +26,7 @@ from loopback_stores import SilentServer, StallingProxy
 from rollout_files import random_rollouts, rollout_table, write_table
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES, ROWS = 6, 120  # rows per file; read one per batch, a file takes seconds
+FILES, ROWS = 6, 120  # rows per file, read one per batch (tens of ms a file: the checks allow files finished first)
 WAIT_SECONDS = 120.0  # bound on every wait: start-up, stop
 
 
