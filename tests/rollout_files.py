@@ -96,6 +96,23 @@ def random_rollouts(rows: int, seed: int, *, max_length: int = 40) -> Rollouts:
     return Rollouts(values, rewards, masks, terminal)
 
 
+def reward_rows(rng: np.random.Generator, rows: int, max_length: int, scores: Sequence[float]) -> list[list]:
+    """``rows`` samples ``[rewards, mask, score]`` as lists: lengths 3 to ``max_length``, a
+    masked block of one to three tokens inside each, every third row ending masked, per-token
+    rewards at every position (N(0, 0.1)), a score drawn from ``scores``."""
+    samples = []
+    for index in range(rows):
+        n = int(rng.integers(3, max_length + 1))
+        mask = [1] * n
+        start = int(rng.integers(1, n))
+        for t in range(start, min(n, start + int(rng.integers(1, 4)))):
+            mask[t] = 0
+        if index % 3 == 0:
+            mask[-1] = 0  # ends in an observation
+        samples.append([list(rng.normal(size=n) * 0.1), mask, float(rng.choice(scores))])
+    return samples
+
+
 # ----------------------------------------------------------------------------- tables
 
 

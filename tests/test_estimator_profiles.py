@@ -18,23 +18,14 @@ from gaecli import AdvantageSpec, compute_advantages_packed
 from gaecli.cli import app
 from gaecli.errors import InvalidOptionError
 
+from rollout_files import reward_rows
+
 PROFILES = ("verl@2026-08", "verl@2026-07", "slime", "skyrl")
 
 
 def _samples(seed: int, rows: int = 24):
     """Rows with masked blocks in the middle and at the end, per-token rewards everywhere."""
-    rng = np.random.default_rng(seed)
-    samples = []
-    for index in range(rows):
-        n = int(rng.integers(3, 16))
-        mask = [1] * n
-        start = int(rng.integers(1, n))
-        for t in range(start, min(n, start + int(rng.integers(1, 4)))):
-            mask[t] = 0
-        if index % 3 == 0:
-            mask[-1] = 0  # ends in an observation
-        samples.append((list(rng.normal(size=n) * 0.1), mask, float(rng.choice([0.0, 1.0, -1.0]))))
-    return samples
+    return reward_rows(np.random.default_rng(seed), rows, 15, [0.0, 1.0, -1.0])
 
 
 def _verl_new(rewards, mask, z, gamma):

@@ -25,6 +25,8 @@ from gaecli import AdvantageSpec, compute_advantages_packed
 from gaecli.cli import app
 from gaecli.identify import identify_table
 
+from rollout_files import reward_rows
+
 ESTIMATORS = ("grpo", "dr-grpo", "reinforce++-baseline")
 
 
@@ -32,17 +34,7 @@ def _samples(seed: int, rows: int):
     """Rows with masked blocks, some ending masked, one fully masked and one empty, per-token
     rewards (slime's KL term, ``−kl_coef · kl``) at every token, and scalar rewards that
     differ within groups (some non-dyadic)."""
-    rng = np.random.default_rng(seed)
-    samples = []
-    for index in range(rows):
-        n = int(rng.integers(3, 14))
-        mask = [1] * n
-        start = int(rng.integers(1, n))
-        for t in range(start, min(n, start + int(rng.integers(1, 4)))):
-            mask[t] = 0
-        if index % 3 == 0:
-            mask[-1] = 0  # ends in an observation
-        samples.append([list(rng.normal(size=n) * 0.1), mask, float(rng.choice([0.0, 1.0, 0.3, -1.0, 2.5]))])
+    samples = reward_rows(np.random.default_rng(seed), rows, 13, [0.0, 1.0, 0.3, -1.0, 2.5])
     samples[1][1] = [0] * len(samples[1][1])  # fully masked
     samples[-2] = [[], [], 1.0]  # empty
     return samples
