@@ -113,6 +113,17 @@ def reward_rows(rng: np.random.Generator, rows: int, max_length: int, scores: Se
     return samples
 
 
+def packed_reward_rows(samples: list[list]) -> tuple:
+    """:func:`reward_rows`' samples packed as the API takes them: float64 rewards, bool mask,
+    int64 offsets, float64 scores."""
+    lengths = [len(m) for _, m, _ in samples]
+    offsets = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64)
+    rewards = torch.tensor([x for r, _, _ in samples for x in r], dtype=torch.float64)
+    mask = torch.tensor([x for _, m, _ in samples for x in m], dtype=torch.bool)
+    terminal = torch.tensor([z for _, _, z in samples], dtype=torch.float64)
+    return rewards, mask, offsets, terminal
+
+
 # ----------------------------------------------------------------------------- tables
 
 

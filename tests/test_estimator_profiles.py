@@ -18,7 +18,7 @@ from gaecli import AdvantageSpec, compute_advantages_packed
 from gaecli.cli import app
 from gaecli.errors import InvalidOptionError
 
-from rollout_files import reward_rows
+from rollout_files import packed_reward_rows, reward_rows
 
 PROFILES = ("verl@2026-08", "verl@2026-07", "slime", "skyrl")
 
@@ -93,20 +93,11 @@ def _expected(profile, samples, gamma):
     return _whitened(profile, returns, [m for _, m, _ in samples]), returns
 
 
-def _packed(samples):
-    lengths = [len(m) for _, m, _ in samples]
-    offsets = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64)
-    rewards = torch.tensor([x for r, _, _ in samples for x in r], dtype=torch.float64)
-    mask = torch.tensor([x for _, m, _ in samples for x in m], dtype=torch.bool)
-    terminal = torch.tensor([z for _, _, z in samples], dtype=torch.float64)
-    return rewards, mask, offsets, terminal
-
-
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("gamma", [1.0, 0.9, 0.0])
 def test_each_profile_is_its_trainer_loop_at_every_position(profile, gamma):
     samples = _samples(seed=int(gamma * 10) + len(profile))
-    rewards, mask, offsets, terminal = _packed(samples)
+    rewards, mask, offsets, terminal = packed_reward_rows(samples)
     spec = AdvantageSpec(gamma, estimator="reinforce++", semantics=profile)
     advantages, _ = compute_advantages_packed(None, rewards, mask, offsets, terminal, spec=spec)
     expected, _ = _expected(profile, samples, gamma)
@@ -115,7 +106,7 @@ def test_each_profile_is_its_trainer_loop_at_every_position(profile, gamma):
 
 def test_bare_verl_is_the_newest_and_the_versions_differ_where_the_fix_did():
     samples = _samples(seed=3)
-    rewards, mask, offsets, terminal = _packed(samples)
+    rewards, mask, offsets, terminal = packed_reward_rows(samples)
 
     def run(name):
         spec = AdvantageSpec(1.0, estimator="reinforce++", semantics=name)
@@ -127,7 +118,7 @@ def test_bare_verl_is_the_newest_and_the_versions_differ_where_the_fix_did():
 
 def test_verl_after_its_fix_is_the_contract_but_for_a_response_ending_masked():
     samples = [s for s in _samples(seed=4) if s[1][-1] == 1]  # every response ends trainable
-    rewards, mask, offsets, terminal = _packed(samples)
+    rewards, mask, offsets, terminal = packed_reward_rows(samples)
     contract = AdvantageSpec(0.95, estimator="reinforce++")
     verl = AdvantageSpec(0.95, estimator="reinforce++", semantics="verl")
     a = compute_advantages_packed(None, rewards, mask, offsets, terminal, spec=contract)[0]
@@ -165,7 +156,9 @@ def test_diff_compares_the_contract_with_every_trainer_profile(tmp_path):
     document = json.loads(out.read_text())
     assert [c["name"] for c in document["comparisons"]] == ["verl", "slime", "skyrl"]
     contract, _ = _expected("verl@2026-08", [s for s in samples], 0.9)  # for the figures' scale only
-    new = compute_advantages_packed(None, *_packed(samples), spec=AdvantageSpec(0.9, estimator="reinforce++"))[0]
+    new = compute_advantages_packed(
+        None, *packed_reward_rows(samples), spec=AdvantageSpec(0.9, estimator="reinforce++")
+    )[0]
     masks = [m for _, m, _ in samples]
     trainable = np.array([x for m in masks for x in m], dtype=bool)
     for comparison in document["comparisons"]:
@@ -250,7 +243,7 @@ def test_each_outcome_profile_is_its_trainer_loop_at_every_position(estimator, t
     samples = _samples(seed=7, rows=23)
     groups = [i // 4 for i in range(len(samples))]  # the last group has three rows
     groups[-1] = 99  # and one group of one
-    rewards, mask, offsets, terminal = _packed(samples)
+    rewards, mask, offsets, terminal = packed_reward_rows(samples)
     spec = AdvantageSpec(estimator=estimator, group_by="g", semantics=trainer)
     advantages, _ = compute_advantages_packed(
         None, rewards, mask, offsets, terminal, spec=spec, row_inputs={"g": groups}
@@ -280,7 +273,7 @@ def test_diff_puts_grpo_beside_verls_and_skyrls(tmp_path):
     assert result.exit_code == 0, result.output
     document = json.loads(out.read_text())
     assert [c["name"] for c in document["comparisons"]] == ["verl", "slime", "skyrl"]
-    rewards, mask, offsets, terminal = _packed(samples)
+    rewards, mask, offsets, terminal = packed_reward_rows(samples)
     new = compute_advantages_packed(
         None, rewards, mask, offsets, terminal, spec=AdvantageSpec(estimator="grpo", group_by="g"),
         row_inputs={"g": groups},

@@ -25,7 +25,7 @@ from gaecli import AdvantageSpec, compute_advantages_packed
 from gaecli.cli import app
 from gaecli.identify import identify_table
 
-from rollout_files import reward_rows
+from rollout_files import packed_reward_rows, reward_rows
 
 ESTIMATORS = ("grpo", "dr-grpo", "reinforce++-baseline")
 
@@ -38,15 +38,6 @@ def _samples(seed: int, rows: int):
     samples[1][1] = [0] * len(samples[1][1])  # fully masked
     samples[-2] = [[], [], 1.0]  # empty
     return samples
-
-
-def _packed(samples):
-    lengths = [len(m) for _, m, _ in samples]
-    offsets = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64)
-    rewards = torch.tensor([x for r, _, _ in samples for x in r], dtype=torch.float64)
-    mask = torch.tensor([x for _, m, _ in samples for x in m], dtype=torch.bool)
-    terminal = torch.tensor([z for _, _, z in samples], dtype=torch.float64)
-    return rewards, mask, offsets, terminal
 
 
 def _slime(estimator, samples, n_samples_per_prompt, rollout_batch_size):
@@ -83,7 +74,7 @@ def test_each_slime_profile_is_slimes_loop_at_every_position(estimator, layout):
     samples = _samples(seed=rows + len(estimator), rows=rows)
     spec = AdvantageSpec(estimator=estimator, group_by="g", semantics="slime")
     advantages, returns = compute_advantages_packed(
-        None, *_packed(samples), spec=spec, row_inputs={"g": _group_ids(layout)}
+        None, *packed_reward_rows(samples), spec=spec, row_inputs={"g": _group_ids(layout)}
     )
     expected, expected_returns = _slime(estimator, samples, n, batch)
     np.testing.assert_allclose(advantages.numpy(), _flat(expected), rtol=1e-12, atol=1e-12)
@@ -92,7 +83,7 @@ def test_each_slime_profile_is_slimes_loop_at_every_position(estimator, layout):
 
 def test_the_score_is_the_outcome_alone_and_the_advantage_fills_the_response():
     samples = _samples(seed=3, rows=8)
-    rewards, mask, offsets, terminal = _packed(samples)
+    rewards, mask, offsets, terminal = packed_reward_rows(samples)
     groups = [i // 4 for i in range(8)]
     spec = AdvantageSpec(estimator="dr-grpo", group_by="g", semantics="slime")
     advantages = compute_advantages_packed(None, rewards, mask, offsets, terminal, spec=spec, row_inputs={"g": groups})
@@ -112,7 +103,9 @@ def test_slimes_float32_normalisation_differs_by_its_rounding_except_for_equal_s
     raw = [0.0, 1.0, 0.3, 2.5, 1.0, -1.0, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]
     spec = AdvantageSpec(estimator="grpo", group_by="g", semantics="slime")
     samples = [[[0.0], [1], z] for z in raw]
-    advantages, _ = compute_advantages_packed(None, *_packed(samples), spec=spec, row_inputs={"g": [0] * 6 + [1] * 6})
+    advantages, _ = compute_advantages_packed(
+        None, *packed_reward_rows(samples), spec=spec, row_inputs={"g": [0] * 6 + [1] * 6}
+    )
     float32 = np.array(slime_post_process_rewards_float32(raw, "grpo", 6, 2))
     np.testing.assert_allclose(advantages.numpy()[:6], float32[:6], rtol=1e-6, atol=1e-6)
     assert advantages.numpy()[6:].tolist() == [0.0] * 6
@@ -147,7 +140,7 @@ def test_diff_puts_the_contracts_grpo_beside_slimes(tmp_path):
     assert result.exit_code == 0, result.output
     (comparison,) = json.loads(out.read_text())["comparisons"]
     assert comparison["name"] == "slime"
-    rewards, mask, offsets, terminal = _packed(samples)
+    rewards, mask, offsets, terminal = packed_reward_rows(samples)
     new = compute_advantages_packed(
         None, rewards, mask, offsets, terminal, spec=AdvantageSpec(estimator="grpo", group_by="g"),
         row_inputs={"g": groups},
